@@ -1,0 +1,15 @@
+"""Errors raised by the reference implementations.
+
+``OutOfBlocks`` is the one *expected* failure of an allocator: the pool cannot
+serve the request right now. Its contract (see ``kvcheck.spec.contracts``) is
+that nothing observable changed. ``MisuseError`` is a caller bug (unknown or
+duplicate sequence id, bad size); it is raised before any state is touched.
+"""
+
+
+class OutOfBlocks(Exception):
+    """The pool has too few free blocks for this operation; nothing changed."""
+
+
+class MisuseError(ValueError):
+    """The caller broke an operation's precondition; nothing changed."""

@@ -1,0 +1,126 @@
+"""The adapter protocol: what the oracle needs from any allocator.
+
+An allocator under test is driven through four operations and observed
+through a handful of read-only queries. The oracle never trusts what it
+observes; it only compares it against the spec.
+
+Built-in: ``SeedAdapter`` wraps any *seed-shaped* allocator, i.e. an object
+with methods ``allocate/append_slot/fork/free_seq`` and attributes
+``tables`` (seq -> list of block ids), ``lens`` (seq -> tokens, optional),
+``ref`` (any indexable of refcounts) and ``free`` (a collection of free ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+OPERATIONS = ("allocate", "append_slot", "fork", "free_seq")
+
+
+@runtime_checkable
+class Target(Protocol):
+    """An allocator as the oracle sees it.
+
+    ``capabilities`` names the operations it supports (a subset of
+    ``OPERATIONS``); the oracle only issues those. ``append_slot`` returns
+    ``(block, offset, cow_src)``. Out-of-blocks is signalled by raising an
+    exception for which ``is_out_of_blocks`` is true.
+    """
+
+    num_blocks: int
+    block_size: int
+    capabilities: frozenset[str]
+
+    def allocate(self, seq: int, n_tokens: int) -> None: ...
+    def append_slot(self, seq: int) -> tuple[int, int, int | None]: ...
+    def fork(self, parent: int, child: int) -> None: ...
+    def free_seq(self, seq: int) -> None: ...
+
+    def block_table(self, seq: int) -> Sequence[int]:
+        """The block ids of ``seq``'s table, in token order."""
+
+    def refcount(self, block: int) -> int:
+        """The allocator's own refcount of ``block``."""
+
+    def free_blocks(self) -> Iterable[int]:
+        """Every id on the free list, with multiplicity (a duplicate is a bug)."""
+
+    def num_free(self) -> int:
+        """Length of the free list (cheap; must agree with ``free_blocks``)."""
+
+    def table_identity(self, seq: int) -> object | None:
+        """An identity for ``seq``'s table object (``None`` if not observable)."""
+
+    def seq_len(self, seq: int) -> int | None:
+        """The allocator's own token count for ``seq`` (``None`` if not kept)."""
+
+    def is_out_of_blocks(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the allocator's out-of-blocks signal."""
+
+
+def named_out_of_blocks(exc: BaseException) -> bool:
+    """Default signal: any exception whose class (or a base) is named ``OutOfBlocks``."""
+    return any(cls.__name__ == "OutOfBlocks" for cls in type(exc).__mro__)
+
+
+class SeedAdapter:
+    """Adapts a seed-shaped allocator (see module docstring) to ``Target``."""
+
+    def __init__(
+        self,
+        impl: object,
+        num_blocks: int,
+        block_size: int,
+        out_of_blocks: type[BaseException] | None = None,
+    ):
+        missing = [a for a in ("tables", "ref", "free") if not hasattr(impl, a)]
+        if missing:
+            raise TypeError(
+                f"{type(impl).__name__} is not seed-shaped: missing attribute(s) {', '.join(missing)}"
+            )
+        self.impl = impl
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.capabilities = frozenset(op for op in OPERATIONS if callable(getattr(impl, op, None)))
+        self._oob = out_of_blocks
+        # Bound methods: the oracle calls these on its hot path.
+        self.allocate = getattr(impl, "allocate", None)
+        self.append_slot = getattr(impl, "append_slot", None)
+        self.fork = getattr(impl, "fork", None)
+        self.free_seq = getattr(impl, "free_seq", None)
+
+    def block_table(self, seq: int) -> Sequence[int]:
+        return self.impl.tables[seq]
+
+    def refcount(self, block: int) -> int:
+        return self.impl.ref[block]
+
+    def free_blocks(self) -> Iterable[int]:
+        return self.impl.free
+
+    def num_free(self) -> int:
+        return len(self.impl.free)
+
+    def table_identity(self, seq: int) -> object | None:
+        return id(self.impl.tables[seq])
+
+    def seq_len(self, seq: int) -> int | None:
+        lens = getattr(self.impl, "lens", None)
+        return None if lens is None else lens[seq]
+
+    def is_out_of_blocks(self, exc: BaseException) -> bool:
+        if self._oob is not None:
+            return isinstance(exc, self._oob)
+        return named_out_of_blocks(exc)
+
+
+def is_target(obj: object) -> bool:
+    """Whether ``obj`` already speaks the ``Target`` protocol."""
+    return all(
+        callable(getattr(obj, name, None))
+        for name in ("block_table", "refcount", "free_blocks", "num_free", "is_out_of_blocks")
+    ) and hasattr(obj, "capabilities")
+
+
+Factory = Callable[[int, int], Target]
