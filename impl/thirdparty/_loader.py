@@ -1,0 +1,262 @@
+"""Load a third-party allocator's module files without its engine.
+
+The packages we adapt (vLLM 0.33.0, vLLM 0.8.5, nano-vllm) import torch, CUDA
+kernels and whole engines from their top-level ``__init__``; their allocator
+modules mostly do not. This loader executes *just* the named module files of
+an installed copy, under an isolated module name, and answers every import
+those files make from a private table instead of ``sys.modules``:
+
+* a name listed in ``files`` is executed from the install directory (the real
+  third-party source, byte for byte);
+* a name listed in ``stubs`` gets a stand-in module built by the adapter (and
+  documented there: what it replaces and why that cannot change allocator
+  behaviour);
+* a package that is only a path component (``vllm``, ``vllm.v1``...) is an
+  empty package: its ``__init__.py`` is *not* executed;
+* any other name of the third-party distribution raises ``ImportError`` naming
+  it -- nothing is stood in implicitly;
+* every other import (stdlib, numpy, xxhash, ...) is the ordinary one.
+
+Isolation works through each loaded module's ``__builtins__``: its
+``__import__`` is replaced, so imports at module level *and* imports inside
+functions resolve through the private table. Nothing named ``vllm`` (or
+``torch``) is ever put into ``sys.modules``; the loaded files are registered
+there only under ``kvcheck_tp_<dist>_<version>.<real name>`` (dataclasses and
+pickling look classes' modules up there). Hence both vLLM versions, and a real
+vLLM installed in the same interpreter, coexist.
+
+Install directories: ``$KVCHECK_THIRDPARTY_DIR/<dist>-<version>/`` if the
+environment variable is set, else ``~/.cache/kvcheck/thirdparty/<dist>-<version>/``
+(see ``scripts/install_thirdparty.sh``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import os
+import sys
+import threading
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_DIR = "KVCHECK_THIRDPARTY_DIR"
+INSTALL_SCRIPT = "scripts/install_thirdparty.sh"
+MARKER = ".kvcheck-installed"
+
+
+class ThirdPartyMissing(RuntimeError):
+    """A third-party package needed by an adapter is not installed."""
+
+
+@dataclass(frozen=True)
+class Dist:
+    """One pinned third-party distribution."""
+
+    key: str  # the installer's name for it, e.g. "vllm-v1"
+    dist: str  # PyPI distribution name
+    version: str  # pinned version
+    top: str  # top-level import package inside it
+
+    @property
+    def dirname(self) -> str:
+        return f"{self.dist}-{self.version}"
+
+    @property
+    def install_hint(self) -> str:
+        return f"bash {INSTALL_SCRIPT} {self.key}"
+
+
+VLLM_V1 = Dist("vllm-v1", "vllm", "0.33.0", "vllm")
+VLLM_V0 = Dist("vllm-v0", "vllm", "0.8.5", "vllm")
+NANO_VLLM = Dist("nano-vllm", "nano-vllm-fork", "20260210", "nanovllm")
+DISTS = {d.key: d for d in (VLLM_V1, VLLM_V0, NANO_VLLM)}
+
+
+def base_dir() -> Path:
+    env = os.environ.get(ENV_DIR)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "kvcheck" / "thirdparty"
+
+
+def install_dir(dist: Dist) -> Path:
+    """Where ``dist`` is installed (the directory holding its top package)."""
+    return base_dir() / dist.dirname
+
+
+def is_installed(dist: Dist) -> bool:
+    root = install_dir(dist)
+    marker = root / MARKER
+    return (
+        (root / dist.top).is_dir()
+        and marker.is_file()
+        and marker.read_text().strip() == f"{dist.dist}=={dist.version}"
+    )
+
+
+def require(dist: Dist) -> Path:
+    """The install directory of ``dist``; ``ThirdPartyMissing`` if absent."""
+    if not is_installed(dist):
+        raise ThirdPartyMissing(
+            f"{dist.dist} {dist.version} is not installed in {install_dir(dist)}: "
+            f"run `{dist.install_hint}`"
+        )
+    return install_dir(dist)
+
+
+StubBuilder = Callable[[types.ModuleType, "Loaded"], None]
+"""Fills a fresh stand-in module; gets the loader state to import real modules."""
+
+
+class Loaded:
+    """The private module table of one load: real name -> module object."""
+
+    def __init__(self, dist: Dist, root: Path, files: Sequence[str],
+                 stubs: Mapping[str, StubBuilder]):
+        self.dist = dist
+        self.root = root
+        self.prefix = "kvcheck_tp_" + "".join(
+            c if c.isalnum() else "_" for c in f"{dist.key}_{dist.version}"
+        )
+        self.files = set(files)
+        self.stubs = dict(stubs)
+        self.modules: dict[str, types.ModuleType] = {}
+        self.stood_in: list[str] = []
+        self._builtins = dict(vars(builtins))
+        self._builtins["__import__"] = self._import
+
+    # -- lookup -------------------------------------------------------------
+    def __getitem__(self, name: str) -> types.ModuleType:
+        return self.get(name)
+
+    def _ours(self, name: str) -> bool:
+        top = self.dist.top
+        return name == top or name.startswith(top + ".") or name in self.stubs
+
+    def get(self, name: str) -> types.ModuleType:
+        """The module ``name`` (real dotted name), loading it on first use."""
+        mod = self.modules.get(name)
+        if mod is not None:
+            return mod
+        parent, _, leaf = name.rpartition(".")
+        if parent and parent.split(".")[0] == self.dist.top:
+            self.get(parent)
+        if name in self.stubs:
+            mod = self._new_module(name, package=False)
+            self.modules[name] = mod
+            self.stood_in.append(name)
+            self.stubs[name](mod, self)
+        elif name in self.files:
+            mod = self._exec_file(name)
+        elif self._is_package_dir(name):
+            mod = self._new_module(name, package=True)
+            self.modules[name] = mod
+        else:
+            raise ImportError(
+                f"{name} is imported by a {self.dist.dist} {self.dist.version} allocator "
+                "module but is neither loaded nor stood in (see impl/thirdparty/_loader.py)",
+                name=name,
+            )
+        if parent and parent in self.modules:
+            setattr(self.modules[parent], leaf, mod)
+        return mod
+
+    def _is_package_dir(self, name: str) -> bool:
+        return (self.root / name.replace(".", "/")).is_dir()
+
+    def _new_module(self, name: str, package: bool) -> types.ModuleType:
+        mod = types.ModuleType(f"{self.prefix}.{name}")
+        mod.__dict__["__builtins__"] = self._builtins
+        mod.__package__ = f"{self.prefix}.{name if package else name.rpartition('.')[0]}"
+        if package:
+            mod.__path__ = [str(self.root / name.replace(".", "/"))]
+        mod.__kvcheck_real_name__ = name
+        sys.modules[mod.__name__] = mod
+        return mod
+
+    def _exec_file(self, name: str) -> types.ModuleType:
+        rel = name.replace(".", "/")
+        path = self.root / f"{rel}.py"
+        is_pkg = False
+        if not path.is_file():
+            path = self.root / rel / "__init__.py"
+            is_pkg = True
+        if not path.is_file():
+            raise ImportError(f"{name}: no file {path}", name=name)
+        spec = importlib.util.spec_from_file_location(
+            f"{self.prefix}.{name}", path,
+            submodule_search_locations=[str(path.parent)] if is_pkg else None,
+        )
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        mod.__dict__["__builtins__"] = self._builtins
+        mod.__kvcheck_real_name__ = name
+        self.modules[name] = mod
+        sys.modules[spec.name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del self.modules[name]
+            sys.modules.pop(spec.name, None)
+            raise
+        return mod
+
+    # -- the import hook the loaded files see ---------------------------------
+    def _import(self, name, globals=None, locals=None, fromlist=(), level=0):
+        if level:
+            package = (globals or {}).get("__package__") or ""
+            real_pkg = package[len(self.prefix) + 1:] if package.startswith(self.prefix) else ""
+            base = real_pkg.rsplit(".", level - 1)[0] if level > 1 else real_pkg
+            name = f"{base}.{name}" if name else base
+            level = 0
+        if not self._ours(name):
+            return builtins.__import__(name, globals, locals, fromlist, level)
+        mod = self.get(name)
+        if fromlist:
+            for item in fromlist:
+                if item != "*" and not hasattr(mod, item) and hasattr(mod, "__path__"):
+                    sub = f"{name}.{item}"
+                    if sub in self.files or sub in self.stubs or self._is_package_dir(sub):
+                        self.get(sub)
+            return mod
+        head = name.split(".")[0]
+        return self.modules[head] if head in self.modules else mod
+
+
+_lock = threading.Lock()
+_cache: dict[tuple, Loaded] = {}
+
+
+def load(dist: Dist, files: Sequence[str], stubs: Mapping[str, StubBuilder],
+         entry: Sequence[str]) -> Loaded:
+    """Load ``entry`` modules of ``dist`` (and what they import, per the rules above).
+
+    Cached per (dist, files, stub names): every adapter instance of one kind shares
+    the same module objects, as an engine process would.
+    """
+    root = require(dist)
+    key = (dist, tuple(sorted(files)), tuple(sorted(stubs)), tuple(entry), str(root))
+    with _lock:
+        loaded = _cache.get(key)
+        if loaded is None:
+            loaded = Loaded(dist, root, files, stubs)
+            for name in entry:
+                loaded.get(name)
+            _cache[key] = loaded
+        return loaded
+
+
+def stub_logger(mod: types.ModuleType, _loaded: Loaded) -> None:
+    """Stand-in for ``<pkg>.logger``: ``init_logger`` returns a stdlib logger.
+
+    Logging only reports; no allocator decision reads it.
+    """
+    import logging
+
+    def init_logger(name: str) -> logging.Logger:
+        return logging.getLogger(f"kvcheck.thirdparty.{name}")
+
+    mod.init_logger = init_logger
