@@ -1,0 +1,456 @@
+"""Adapter: vLLM v1 ``KVCacheManager`` / ``BlockPool`` (vllm==0.33.0) as a ``Target``.
+
+What runs is vLLM's own code, executed from the installed wheel's files (see
+``_loader``): ``vllm/v1/core/{kv_cache_manager, kv_cache_coordinator,
+block_pool, kv_cache_utils, single_type_kv_cache_manager, kv_cache_metrics}.py``,
+``vllm/v1/{kv_cache_interface, kv_cache_spec_registry, kv_cache_layout}.py``,
+``vllm/v1/hisparse/block_pool.py``, ``vllm/utils/{math_utils, hashing}.py``.
+One KV-cache group of ``FullAttentionSpec`` (a decoder-only model without
+sliding window), prefix caching on by default, hash ``sha256`` (vLLM's default
+``prefix_caching_hash_algo``), events, metrics and stats off (their defaults).
+
+Stand-ins (every other ``vllm.*`` import raises, see ``_loader``):
+
+``vllm.logger``
+    ``init_logger`` returns a stdlib logger. Logging only reports.
+``vllm.envs``
+    Only ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` (its default, True) is read, and
+    only when converting hashes for KV events, which are off.
+``vllm.config``
+    ``VllmConfig`` (annotation only) and ``get_current_vllm_config_or_none``
+    returning ``None``: the spec registry passes it to the platform hook below.
+``vllm.platforms``
+    ``current_platform.register_custom_kv_cache_specs`` is a no-op, as it is in
+    vLLM's base ``Platform`` (no platform in 0.33.0 overrides it).
+``vllm.distributed.kv_events``
+    Event record classes and the ``MEDIUM_*`` names. Events are only built when
+    ``enable_kv_cache_events`` (off); the real module needs zmq and msgspec.
+``vllm.multimodal.utils`` / ``vllm.v1.utils``
+    ``get_mm_features_in_window`` / ``tensor_data`` raise: they are only reached
+    for multimodal or prompt-embedding requests, which we never create.
+``vllm.v1.metrics.stats``
+    ``PrefixCacheStats`` / ``KVCacheEvictionEvent`` records; only built with
+    ``log_stats`` or a metrics collector (both off).
+``vllm.v1.request``
+    ``RequestStatus`` (same members and values as vLLM's) and ``Request``, a
+    plain object with exactly the fields the manager reads (``request_id``,
+    token ids, ``num_computed_tokens``, ``block_hashes`` kept up to date by vLLM's
+    own ``get_request_block_hasher`` as ``Request.append_output_token_ids`` does,
+    ``status``, and neutral values for LoRA / multimodal / salt / prompt embeds).
+    The real one drags in sampling, pooling, structured output and torch.
+``torch``, ``vllm.utils.torch_utils``, ``vllm.v1.attention.backends.registry``
+    ``kv_cache_interface`` names ``torch.dtype`` and computes page sizes in bytes
+    (``get_dtype_size``) -- memory sizing, never a block decision. A ``dtype``
+    placeholder and a 2-byte ``get_dtype_size``; ``MambaAttentionBackendEnum``
+    is an empty enum (Mamba specs are not used).
+``cbor2``
+    Imported by ``vllm/utils/hashing.py`` for the ``*_cbor`` hash functions only;
+    we use ``sha256`` (pickle + SHA-256), which does not touch it.
+
+Block ids. ``BlockPool`` reserves its block 0 as the *null block* (a placeholder
+for skipped sliding-window / Mamba slots) at construction: it is popped from
+the free queue, is never handed out by ``get_new_blocks``, and its ``ref_cnt``
+is not maintained. ``make(num_blocks, ...)`` therefore builds a pool of
+``num_blocks + 1`` vLLM blocks and the oracle's id ``b`` is vLLM's ``b + 1``;
+the null block is outside the oracle's id space. (Consequence, documented in
+docs/thirdparty-notes.md: a vLLM deployment with ``num_gpu_blocks = N`` has
+``N - 1`` usable blocks.)
+
+Operations, as vLLM's v1 scheduler drives the manager:
+
+``allocate(seq, n)``
+    a new request of ``n`` prompt tokens (status WAITING): ``get_computed_blocks``
+    (prefix-cache lookup), then ``allocate_slots(req, n - hits, hits,
+    computed_blocks)``; ``None`` (too few free blocks) -> ``OutOfBlocks``. Then,
+    as ``Scheduler._update_after_schedule`` does, ``num_computed_tokens = n`` and
+    status RUNNING. Token ids are fresh and distinct per sequence unless the
+    caller passes ``token_ids`` (for prefix-cache hits).
+``append_slot(seq)``
+    one decode step: the sampled token is appended (``append_output_token_ids``
+    -- this is also when vLLM hashes a block the token completes), then
+    ``allocate_slots(req, 1)`` reserves its slot; ``None`` -> ``OutOfBlocks``
+    after popping the token again (in vLLM the scheduler would preempt instead,
+    with the token kept). On success ``num_computed_tokens += 1``. The slot of
+    token ``L`` (0-based) is ``(blocks[L // block_size], L % block_size)``.
+    ``cow_src`` is always ``None``: v1 shares only full, hashed blocks through
+    the prefix cache and never writes into a block it does not own alone (the
+    block a prompt fully hits is recomputed, ``max_cache_hit_length = n - 1``).
+``free_seq(seq)``
+    ``KVCacheManager.free(req)`` (blocks return in reverse order; hashed ones
+    stay in the cache as eviction candidates at the free queue's tail).
+``fork``
+    not supported: v1 has no fork (parallel sampling runs independent
+    requests sharing a prefix-cache hit). ``capabilities`` excludes it.
+
+Observation: ``block_table`` = the request's block ids (minus one);
+``refcount`` = ``KVCacheBlock.ref_cnt``; ``free_blocks`` walks the doubly linked
+``FreeKVCacheBlockQueue`` (which also holds cached, evictable blocks: they have
+``ref_cnt == 0``); ``num_free`` = ``BlockPool.get_num_free_blocks()``;
+``table_identity`` = the manager's per-request block list; ``seq_len`` =
+``num_computed_tokens``.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import types
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..errors import MisuseError, OutOfBlocks
+from . import _loader
+from ._loader import VLLM_V1, Loaded
+
+FILES = (
+    "vllm.v1.core.kv_cache_manager",
+    "vllm.v1.core.kv_cache_coordinator",
+    "vllm.v1.core.block_pool",
+    "vllm.v1.core.kv_cache_utils",
+    "vllm.v1.core.single_type_kv_cache_manager",
+    "vllm.v1.core.kv_cache_metrics",
+    "vllm.v1.kv_cache_interface",
+    "vllm.v1.kv_cache_spec_registry",
+    "vllm.v1.kv_cache_layout",
+    "vllm.v1.hisparse.block_pool",
+    "vllm.utils.math_utils",
+    "vllm.utils.hashing",
+)
+
+
+# -- stand-ins ------------------------------------------------------------------
+class RequestStatus(enum.IntEnum):
+    """Same members, order and values as ``vllm.v1.request.RequestStatus``."""
+
+    WAITING = enum.auto()
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()
+    WAITING_FOR_STREAMING_REQ = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_IGNORED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+    FINISHED_REPETITION = enum.auto()
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+
+class Request:
+    """The fields of ``vllm.v1.request.Request`` that the KV-cache manager reads."""
+
+    def __init__(self, request_id: str, prompt_token_ids: Sequence[int], block_hasher=None):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self._all_token_ids = list(self.prompt_token_ids)
+        self._output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_in_flight_tokens = 0
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.lora_request = None
+        self.cache_salt = None
+        self.mm_features: list = []
+        self.prompt_embeds = None
+        self._prompt_embeds_per_block_hashes = None
+        self.session_id = None
+        self.shared_prefix_boundary = 0
+        self.skip_reading_prefix_cache = False
+        self.block_hashes: list = []
+        self._block_hasher = block_hasher
+        self.update_block_hashes()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self._all_token_ids
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        self._output_token_ids.extend(token_ids)
+        self._all_token_ids.extend(token_ids)
+        self.update_block_hashes()
+
+    def update_block_hashes(self) -> None:
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+
+def _stub_envs(mod: types.ModuleType, _: Loaded) -> None:
+    mod.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES = True
+
+
+def _stub_config(mod: types.ModuleType, _: Loaded) -> None:
+    class VllmConfig:  # annotation only
+        pass
+
+    mod.VllmConfig = VllmConfig
+    mod.get_current_vllm_config_or_none = lambda: None
+
+
+def _stub_platforms(mod: types.ModuleType, _: Loaded) -> None:
+    class _Platform:
+        @classmethod
+        def register_custom_kv_cache_specs(cls, vllm_config: Any) -> None:
+            pass
+
+    mod.current_platform = _Platform()
+
+
+def _stub_kv_events(mod: types.ModuleType, _: Loaded) -> None:
+    class KVCacheEvent:
+        def __init__(self, **fields: Any):
+            self.__dict__.update(fields)
+
+    for name in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
+        setattr(mod, name, type(name, (KVCacheEvent,), {}))
+    mod.KVCacheEvent = KVCacheEvent
+    mod.MEDIUM_GPU = "GPU"
+    mod.MEDIUM_CPU = "CPU"
+
+
+def _unreachable(what: str):
+    def fail(*_a: Any, **_k: Any):
+        raise NotImplementedError(f"kvcheck stand-in: {what} is not supported by the adapter")
+
+    return fail
+
+
+def _stub_mm_utils(mod: types.ModuleType, _: Loaded) -> None:
+    mod.get_mm_features_in_window = _unreachable("multimodal features")
+
+
+def _stub_v1_utils(mod: types.ModuleType, _: Loaded) -> None:
+    mod.tensor_data = _unreachable("prompt embeddings")
+
+
+def _stub_stats(mod: types.ModuleType, _: Loaded) -> None:
+    class PrefixCacheStats:
+        def __init__(self) -> None:
+            self.reset = False
+            self.requests = self.queries = self.hits = 0
+
+        def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+    class KVCacheEvictionEvent:
+        def __init__(self, *args: Any, **kwargs: Any):
+            self.args, self.kwargs = args, kwargs
+
+    mod.PrefixCacheStats = PrefixCacheStats
+    mod.KVCacheEvictionEvent = KVCacheEvictionEvent
+
+
+def _stub_request(mod: types.ModuleType, _: Loaded) -> None:
+    mod.Request = Request
+    mod.RequestStatus = RequestStatus
+
+
+def _stub_torch(mod: types.ModuleType, _: Loaded) -> None:
+    class dtype:  # noqa: N801 - mirrors torch.dtype
+        def __init__(self, name: str):
+            self.name = name
+
+        def __repr__(self) -> str:
+            return f"torch.{self.name}"
+
+    mod.dtype = dtype
+    for name in ("float16", "bfloat16", "float32", "uint8", "int8"):
+        setattr(mod, name, dtype(name))
+
+
+def _stub_torch_utils(mod: types.ModuleType, _: Loaded) -> None:
+    mod.get_dtype_size = lambda _dtype: 2
+
+
+def _stub_backend_registry(mod: types.ModuleType, _: Loaded) -> None:
+    class MambaAttentionBackendEnum(enum.Enum):
+        MAMBA2 = "mamba2"
+
+    mod.MambaAttentionBackendEnum = MambaAttentionBackendEnum
+
+
+def _stub_cbor2(mod: types.ModuleType, _: Loaded) -> None:
+    mod.dumps = _unreachable("cbor2 hashing")
+
+
+STUBS = {
+    "vllm.logger": _loader.stub_logger,
+    "vllm.envs": _stub_envs,
+    "vllm.config": _stub_config,
+    "vllm.platforms": _stub_platforms,
+    "vllm.distributed.kv_events": _stub_kv_events,
+    "vllm.multimodal.utils": _stub_mm_utils,
+    "vllm.v1.utils": _stub_v1_utils,
+    "vllm.v1.metrics.stats": _stub_stats,
+    "vllm.v1.request": _stub_request,
+    "vllm.utils.torch_utils": _stub_torch_utils,
+    "vllm.v1.attention.backends.registry": _stub_backend_registry,
+    "torch": _stub_torch,
+    "cbor2": _stub_cbor2,
+}
+
+
+def load() -> Loaded:
+    """vLLM 0.33.0's v1 KV-cache modules (``ThirdPartyMissing`` if not installed)."""
+    return _loader.load(VLLM_V1, FILES, STUBS, entry=("vllm.v1.core.kv_cache_manager",))
+
+
+def build_manager(num_blocks: int, block_size: int, enable_caching: bool = True):
+    """A real ``KVCacheManager`` with ``num_blocks`` *usable* blocks (plus vLLM's null block).
+
+    Returns ``(manager, block_hasher)``; ``block_hasher`` is vLLM's
+    ``get_request_block_hasher(block_size, sha256)``, to give each ``Request``.
+    """
+    mods = load()
+    iface = mods["vllm.v1.kv_cache_interface"]
+    utils = mods["vllm.v1.core.kv_cache_utils"]
+    hashing = mods["vllm.utils.hashing"]
+    torch = mods["torch"]
+    spec = iface.FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16
+    )
+    config = iface.KVCacheConfig(
+        num_blocks=num_blocks + 1,
+        kv_cache_tensors=[],
+        kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], spec)],
+    )
+    utils.init_none_hash(hashing.sha256)
+    manager = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager(
+        config,
+        max_model_len=1 << 40,
+        scheduler_block_size=block_size,
+        hash_block_size=block_size,
+        enable_caching=enable_caching,
+    )
+    hasher = utils.get_request_block_hasher(block_size, hashing.sha256) if enable_caching else None
+    return manager, hasher
+
+
+class VllmV1Target:
+    """``Target`` over a real vLLM v1 ``KVCacheManager`` (see module docstring)."""
+
+    capabilities = frozenset({"allocate", "append_slot", "free_seq"})
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise MisuseError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.manager, self._hasher = build_manager(num_blocks, block_size, enable_caching)
+        self.pool = self.manager.block_pool
+        self.requests: dict[int, Request] = {}
+        self._tokens = itertools.count(1)
+
+    # -- operations ---------------------------------------------------------
+    def _fresh_tokens(self, n: int) -> list[int]:
+        return [next(self._tokens) for _ in range(n)]
+
+    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> None:
+        if seq in self.requests:
+            raise MisuseError(f"sequence {seq!r} already exists")
+        if n_tokens < 1:
+            raise MisuseError(f"n_tokens must be positive, got {n_tokens!r}")
+        tokens = list(token_ids) if token_ids is not None else self._fresh_tokens(n_tokens)
+        if len(tokens) != n_tokens:
+            raise MisuseError("len(token_ids) != n_tokens")
+        req = Request(str(seq), tokens, self._hasher)
+        computed, num_computed, _ = self.manager.get_computed_blocks(req)
+        new = self.manager.allocate_slots(
+            req, n_tokens - num_computed, num_computed, computed
+        )
+        if new is None:
+            raise OutOfBlocks(f"vLLM allocate_slots returned None for {n_tokens} tokens")
+        req.num_computed_tokens = n_tokens
+        req.status = RequestStatus.RUNNING
+        self.requests[seq] = req
+
+    def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
+        req = self._live(seq)
+        length = req.num_computed_tokens
+        hashes_before = len(req.block_hashes)
+        req.append_output_token_ids(next(self._tokens) if token_id is None else token_id)
+        if self.manager.allocate_slots(req, 1) is None:
+            req._all_token_ids.pop()
+            req._output_token_ids.pop()
+            del req.block_hashes[hashes_before:]
+            raise OutOfBlocks("vLLM allocate_slots returned None for one decode token")
+        req.num_computed_tokens = length + 1
+        blocks = self.manager.coordinator.single_type_managers[0].req_to_blocks[req.request_id]
+        return blocks[length // self.block_size].block_id - 1, length % self.block_size, None
+
+    def fork(self, parent: int, child: int) -> None:
+        raise NotImplementedError("vLLM v1 has no fork")
+
+    def free_seq(self, seq: int) -> None:
+        req = self._live(seq)
+        req.status = RequestStatus.FINISHED_STOPPED
+        self.manager.free(req)
+        del self.requests[seq]
+
+    def _live(self, seq: int) -> Request:
+        req = self.requests.get(seq)
+        if req is None:
+            raise MisuseError(f"unknown sequence {seq!r}")
+        return req
+
+    # -- observation --------------------------------------------------------
+    def _vllm_blocks(self, seq: int) -> list:
+        req = self._live(seq)
+        return self.manager.coordinator.single_type_managers[0].req_to_blocks.get(
+            req.request_id, []
+        )
+
+    def block_table(self, seq: int) -> Sequence[int]:
+        return [b.block_id - 1 for b in self._vllm_blocks(seq)]
+
+    def refcount(self, block: int) -> int:
+        return self.pool.blocks[block + 1].ref_cnt
+
+    def free_blocks(self) -> Iterable[int]:
+        return [b.block_id - 1 for b in self.pool.free_block_queue.get_all_free_blocks()]
+
+    def num_free(self) -> int:
+        return self.pool.get_num_free_blocks()
+
+    def table_identity(self, seq: int) -> object | None:
+        return id(self._vllm_blocks(seq))
+
+    def seq_len(self, seq: int) -> int | None:
+        return self._live(seq).num_computed_tokens
+
+    def is_out_of_blocks(self, exc: BaseException) -> bool:
+        return isinstance(exc, OutOfBlocks)
+
+    # -- extra observation for prefix-cache oracles ----------------------------
+    def token_ids(self, seq: int) -> list[int]:
+        return list(self._live(seq).all_token_ids)
+
+    def cached_blocks(self) -> set[int]:
+        """Oracle ids of blocks that currently carry a prefix-cache hash."""
+        return {b.block_id - 1 for b in self.pool.blocks[1:] if b.block_hash is not None}
+
+    def null_block(self):
+        """vLLM's null block (id 0 in vLLM, outside the oracle's id space)."""
+        return self.pool.null_block
+
+
+def make(num_blocks: int, block_size: int) -> VllmV1Target:
+    """vLLM v1 with prefix caching (its default)."""
+    return VllmV1Target(num_blocks, block_size, enable_caching=True)
+
+
+def make_no_cache(num_blocks: int, block_size: int) -> VllmV1Target:
+    """vLLM v1 with prefix caching disabled."""
+    return VllmV1Target(num_blocks, block_size, enable_caching=False)
