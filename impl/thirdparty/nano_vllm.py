@@ -1,0 +1,189 @@
+"""Adapter: nano-vllm's ``BlockManager`` (nano-vllm-fork==20260210) as a ``Target``.
+
+What runs is ``nanovllm/engine/block_manager.py`` and
+``nanovllm/engine/sequence.py`` from the installed wheel (see ``_loader``),
+unchanged, with the real ``xxhash`` and ``numpy``: prefix caching by chained
+xxh64 hashes of full blocks.
+
+Stand-ins (every other ``nanovllm.*`` import raises, see ``_loader``):
+
+``nanovllm.sampling_params``
+    ``SamplingParams``: ``Sequence.__init__`` copies sampling fields
+    (temperature, max_tokens, top-k/p, ...) off it; the block manager never reads
+    them. The stand-in has the same field names and defaults, without the
+    validation. The real module is importable, but ``nanovllm/__init__.py`` (which
+    pulls in the engine, torch and transformers) would run first.
+
+Operations, as nano-vllm's ``Scheduler`` drives the block manager:
+
+``allocate(seq, n)``
+    a ``Sequence`` of ``n`` fresh token ids (or the caller's ``token_ids``), then
+    ``can_allocate(seq)`` -- ``False`` -> ``OutOfBlocks`` -- then
+    ``allocate(seq)``. The check is the block manager's own API (``allocate``
+    itself assumes it passed: it indexes ``free_block_ids[0]`` and would raise
+    ``IndexError`` half-way through).
+``append_slot(seq)``
+    one decode token. nano-vllm's scheduler calls ``can_append`` /
+    ``may_append`` *after* ``postprocess`` appended the sampled token, i.e. with
+    ``len(seq)`` already counting the token whose slot is reserved. So:
+    ``seq.append_token(tok)``; ``can_append(seq)`` -- ``False`` -> pop the token
+    again (restoring ``token_ids``, ``num_tokens``, ``last_token``) and raise
+    ``OutOfBlocks``; else ``may_append(seq)``. The slot of token ``L`` is
+    ``(block_table[L // bs], L % bs)``; ``cow_src`` is always ``None`` (no fork, and
+    shared prefix blocks are full, so never written).
+``free_seq(seq)``
+    ``deallocate(seq)``.
+``fork``
+    not supported (nano-vllm has no fork); ``capabilities`` excludes it.
+
+Block size: ``Sequence.block_size`` is a *class* attribute (256) in nano-vllm;
+the adapter sets it on each ``Sequence`` instance, so targets with different
+block sizes coexist. nano-vllm's ``Config`` requires ``kvcache_block_size %
+256 == 0``; smaller sizes are outside what the engine accepts, and
+``block_size == 1`` breaks ``may_append`` (see docs/thirdparty-notes.md).
+
+Observation: ``block_table`` = ``seq.block_table``; ``refcount`` =
+``Block.ref_count``; ``free_blocks`` = ``free_block_ids`` (a deque);
+``table_identity`` = the ``block_table`` list; ``seq_len`` = ``len(seq)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..errors import MisuseError, OutOfBlocks
+from . import _loader
+from ._loader import NANO_VLLM, Loaded
+
+FILES = ("nanovllm.engine.block_manager", "nanovllm.engine.sequence")
+
+
+def _stub_sampling_params(mod: types.ModuleType, _: Loaded) -> None:
+    class SamplingParams:
+        def __init__(self, temperature: float = 1.0, max_tokens: int = 64,
+                     ignore_eos: bool = False, cfg_scale: float = 1.0,
+                     top_k: int | None = None, top_p: float | None = None,
+                     repetition_penalty: float = 1.0, logits_processor: Any = None,
+                     logits_processor_update_state: Any = None):
+            self.temperature = temperature
+            self.max_tokens = max_tokens
+            self.ignore_eos = ignore_eos
+            self.cfg_scale = cfg_scale
+            self.top_k = top_k
+            self.top_p = top_p
+            self.repetition_penalty = repetition_penalty
+            self.logits_processor = logits_processor
+            self.logits_processor_update_state = logits_processor_update_state
+
+    mod.SamplingParams = SamplingParams
+
+
+STUBS = {"nanovllm.sampling_params": _stub_sampling_params}
+
+
+def load() -> Loaded:
+    """nano-vllm's block manager modules (``ThirdPartyMissing`` if not installed)."""
+    return _loader.load(NANO_VLLM, FILES, STUBS, entry=FILES)
+
+
+def new_sequence(token_ids: Sequence[int], block_size: int) -> Any:
+    """A real nano-vllm ``Sequence`` with its block size set on the instance."""
+    seq = load()["nanovllm.engine.sequence"].Sequence(list(token_ids))
+    seq.block_size = block_size
+    return seq
+
+
+def pop_token(seq: Any) -> None:
+    """Undo ``Sequence.append_token`` (used when the append's slot is refused)."""
+    seq.token_ids.pop()
+    seq.num_tokens -= 1
+    seq.last_token = seq.token_ids[-1]
+
+
+class NanoVllmTarget:
+    """``Target`` over a real nano-vllm ``BlockManager`` (see module docstring)."""
+
+    capabilities = frozenset({"allocate", "append_slot", "free_seq"})
+
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1 or block_size < 1:
+            raise MisuseError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.manager = load()["nanovllm.engine.block_manager"].BlockManager(
+            num_blocks, block_size
+        )
+        self.seqs: dict[int, Any] = {}
+        self._tokens = itertools.count(1)
+
+    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> None:
+        if seq in self.seqs:
+            raise MisuseError(f"sequence {seq!r} already exists")
+        if n_tokens < 1:
+            raise MisuseError(f"n_tokens must be positive, got {n_tokens!r}")
+        tokens = list(token_ids) if token_ids is not None else [
+            next(self._tokens) for _ in range(n_tokens)
+        ]
+        if len(tokens) != n_tokens:
+            raise MisuseError("len(token_ids) != n_tokens")
+        s = new_sequence(tokens, self.block_size)
+        if not self.manager.can_allocate(s):
+            raise OutOfBlocks(f"nano-vllm can_allocate is False for {n_tokens} tokens")
+        self.manager.allocate(s)
+        self.seqs[seq] = s
+
+    def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
+        s = self._live(seq)
+        length = len(s)
+        s.append_token(next(self._tokens) if token_id is None else token_id)
+        if not self.manager.can_append(s):
+            pop_token(s)
+            raise OutOfBlocks("nano-vllm can_append is False")
+        self.manager.may_append(s)
+        return s.block_table[length // self.block_size], length % self.block_size, None
+
+    def fork(self, parent: int, child: int) -> None:
+        raise NotImplementedError("nano-vllm has no fork")
+
+    def free_seq(self, seq: int) -> None:
+        s = self._live(seq)
+        self.manager.deallocate(s)
+        del self.seqs[seq]
+
+    def _live(self, seq: int) -> Any:
+        s = self.seqs.get(seq)
+        if s is None:
+            raise MisuseError(f"unknown sequence {seq!r}")
+        return s
+
+    # -- observation --------------------------------------------------------
+    def block_table(self, seq: int) -> Sequence[int]:
+        return list(self._live(seq).block_table)
+
+    def refcount(self, block: int) -> int:
+        return self.manager.blocks[block].ref_count
+
+    def free_blocks(self) -> Iterable[int]:
+        return list(self.manager.free_block_ids)
+
+    def num_free(self) -> int:
+        return len(self.manager.free_block_ids)
+
+    def table_identity(self, seq: int) -> object | None:
+        return id(self._live(seq).block_table)
+
+    def seq_len(self, seq: int) -> int | None:
+        return len(self._live(seq))
+
+    def is_out_of_blocks(self, exc: BaseException) -> bool:
+        return isinstance(exc, OutOfBlocks)
+
+    def token_ids(self, seq: int) -> list[int]:
+        return list(self._live(seq).token_ids)
+
+
+def make(num_blocks: int, block_size: int) -> NanoVllmTarget:
+    return NanoVllmTarget(num_blocks, block_size)

@@ -1,0 +1,285 @@
+"""Adapter: vLLM v0 ``BlockTable`` + block allocators (vllm==0.8.5) as a ``Target``.
+
+vLLM 0.8.5 is the last release with the v0 block manager. What runs is its own
+code, executed from the wheel's files (see ``_loader``):
+``vllm/core/block/{block_table, common, interfaces, naive_block,
+prefix_caching_block, cpu_gpu_block_allocator}.py`` and ``vllm/core/evictor.py``.
+The allocator is built exactly as ``SelfAttnBlockSpaceManager`` builds it:
+``CpuGpuBlockAllocator.create(allocator_type, num_gpu_blocks, num_cpu_blocks=0,
+block_size)`` with ``"naive"`` (``make``) or ``"prefix_caching"``
+(``make_prefix``); each sequence gets a ``BlockTable(block_size, allocator)``.
+
+Stand-ins (every other ``vllm.*`` import raises, see ``_loader``):
+
+``vllm.utils``
+    ``Device`` (an enum with members ``GPU``, ``CPU``), ``cdiv`` (ceiling
+    division) and ``chunk_list`` (consecutive slices) -- the three names the
+    block modules import; the real module imports torch and much of the engine.
+    They are re-implemented here, not copied, with the same results.
+``vllm.platforms``
+    ``current_platform.is_hpu()`` returns ``False``: ``CpuGpuBlockAllocator``
+    reserves block 0 only on Intel Gaudi (HPU); we model CUDA, as vLLM does on
+    a GPU.
+``vllm.logger``
+    ``init_logger`` returns a stdlib logger.
+``vllm.sequence``
+    ``Sequence`` is only an annotation / used by the allocator's
+    ``get_num_cached_tokens`` helpers, which the block tables never call.
+
+Operations, as ``SelfAttnBlockSpaceManager`` drives the tables:
+
+``allocate(seq, n)``
+    ``BlockTable.allocate(token_ids)`` with ``n`` fresh token ids (or the
+    caller's ``token_ids``).
+``append_slot(seq)``
+    one decode token: ``BlockTable.append_token_ids([tok])`` (what
+    ``append_slots`` does with the one unseen token, no lookahead), then
+    ``allocator.clear_copy_on_writes()`` -- the ``CopyOnWriteTracker``'s record
+    of ``(src, dst)`` pairs that the engine hands to the cache engine as
+    ``blocks_to_copy``. The slot of token ``L`` is ``(table[L // bs], L % bs)``;
+    ``cow_src`` is the ``src`` of the recorded pair (at most one per append).
+``fork(parent, child)``
+    ``BlockTable.fork()``.
+``free_seq(seq)``
+    ``BlockTable.free()``.
+
+Out-of-blocks. The allocators raise ``BlockAllocator.NoFreeBlocksError``; the
+adapter re-raises it as ``OutOfBlocks`` and does *not* pre-check: the capacity
+checks live in the engine's caller (``SelfAttnBlockSpaceManager.can_allocate``
+/ ``can_append_slots``), not in the allocator or the table, so an unguarded
+call shows what the allocator itself does when it runs dry. ``guard="engine"``
+(``make_guarded`` / ``make_prefix_guarded``) adds the caller's checks, written
+after ``SelfAttnBlockSpaceManager``: allocate only if ``cdiv(n, bs) <= free``
+(watermark 0) and append only if ``get_num_blocks_touched_by_append_slots`` (1
+for one token) ``<= free``.
+
+Observation: ``block_table`` = ``BlockTable.physical_block_ids``; ``refcount`` =
+the allocator's ``RefCounter``; ``free_blocks`` = the naive free deque plus, with
+prefix caching, the evictor's cached-but-unreferenced blocks (both are what
+``get_num_free_blocks`` counts); ``table_identity`` = the ``BlockTable``;
+``seq_len`` = ``BlockTable.num_full_slots``.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import types
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..errors import MisuseError, OutOfBlocks
+from . import _loader
+from ._loader import VLLM_V0, Loaded
+
+FILES = (
+    "vllm.core.block.block_table",
+    "vllm.core.block.common",
+    "vllm.core.block.interfaces",
+    "vllm.core.block.naive_block",
+    "vllm.core.block.prefix_caching_block",
+    "vllm.core.block.cpu_gpu_block_allocator",
+    "vllm.core.evictor",
+)
+
+
+def _stub_utils(mod: types.ModuleType, _: Loaded) -> None:
+    class Device(enum.Enum):
+        GPU = enum.auto()
+        CPU = enum.auto()
+
+    def cdiv(a: int, b: int) -> int:
+        return (a + b - 1) // b
+
+    def chunk_list(items: list, size: int):
+        for start in range(0, len(items), size):
+            yield items[start : start + size]
+
+    mod.Device = Device
+    mod.cdiv = cdiv
+    mod.chunk_list = chunk_list
+
+
+def _stub_platforms(mod: types.ModuleType, _: Loaded) -> None:
+    class _CudaLike:
+        def is_hpu(self) -> bool:
+            return False
+
+    mod.current_platform = _CudaLike()
+
+
+def _stub_sequence(mod: types.ModuleType, _: Loaded) -> None:
+    class Sequence:  # annotation only
+        pass
+
+    mod.Sequence = Sequence
+
+
+STUBS = {
+    "vllm.utils": _stub_utils,
+    "vllm.platforms": _stub_platforms,
+    "vllm.logger": _loader.stub_logger,
+    "vllm.sequence": _stub_sequence,
+}
+
+
+def load() -> Loaded:
+    """vLLM 0.8.5's v0 block modules (``ThirdPartyMissing`` if not installed)."""
+    return _loader.load(
+        VLLM_V0, FILES, STUBS,
+        entry=("vllm.core.block.block_table", "vllm.core.block.cpu_gpu_block_allocator"),
+    )
+
+
+def build_allocator(num_blocks: int, block_size: int, allocator_type: str = "naive"):
+    """A real ``CpuGpuBlockAllocator`` with ``num_blocks`` GPU blocks and no CPU blocks."""
+    mods = load()
+    return mods["vllm.core.block.cpu_gpu_block_allocator"].CpuGpuBlockAllocator.create(
+        allocator_type=allocator_type,
+        num_gpu_blocks=num_blocks,
+        num_cpu_blocks=0,
+        block_size=block_size,
+    )
+
+
+def gpu_allocator(allocator: Any) -> Any:
+    """The GPU ``NaiveBlockAllocator`` / ``PrefixCachingBlockAllocator`` inside."""
+    mods = load()
+    return allocator._allocators[mods["vllm.utils"].Device.GPU]
+
+
+def free_block_ids(gpu: Any) -> list[int]:
+    """Every id the allocator can hand out next, with multiplicity."""
+    naive = getattr(gpu, "_hashless_allocator", gpu)
+    free = list(naive._free_block_indices)
+    evictor = getattr(gpu, "evictor", None)
+    if evictor is not None:
+        free += list(evictor.free_table)
+    return free
+
+
+class VllmV0Target:
+    """``Target`` over vLLM v0 ``BlockTable``s on a real allocator (see module docstring)."""
+
+    capabilities = frozenset({"allocate", "append_slot", "fork", "free_seq"})
+
+    def __init__(self, num_blocks: int, block_size: int, allocator_type: str = "naive",
+                 guard: str | None = None):
+        if num_blocks < 1 or block_size < 1:
+            raise MisuseError("num_blocks and block_size must be positive")
+        if guard not in (None, "engine"):
+            raise ValueError(f"guard must be None or 'engine', got {guard!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.guard = guard
+        mods = load()
+        self._BlockTable = mods["vllm.core.block.block_table"].BlockTable
+        self._NoFree = mods["vllm.core.block.interfaces"].BlockAllocator.NoFreeBlocksError
+        self.allocator = build_allocator(num_blocks, block_size, allocator_type)
+        self.gpu = gpu_allocator(self.allocator)
+        self.tables: dict[int, Any] = {}
+        self._tokens = itertools.count(1)
+
+    # -- operations ---------------------------------------------------------
+    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> None:
+        if seq in self.tables:
+            raise MisuseError(f"sequence {seq!r} already exists")
+        if n_tokens < 1:
+            raise MisuseError(f"n_tokens must be positive, got {n_tokens!r}")
+        tokens = list(token_ids) if token_ids is not None else [
+            next(self._tokens) for _ in range(n_tokens)
+        ]
+        if len(tokens) != n_tokens:
+            raise MisuseError("len(token_ids) != n_tokens")
+        if self.guard == "engine":
+            need = self._BlockTable.get_num_required_blocks(tokens, self.block_size)
+            if need > self.allocator.get_num_free_blocks(self._gpu_device()):
+                raise OutOfBlocks(f"engine guard: {need} blocks needed")
+        table = self._BlockTable(self.block_size, self.allocator)
+        try:
+            table.allocate(tokens)
+        except self._NoFree as exc:
+            raise OutOfBlocks(f"vLLM v0 NoFreeBlocksError allocating {n_tokens} tokens") from exc
+        self.tables[seq] = table
+
+    def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
+        table = self._live(seq)
+        length = table.num_full_slots
+        tok = next(self._tokens) if token_id is None else token_id
+        if self.guard == "engine":
+            touched = table.get_num_blocks_touched_by_append_slots([tok], 0)
+            if touched > self.allocator.get_num_free_blocks(self._gpu_device()):
+                raise OutOfBlocks(f"engine guard: {touched} blocks touched")
+        try:
+            table.append_token_ids([tok])
+        except self._NoFree as exc:
+            raise OutOfBlocks("vLLM v0 NoFreeBlocksError appending one token") from exc
+        finally:
+            cows = self.allocator.clear_copy_on_writes()
+        assert len(cows) <= 1, cows
+        ids = table.physical_block_ids
+        return ids[length // self.block_size], length % self.block_size, (
+            cows[0][0] if cows else None
+        )
+
+    def fork(self, parent: int, child: int) -> None:
+        table = self._live(parent)
+        if child in self.tables:
+            raise MisuseError(f"sequence {child!r} already exists")
+        self.tables[child] = table.fork()
+
+    def free_seq(self, seq: int) -> None:
+        table = self._live(seq)
+        table.free()
+        del self.tables[seq]
+
+    def _live(self, seq: int) -> Any:
+        table = self.tables.get(seq)
+        if table is None:
+            raise MisuseError(f"unknown sequence {seq!r}")
+        return table
+
+    def _gpu_device(self) -> Any:
+        return load()["vllm.utils"].Device.GPU
+
+    # -- observation --------------------------------------------------------
+    def block_table(self, seq: int) -> Sequence[int]:
+        return list(self._live(seq).physical_block_ids)
+
+    def refcount(self, block: int) -> int:
+        return self.gpu._refcounter.get(block)
+
+    def free_blocks(self) -> Iterable[int]:
+        return free_block_ids(self.gpu)
+
+    def num_free(self) -> int:
+        return self.allocator.get_num_free_blocks(self._gpu_device())
+
+    def table_identity(self, seq: int) -> object | None:
+        return id(self._live(seq))
+
+    def seq_len(self, seq: int) -> int | None:
+        return self._live(seq).num_full_slots
+
+    def is_out_of_blocks(self, exc: BaseException) -> bool:
+        return isinstance(exc, OutOfBlocks)
+
+
+def make(num_blocks: int, block_size: int) -> VllmV0Target:
+    """vLLM v0, naive allocator (no prefix caching), unguarded."""
+    return VllmV0Target(num_blocks, block_size, "naive")
+
+
+def make_prefix(num_blocks: int, block_size: int) -> VllmV0Target:
+    """vLLM v0, prefix-caching allocator, unguarded."""
+    return VllmV0Target(num_blocks, block_size, "prefix_caching")
+
+
+def make_guarded(num_blocks: int, block_size: int) -> VllmV0Target:
+    """vLLM v0 naive, with ``SelfAttnBlockSpaceManager``'s capacity checks first."""
+    return VllmV0Target(num_blocks, block_size, "naive", guard="engine")
+
+
+def make_prefix_guarded(num_blocks: int, block_size: int) -> VllmV0Target:
+    """vLLM v0 prefix caching, with ``SelfAttnBlockSpaceManager``'s capacity checks first."""
+    return VllmV0Target(num_blocks, block_size, "prefix_caching", guard="engine")
