@@ -30,7 +30,20 @@ from kvcheck.impl.errors import OutOfBlocks
 ADAPTERS = {
     "vllm-v1": "kvcheck.impl.thirdparty.vllm_v1:make",
     "vllm-v1-nocache": "kvcheck.impl.thirdparty.vllm_v1:make_no_cache",
+    "vllm-v0": "kvcheck.impl.thirdparty.vllm_v0:make",
+    "vllm-v0-prefix": "kvcheck.impl.thirdparty.vllm_v0:make_prefix",
+    "vllm-v0-guarded": "kvcheck.impl.thirdparty.vllm_v0:make_guarded",
+    "vllm-v0-prefix-guarded": "kvcheck.impl.thirdparty.vllm_v0:make_prefix_guarded",
+    "nano-vllm": "kvcheck.impl.thirdparty.nano_vllm:make",
 }
+# Adapters whose out-of-blocks path honours the seed contract (state unchanged,
+# allocate all-or-nothing, no spurious failure) -- every other one is covered
+# below by runs that never run dry plus explicit reproductions of its deviation.
+SEED_EXACT = ["vllm-v1", "vllm-v1-nocache", "nano-vllm"]
+# The engine-guarded v0 targets refuse any decode append when no block is free,
+# even one that would write in place (SelfAttnBlockSpaceManager.can_append_slots).
+CONSERVATIVE_APPEND = ["vllm-v0-guarded", "vllm-v0-prefix-guarded"]
+NEVER_DRY = ["vllm-v0", "vllm-v0-prefix"]
 
 
 def factory(name: str):
@@ -74,8 +87,10 @@ def check_state(t, lens: dict[int, int]) -> None:
 class Driver:
     """Random valid operations on one target, checked step by step."""
 
-    def __init__(self, t, rng: random.Random, max_tokens: int):
+    def __init__(self, t, rng: random.Random, max_tokens: int,
+                 conservative_append: bool = False):
         self.t = t
+        self.conservative_append = conservative_append
         self.rng = rng
         self.max_tokens = max_tokens
         self.lens: dict[int, int] = {}
@@ -87,7 +102,7 @@ class Driver:
         t, rng, lens = self.t, self.rng, self.lens
         choices = ["allocate"] * 3
         if lens:
-            choices += ["append_slot"] * 6 + ["free_seq"] * 2
+            choices += ["append_slot"] * 6 + ["free_seq"] * (2 if t.num_free() > 1 else 6)
             if "fork" in t.capabilities:
                 choices += ["fork"] * 2
         op = rng.choice(choices)
@@ -137,18 +152,28 @@ class Driver:
             if op == "allocate":
                 assert ceil_div(n, t.block_size) > before[4], "spurious OutOfBlocks on allocate"
             elif op == "append_slot":
-                assert before[4] == 0, "spurious OutOfBlocks on append_slot"
+                tail = before[0][seq][-1]
+                needs_block = (n % t.block_size == 0 or refs[tail] > 1
+                               or self.conservative_append)
+                assert needs_block and before[4] == 0, "spurious OutOfBlocks on append_slot"
             else:
                 raise AssertionError(f"{op} may not run out of blocks") from None
         check_state(t, lens)
 
 
-def drive(name: str, num_blocks: int, block_size: int, steps: int, seed: int) -> Driver:
+def drive(name: str, num_blocks: int, block_size: int, steps: int, seed: int,
+          max_live: int | None = None) -> Driver:
     rng = random.Random(seed)
-    d = Driver(factory(name)(num_blocks, block_size), rng, max_tokens=3 * block_size + 1)
+    d = Driver(factory(name)(num_blocks, block_size), rng, max_tokens=3 * block_size + 1,
+               conservative_append=name in CONSERVATIVE_APPEND)
     check_state(d.t, d.lens)
     for _ in range(steps):
         d.step()
+        if max_live is not None and len(d.lens) > max_live:
+            seq = rng.choice(sorted(d.lens))
+            d.t.free_seq(seq)
+            del d.lens[seq]
+            check_state(d.t, d.lens)
     return d
 
 
@@ -160,8 +185,156 @@ def test_loads(name):
     assert t.capabilities <= {"allocate", "append_slot", "fork", "free_seq"}
 
 
-@pytest.mark.parametrize("name", sorted(ADAPTERS))
+@pytest.mark.parametrize("name", SEED_EXACT + CONSERVATIVE_APPEND)
 @pytest.mark.parametrize("num_blocks,block_size", [(6, 2), (16, 4), (3, 3)])
 def test_random_operations(name, num_blocks, block_size):
     d = drive(name, num_blocks, block_size, steps=1500, seed=num_blocks * 31 + block_size)
     assert d.ooms > 0, "the run never exercised out-of-blocks"
+
+
+@pytest.mark.parametrize("name", [n for n in SEED_EXACT + CONSERVATIVE_APPEND if n != "nano-vllm"])
+def test_random_operations_block_size_one(name):
+    drive(name, 5, 1, steps=1500, seed=7)
+
+
+@pytest.mark.parametrize("name", NEVER_DRY)
+@pytest.mark.parametrize("block_size", [1, 2, 4])
+def test_random_operations_without_running_dry(name, block_size):
+    """Fork, copy-on-write, refcounts and the free list, with blocks to spare."""
+    d = drive(name, 400, block_size, steps=3000, seed=block_size, max_live=12)
+    assert d.ooms == 0
+
+
+# -- documented deviations, reproduced on the raw third-party APIs ----------------
+def test_vllm_v0_allocate_is_not_all_or_nothing():
+    """BlockTable.allocate takes blocks one by one; running dry leaks those taken."""
+    from kvcheck.impl.thirdparty import raw, vllm_v0
+
+    for kind in ("naive", "prefix_caching"):
+        (step,) = raw.replay_vllm_v0([("allocate", 0, 2)], num_blocks=1, block_size=1,
+                                     allocator_type=kind)
+        assert step["result"].startswith("raised NoFreeBlocksError")
+        assert step["tables"] == {} and step["refcount"] == [1] and step["free"] == []
+    t = vllm_v0.make(1, 1)
+    with pytest.raises(OutOfBlocks):
+        t.allocate(0, 2)
+    assert t.refcount(0) == 1 and list(t.free_blocks()) == []  # leaked through the adapter too
+    g = vllm_v0.make_guarded(1, 1)
+    with pytest.raises(OutOfBlocks):
+        g.allocate(0, 2)
+    assert g.refcount(0) == 0 and list(g.free_blocks()) == [0]  # the engine's check protects
+
+
+def test_vllm_v0_copy_on_write_out_of_blocks_corrupts_refcount():
+    """CoW drops the source's reference before taking the target block."""
+    from kvcheck.impl.thirdparty import raw
+
+    ops = [("allocate", 0, 1), ("fork", 0, 1), ("append_slot", 1), ("free_seq", 0),
+           ("free_seq", 1)]
+    for kind in ("naive", "prefix_caching"):
+        steps = raw.replay_vllm_v0(ops, num_blocks=1, block_size=2, allocator_type=kind)
+        failed = steps[2]
+        assert failed["result"].startswith("raised NoFreeBlocksError")
+        assert failed["tables"] == {0: [0], 1: [0]}  # two table entries...
+        assert failed["refcount"] == [1]  # ...one reference
+        assert failed["block_objects"][1] == [None]  # the child's block lost its id
+        assert steps[3]["free"] == [0]  # block 0 freed while seq 1 still names it
+        assert steps[4]["result"].startswith("raised AssertionError")
+
+
+def test_vllm_v0_guarded_append_refuses_in_place_write_when_full():
+    from kvcheck.impl.thirdparty import vllm_v0
+
+    t = vllm_v0.make_guarded(1, 2)
+    t.allocate(0, 1)
+    with pytest.raises(OutOfBlocks):
+        t.append_slot(0)  # would write in place into block 0
+    raw_t = vllm_v0.make(1, 2)
+    raw_t.allocate(0, 1)
+    assert raw_t.append_slot(0) == (0, 1, None)
+
+
+def test_nano_vllm_block_size_one_breaks_may_append():
+    from kvcheck.impl.thirdparty import nano_vllm, raw
+
+    steps = raw.replay_nano_vllm([("allocate", 0, 1), ("append_slot", 0)], 2, 1)
+    assert steps[1]["result"] == "raised AssertionError"
+    assert steps[1]["tables"] == {0: [0]} and steps[1]["len"] == {0: 2}
+    t = nano_vllm.make(2, 1)
+    t.allocate(0, 1)
+    with pytest.raises(AssertionError):
+        t.append_slot(0)
+
+
+def test_nano_vllm_allocate_without_can_allocate_is_partial():
+    from kvcheck.impl.thirdparty import raw
+
+    (step,) = raw.replay_nano_vllm([("allocate", 0, 3)], 2, 1, checked=False)
+    assert step["result"].startswith("raised IndexError")
+    assert step["tables"] == {0: [0, 1]} and step["free"] == []
+    (checked,) = raw.replay_nano_vllm([("allocate", 0, 3)], 2, 1)
+    assert checked["result"] == {"can_allocate": False} and checked["free"] == [0, 1]
+
+
+def test_vllm_v1_null_block_is_outside_the_pool():
+    """vLLM's block 0 is the null block: N GPU blocks give N - 1 usable ones."""
+    from kvcheck.impl.thirdparty import raw, vllm_v1
+
+    steps = raw.replay_vllm_v1([("allocate", 0, 2), ("allocate", 1, 1)], 2, 2)
+    assert steps[0]["tables"] == {0: [1]} and steps[0]["num_free"] == 0
+    assert steps[1]["result"] is None  # out of blocks with one of two blocks "used"
+    assert steps[1]["ref_cnt"][0] == 0 and 0 not in steps[1]["free_queue"]
+    t = vllm_v1.make(2, 2)
+    t.allocate(0, 2)
+    t.allocate(1, 1)
+    assert t.block_table(0) == [0] and t.block_table(1) == [1]
+    assert t.null_block().is_null
+
+
+def test_vllm_v1_append_out_of_blocks_leaves_the_token_in_vllm():
+    """allocate_slots returning None changes no block state; the decode token stays
+    appended to the Request (the adapter pops it; vLLM's scheduler preempts)."""
+    from kvcheck.impl.thirdparty import raw
+
+    steps = raw.replay_vllm_v1([("allocate", 0, 2), ("append_slot", 0)], 2, 2)
+    assert steps[1]["result"] is None
+    assert steps[1]["tables"] == steps[0]["tables"]
+    assert steps[1]["ref_cnt"] == steps[0]["ref_cnt"]
+    assert steps[1]["num_tokens"] == {0: 3} and steps[1]["num_computed_tokens"] == {0: 2}
+
+
+def test_vllm_v1_prefix_cache_hit_with_caller_tokens():
+    from kvcheck.impl.thirdparty import vllm_v1
+
+    t = vllm_v1.make(8, 2)
+    t.allocate(0, 5, token_ids=[7, 8, 9, 10, 11])
+    t.allocate(1, 5, token_ids=[7, 8, 9, 10, 12])
+    assert t.block_table(0)[:2] == t.block_table(1)[:2]
+    assert t.refcount(t.block_table(0)[0]) == 2
+    t.free_seq(0)
+    t.free_seq(1)
+    assert t.num_free() == 8 and len(t.cached_blocks()) >= 2  # evictable, still cached
+    t.allocate(2, 3, token_ids=[7, 8, 1])
+    assert t.refcount(t.block_table(2)[0]) == 1
+
+
+# -- the loader -------------------------------------------------------------------
+def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
+    from kvcheck.impl.thirdparty import _loader
+
+    monkeypatch.setenv(_loader.ENV_DIR, str(tmp_path))
+    with pytest.raises(_loader.ThirdPartyMissing, match="install_thirdparty.sh vllm-v0"):
+        _loader.load(_loader.VLLM_V0, ["vllm.core.block.block_table"], {},
+                     entry=["vllm.core.block.block_table"])
+
+
+def test_versions_are_isolated():
+    import sys
+
+    from kvcheck.impl.thirdparty import vllm_v0, vllm_v1
+
+    v0, v1 = vllm_v0.load(), vllm_v1.load()
+    ours = {id(m) for m in (*v0.modules.values(), *v1.modules.values())}
+    assert id(sys.modules.get("vllm")) not in ours and id(sys.modules.get("torch")) not in ours
+    assert v0["vllm"] is not v1["vllm"]
+    assert v1["vllm.v1.core.block_pool"].__name__.startswith("kvcheck_tp_vllm_v1")
