@@ -7,4 +7,12 @@ Each entry maps a short name to ``module:attr`` of a factory called as
 TARGETS: dict[str, tuple[str, str]] = {
     # name: ("module:attr", one-line description)
     "reference": ("kvcheck.impl.block_manager:BlockManager", "the bundled reference block manager"),
+    "vllm-v1": ("kvcheck.impl.thirdparty.vllm_v1:make",
+                "vLLM 0.33.0 v1 KVCacheManager/BlockPool, prefix caching (no fork)"),
+    "vllm-v0": ("kvcheck.impl.thirdparty.vllm_v0:make",
+                "vLLM 0.8.5 v0 BlockTable on the naive allocator, copy-on-write fork"),
+    "vllm-v0-prefix": ("kvcheck.impl.thirdparty.vllm_v0:make_prefix",
+                       "vLLM 0.8.5 v0 BlockTable on the prefix-caching allocator"),
+    "nano-vllm": ("kvcheck.impl.thirdparty.nano_vllm:make",
+                  "nano-vllm-fork 20260210 BlockManager, xxhash prefix caching (no fork)"),
 }
