@@ -159,9 +159,13 @@ class NanoVllmTarget:
             raise MisuseError(f"unknown sequence {seq!r}")
         return s
 
+    def _observed(self, seq: int):
+        """Observation of an unknown sequence raises ``KeyError`` (the oracle's "no table")."""
+        return self.seqs[seq]
+
     # -- observation --------------------------------------------------------
     def block_table(self, seq: int) -> Sequence[int]:
-        return list(self._live(seq).block_table)
+        return list(self._observed(seq).block_table)
 
     def refcount(self, block: int) -> int:
         return self.manager.blocks[block].ref_count
@@ -173,16 +177,16 @@ class NanoVllmTarget:
         return len(self.manager.free_block_ids)
 
     def table_identity(self, seq: int) -> object | None:
-        return id(self._live(seq).block_table)
+        return id(self._observed(seq).block_table)
 
     def seq_len(self, seq: int) -> int | None:
-        return len(self._live(seq))
+        return len(self._observed(seq))
 
     def is_out_of_blocks(self, exc: BaseException) -> bool:
         return isinstance(exc, OutOfBlocks)
 
     def token_ids(self, seq: int) -> list[int]:
-        return list(self._live(seq).token_ids)
+        return list(self._observed(seq).token_ids)
 
 
 def make(num_blocks: int, block_size: int) -> NanoVllmTarget:

@@ -242,9 +242,13 @@ class VllmV0Target:
     def _gpu_device(self) -> Any:
         return load()["vllm.utils"].Device.GPU
 
+    def _observed(self, seq: int):
+        """Observation of an unknown sequence raises ``KeyError`` (the oracle's "no table")."""
+        return self.tables[seq]
+
     # -- observation --------------------------------------------------------
     def block_table(self, seq: int) -> Sequence[int]:
-        return list(self._live(seq).physical_block_ids)
+        return list(self._observed(seq).physical_block_ids)
 
     def refcount(self, block: int) -> int:
         return self.gpu._refcounter.get(block)
@@ -256,10 +260,10 @@ class VllmV0Target:
         return self.allocator.get_num_free_blocks(self._gpu_device())
 
     def table_identity(self, seq: int) -> object | None:
-        return id(self._live(seq))
+        return id(self._observed(seq))
 
     def seq_len(self, seq: int) -> int | None:
-        return self._live(seq).num_full_slots
+        return self._observed(seq).num_full_slots
 
     def is_out_of_blocks(self, exc: BaseException) -> bool:
         return isinstance(exc, OutOfBlocks)

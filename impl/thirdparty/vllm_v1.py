@@ -405,9 +405,13 @@ class VllmV1Target:
             raise MisuseError(f"unknown sequence {seq!r}")
         return req
 
+    def _observed(self, seq: int):
+        """Observation of an unknown sequence raises ``KeyError`` (the oracle's "no table")."""
+        return self.requests[seq]
+
     # -- observation --------------------------------------------------------
     def _vllm_blocks(self, seq: int) -> list:
-        req = self._live(seq)
+        req = self._observed(seq)
         return self.manager.coordinator.single_type_managers[0].req_to_blocks.get(
             req.request_id, []
         )
@@ -428,14 +432,14 @@ class VllmV1Target:
         return id(self._vllm_blocks(seq))
 
     def seq_len(self, seq: int) -> int | None:
-        return self._live(seq).num_computed_tokens
+        return self._observed(seq).num_computed_tokens
 
     def is_out_of_blocks(self, exc: BaseException) -> bool:
         return isinstance(exc, OutOfBlocks)
 
     # -- extra observation for prefix-cache oracles ----------------------------
     def token_ids(self, seq: int) -> list[int]:
-        return list(self._live(seq).all_token_ids)
+        return list(self._observed(seq).all_token_ids)
 
     def cached_blocks(self) -> set[int]:
         """Oracle ids of blocks that currently carry a prefix-cache hash."""

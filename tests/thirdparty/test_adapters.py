@@ -338,3 +338,32 @@ def test_versions_are_isolated():
     assert id(sys.modules.get("vllm")) not in ours and id(sys.modules.get("torch")) not in ours
     assert v0["vllm"] is not v1["vllm"]
     assert v1["vllm.v1.core.block_pool"].__name__.startswith("kvcheck_tp_vllm_v1")
+
+
+# -- the project's oracle on the adapters -----------------------------------------
+ORACLE_EXPECT = [
+    # (target, num_blocks, block_size, expected violation name or None for a pass)
+    ("vllm-v1", 8, 2, None),
+    ("vllm-v1", 5, 1, None),
+    ("kvcheck.impl.thirdparty.vllm_v1:make_no_cache", 8, 2, None),
+    ("nano-vllm", 8, 2, None),
+    ("nano-vllm", 5, 1, "append_slot"),  # D7
+    ("vllm-v0", 8, 2, "append_slot: exception_safety: refcount unchanged"),  # D4
+    ("vllm-v0", 5, 1, "allocate: exception_safety: free list length unchanged"),  # D3
+    ("vllm-v0-prefix", 8, 2, "append_slot: exception_safety: refcount unchanged"),  # D4
+    ("vllm-v0-prefix", 5, 1, "allocate: exception_safety: free list length unchanged"),  # D3
+    ("kvcheck.impl.thirdparty.vllm_v0:make_guarded", 8, 2,
+     "append_slot: out-of-blocks only when a new block is needed and none is free"),  # D5
+    ("kvcheck.impl.thirdparty.vllm_v0:make_guarded", 5, 1, None),
+]
+
+
+@pytest.mark.parametrize("target,num_blocks,block_size,expect", ORACLE_EXPECT)
+def test_oracle_verify(target, num_blocks, block_size, expect):
+    verify_mod = pytest.importorskip("kvcheck.verify", reason="kvcheck.verify not present yet")
+    r = verify_mod.verify(target, num_blocks=num_blocks, block_size=block_size, ops=4000,
+                          seed=1, shrink_budget=20)
+    if expect is None:
+        assert r.ok, r.violation
+    else:
+        assert not r.ok and r.violation.name == expect, r.violation
