@@ -1,0 +1,59 @@
+"""The ``kvcheck`` command line.
+
+Each subcommand lives in ``kvcheck.commands.<name>`` and provides
+``add_parser(subparsers)`` and ``run(args) -> int``. Exit codes everywhere:
+0 = everything holds, 1 = a violation was found, 2 = bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = [
+    "verify",
+]
+
+
+class UsageError(Exception):
+    """Bad input detected while running a command (exit 2, one-line message)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        self.exit(2, f"kvcheck: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvcheck", description=__doc__.splitlines()[0])
+    from kvcheck import __version__
+
+    parser.add_argument("--version", action="version", version=f"kvcheck {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        importlib.import_module(f"kvcheck.commands.{name.replace('-', '_')}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 2
+    from kvcheck.loading import TargetError
+    from kvcheck.trace import TraceError
+
+    try:
+        return args.run(args)
+    except (UsageError, TargetError, TraceError) as exc:
+        print(f"kvcheck: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvcheck: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

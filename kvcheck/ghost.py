@@ -1,0 +1,274 @@
+"""The oracle's incremental view of state, for checking in O(touched).
+
+``Ghost`` is the last *verified* state: copies of every table, the refcounts,
+derived counters (holders, refcount-0 blocks, table identities). ``After``
+is the state after one operation as the allocator shows it, observed only
+for what the operation touched (its sequences and their blocks, before and
+after); everything else reads through to the ghost.
+
+Both speak the state vocabulary of ``kvcheck.spec.state``. In this fast mode
+free-list *membership* is not read per operation: ``free_count(b)`` is
+derived from the refcount (1 iff refcount 0), and the free list's contents
+are audited in full by the oracle's periodic sweep.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from kvcheck.observe import read_identity, read_len, read_num_free, read_ref, read_table
+
+
+class Ghost:
+    """Verified state, updated by ``commit`` after each checked operation."""
+
+    def __init__(self, num_blocks: int, block_size: int, refs: list[int], num_free: int):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.refs = refs
+        self.tables: dict[int, tuple[int, ...]] = {}
+        self.lengths: dict[int, int] = {}
+        self.identities: dict[int, object] = {}
+        self.impl_lengths: dict[int, int | None] = {}
+        self.holders_count: Counter = Counter()
+        self.ident_count: Counter = Counter()
+        self.zero = sum(1 for r in refs if r == 0)
+        self.free_len = num_free
+        self._occ: dict[int, Counter] = {}
+
+    @classmethod
+    def from_snapshot(cls, snap) -> Ghost:
+        g = cls(snap.num_blocks, snap.block_size, list(snap.refs), snap.num_free())
+        for q, t in snap.tables.items():
+            g.tables[q] = t
+            g.lengths[q] = snap.lengths[q]
+            g.identities[q] = snap.identities.get(q)
+            g.impl_lengths[q] = snap.impl_lengths.get(q)
+        g.holders_count = Counter(b for t in g.tables.values() for b in t)
+        g.ident_count = Counter(v for v in g.identities.values() if v is not None)
+        return g
+
+    # -- vocabulary ------------------------------------------------------------
+    def seqs(self):
+        return list(self.tables)
+
+    def ref(self, b):
+        return self.refs[b] if 0 <= b < self.num_blocks else 0
+
+    def free_count(self, b):
+        return 1 if self.ref(b) == 0 and 0 <= b < self.num_blocks else 0
+
+    def num_free(self):
+        return self.free_len
+
+    def zero_refs(self):
+        return self.zero
+
+    def live(self, q):
+        return q in self.tables
+
+    def length(self, q):
+        return self.lengths.get(q, 0)
+
+    def impl_length(self, q):
+        n = self.impl_lengths.get(q)
+        return self.lengths.get(q, 0) if n is None else n
+
+    def nblocks(self, q):
+        return len(self.tables.get(q, ()))
+
+    def table(self, q, i):
+        t = self.tables.get(q, ())
+        return t[i] if 0 <= i < len(t) else -1
+
+    def tail(self, q):
+        t = self.tables.get(q, ())
+        return t[-1] if t else -1
+
+    def table_tuple(self, q):
+        return self.tables.get(q, ())
+
+    def positions(self, q):
+        return range(len(self.tables.get(q, ())))
+
+    def holders(self, b):
+        return self.holders_count.get(b, 0)
+
+    def occurrences(self, q, b):
+        occ = self._occ.get(q)
+        if occ is None:
+            occ = self._occ[q] = Counter(self.tables.get(q, ()))
+        return occ.get(b, 0)
+
+    def sharers(self, q):
+        ident = self.identities.get(q)
+        return 1 if ident is None else self.ident_count[ident]
+
+    def same_table(self, q, other, r, upto=None):
+        mine, theirs = self.tables.get(q, ()), other.table_tuple(r)
+        return mine == theirs if upto is None else mine[:upto] == theirs[:upto]
+
+    # -- update ------------------------------------------------------------------
+    def commit(self, after: After) -> None:
+        """Adopt ``after`` (which passed every check) as the verified state."""
+        self._occ.clear()
+        for q in after.touched:
+            old_ident = self.identities.pop(q, None)
+            if old_ident is not None:
+                self.ident_count[old_ident] -= 1
+            table = after.tables[q]
+            if table is None:
+                self.tables.pop(q, None)
+                self.lengths.pop(q, None)
+                self.impl_lengths.pop(q, None)
+            else:
+                self.tables[q] = table
+                self.lengths[q] = after.lengths[q]
+                self.impl_lengths[q] = after.impl_len(q)
+                ident = after.ident(q)
+                self.identities[q] = ident
+                if ident is not None:
+                    self.ident_count[ident] += 1
+        for b, d in after.holder_delta.items():
+            self.holders_count[b] += d
+        self.zero = after.zero_refs()
+        for b, r in after.refs.items():
+            if 0 <= b < self.num_blocks:
+                self.refs[b] = r
+        self.free_len = after.num_free()
+
+
+class After:
+    """The allocator's state after one operation, observed where it was touched.
+
+    ``seqs`` are the sequences the operation names; ``lengths`` their token
+    counts as the oracle computes them (absent = no longer live).
+    """
+
+    def __init__(self, target, ghost: Ghost, seqs: tuple, lengths: dict[int, int]):
+        self.target = target
+        self.ghost = ghost
+        self.num_blocks = ghost.num_blocks
+        self.block_size = ghost.block_size
+        self.touched = seqs
+        self.lengths = lengths
+        self.tables: dict[int, tuple | None] = {q: read_table(target, q) for q in seqs}
+        self.refs: dict[int, int] = {}
+        self._num_free: int | None = None
+        self._idents: dict[int, object] = {}
+        self._occ: dict[int, Counter] = {}
+        delta: Counter = Counter()
+        for q in seqs:
+            old, new = ghost.tables.get(q, ()), self.tables[q] or ()
+            if old != new:
+                delta.update(new)
+                delta.subtract(old)
+        self.holder_delta = {b: d for b, d in delta.items() if d}
+
+    def touched_blocks(self, extra=()) -> set[int]:
+        """Blocks named before or after by the touched tables, plus ``extra``."""
+        out = set(extra)
+        for q in self.touched:
+            out.update(self.ghost.tables.get(q, ()))
+            out.update(self.tables[q] or ())
+        return {b for b in out if type(b) is int and 0 <= b < self.num_blocks}
+
+    def observe_refs(self, blocks) -> None:
+        for b in blocks:
+            if b not in self.refs:
+                self.refs[b] = read_ref(self.target, b)
+
+    # -- vocabulary ------------------------------------------------------------
+    def seqs(self):
+        live = [q for q in self.ghost.tables if q not in self.tables]
+        return live + [q for q, t in self.tables.items() if t is not None]
+
+    def ref(self, b):
+        if not (type(b) is int and 0 <= b < self.num_blocks):
+            return 0
+        r = self.refs.get(b)
+        if r is None:
+            r = self.refs[b] = read_ref(self.target, b)
+        return r
+
+    def free_count(self, b):
+        return 1 if 0 <= b < self.num_blocks and self.ref(b) == 0 else 0
+
+    def num_free(self):
+        if self._num_free is None:
+            self._num_free = read_num_free(self.target)
+        return self._num_free
+
+    def zero_refs(self):
+        g = self.ghost
+        z = g.zero
+        for b, r in self.refs.items():
+            z += (r == 0) - (g.refs[b] == 0)
+        return z
+
+    def live(self, q):
+        if q in self.tables:
+            return self.tables[q] is not None
+        return self.ghost.live(q)
+
+    def length(self, q):
+        if q in self.tables:
+            return self.lengths.get(q, 0)
+        return self.ghost.length(q)
+
+    def impl_len(self, q):
+        return read_len(self.target, q) if self.tables.get(q) is not None else None
+
+    def impl_length(self, q):
+        if q in self.tables:
+            n = self.impl_len(q)
+            return self.length(q) if n is None else n
+        return self.ghost.impl_length(q)
+
+    def table_tuple(self, q):
+        if q in self.tables:
+            return self.tables[q] or ()
+        return self.ghost.table_tuple(q)
+
+    def nblocks(self, q):
+        return len(self.table_tuple(q))
+
+    def table(self, q, i):
+        t = self.table_tuple(q)
+        return t[i] if 0 <= i < len(t) else -1
+
+    def tail(self, q):
+        t = self.table_tuple(q)
+        return t[-1] if t else -1
+
+    def positions(self, q):
+        return range(len(self.table_tuple(q)))
+
+    def holders(self, b):
+        return self.ghost.holders_count.get(b, 0) + self.holder_delta.get(b, 0)
+
+    def occurrences(self, q, b):
+        occ = self._occ.get(q)
+        if occ is None:
+            occ = self._occ[q] = Counter(self.table_tuple(q))
+        return occ.get(b, 0)
+
+    def ident(self, q):
+        if q not in self._idents:
+            self._idents[q] = read_identity(self.target, q) if self.live(q) else None
+        return self._idents[q]
+
+    def sharers(self, q):
+        if q not in self.tables:
+            return self.ghost.sharers(q)
+        mine = self.ident(q)
+        if mine is None:
+            return 1
+        n = self.ghost.ident_count[mine]
+        for r in self.touched:
+            n += (self.ident(r) == mine) - (self.ghost.identities.get(r) == mine)
+        return n
+
+    def same_table(self, q, other, r, upto=None):
+        mine, theirs = self.table_tuple(q), other.table_tuple(r)
+        return mine == theirs if upto is None else mine[:upto] == theirs[:upto]

@@ -1,0 +1,94 @@
+"""Turning a TARGET string into a ``Target`` the oracle can drive.
+
+TARGET is a registered name (see ``kvcheck.registry``), ``module:attr`` or
+``path/to/file.py:attr``, where ``attr`` is a factory (often a class) called
+as ``factory(num_blocks, block_size)``. What it returns is used as is if it
+speaks the ``Target`` protocol, else wrapped in ``SeedAdapter``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from kvcheck.registry import TARGETS
+from kvcheck.target import SeedAdapter, is_target
+
+
+class TargetError(Exception):
+    """Bad input: the target cannot be found, built or understood (exit 2)."""
+
+
+def resolve(spec) -> tuple[str, object]:
+    """``(label, factory)`` for a TARGET string or an already-callable factory."""
+    if callable(spec):
+        return getattr(spec, "__qualname__", repr(spec)), spec
+    if not isinstance(spec, str) or not spec:
+        raise TargetError(f"target must be a name or module:attr, got {spec!r}")
+    if spec in TARGETS:
+        return spec, _import_attr(TARGETS[spec][0])
+    if ":" not in spec:
+        names = ", ".join(sorted(TARGETS))
+        raise TargetError(f"unknown target {spec!r}: use module:attr, file.py:attr or one of: {names}")
+    return spec, _import_attr(spec)
+
+
+def _import_attr(spec: str):
+    where, _, attr = spec.rpartition(":")
+    if not where or not attr:
+        raise TargetError(f"target {spec!r} must look like module:attr")
+    try:
+        if where.endswith(".py") or "/" in where:
+            path = Path(where)
+            if not path.is_file():
+                raise TargetError(f"target file {where} does not exist")
+            name = f"kvcheck_target_{abs(hash(str(path.resolve())))}"
+            mod_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[name] = module
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except TargetError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any import failure is bad input
+        raise TargetError(f"cannot import {where!r}: {type(exc).__name__}: {exc}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise TargetError(f"{where!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TargetError(f"{spec!r} is not callable: it must be a factory(num_blocks, block_size)")
+    return obj
+
+
+def build(factory, num_blocks: int, block_size: int, out_of_blocks=None):
+    """Call the factory and adapt what it returns.
+
+    Raises ``TargetError`` when the factory itself refuses (bad sizes, wrong
+    signature) or returns something that is neither a Target nor seed-shaped.
+    """
+    try:
+        impl = factory(num_blocks, block_size)
+    except Exception as exc:  # noqa: BLE001
+        raise TargetError(f"cannot build target with num_blocks={num_blocks}, "
+                          f"block_size={block_size}: {type(exc).__name__}: {exc}") from None
+    if is_target(impl):
+        if out_of_blocks is not None:
+            impl.is_out_of_blocks = lambda exc: isinstance(exc, out_of_blocks)
+        return impl
+    try:
+        return SeedAdapter(impl, num_blocks, block_size, out_of_blocks)
+    except TypeError as exc:
+        raise TargetError(str(exc)) from None
+
+
+def load_exception(spec: str) -> type[BaseException]:
+    """``module:Name`` of the out-of-blocks exception class."""
+    cls = _import_attr(spec)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        raise TargetError(f"{spec!r} is not an exception class")
+    return cls

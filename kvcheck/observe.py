@@ -1,0 +1,104 @@
+"""Reading an allocator's state without trusting it.
+
+Everything read through a ``Target`` is converted to plain ints here; any
+exception or malformed value becomes an ``ObservationError`` that the oracle
+reports as a violation of the allocator, never a crash of kvcheck.
+"""
+
+from __future__ import annotations
+
+from operator import index
+
+from kvcheck.spec.state import Snapshot
+
+
+class ObservationError(Exception):
+    """The allocator could not be observed (it raised, or returned garbage)."""
+
+
+def as_int(value: object, what: str) -> int:
+    if isinstance(value, bool):
+        raise ObservationError(f"{what} is a bool ({value!r}), expected an integer")
+    try:
+        return index(value)
+    except TypeError:
+        raise ObservationError(f"{what} is {value!r}, expected an integer") from None
+
+
+def read_table(target, seq: int) -> tuple[int, ...] | None:
+    """``seq``'s block table as a tuple of ints, or None if the allocator has no such sequence."""
+    try:
+        table = target.block_table(seq)
+    except (KeyError, LookupError):
+        return None
+    except Exception as exc:  # noqa: BLE001 - the allocator's fault, reported
+        raise ObservationError(f"block_table({seq}) raised {type(exc).__name__}: {exc}") from None
+    if table is None:
+        return None
+    try:
+        out = tuple(table)
+    except TypeError:
+        raise ObservationError(f"block_table({seq}) returned {table!r}, not a sequence") from None
+    for b in out:
+        if type(b) is not int:
+            return tuple(as_int(x, f"an entry of block_table({seq})") for x in out)
+    return out
+
+
+def read_ref(target, block: int) -> int:
+    try:
+        value = target.refcount(block)
+    except Exception as exc:  # noqa: BLE001
+        raise ObservationError(f"refcount({block}) raised {type(exc).__name__}: {exc}") from None
+    return value if type(value) is int else as_int(value, f"refcount({block})")
+
+
+def read_num_free(target) -> int:
+    try:
+        return as_int(target.num_free(), "num_free()")
+    except ObservationError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise ObservationError(f"num_free() raised {type(exc).__name__}: {exc}") from None
+
+
+def read_free(target) -> list[int]:
+    try:
+        free = list(target.free_blocks())
+    except Exception as exc:  # noqa: BLE001
+        raise ObservationError(f"free_blocks() raised {type(exc).__name__}: {exc}") from None
+    return [b if type(b) is int else as_int(b, "an entry of the free list") for b in free]
+
+
+def read_identity(target, seq: int) -> object | None:
+    try:
+        return target.table_identity(seq)
+    except Exception:  # noqa: BLE001 - identity is optional
+        return None
+
+
+def read_len(target, seq: int) -> int | None:
+    try:
+        n = target.seq_len(seq)
+    except Exception:  # noqa: BLE001 - a length is optional
+        return None
+    return None if n is None else as_int(n, f"the allocator's length of sequence {seq}")
+
+
+def snapshot(target, lengths: dict[int, int], also: tuple = ()) -> Snapshot:
+    """A complete snapshot of ``target`` for the sequences in ``lengths``
+    (the live ones, with the oracle's token counts) and ``also`` (sequences
+    that should be gone: if the allocator still has them they appear live
+    with length 0). A sequence the allocator lost is absent (not live).
+    """
+    n = target.num_blocks
+    tables, impl_lengths, idents = {}, {}, {}
+    for q in (*lengths, *(a for a in also if a not in lengths)):
+        table = read_table(target, q)
+        if table is None:
+            continue
+        tables[q] = table
+        impl_lengths[q] = read_len(target, q)
+        idents[q] = read_identity(target, q)
+    refs = [read_ref(target, b) for b in range(n)]
+    return Snapshot(n, target.block_size, tables, lengths, refs, read_free(target), impl_lengths, idents)

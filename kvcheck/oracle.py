@@ -1,0 +1,327 @@
+"""The runtime oracle: drive an allocator one operation at a time and check it.
+
+After every operation the oracle checks, against ``kvcheck.spec``:
+  1. the operation's contract (``spec.contracts``), including the step
+     invariants isolation and exception safety;
+  2. every state invariant (``spec.invariants``);
+  3. the data: each sequence it touched reads back exactly its own tokens
+     through its block table (``kvcheck.shadow``).
+
+Two modes share that spec text:
+  ``full``  snapshot the whole allocator before and after each operation and
+            quantify over everything (exact; used for shrinking and replay).
+  ``fast``  observe only what the operation touched (O(touched) per
+            operation) and audit everything in a full *sweep* every
+            ``sweep_every`` operations and at the end (amortised O(1)).
+
+The oracle never trusts the implementation: an exception it did not expect,
+a result of the wrong shape, garbage in its state or a hang is reported as a
+``Violation``, never raised.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from operator import index
+
+from kvcheck import witness
+from kvcheck.ghost import After, Ghost
+from kvcheck.observe import ObservationError, read_num_free, snapshot
+from kvcheck.shadow import ShadowMemory
+from kvcheck.spec import contracts
+from kvcheck.spec.contracts import OK, OOB, Domain, Op
+from kvcheck.spec.invariants import INVARIANTS
+from kvcheck.spec.logic import PY
+from kvcheck.violation import Violation
+from kvcheck.watchdog import OperationTimeout, Watchdog
+
+
+class Unsupported(Exception):
+    """The target does not offer this operation (see ``Target.capabilities``)."""
+
+
+class Oracle:
+    def __init__(self, target, mode: str = "fast", sweep_every: int | None = None,
+                 timeout: float | None = 10.0):
+        if mode not in ("fast", "full"):
+            raise ValueError(f"mode must be 'fast' or 'full', not {mode!r}")
+        self.target = target
+        self.mode = mode
+        self.block_size = target.block_size
+        self.sweep_every = sweep_every or max(1024, 2 * target.num_blocks)
+        self.timeout = timeout
+        self.steps = 0
+        self.lengths: dict[int, int] = {}
+        self.shadow = ShadowMemory(target.block_size)
+        self.violation: Violation | None = None
+        self._fast_invariants = [i for i in INVARIANTS if "free_list" not in i.needs]
+        try:
+            self.snap = snapshot(target, {})
+        except ObservationError as exc:
+            self.snap = None
+            self.violation = Violation(0, "malformed", "observation", witness=str(exc))
+            return
+        self.observed = self.snap
+        self.violation = self._check_state(self.snap, 0)
+        if self.violation is None and self.snap.zero_refs() != target.num_blocks:
+            self.violation = Violation(
+                0, "invariant", "empty_start", witness=(
+                    f"a fresh allocator must start with every block free; "
+                    f"{target.num_blocks - self.snap.zero_refs()} of {target.num_blocks} have a refcount"
+                ))
+        self.ghost = Ghost.from_snapshot(self.snap)
+
+    # -- public ------------------------------------------------------------------
+    def clone(self) -> Oracle:
+        """An independent copy, target included (for exploring alternatives).
+
+        Raises whatever ``copy.deepcopy`` raises for targets that cannot be copied.
+        """
+        new = copy.copy(self)
+        new.target = copy.deepcopy(self.target)
+        new.lengths = dict(self.lengths)
+        new.shadow = self.shadow.clone()
+        if self.mode == "fast":
+            new.ghost = copy.deepcopy(self.ghost)
+        return new
+
+    def live(self) -> list[int]:
+        return list(self.lengths)
+
+    def valid(self, op: Op) -> bool:
+        """Whether ``op`` meets its precondition now and the target supports it."""
+        return op.kind in self.target.capabilities and bool(
+            contracts.precondition(PY, self._state(), op)
+        )
+
+    def _state(self):
+        return self.snap if self.mode == "full" else self.ghost
+
+    def step(self, op: Op, watchdog: Watchdog | None = None) -> Violation | None:
+        """Run ``op`` on the target and check it; returns the violation, if any.
+
+        ``op`` is filled in with the outcome and result. Raises ``ValueError``
+        for an op that breaks its precondition (the driver's mistake, not the
+        allocator's) and ``Unsupported`` for an operation the target lacks.
+        """
+        if self.violation is not None:
+            return self.violation
+        if op.kind not in self.target.capabilities:
+            raise Unsupported(op.kind)
+        if not contracts.precondition(PY, self._state(), op):
+            raise ValueError(f"precondition of {op.kind} fails: {op}")
+        self.steps += 1
+        v = self._step(op, watchdog)
+        if v is None and self.mode == "fast" and self.steps % self.sweep_every == 0:
+            v = self.sweep()
+        self.violation = v
+        return v
+
+    def sweep(self) -> Violation | None:
+        """Audit the whole allocator: every invariant, the frame, every sequence's data."""
+        if self.violation is not None:
+            return self.violation
+        try:
+            snap = snapshot(self.target, dict(self.lengths))
+        except ObservationError as exc:
+            return self._malformed(exc)
+        v = self._check_state(snap, self.steps)
+        if v is None and self.mode == "fast":
+            v = self._check_frame(snap)
+        v = v or self._check_data(snap.tables, self.lengths, self.steps)
+        if v is None:
+            self.ghost = Ghost.from_snapshot(snap)
+            self.snap = snap
+        self.violation = v
+        return v
+
+    # -- one operation -------------------------------------------------------------
+    def _call(self, op: Op, watchdog: Watchdog | None):
+        t = self.target
+        if watchdog is not None:
+            watchdog.started += 1
+            watchdog.busy = True
+        try:
+            if op.kind == "append_slot":
+                return t.append_slot(op.seq)
+            if op.kind == "allocate":
+                return t.allocate(op.seq, op.n_tokens)
+            if op.kind == "fork":
+                return t.fork(op.seq, op.child)
+            return t.free_seq(op.seq)
+        finally:
+            if watchdog is not None:
+                watchdog.busy = False
+
+    def _step(self, op: Op, watchdog: Watchdog | None) -> Violation | None:
+        n = self.steps
+        try:
+            result = self._call(op, watchdog)
+            op.outcome = OK
+        except OperationTimeout as exc:
+            return Violation(n, "hang", op.kind, witness=f"{op.kind} hung: {exc}")
+        except Exception as exc:  # noqa: BLE001 - judged below
+            if not self.target.is_out_of_blocks(exc):
+                return Violation(n, "crash", op.kind, witness=(
+                    f"{op.kind} raised {type(exc).__name__}: {exc}"))
+            op.outcome = OOB
+            result = None
+        if op.outcome == OK and op.kind == "append_slot":
+            bad = _decode_append(op, result)
+            if bad:
+                return Violation(n, "malformed", "append_slot result", op.seq, witness=bad)
+
+        delta = self._length_delta(op)  # touched seq -> length after (None: gone)
+        seqs = tuple(delta)
+        try:
+            if self.mode == "full":
+                lengths = {**self.lengths, **delta}
+                lengths = {q: m for q, m in lengths.items() if m is not None}
+                post = snapshot(self.target, lengths, seqs)
+                self.observed = post
+                pre = self.snap
+                every = set(pre.seqs()) | set(post.seqs())
+                dom = Domain(range(self.target.num_blocks), sorted(every))
+                v = self._check_op(pre, post, op, dom, n) or self._check_state(post, n)
+            else:
+                touched = {q: m for q, m in delta.items() if m is not None}
+                post = After(self.target, self.ghost, seqs, touched)
+                extra = (op.block, op.cow_src) if op.kind == "append_slot" else ()
+                blocks = post.touched_blocks(extra)
+                post.observe_refs(blocks)
+                dom = Domain(sorted(blocks), seqs)
+                v = self._check_op(self.ghost, post, op, dom, n)
+                v = v or self._check_touched(post, dom, n)
+        except ObservationError as exc:
+            return self._malformed(exc)
+        if v is not None:
+            return v
+
+        # The caller's side: write the tokens, then read them back.
+        if op.outcome == OK:
+            sh = self.shadow
+            if op.kind == "allocate":
+                sh.allocate(op.seq, op.n_tokens, post.table_tuple(op.seq))
+            elif op.kind == "append_slot":
+                sh.append(op.seq, op.block, op.offset, op.cow_src)
+            elif op.kind == "fork":
+                sh.fork(op.seq, op.child)
+            else:
+                sh.free(op.seq)
+        for q, m in delta.items():
+            if m is None:
+                self.lengths.pop(q, None)
+            else:
+                self.lengths[q] = m
+        if self.mode == "full":
+            tables = {q: post.table_tuple(q) for q in self.lengths}
+            v = self._check_data(tables, self.lengths, n)
+            self.snap = post
+        else:
+            tables = {q: post.table_tuple(q) for q in seqs if q in self.lengths}
+            first = self.lengths[op.seq] - 1 if op.kind == "append_slot" else 0
+            v = self._check_data(tables, self.lengths, n, first)
+            self.ghost.commit(post)
+        return v
+
+    def _length_delta(self, op: Op) -> dict[int, int | None]:
+        """The touched sequences and their token counts after ``op``."""
+        lengths = self.lengths
+        if op.kind == "fork":
+            p = lengths[op.seq]
+            return {op.seq: p, op.child: p if op.outcome == OK else None}
+        now = lengths.get(op.seq)
+        if op.outcome != OK:
+            return {op.seq: now}
+        if op.kind == "allocate":
+            return {op.seq: op.n_tokens}
+        if op.kind == "append_slot":
+            return {op.seq: now + 1}
+        return {op.seq: None}
+
+    # -- checks ------------------------------------------------------------------
+    def _check_op(self, pre, post, op: Op, dom: Domain, n: int) -> Violation | None:
+        for name, element, holds in contracts.clauses(PY, pre, post, op, dom):
+            if not holds:
+                return Violation(n, "contract", f"{op.kind}: {name}", element,
+                                 witness=witness.for_clause(name, element, pre, post, op),
+                                 doc=" ".join((contracts.CONTRACTS[op.kind].__doc__ or "").split()))
+        return None
+
+    def _check_touched(self, post: After, dom: Domain, n: int) -> Violation | None:
+        for inv in self._fast_invariants:
+            if inv.domain == "block":
+                elements: Iterable = dom.blocks
+            elif inv.domain == "seq":
+                elements = [q for q in dom.seqs if post.live(q)]
+            else:
+                elements = (None,)
+            for x in elements:
+                if not inv.holds_for(PY, post, x):
+                    return self._invariant_violation(inv, x, post, n)
+        return None
+
+    def _check_state(self, s, n: int) -> Violation | None:
+        for inv in INVARIANTS:
+            if inv.domain == "global":
+                if not inv.holds_for(PY, s):
+                    return self._invariant_violation(inv, None, s, n)
+                continue
+            elements = s.blocks() if inv.domain == "block" else s.seqs()
+            for x in elements:
+                if not inv.holds_for(PY, s, x):
+                    return self._invariant_violation(inv, x, s, n)
+        return None
+
+    def _invariant_violation(self, inv, x, s, n: int) -> Violation:
+        return Violation(n, "invariant", inv.name, x, witness=witness.for_invariant(inv.name, x, s),
+                         doc=inv.doc)
+
+    def _check_frame(self, snap) -> Violation | None:
+        """Fast mode: what no operation touched must not have changed."""
+        g = self.ghost
+        for q in {**g.tables, **snap.tables}:
+            now, was = snap.tables.get(q), g.tables.get(q)
+            if now != was:
+                return Violation(self.steps, "contract", "frame: untouched table changed", q,
+                                 witness=(f"sequence {q}'s table is now {_show(now)} (was "
+                                          f"{_show(was)}) though no operation named it"))
+        for b in snap.blocks():
+            if snap.ref(b) != g.ref(b):
+                return Violation(self.steps, "contract", "frame: untouched refcount changed", b,
+                                 witness=(f"block {b}'s refcount changed to {snap.ref(b)} (was "
+                                          f"{g.ref(b)}) though no operation touched it"))
+        if read_num_free(self.target) != g.num_free():
+            return Violation(self.steps, "contract", "frame: free list length changed",
+                             witness="the free list's length changed outside any operation")
+        return None
+
+    def _check_data(self, tables, lengths, n: int, first: int = 0) -> Violation | None:
+        for q, table in tables.items():
+            bad = self.shadow.mismatch(q, table, first)
+            if bad is not None:
+                pos, read, want = bad
+                b = table[pos // self.block_size] if pos // self.block_size < len(table) else None
+                return Violation(n, "data", "read-back", q, witness=witness.for_data(
+                    q, pos, b, self.block_size, read, want, self.shadow, tables))
+        return None
+
+    def _malformed(self, exc: Exception) -> Violation:
+        return Violation(self.steps, "malformed", "observation", witness=str(exc))
+
+
+def _show(table) -> str:
+    return "missing" if table is None else str(list(table))
+
+
+def _decode_append(op: Op, result) -> str | None:
+    """Fill ``op`` from append_slot's result; a message if it has the wrong shape."""
+    try:
+        block, offset, cow_src = result
+        op.block, op.offset = index(block), index(offset)
+        op.cow_src = None if cow_src is None else index(cow_src)
+    except (TypeError, ValueError):
+        return f"append_slot returned {result!r}, expected (block, offset, cow_src)"
+    op.has_cow = op.cow_src is not None
+    return None

@@ -1,0 +1,122 @@
+"""State invariants of a paged block manager, written once.
+
+Each invariant is a predicate over one element of a domain, written in the
+logic layer (``kvcheck.spec.logic``) against the state vocabulary
+(``kvcheck.spec.state``):
+
+    domain "block":  holds for every block id b
+    domain "seq":    holds for every live sequence q
+    domain "global": holds once for the whole state
+
+``needs`` names observations beyond refcounts and tables: ``free_list``
+means the invariant reads the free list's *membership*, which the oracle's
+fast mode audits periodically rather than after every operation.
+
+The step invariants (isolation, exception safety) relate two states and live
+in ``kvcheck.spec.contracts``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Invariant:
+    name: str
+    domain: str  # "block" | "seq" | "global"
+    predicate: Callable[..., Any]
+    needs: frozenset[str] = frozenset()
+
+    @property
+    def doc(self) -> str:
+        return " ".join((self.predicate.__doc__ or "").split())
+
+    def holds_for(self, L, s, x=None):
+        """The formula for element ``x`` (omit for global invariants)."""
+        return self.predicate(L, s) if self.domain == "global" else self.predicate(L, s, x)
+
+    def formula(self, L, s):
+        """The invariant over the whole of ``s``'s domain."""
+        if self.domain == "global":
+            return self.predicate(L, s)
+        elements = s.blocks() if self.domain == "block" else s.seqs()
+        if self.domain == "seq":
+            return L.all_(L.implies(s.live(q), self.predicate(L, s, q)) for q in elements)
+        return L.all_(self.predicate(L, s, b) for b in elements)
+
+
+INVARIANTS: list[Invariant] = []
+
+
+def invariant(domain: str, needs: tuple[str, ...] = ()):
+    def register(fn):
+        INVARIANTS.append(Invariant(fn.__name__, domain, fn, frozenset(needs)))
+        return fn
+
+    return register
+
+
+@invariant("seq")
+def valid_block_ids(L, s, q):
+    """Every entry of a live sequence's block table names a block of the pool
+    (0 <= id < num_blocks)."""
+    return L.all_(L.and_(0 <= s.table(q, i), s.table(q, i) < s.num_blocks) for i in s.positions(q))
+
+
+@invariant("block")
+def refcount_conservation(L, s, b):
+    """Every block's refcount equals the number of block-table entries, over
+    all live sequences, that reference it."""
+    return s.ref(b) == s.holders(b)
+
+
+@invariant("block", needs=("free_list",))
+def free_list(L, s, b):
+    """A block is on the free list exactly when its refcount is 0, and at
+    most once."""
+    return L.and_(s.free_count(b) <= 1, (s.free_count(b) == 1) == (s.ref(b) == 0))
+
+
+@invariant("global", needs=("free_list",))
+def free_list_in_pool(L, s):
+    """The free list holds nothing but pool blocks: its length is the sum of
+    the pool blocks' multiplicities on it."""
+    return L.count(s.free_count(b) >= 1 for b in s.blocks()) == s.num_free()
+
+
+@invariant("global")
+def free_list_size(L, s):
+    """The free list is as long as the number of blocks with refcount 0 (a
+    consequence of free_list and free_list_in_pool that needs only the
+    list's length, so the oracle checks it after every operation)."""
+    return s.num_free() == s.zero_refs()
+
+
+@invariant("seq")
+def table_length(L, s, q):
+    """A sequence of len tokens holds exactly ceil(len / block_size) blocks."""
+    return L.and_(s.length(q) >= 1, s.nblocks(q) == L.ceil_div(s.length(q), s.block_size))
+
+
+@invariant("seq")
+def length_agrees(L, s, q):
+    """The allocator's own token count for a sequence (if it keeps one)
+    equals the number of tokens the sequence was given."""
+    return s.impl_length(q) == s.length(q)
+
+
+@invariant("seq")
+def no_aliasing(L, s, q):
+    """Two live sequences never share one block-table object (a shared list
+    would let one sequence's append rewrite the other's table)."""
+    return s.sharers(q) == 1
+
+
+def by_name(name: str) -> Invariant:
+    for inv in INVARIANTS:
+        if inv.name == name:
+            return inv
+    raise KeyError(name)

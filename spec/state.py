@@ -1,0 +1,128 @@
+"""The state vocabulary the spec is written in, and its concrete snapshot.
+
+Abstract state of a paged block manager (pool of ``num_blocks`` blocks of
+``block_size`` token slots):
+
+    ref(b)            the allocator's refcount of block b
+    free_count(b)     how many times b is on the free list
+    num_free()        length of the free list
+    live(q)           sequence q exists
+    length(q)         tokens sequence q holds (the oracle's count, not the allocator's)
+    impl_length(q)    the allocator's own count for q (== length(q) if it keeps none)
+    nblocks(q)        entries in q's block table
+    table(q, i)       block id at position i of q's table
+
+and terms *defined* from those (each state class computes them its own way,
+but always with exactly this meaning):
+
+    holders(b)        number of table entries, over live sequences, naming b
+    occurrences(q, b) number of entries of q's table naming b
+    zero_refs()       number of blocks whose refcount is 0
+    sharers(q)        number of live sequences whose table is q's table *object*
+    same_table(q, other, r)  q's table here equals r's table in state ``other``
+
+Every state class (this ``Snapshot``, the oracle's incremental views, the
+symbolic ``SymState``) provides these methods; ``invariants.py`` and
+``contracts.py`` use nothing else.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+
+
+class Snapshot:
+    """A complete, immutable concrete state (copied out of an allocator)."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        tables: Mapping[int, Sequence[int]],
+        lengths: Mapping[int, int],
+        refs: Sequence[int],
+        free: Iterable[int],
+        impl_lengths: Mapping[int, int | None] | None = None,
+        identities: Mapping[int, object] | None = None,
+    ):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.tables = {q: tuple(t) for q, t in tables.items()}
+        self.lengths = dict(lengths)
+        self.refs = list(refs)
+        self.free = Counter(free)
+        self._num_free = sum(self.free.values())
+        self.impl_lengths = dict(impl_lengths or {})
+        self.identities = dict(identities or {})
+        self._holders = Counter(b for t in self.tables.values() for b in t)
+        self._ident_count = Counter(v for v in self.identities.values() if v is not None)
+        self._zero = sum(1 for r in self.refs if r == 0)
+        self._occ: dict[int, Counter] = {}
+
+    # -- domains ---------------------------------------------------------------
+    def blocks(self) -> range:
+        return range(self.num_blocks)
+
+    def seqs(self) -> list[int]:
+        return list(self.tables)
+
+    def positions(self, q: int) -> range:
+        return range(len(self.tables.get(q, ())))
+
+    # -- base vocabulary -------------------------------------------------------
+    def ref(self, b: int) -> int:
+        return self.refs[b] if 0 <= b < self.num_blocks else 0
+
+    def free_count(self, b: int) -> int:
+        return self.free.get(b, 0)
+
+    def num_free(self) -> int:
+        return self._num_free
+
+    def live(self, q: int) -> bool:
+        return q in self.tables
+
+    def length(self, q: int) -> int:
+        return self.lengths.get(q, 0)
+
+    def impl_length(self, q: int) -> int:
+        n = self.impl_lengths.get(q)
+        return self.length(q) if n is None else n
+
+    def nblocks(self, q: int) -> int:
+        return len(self.tables.get(q, ()))
+
+    def table(self, q: int, i: int) -> int:
+        t = self.tables.get(q, ())
+        return t[i] if 0 <= i < len(t) else -1
+
+    def tail(self, q: int) -> int:
+        return self.table(q, self.nblocks(q) - 1)
+
+    # -- defined terms ---------------------------------------------------------
+    def holders(self, b: int) -> int:
+        return self._holders.get(b, 0)
+
+    def occurrences(self, q: int, b: int) -> int:
+        occ = self._occ.get(q)
+        if occ is None:
+            occ = self._occ[q] = Counter(self.tables.get(q, ()))
+        return occ.get(b, 0)
+
+    def zero_refs(self) -> int:
+        return self._zero
+
+    def sharers(self, q: int) -> int:
+        ident = self.identities.get(q)
+        return 1 if ident is None else self._ident_count[ident]
+
+    def same_table(self, q: int, other, r: int, upto: int | None = None) -> bool:
+        mine = self.tables.get(q, ())
+        theirs = other.table_tuple(r)
+        if upto is None:
+            return mine == theirs
+        return mine[:upto] == theirs[:upto]
+
+    def table_tuple(self, q: int) -> tuple:
+        return self.tables.get(q, ())
