@@ -102,6 +102,15 @@ def table_length(L, s, q):
 
 
 @invariant("seq")
+def waste_bound(L, s, q):
+    """Paging wastes at most block_size - 1 token slots per sequence: every
+    block but the last is full, so the unused slots of a table all sit in its
+    one partial tail (per branch under forks, since each fork owns its own
+    tail)."""
+    return s.nblocks(q) * s.block_size - s.length(q) <= s.block_size - 1
+
+
+@invariant("seq")
 def length_agrees(L, s, q):
     """The allocator's own token count for a sequence (if it keeps one)
     equals the number of tokens the sequence was given."""
