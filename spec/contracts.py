@@ -122,6 +122,7 @@ def allocate(L, pre, post, op: Op, dom: Domain):
         return
     yield "sequence is live with n tokens", q, L.and_(post.live(q), post.length(q) == n)
     yield "holds exactly ceil(n/B) blocks", q, post.nblocks(q) == need
+    yield "the table is its own object", q, post.sharers(q) == 1
     for i in post.positions(q):
         yield "every block handed out was free", q, L.implies(
             i < need, pre.free_count(post.table(q, i)) >= 1
@@ -204,6 +205,7 @@ def fork(L, pre, post, op: Op, dom: Domain):
         post.live(c), post.length(c) == pre.length(p)
     )
     yield "child's table lists exactly the parent's blocks", c, post.same_table(c, pre, p)
+    yield "child's table is its own object", c, post.sharers(c) == 1
     yield "parent unchanged", p, L.and_(post.live(p), post.same_table(p, pre, p))
     yield "free list unchanged", None, post.num_free() == pre.num_free()
     for b in dom.blocks:

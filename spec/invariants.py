@@ -63,7 +63,10 @@ def invariant(domain: str, needs: tuple[str, ...] = ()):
 def valid_block_ids(L, s, q):
     """Every entry of a live sequence's block table names a block of the pool
     (0 <= id < num_blocks)."""
-    return L.all_(L.and_(0 <= s.table(q, i), s.table(q, i) < s.num_blocks) for i in s.positions(q))
+    return L.all_(
+        L.implies(i < s.nblocks(q), L.and_(0 <= s.table(q, i), s.table(q, i) < s.num_blocks))
+        for i in s.positions(q)
+    )
 
 
 @invariant("block")

@@ -1,0 +1,153 @@
+"""The symbolic state: the same vocabulary as ``Snapshot``, over Z3 variables.
+
+A scope fixes the pool (``num_blocks`` x ``block_size``), the number of
+sequence slots and the most tokens a sequence may hold; a table then has at
+most ``ceil(max_tokens / block_size)`` entries. Sequences are slots
+``0..seqs-1``; a slot is in use when ``live(q)``.
+
+Defined terms (``holders``, ``occurrences``, ``zero_refs``, ``num_free``)
+are given by their definitions from ``kvcheck.spec.state``, unrolled.
+Implementation observations: the abstract model gives every slot its own
+table object and keeps one token count, so ``sharers(q)`` is 1 and
+``impl_length(q)`` is ``length(q)`` by construction — unless
+``observed=True``, which adds variables for both (used to compare with
+concrete states of implementations, which may alias or miscount).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .logic import Z3Logic
+
+
+@dataclass(frozen=True)
+class SymScope:
+    num_blocks: int
+    block_size: int
+    seqs: int
+    max_tokens: int
+
+    @property
+    def table_slots(self) -> int:
+        return -(-self.max_tokens // self.block_size)
+
+    @property
+    def width(self) -> int:
+        biggest = max(self.num_blocks, self.max_tokens, self.seqs * self.table_slots, 4) + 1
+        return (2 * biggest).bit_length() + 2
+
+    def describe(self) -> str:
+        return (f"{self.seqs} seqs x {self.num_blocks} blocks x {self.block_size} slots, "
+                f"<= {self.max_tokens} tokens/seq")
+
+
+class SymState:
+    def __init__(self, L: Z3Logic, scope: SymScope, name: str, observed: bool = False):
+        self.L = L
+        self.scope = scope
+        self.num_blocks = scope.num_blocks
+        self.block_size = scope.block_size
+        z3 = L.z3
+        N, S, T = scope.num_blocks, scope.seqs, scope.table_slots
+        self._ref = [L.var(f"{name}.ref{b}") for b in range(N)]
+        self._free = [L.var(f"{name}.free{b}") for b in range(N)]
+        self._live = [z3.Bool(f"{name}.live{q}") for q in range(S)]
+        self._len = [L.var(f"{name}.len{q}") for q in range(S)]
+        self._nb = [L.var(f"{name}.nb{q}") for q in range(S)]
+        self._tab = [[L.var(f"{name}.t{q}_{i}") for i in range(T)] for q in range(S)]
+        self._ident = [L.var(f"{name}.id{q}") for q in range(S)] if observed else None
+        self._ilen = [L.var(f"{name}.ilen{q}") for q in range(S)] if observed else None
+
+    # -- domains -----------------------------------------------------------------
+    def blocks(self):
+        return range(self.scope.num_blocks)
+
+    def seqs(self):
+        return range(self.scope.seqs)
+
+    def positions(self, q):
+        return range(self.scope.table_slots)
+
+    # -- base vocabulary -----------------------------------------------------------
+    def ref(self, b):
+        return self.L.select(self._ref, b)
+
+    def free_count(self, b):
+        return self.L.select(self._free, b)
+
+    def live(self, q):
+        return self._live[q]
+
+    def length(self, q):
+        return self._len[q]
+
+    def impl_length(self, q):
+        return self._len[q] if self._ilen is None else self._ilen[q]
+
+    def nblocks(self, q):
+        return self._nb[q]
+
+    def table(self, q, i):
+        return self.L.select(self._tab[q], i)
+
+    def tail(self, q):
+        return self.table(q, self._nb[q] - 1)
+
+    # -- defined terms ---------------------------------------------------------------
+    def num_free(self):
+        return self.L.z3.Sum(self._free)
+
+    def zero_refs(self):
+        return self.L.count(r == 0 for r in self._ref)
+
+    def _entry(self, q, i, b):
+        """Entry i of live sequence q's table names block b."""
+        L = self.L
+        return L.and_(i < self._nb[q], self._tab[q][i] == b)
+
+    def holders(self, b):
+        L = self.L
+        return L.count(L.and_(self._live[q], self._entry(q, i, b))
+                       for q in self.seqs() for i in self.positions(q))
+
+    def occurrences(self, q, b):
+        return self.L.count(self._entry(q, i, b) for i in self.positions(q))
+
+    def sharers(self, q):
+        if self._ident is None:
+            return 1
+        L = self.L
+        return L.count(L.and_(self._live[r], self._ident[r] == self._ident[q]) for r in self.seqs())
+
+    def same_table(self, q, other, r, upto=None):
+        L = self.L
+        agree = [L.implies(i < (self._nb[q] if upto is None else upto),
+                           self._tab[q][i] == other._tab[r][i]) for i in self.positions(q)]
+        if upto is None:
+            agree.append(self._nb[q] == other._nb[r])
+        return L.all_(agree)
+
+    # -- binding to a concrete state ---------------------------------------------------
+    def equals_snapshot(self, snap, slot_of: dict) -> list:
+        """Constraints making this state equal ``snap`` (sequence q -> slot ``slot_of[q]``).
+
+        Table identities are left to the caller (they are objects, not numbers).
+        """
+        L = self.L
+        out = []
+        for b in self.blocks():
+            out += [self._ref[b] == snap.ref(b), self._free[b] == snap.free_count(b)]
+        for q, slot in slot_of.items():
+            live = snap.live(q)
+            out.append(self._live[slot] == live)
+            if not live:
+                continue
+            t = [snap.table(q, i) for i in snap.positions(q)]
+            out += [self._len[slot] == snap.length(q), self._nb[slot] == len(t)]
+            out += [self._tab[slot][i] == b for i, b in enumerate(t)]
+            if self._ilen is not None:
+                out.append(self._ilen[slot] == snap.impl_length(q))
+        used = set(slot_of.values())
+        out += [L.not_(self._live[s]) for s in self.seqs() if s not in used]
+        return out
