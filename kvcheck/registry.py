@@ -15,4 +15,6 @@ TARGETS: dict[str, tuple[str, str]] = {
                        "vLLM 0.8.5 v0 BlockTable on the prefix-caching allocator"),
     "nano-vllm": ("kvcheck.impl.thirdparty.nano_vllm:make",
                   "nano-vllm-fork 20260210 BlockManager, xxhash prefix caching (no fork)"),
+    "prefix": ("kvcheck.impl.prefix_cache:PrefixCachingBlockManager",
+               "the bundled reference prefix-caching block manager (hash-chained blocks, LRU)"),
 }

@@ -1,0 +1,267 @@
+"""Reference prefix-caching paged block manager.
+
+Same seed API as ``block_manager.BlockManager`` (``allocate``, ``append_slot``,
+``fork``, ``free_seq``; ``tables``, ``lens``, ``ref``, ``free``), extended:
+
+``allocate(seq, n_tokens, token_ids=None)``
+    Each *full* block of the prompt is named by a key that chains the block's
+    tokens with its parent block's key, so a key names the whole prefix up to
+    the end of its block. Admission walks the prompt's full blocks from the
+    start and, while the key is cached, shares the cached block (refcount + 1;
+    an evictable block leaves the LRU) instead of allocating. It stops at the
+    first miss; the remaining blocks are taken fresh. Returns the number of
+    prompt tokens served from the cache (a multiple of ``block_size``).
+    Without ``token_ids`` the manager invents fresh, distinct (negative) token
+    ids, so nothing ever hits but caching and eviction still happen.
+``append_slot(seq, token_id=None)``
+    As in the plain manager (new block at a boundary, copy-on-write of a shared
+    partial tail, in place otherwise). When the token completes its block, the
+    block's key is registered.
+
+Pool, three disjoint places (every block is in exactly one):
+
+``free_list``   deque of blocks with refcount 0 and *no* key
+``evictable``   ``OrderedDict`` block -> key, LRU order (oldest first): blocks
+                with refcount 0 whose key is still in the cache
+in use          refcount > 0 (keyed or not)
+
+``cache`` maps key -> block and ``key_of`` block -> key; a key is registered
+only for a full block whose tokens are written (at ``allocate`` for the
+prompt's full blocks, at ``append_slot`` for the token that fills a block), so
+partial blocks are never cached. If an identical prefix is already cached
+under another block, the new block stays unkeyed (one block per key).
+
+A fresh block comes from ``free_list`` first, else the least recently used
+evictable block, whose key is removed from the cache *before* it is handed
+out. Freeing a sequence releases its blocks tail first, so its deepest
+blocks become the least recently used.
+
+``free`` (the seed's free list, and what the structural oracle reads) is a
+read-only view of ``free_list`` + ``evictable``: structurally an evictable
+block *is* free (refcount 0, may be handed out), so the structural invariants
+(``free_list``: on the free list exactly when refcount 0, once) hold
+unchanged; ``kvcheck.spec.prefix`` then says how the two parts differ.
+
+Every public method either succeeds or raises (``OutOfBlocks`` /
+``MisuseError``) with every structure unchanged, LRU order included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import struct
+from collections import OrderedDict, deque
+from collections.abc import Iterator, Sequence
+
+from .errors import MisuseError, OutOfBlocks
+
+ROOT = b"kvcheck-prefix-root"
+
+
+def block_key(parent: bytes | None, tokens: Sequence[int]) -> bytes:
+    """Key of a full block: BLAKE2b-128 of the parent's key and the block's tokens."""
+    h = hashlib.blake2b(parent if parent is not None else ROOT, digest_size=16)
+    h.update(struct.pack(f"<{len(tokens)}q", *tokens))
+    return h.digest()
+
+
+def _check_size(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MisuseError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+class FreeView:
+    """Read-only view: the plain free list followed by the evictable blocks."""
+
+    def __init__(self, owner: PrefixCachingBlockManager):
+        self._owner = owner
+
+    def __len__(self) -> int:
+        return len(self._owner.free_list) + len(self._owner.evictable)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._owner.free_list
+        yield from self._owner.evictable
+
+    def __contains__(self, block: object) -> bool:
+        return block in self._owner.evictable or block in self._owner.free_list
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __repr__(self) -> str:
+        return f"FreeView({list(self)})"
+
+
+class PrefixCachingBlockManager:
+    """Refcounted paged blocks with hash-chained prefix sharing and an evictable LRU."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks = _check_size("num_blocks", num_blocks)
+        self.block_size = _check_size("block_size", block_size)
+        self.free_list: deque[int] = deque(range(num_blocks))
+        self.evictable: OrderedDict[int, bytes] = OrderedDict()
+        self.free = FreeView(self)
+        self.ref: list[int] = [0] * num_blocks
+        self.tables: dict[int, list[int]] = {}
+        self.lens: dict[int, int] = {}
+        self.cache: dict[bytes, int] = {}
+        self.key_of: dict[int, bytes] = {}
+        self.tokens: dict[int, list[int]] = {}
+        self.keys: dict[int, list[bytes]] = {}  # seq -> key of each of its full blocks
+        self._invented = itertools.count(-1, -1)
+
+    # -- observation for the prefix oracle ----------------------------------------
+    def cache_entries(self) -> list[tuple[bytes, int]]:
+        return list(self.cache.items())
+
+    def evictable_blocks(self) -> list[int]:
+        return list(self.evictable)
+
+    def num_evictable(self) -> int:
+        return len(self.evictable)
+
+    def free_list_blocks(self) -> list[int]:
+        return list(self.free_list)
+
+    # -- internal -----------------------------------------------------------------
+    def _available(self) -> int:
+        return len(self.free_list) + len(self.evictable)
+
+    def _take(self) -> int:
+        """A fresh block with refcount 1: unkeyed first, else evict the LRU block."""
+        if self.free_list:
+            block = self.free_list.popleft()
+        else:
+            block, key = self.evictable.popitem(last=False)
+            self._uncache(block, key)
+        assert self.ref[block] == 0, f"block {block} free with refcount {self.ref[block]}"
+        self.ref[block] = 1
+        return block
+
+    def _uncache(self, block: int, key: bytes) -> None:
+        del self.cache[key]
+        del self.key_of[block]
+
+    def _register(self, block: int, key: bytes) -> None:
+        if key not in self.cache and block not in self.key_of:
+            self.cache[key] = block
+            self.key_of[block] = key
+
+    def _share(self, block: int) -> None:
+        """A cache hit: one more holder; an evictable block leaves the LRU."""
+        if self.ref[block] == 0:
+            del self.evictable[block]
+        self.ref[block] += 1
+
+    def _release(self, block: int) -> None:
+        count = self.ref[block] - 1
+        assert count >= 0, f"double free of block {block}"
+        self.ref[block] = count
+        if count == 0:
+            key = self.key_of.get(block)
+            if key is None:
+                self.free_list.append(block)
+            else:
+                self.evictable[block] = key
+
+    def _live(self, seq: int) -> list[int]:
+        table = self.tables.get(seq)
+        if table is None:
+            raise MisuseError(f"unknown sequence {seq!r}")
+        return table
+
+    def _prompt_keys(self, tokens: list[int]) -> list[bytes]:
+        bs, keys, parent = self.block_size, [], None
+        for start in range(0, len(tokens) - bs + 1, bs):
+            parent = block_key(parent, tokens[start : start + bs])
+            keys.append(parent)
+        return keys
+
+    # -- operations -----------------------------------------------------------------
+    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> int:
+        """Give ``seq`` its ceil(n/B) blocks, sharing the longest cached prefix.
+
+        All or nothing; returns the number of tokens served from the cache.
+        """
+        if seq in self.tables:
+            raise MisuseError(f"sequence {seq!r} already exists")
+        _check_size("n_tokens", n_tokens)
+        if token_ids is None:
+            tokens = [next(self._invented) for _ in range(n_tokens)]
+        else:
+            tokens = list(token_ids)
+            if len(tokens) != n_tokens or not all(type(t) is int for t in tokens):
+                raise MisuseError(f"token_ids must be {n_tokens} integers")
+        keys = self._prompt_keys(tokens)
+        hits: list[int] = []
+        for key in keys:
+            block = self.cache.get(key)
+            if block is None:
+                break
+            hits.append(block)
+        need = -(-n_tokens // self.block_size) - len(hits)
+        revived = sum(1 for b in hits if self.ref[b] == 0)
+        if need > self._available() - revived:
+            raise OutOfBlocks(f"need {need} fresh blocks, {self._available() - revived} free")
+        for block in hits:
+            self._share(block)
+        table = hits + [self._take() for _ in range(need)]
+        for i in range(len(hits), len(keys)):
+            self._register(table[i], keys[i])
+        self.tables[seq] = table
+        self.lens[seq] = n_tokens
+        self.tokens[seq] = tokens
+        self.keys[seq] = keys
+        return len(hits) * self.block_size
+
+    def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
+        """Reserve the slot for one more token: ``(block, offset, cow_src)``."""
+        table = self._live(seq)
+        if token_id is not None and type(token_id) is not int:
+            raise MisuseError(f"token_id must be an integer, got {token_id!r}")
+        n = self.lens[seq]
+        offset = n % self.block_size
+        cow_src = None
+        if offset == 0:
+            if not self._available():
+                raise OutOfBlocks("no free block for a new tail block")
+            table.append(self._take())
+        elif self.ref[table[-1]] > 1:
+            if not self._available():
+                raise OutOfBlocks("no free block for copy-on-write")
+            new = self._take()
+            cow_src = table[-1]
+            self._release(cow_src)
+            table[-1] = new
+        tok = next(self._invented) if token_id is None else token_id
+        tokens = self.tokens[seq]
+        tokens.append(tok)
+        self.lens[seq] = n + 1
+        if offset == self.block_size - 1:  # this token fills the block: register its key
+            keys = self.keys[seq]
+            key = block_key(keys[-1] if keys else None, tokens[n + 1 - self.block_size :])
+            keys.append(key)
+            self._register(table[-1], key)
+        return table[-1], offset, cow_src
+
+    def fork(self, parent: int, child: int) -> None:
+        """``child`` shares every block of ``parent`` (refcount +1 each), own table."""
+        table = self._live(parent)
+        if child in self.tables:
+            raise MisuseError(f"sequence {child!r} already exists")
+        for block in table:
+            self.ref[block] += 1
+        self.tables[child] = list(table)
+        self.lens[child] = self.lens[parent]
+        self.tokens[child] = list(self.tokens[parent])
+        self.keys[child] = list(self.keys[parent])
+
+    def free_seq(self, seq: int) -> None:
+        """Drop ``seq``; its blocks lose one reference each, tail first."""
+        table = self._live(seq)
+        del self.tables[seq], self.lens[seq], self.tokens[seq], self.keys[seq]
+        for block in reversed(table):
+            self._release(block)
