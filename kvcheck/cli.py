@@ -13,6 +13,8 @@ import sys
 
 COMMANDS = [
     "verify",
+    "replay",
+    "report",
 ]
 
 

@@ -10,7 +10,8 @@ oracle in full mode, skipping any request whose precondition no longer holds
   2. delete chunks of operations, halving the chunk size down to one;
   3. fold an append into its sequence's allocation (one token longer);
   4. lower each allocate's token count;
-  5. lower the pool size, then the block size;
+  5. lower the pool size, then the block size (as is, or with every
+     prompt scaled down along with it, so that full blocks stay full);
   6. renumber sequence ids from 0 in order of first use;
   7. breadth-first search (``kvcheck.proofs.explore``) over all shorter
      traces within the trace's own scope; if one fails the same way, start
@@ -116,6 +117,7 @@ class Shrunk:
     states: list[dict]
     attempts: int
     shortest: str = ""  # set when BFS showed nothing shorter exists within the scope
+    one_minimal: bool = True  # False if the budget ran out before the greedy passes settled
 
 
 def shrink(factory, num_blocks: int, block_size: int, ops: list[Op], key: tuple,
@@ -140,7 +142,7 @@ def shrink(factory, num_blocks: int, block_size: int, ops: list[Op], key: tuple,
     cur = r.ops
     shortest = ""
     while True:
-        cur, nb, bs = _greedy(fails, cur, nb, bs, deadline)
+        cur, nb, bs, settled = _greedy(fails, cur, nb, bs, deadline)
         # 7. breadth-first search for anything shorter within the trace's own scope
         left = deadline - time.monotonic()
         if len(cur) <= 1 or left <= 0:
@@ -158,11 +160,11 @@ def shrink(factory, num_blocks: int, block_size: int, ops: list[Op], key: tuple,
     final = replay(factory, nb, bs, renumber(cur), out_of_blocks, timeout, record=True)
     if final.violation is None or final.violation.key != key:
         final = replay(factory, nb, bs, cur, out_of_blocks, timeout, record=True)
-    return Shrunk(final.ops, nb, bs, final.violation, final.states, attempts, shortest)
+    return Shrunk(final.ops, nb, bs, final.violation, final.states, attempts, shortest, settled)
 
 
 def _greedy(fails, cur, nb, bs, deadline):
-    """Passes 2-5 to a fixpoint."""
+    """Passes 2-5 to a fixpoint; ``settled`` is False if the deadline stopped them first."""
     changed = True
     while changed and time.monotonic() < deadline:
         changed = False
@@ -212,7 +214,19 @@ def _greedy(fails, cur, nb, bs, deadline):
             if time.monotonic() >= deadline:
                 break
             got = fails(cur, nb, smaller)
+            if got is None:  # 5b. the same, every prompt scaled along (n -> ceil(n*smaller/bs))
+                got = fails(_scaled(cur, bs, smaller), nb, smaller)
             if got is not None:
                 cur, bs, changed = got.ops, smaller, True
                 break
-    return cur, nb, bs
+    return cur, nb, bs, not changed and time.monotonic() < deadline
+
+
+def _scaled(ops: list[Op], bs: int, smaller: int) -> list[Op]:
+    """``ops`` with each prompt of ``n`` tokens cut to ``ceil(n * smaller / bs)``: about as many
+    blocks of the smaller size, full blocks staying full."""
+    out = [request(o) for o in ops]
+    for o in out:
+        if o.kind == "allocate":
+            o.n_tokens = max(1, -(-o.n_tokens * smaller // bs))
+    return out
