@@ -15,6 +15,8 @@ TARGETS: dict[str, tuple[str, str]] = {
                        "vLLM 0.8.5 v0 BlockTable on the prefix-caching allocator"),
     "nano-vllm": ("kvcheck.impl.thirdparty.nano_vllm:make",
                   "nano-vllm-fork 20260210 BlockManager, xxhash prefix caching (no fork)"),
+    "device": ("kvcheck.impl.device.manager:make",
+               "paged K/V on torch (cuda if present, else cpu), Triton kernels or torch fallback"),
     "prefix": ("kvcheck.impl.prefix_cache:PrefixCachingBlockManager",
                "the bundled reference prefix-caching block manager (hash-chained blocks, LRU)"),
 }
