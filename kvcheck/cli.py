@@ -13,6 +13,7 @@ import sys
 
 COMMANDS = [
     "verify",
+    "verify-prefix",
     "replay",
     "report",
 ]
