@@ -1,0 +1,46 @@
+"""Shrunk traces are minimal: never longer than the shortest one bounded BFS finds, 1-minimal,
+and with sequence ids renumbered from 0."""
+
+from __future__ import annotations
+
+from kvcheck.proofs.explore import Scope, explore
+from traces_helpers import CORPUS, found_trace
+
+from kvcheck.shrink import replay
+from kvcheck.trace import request
+
+SMALL = Scope(num_blocks=4, block_size=2, seqs=3, max_tokens=4, depth=4)
+
+
+def test_never_longer_than_bfs_shortest(corpus_name):
+    trace = found_trace(corpus_name)
+    cls, _, longest = CORPUS[corpus_name]
+    found = explore(cls, SMALL, timeout=2.0, key=trace.violation.key)
+    assert found.violation is not None, f"BFS found no {trace.violation.key} within {SMALL}"
+    assert len(trace.ops) <= len(found.ops), (trace.ops, found.ops)
+    assert len(trace.ops) <= longest
+    assert trace.violation.step == len(trace.ops)
+
+
+def test_one_minimal(corpus_name):
+    trace = found_trace(corpus_name)
+    cls = CORPUS[corpus_name][0]
+    key = trace.violation.key
+    for i in range(len(trace.ops)):
+        fewer = [request(o) for j, o in enumerate(trace.ops) if j != i]
+        r = replay(cls, trace.num_blocks, trace.block_size, fewer, timeout=2.0)
+        assert r.violation is None or r.violation.key != key, f"still fails without op {i}"
+    smaller = ((trace.num_blocks - 1, trace.block_size), (trace.num_blocks, trace.block_size - 1))
+    for nb, bs in smaller:
+        if nb >= 1 and bs >= 1:
+            r = replay(cls, nb, bs, trace.ops, timeout=2.0)
+            assert r.violation is None or r.violation.key != key, (nb, bs)
+
+
+def test_ids_renumbered_from_zero(corpus_name):
+    seen: list[int] = []
+    for op in found_trace(corpus_name).ops:
+        for q in (op.seq, op.child) if op.kind == "fork" else (op.seq,):
+            if q not in seen:
+                seen.append(q)
+    assert seen == list(range(len(seen)))
