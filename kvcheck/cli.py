@@ -13,6 +13,8 @@ import sys
 
 COMMANDS = [
     "verify",
+    "verify-scheduler",
+    "simulate",
     "verify-prefix",
     "replay",
     "report",

@@ -1,0 +1,115 @@
+"""``kvcheck simulate``: run a workload end to end through the reference scheduler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvcheck.commands.common import emit_json, nonneg_int, positive_float, positive_int
+
+
+def _watermarks(text: str) -> list[int]:
+    import argparse
+
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated non-negative integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated non-negative integers, got {text!r}")
+    return values
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate a scheduler workload end to end",
+                       description="Run a seeded workload through the reference scheduler with "
+                                   "the policy spec and pool invariants checked at every step; "
+                                   "print the figures, the swap-or-recompute decision, and "
+                                   "optionally plot them.")
+    p.add_argument("--requests", type=positive_int, default=120, help="requests (default 120)")
+    p.add_argument("--blocks", type=positive_int, default=200, help="device pool (default 200)")
+    p.add_argument("--block-size", type=positive_int, default=16, help="tokens per block (16)")
+    p.add_argument("--watermark", type=nonneg_int, default=1, help="watermark blocks (default 1)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
+    p.add_argument("--max-prompt", type=positive_int, default=256,
+                   help="longest prompt, tokens (default 256)")
+    p.add_argument("--max-new", type=positive_int, default=256,
+                   help="longest output, tokens (default 256)")
+    p.add_argument("--arrival-steps", type=nonneg_int, default=0,
+                   help="spread arrivals over this many steps (default 0: all at once)")
+    p.add_argument("--mode", choices=("recompute", "swap", "auto"), default="recompute",
+                   help="preemption: recompute, swap to a host pool, or auto (the cost model "
+                        "decides per victim)")
+    p.add_argument("--host-blocks", type=positive_int, help="host pool for swap (default 4x)")
+    p.add_argument("--link-gbps", type=positive_float, default=400.0,
+                   help="host link, GB/s aggregate per direction (default 400: 8x PCIe 5 x16)")
+    p.add_argument("--prefill-tps", type=positive_float,
+                   help="prefill tokens/s (default: 8x H100 bf16 at 40%% MFU, ~22,400)")
+    p.add_argument("--swap-latency-ms", type=positive_float, default=1.0,
+                   help="fixed latency per swap direction, ms (default 1)")
+    p.add_argument("--compare-watermarks", type=_watermarks, metavar="W,W,...",
+                   help="also run these watermarks and print a comparison table")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the run to a PNG (needs matplotlib)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from kvcheck import costmodel
+    from kvcheck.cli import UsageError
+    from kvcheck.simulate import plot, simulate, summary
+    from kvcheck.workload import WorkloadError, check_scope
+
+    if args.plot:
+        if Path(args.plot).is_dir():
+            raise UsageError(f"--plot {args.plot} is a directory")
+        if not Path(args.plot).resolve().parent.is_dir():
+            raise UsageError(f"--plot {args.plot}: directory does not exist")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install 'kvcheck[plot]'") from None
+    m = costmodel.LLAMA_3_3_70B
+    cost = costmodel.CostModel(
+        m.kv_bytes_per_token, args.link_gbps * 1e9,
+        args.prefill_tps or costmodel.prefill_rate(m.params), args.swap_latency_ms / 1e3)
+    marks = [args.watermark] + [w for w in (args.compare_watermarks or []) if w != args.watermark]
+    sims = []
+    for w in marks:
+        try:
+            check_scope(args.blocks, args.block_size, w)
+        except WorkloadError as exc:
+            raise UsageError(str(exc)) from None
+        sims.append(simulate(args.requests, args.blocks, args.block_size, w, args.seed, args.mode,
+                             args.max_prompt, args.max_new, args.arrival_steps, args.host_blocks,
+                             cost))
+    sim = sims[0]
+    if args.plot:
+        try:
+            plot(sim, args.plot)
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.plot}: {exc.strerror or exc}") from None
+    ok = all(s.run.violation is None for s in sims)
+    if args.json:
+        out = sim.to_json(series=False)
+        out["cost_model"] = {"kv_bytes_per_token": cost.kv_bytes_per_token,
+                             "link_bytes_per_s": cost.link_bytes_per_s,
+                             "prefill_tokens_per_s": cost.prefill_tokens_per_s,
+                             "latency_s": cost.latency_s, "crossover_tokens": cost.crossover()}
+        if len(sims) > 1:
+            out["compare"] = [s.to_json() for s in sims]
+        emit_json(out)
+        return 0 if ok else 1
+    print(summary(sim))
+    if len(sims) > 1:
+        print("watermark comparison (same workload shape, same seed):")
+        print("  watermark  steps  preemptions  ping-pongs  recomputed  lowest free  leaked")
+        for s in sims:
+            st = s.stats
+            print(f"  {s.watermark:9d}  {st.steps:5d}  {st.preemptions:11d}  {st.pingpongs:10d}  "
+                  f"{st.recomputed_tokens:10,d}  {st.min_free:11d}  {st.leaked:6d}")
+    print(costmodel.report(cost))
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0 if ok else 1
