@@ -1,0 +1,126 @@
+"""Buggy prefix-caching allocators, one per bug real engines have shipped.
+
+Each subclasses the reference ``PrefixCachingBlockManager`` and breaks one
+thing. ``CORPUS`` maps a name to (class, the violation names kvcheck may
+report for it, the longest acceptable shrunk trace).
+"""
+
+from kvcheck.impl.prefix_cache import PrefixCachingBlockManager, block_key
+
+
+class EvictedLeftInMap(PrefixCachingBlockManager):
+    """vLLM: an evicted block is handed out for new content but its old hash
+    stays in the hash map, so a later lookup of that prefix hits a block that
+    now holds something else."""
+
+    def _take(self):
+        if self.free_list:
+            block = self.free_list.popleft()
+        else:
+            block, _ = self.evictable.popitem(last=False)  # bug: key left in the cache
+            del self.key_of[block]
+        self.ref[block] = 1
+        return block
+
+
+class StaleKeyAfterReuse(PrefixCachingBlockManager):
+    """nano-vllm: a freed block goes back to the plain free list with its hash
+    still registered; reusing it for new content leaves a stale entry."""
+
+    def _release(self, block):
+        self.ref[block] -= 1
+        if self.ref[block] == 0:
+            self.free_list.append(block)  # bug: keyed blocks too, key kept
+
+    def _share(self, block):
+        if self.ref[block] == 0:
+            self.free_list.remove(block)
+        self.ref[block] += 1
+
+    def _take(self):
+        block = self.free_list.popleft()
+        self.ref[block] = 1
+        return block
+
+
+class PinnedOnFreeQueue(PrefixCachingBlockManager):
+    """TensorRT-LLM: a cache hit on an evictable block pins it (refcount + 1)
+    but leaves it on the free queue, from which it can be handed out again."""
+
+    def _share(self, block):
+        self.ref[block] += 1  # bug: not removed from the evictable list
+
+    def _take(self):
+        while self.free_list or self.evictable:
+            if self.free_list:
+                block = self.free_list.popleft()
+            else:
+                block, key = self.evictable.popitem(last=False)
+                if self.ref[block] > 0:
+                    continue
+                self._uncache(block, key)
+            self.ref[block] = 1
+            return block
+        raise AssertionError("no block")
+
+
+class EvictableDoubleCounted(PrefixCachingBlockManager):
+    """SGLang: the evictable-size counter is bumped whenever a cached block
+    loses a holder, even one that stays in use, so it over-reports."""
+
+    def __init__(self, num_blocks, block_size):
+        super().__init__(num_blocks, block_size)
+        self.evictable_size = 0
+
+    def num_evictable(self):
+        return self.evictable_size
+
+    def _release(self, block):
+        if block in self.key_of:
+            self.evictable_size += 1  # bug: counted even if refcount stays > 0
+        super()._release(block)
+
+    def _share(self, block):
+        if self.ref[block] == 0:
+            self.evictable_size -= 1
+        super()._share(block)
+
+    def _take(self):
+        if not self.free_list:
+            self.evictable_size -= 1
+        return super()._take()
+
+
+class PartialBlockCached(PrefixCachingBlockManager):
+    """Registers a key for the prompt's partial last block too."""
+
+    def _prompt_keys(self, tokens):
+        bs, keys, parent = self.block_size, [], None
+        for start in range(0, len(tokens), bs):  # bug: includes the partial tail
+            parent = block_key(parent, tokens[start : start + bs])
+            keys.append(parent)
+        return keys
+
+
+class UnchainedKeys(PrefixCachingBlockManager):
+    """Keys a block by its own tokens only, not its parent's key, so a hit can
+    return a block computed under a different prefix."""
+
+    def _prompt_keys(self, tokens):
+        bs = self.block_size
+        return [block_key(None, tokens[s : s + bs]) for s in range(0, len(tokens) - bs + 1, bs)]
+
+
+CORPUS = {
+    "evicted-left-in-map": (EvictedLeftInMap, {"allocate: cache hit returns a block holding "
+                                               "the requested prefix", "cache_content",
+                                               "no_partial_cached"}, 6),
+    "stale-key-after-reuse": (StaleKeyAfterReuse, {"free_unkeyed"}, 3),
+    "pinned-on-free-queue": (PinnedOnFreeQueue, {
+        "allocate: free list shrinks by the blocks that had refcount 0", "free_list",
+        "pool_partition"}, 4),
+    "evictable-double-counted": (EvictableDoubleCounted, {"pool_sizes"}, 4),
+    "partial-block-cached": (PartialBlockCached, {"no_partial_cached"}, 2),
+    "unchained-keys": (UnchainedKeys, {"allocate: cache hit returns a block holding the "
+                                       "requested prefix", "cache_content"}, 5),
+}

@@ -1,0 +1,95 @@
+"""The reference prefix cache passes both oracles; every buggy allocator in the
+corpus is caught with a short, shrunk trace; the CLI's exit codes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kvcheck.impl.errors import MisuseError, OutOfBlocks
+from kvcheck.impl.prefix_cache import PrefixCachingBlockManager
+
+from kvcheck.cli import main
+from kvcheck.prefix_oracle import render, verify_prefix
+from kvcheck.verify import verify
+
+sys.path.insert(0, str(Path(__file__).parent))
+from buggy_prefix import CORPUS  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+def test_hits_share_blocks_and_evictable_is_revived():
+    m = PrefixCachingBlockManager(4, 2)
+    assert m.allocate(0, 5, [1, 2, 3, 4, 5]) == 0
+    assert m.allocate(1, 4, [1, 2, 3, 4]) == 4  # two full blocks from the cache
+    assert m.tables[1] == m.tables[0][:2] and m.ref[m.tables[0][0]] == 2
+    m.free_seq(0)
+    m.free_seq(1)
+    assert len(m.free) == 4 and m.num_evictable() == 2
+    assert m.allocate(2, 3, [1, 2, 9]) == 2  # revived from the evictable list
+    assert m.num_evictable() == 1
+
+
+def test_taking_an_evictable_block_drops_its_key_first():
+    m = PrefixCachingBlockManager(1, 2)
+    m.allocate(0, 2, [1, 2])
+    m.free_seq(0)
+    assert m.num_evictable() == 1 and len(m.cache) == 1
+    assert m.allocate(1, 2, [7, 8]) == 0
+    assert [b for _, b in m.cache_entries()] == [0] and m.evictable_blocks() == []
+    with pytest.raises(OutOfBlocks):
+        m.allocate(2, 2, [1, 2])
+    with pytest.raises(MisuseError):
+        m.allocate(3, 2, [1])
+
+
+@pytest.mark.parametrize("nb,bs,seed", [(16, 4, 0), (8, 2, 1), (5, 1, 2), (12, 3, 3)])
+def test_reference_passes_prefix_oracle(nb, bs, seed):
+    r = verify_prefix("prefix", nb, bs, 1500, seed)
+    assert r.ok, render(r)
+    st = r.stats
+    assert st.hit_allocations and st.revived and st.evicted and st.oob
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_reference_passes_structural_oracle(seed):
+    r = verify("prefix", 8, 2, 3000, seed)
+    assert r.ok
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_corpus_bug_is_caught_with_a_minimal_trace(name):
+    cls, names, longest = CORPUS[name]
+    for seed in range(4):
+        r = verify_prefix(cls, 8, 2, 2000, seed, shrink_budget=10.0)
+        if not r.ok:
+            break
+    assert not r.ok, f"{name} not caught"
+    assert r.violation.name in names, render(r)
+    assert len(r.trace) <= longest, render(r)
+
+
+def test_cli_pass_fail_and_bad_input(tmp_path, capsys):
+    assert main(["verify-prefix", "--ops", "300"]) == 0
+    out = tmp_path / "t.json"
+    target = f"{HERE / 'buggy_prefix.py'}:PartialBlockCached"
+    assert main(["verify-prefix", target, "--ops", "300", "--trace-out", str(out)]) == 1
+    trace = json.loads(out.read_text())
+    assert trace["format"] == "kvcheck.prefix-trace" and trace["violation"]["name"] == (
+        "no_partial_cached")
+    capsys.readouterr()
+    assert main(["verify-prefix", "--ops", "200", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "pass"
+    assert main(["verify-prefix", "no-such-target"]) == 2
+    assert main(["verify-prefix", "reference"]) == 2  # no prefix cache to observe
+    assert main(["verify-prefix", "--trace-out", str(tmp_path)]) == 2
+
+
+def test_cli_bad_input_is_one_line_exit_2():
+    for argv in (["--blocks", "0"], ["--block-size", "-3"], ["no-such-target"]):
+        p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "verify-prefix", *argv],
+                           capture_output=True, text=True)
+        assert p.returncode == 2
+        assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
