@@ -70,6 +70,10 @@ def _e(x) -> str:
     return html.escape(str(x), quote=True)
 
 
+def _n(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _fill(ref) -> str:
     if not isinstance(ref, int) or ref < 0:
         return "#e0e0e0"
@@ -191,11 +195,14 @@ def render_html(trace: Trace, source: str | None = None) -> str:
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
         "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">",
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
-        f"<header><h1>{_e(title)}</h1><div class=\"meta\">{nb} blocks x {bs} slots · "
+        f"<header><h1>{_e(title)}</h1><div class=\"meta\">{_n(nb, 'block')} x {_n(bs, 'slot')} · "
         f"{len(trace.ops)} operation(s) · seed {_e(trace.seed)} · recorded with kvcheck "
         f"{_e(trace.kvcheck_version or '?')} · page by kvcheck {_e(__version__)}</div></header>",
         "<main>",
     ]
+    vstate = None
+    if v is not None and 1 <= v.step <= len(states):
+        vstate = states[v.step - 1]
     if v is not None:
         where = "at the start" if v.step == 0 else f'at <a href="#violation">step {v.step}</a>'
         focus_words = []
@@ -209,6 +216,8 @@ def render_html(trace: Trace, source: str | None = None) -> str:
             + (f'<p class="witness"><b>What happened:</b> {_e(v.witness)}</p>' if v.witness else "")
             + (f"<p><b>The rule:</b> {_e(v.doc)}</p>" if v.doc else "")
             + (f"<p><b>Highlighted:</b> {', '.join(focus_words)}</p>" if focus_words else "")
+            + (f"<p><b>State after step {v.step}:</b></p>{_svg(vstate, nb, bs, hl_block, hl_seq)}"
+               if vstate is not None else "")
             + (f"<p><b>Minimal:</b> {_e(trace.minimality)}</p>" if trace.minimality else "")
             + "</section>")
     else:
