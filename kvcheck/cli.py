@@ -16,6 +16,7 @@ COMMANDS = [
     "verify-scheduler",
     "simulate",
     "verify-prefix",
+    "plan",
     "replay",
     "report",
 ]

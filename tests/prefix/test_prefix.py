@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from buggy_prefix import CORPUS  # noqa: E402
 
 HERE = Path(__file__).parent
+ENTRY = "import sys; from kvcheck.cli import main; sys.exit(main())"
 
 
 def test_hits_share_blocks_and_evictable_is_revived():
@@ -89,7 +90,7 @@ def test_cli_pass_fail_and_bad_input(tmp_path, capsys):
 
 def test_cli_bad_input_is_one_line_exit_2():
     for argv in (["--blocks", "0"], ["--block-size", "-3"], ["no-such-target"]):
-        p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "verify-prefix", *argv],
+        p = subprocess.run([sys.executable, "-c", ENTRY, "verify-prefix", *argv],
                            capture_output=True, text=True)
         assert p.returncode == 2
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr

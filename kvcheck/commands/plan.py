@@ -1,0 +1,91 @@
+"""``kvcheck plan``: the block-size trade-off table for a model and workload."""
+
+from __future__ import annotations
+
+from kvcheck.commands.common import emit_json, positive_float, positive_int
+
+
+def block_sizes(text: str) -> list[int]:
+    import argparse
+
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"block sizes must be positive integers, got {text!r}")
+    return sizes
+
+
+def add_parser(sub) -> None:
+    from kvcheck.planner import MODELS
+
+    p = sub.add_parser("plan", help="block-size trade-offs for a model and workload",
+                       description="Print KV bytes per token, tail waste (the spec's waste_bound), "
+                                   "block-table size, prefix-match granularity and paged versus "
+                                   "contiguous capacity for each block size.")
+    p.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
+    p.add_argument("--layers", type=positive_int)
+    p.add_argument("--kv-heads", type=positive_int)
+    p.add_argument("--head-dim", type=positive_int)
+    p.add_argument("--dtype-bytes", type=positive_int, help="bytes per KV element (default 2)")
+    p.add_argument("--block-sizes", type=block_sizes, default=[16, 64, 128],
+                   help="comma-separated (default 16,64,128)")
+    p.add_argument("--seqs", type=positive_int, default=256, help="running sequences (default 256)")
+    p.add_argument("--mean-len", type=positive_int, default=1500,
+                   help="mean sequence length in tokens (default 1500)")
+    p.add_argument("--max-len", type=positive_int, default=8192,
+                   help="contiguous reservation per request (default 8192)")
+    p.add_argument("--context", type=positive_int, default=131072,
+                   help="context length for the block-table size (default 131072)")
+    p.add_argument("--shared-prompt", type=positive_int, default=1000,
+                   help="shared prompt length for prefix-match granularity (default 1000)")
+    p.add_argument("--pool-tokens", type=positive_int, help="KV pool size in tokens")
+    p.add_argument("--gpus", type=positive_int, help="derive the pool from GPUs instead")
+    p.add_argument("--gpu-mem-gib", type=positive_float, default=80.0,
+                   help="memory per GPU in GiB (default 80)")
+    p.add_argument("--util", type=positive_float, default=0.92,
+                   help="fraction of GPU memory for the engine (default 0.92)")
+    p.add_argument("--weights-gib", type=positive_float,
+                   help="weights in GiB (default: preset parameters x dtype bytes)")
+    p.add_argument("--overhead-gib", type=positive_float, default=None,
+                   help="activations etc. in GiB, total over the GPUs (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from kvcheck.cli import UsageError
+    from kvcheck.planner import Model, PlanError, get_model, plan, pool_from_gpus, render
+
+    try:
+        shape = (args.layers, args.kv_heads, args.head_dim)
+        if args.model:
+            model = get_model(args.model)
+            if any(x is not None for x in shape) or args.dtype_bytes:
+                base = model
+                model = Model(base.name + " (modified)", args.layers or base.layers,
+                              args.kv_heads or base.kv_heads, args.head_dim or base.head_dim,
+                              args.dtype_bytes or base.dtype_bytes, base.params, base.source)
+        elif all(x is not None for x in shape):
+            model = Model("custom", *shape, args.dtype_bytes or 2)
+        else:
+            raise UsageError("give --model NAME or all of --layers, --kv-heads, --head-dim")
+        if args.gpus and args.pool_tokens:
+            raise UsageError("give --pool-tokens or --gpus, not both")
+        if not 0 < args.util <= 1:
+            raise UsageError(f"--util must be in (0, 1], got {args.util}")
+        pool = args.pool_tokens
+        if args.gpus:
+            pool = pool_from_gpus(model, args.gpus, args.gpu_mem_gib, args.util,
+                                  args.weights_gib, args.overhead_gib or 0.0)
+        p = plan(model, args.block_sizes, args.seqs, args.mean_len, args.max_len, args.context,
+                 args.shared_prompt, pool)
+    except PlanError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        emit_json(p.to_json())
+    else:
+        print(render(p))
+    return 0
