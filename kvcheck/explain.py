@@ -32,7 +32,11 @@ def state_line(state: dict) -> str:
     seqs = "; ".join(f"seq {q}: {_plural(lens[q], 'token') if q in lens else '? tokens'} in {t}"
                      for q, t in tables.items())
     shared = ", ".join(f"block {b}={r}" for b, r in enumerate(refs) if r > 1)
-    parts = [seqs or "no sequences", f"free {state.get('free', [])}"]
+    free = state.get("free", [])
+    shown = str(free)
+    if len(free) > 32:
+        shown = f"[{', '.join(map(str, free[:32]))}, ...] ({len(free)} entries)"
+    parts = [seqs or "no sequences", f"free {shown}"]
     if shared:
         parts.append(f"shared: {shared}")
     return " | ".join(parts)
