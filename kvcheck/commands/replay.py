@@ -92,10 +92,11 @@ def run(args) -> int:
         return 0 if got is None else 1
     recorded = "no violation" if want is None else (
         f"step {want.step} ({want.kind}) {want.name}")
-    note = (f"; {skipped} operation(s) skipped (the target does not offer them, or an earlier "
-            f"one failed differently)" if skipped else "")
+    note = (f"; {skipped} operation(s) skipped (the target does not offer them, or they no "
+            f"longer apply after an earlier step went differently)" if skipped else "")
     if verdict == "pass":
-        print(f"PASS {label}: all {len(r.ops)} operation(s) of {args.trace} ran on "
+        ran = f"all {len(r.ops)}" if not skipped else f"{len(r.ops)} of {len(trace.ops)}"
+        print(f"PASS {label}: {ran} operation(s) of {args.trace} ran on "
               f"{trace.num_blocks} blocks x {trace.block_size} slots and every invariant and "
               f"contract held (recorded: {recorded}){note}")
         return 0

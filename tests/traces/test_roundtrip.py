@@ -57,3 +57,16 @@ def test_replay_json_and_trace_out(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"] == "reproduced" and doc["violation"]["step"] == doc["recorded"]["step"]
     assert Trace.load(again).violation.name == doc["violation"]["name"]
+
+
+def test_replay_skips_operations_a_target_lacks(tmp_path, capsys):
+    nofork = tmp_path / "nofork.py"
+    nofork.write_text(
+        "from kvcheck.impl.block_manager import BlockManager\n\n"
+        "class NoFork(BlockManager):\n"
+        "    fork = None\n")
+    path = tmp_path / "t.json"
+    found_trace("cow-full-blocks").write(path)
+    assert main(["replay", str(path), "--target", f"{nofork}:NoFork"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "1 operation(s) skipped" in out
