@@ -96,9 +96,11 @@ class PagedKVStore:
         padded = [list(t) + [0] * (width - len(t)) for t in tables]
         tab = torch.tensor(padded, dtype=torch.int64, device=self.device)
         lens = self._ids(lengths)
-        tok_seq = torch.repeat_interleave(torch.arange(len(tables), device=self.device), lens)
+        total = sum(lengths)  # known on the host: no device sync, no size computation
+        tok_seq = torch.repeat_interleave(torch.arange(len(tables), device=self.device), lens,
+                                          output_size=total)
         starts = torch.cumsum(lens, 0) - lens
-        tok_pos = torch.arange(int(lens.sum()), device=self.device) - starts[tok_seq]
+        tok_pos = torch.arange(total, device=self.device) - starts[tok_seq]
         ko, vo = kernels.gather(self.key, self.value, tab, tok_seq, tok_pos, self.backend)
         out, at = [], 0
         for n in lengths:
