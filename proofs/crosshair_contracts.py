@@ -1,0 +1,361 @@
+"""CrossHair contracts for an allocator's four operations, derived from the spec.
+
+``crosshair check kvcheck.proofs.crosshair_contracts`` searches, symbolically,
+for an input that breaks one of the contracts below. Nothing here restates the
+spec: every condition calls it.
+
+    pre:   the spec's state invariants hold on a ``Snapshot`` of the manager
+           (``kvcheck.spec.invariants.INVARIANTS`` under ``PY``) and the
+           operation's precondition holds (``spec.contracts.precondition``);
+    post:  the operation's contract holds between the before and after
+           ``Snapshot`` (``spec.contracts.clauses`` under ``PY``, with the
+           ``Domain`` being the whole state), the state invariants hold
+           after it, and it raised nothing but out-of-blocks.
+
+That is an inductive step: from *any* state satisfying the invariants that
+the allocator can reach, one operation preserves them and meets its contract.
+
+CrossHair cannot be handed an arbitrary ``BlockManager`` (it would invent
+states no sequence of operations reaches), so the manager is *built*: the
+first argument of every contract function is a ``Reached`` — CrossHair
+constructs it by calling ``Reached(prefix)`` with a symbolic list of small
+symbolic integers, and ``Reached`` replays that list (decoded into at most
+``PREFIX`` operations) on a fresh allocator. The analysis therefore explores
+operation *sequences*; every id and size is reduced modulo the scope so that
+each branch has finitely many values and the path tree can be exhausted.
+
+The allocator is generic: ``ALLOCATOR`` is the reference ``BlockManager``
+unless the environment variable ``KVCHECK_CROSSHAIR_TARGET`` names another
+seed-shaped class (``module:Class`` or ``path/file.py:Class``, any factory
+called as ``factory(num_blocks, block_size)``). ``KVCHECK_CROSSHAIR_SCOPE``
+overrides the scope as ``num_blocks,block_size,seqs,max_tokens,prefix``.
+``kvcheck.proofs.crosshair_run.run_crosshair`` sets both for a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from kvcheck.spec import contracts
+from kvcheck.spec.contracts import OK, OOB, Domain, Op
+from kvcheck.spec.invariants import INVARIANTS
+from kvcheck.spec.logic import PY
+
+from kvcheck.loading import build, resolve
+from kvcheck.observe import ObservationError, snapshot
+
+TARGET_ENV = "KVCHECK_CROSSHAIR_TARGET"
+SCOPE_ENV = "KVCHECK_CROSSHAIR_SCOPE"
+
+
+@dataclass(frozen=True)
+class Scope:
+    num_blocks: int = 3
+    block_size: int = 2
+    seqs: int = 3  # sequence ids 0 .. seqs-1
+    max_tokens: int = 3  # prompts of 1 .. max_tokens tokens
+    prefix: int = 3  # operations replayed before the one under check
+
+    @classmethod
+    def parse(cls, text: str) -> Scope:
+        values = [int(v) for v in text.split(",")]
+        if len(values) != 5 or min(values[:4]) < 1 or values[4] < 0:
+            raise ValueError(f"{SCOPE_ENV} must be num_blocks,block_size,seqs,max_tokens,prefix "
+                             f"(positive; prefix >= 0), got {text!r}")
+        return cls(*values)
+
+    def text(self) -> str:
+        return ",".join(str(v) for v in (self.num_blocks, self.block_size, self.seqs,
+                                         self.max_tokens, self.prefix))
+
+
+def _load_allocator():
+    spec = os.environ.get(TARGET_ENV)
+    if not spec:
+        from kvcheck.impl.block_manager import BlockManager
+
+        return BlockManager
+    return resolve(spec)[1]
+
+
+ALLOCATOR = _load_allocator()
+SCOPE = Scope.parse(os.environ[SCOPE_ENV]) if os.environ.get(SCOPE_ENV) else Scope()
+KINDS = ("allocate", "append_slot", "fork", "free_seq")
+
+
+def decode(code: int, live: list[int], scope: Scope = SCOPE) -> Op | None:
+    """One integer as one prefix operation in a state whose live sequences are
+    ``live`` (sorted); None if no operation is possible (never in a scope).
+
+    ``code % (number of possible kinds)`` picks the kind among those possible
+    now, ``code // that`` its arguments. Sequence ids are canonical: a new
+    sequence (allocate's, fork's child) is the smallest id not live, an
+    existing one ``live[i % len(live)]``. The reference does not depend on id
+    values, so this loses no state up to renaming of sequences and spares
+    CrossHair symmetric paths. Each choice is realized at once (CrossHair
+    branches over its few values): the prefix only has to *reach* states, and
+    concrete prefixes keep the solver's path condition small.
+    """
+    fresh = next((q for q in range(scope.seqs) if q not in live), None)
+    kinds = [k for k in KINDS if (k != "allocate" or fresh is not None)
+             and (k == "allocate" or live) and (k != "fork" or fresh is not None)]
+    if not kinds:
+        return None
+    k = kinds[_realize(code % len(kinds))]
+    rest = code // len(kinds)
+    if k == "allocate":
+        return Op(k, seq=fresh, n_tokens=1 + _realize(rest % scope.max_tokens))
+    seq = live[_realize(rest % len(live))]
+    if k == "fork":
+        return Op(k, seq=seq, child=fresh)
+    return Op(k, seq=seq)
+
+
+def _realize(value: int) -> int:
+    """``value`` made concrete under CrossHair (a branch per possible value)."""
+    try:
+        from crosshair import realize
+    except ImportError:  # pragma: no cover - crosshair is optional at run time
+        return value
+    return realize(value)
+
+
+class Reached:
+    """An allocator in a state reached by replaying ``prefix`` on a fresh one.
+
+    Each integer of ``prefix`` (the first ``SCOPE.prefix`` of them) is decoded
+    into an operation (``decode``); one whose precondition fails in the spec
+    (none, by construction of ``decode``) would be skipped.
+    Construction never raises: an operation that crashes, or a state that
+    cannot be observed, marks the state ``broken`` (the invariants are then
+    false, so the contracts' preconditions exclude it — the step that broke
+    it is a shorter prefix plus that operation, checked on its own).
+    """
+
+    def __init__(self, prefix: list[int]):
+        self.target = build(ALLOCATOR, SCOPE.num_blocks, SCOPE.block_size)
+        self.lengths: dict[int, int] = {}
+        self.ops: list[Op] = []
+        self.broken: str | None = None
+        self.snap = self._observe()
+        for code in prefix[: SCOPE.prefix]:
+            if self.broken is not None:
+                break
+            op = decode(code, sorted(self.lengths))
+            if op is None or not self.allows(op):
+                continue
+            self.ops.append(op)
+            step = Step(self, op, judge=False)
+            if step.crash is not None:
+                self.broken = step.crash
+
+    def _observe(self, also: tuple = ()):
+        try:
+            return _concretely(snapshot, self.target, dict(self.lengths), also)
+        except ObservationError as exc:
+            self.broken = f"cannot observe: {exc}"
+            return None
+
+    def allows(self, op: Op) -> bool:
+        """The spec's precondition of ``op`` in this state."""
+        return self.snap is not None and bool(contracts.precondition(PY, self.snap, op))
+
+    def invariants_hold(self) -> bool:
+        """The spec's state invariants hold on a snapshot of the manager."""
+        return self.broken is None and not _concretely(failed_invariants, self.snap)
+
+    def __repr__(self) -> str:
+        ops = ", ".join(_show_op(op) for op in self.ops) or "nothing"
+        return f"<{ALLOCATOR.__name__} after {ops}>"
+
+
+class Step:
+    """Run ``op`` on ``state`` (mutating it) and record the spec's verdict
+    (``judge=False``: only run it, as for the operations of a prefix)."""
+
+    def __init__(self, state: Reached, op: Op, judge: bool = True):
+        self.op = op
+        self.crash: str | None = None
+        self.pre = pre = state.snap
+        try:
+            result = _call(state.target, op)
+            op.outcome = OK
+        except Exception as exc:  # noqa: BLE001 - judged here
+            result = None
+            if state.target.is_out_of_blocks(exc):
+                op.outcome = OOB
+            else:
+                self.crash = f"{op.kind} raised {type(exc).__name__}: {exc}"
+        if self.crash is None and op.outcome == OK and op.kind == "append_slot":
+            self.crash = _decode_append(op, result)
+        self.post = post = None
+        if self.crash is None:
+            if op.outcome == OK:
+                if op.kind == "allocate":
+                    state.lengths[op.seq] = op.n_tokens
+                elif op.kind == "append_slot":
+                    state.lengths[op.seq] += 1
+                elif op.kind == "fork":
+                    state.lengths[op.child] = state.lengths[op.seq]
+                else:
+                    del state.lengths[op.seq]
+            also = (op.seq, op.child) if op.kind == "fork" else (op.seq,)
+            state.snap = self.post = post = state._observe(also)
+            if post is None:
+                self.crash = state.broken
+        self.contract: list[str] = []
+        self.invariants: list[str] = []
+        if judge and post is not None:
+            self.contract, self.invariants = _concretely(_judge, pre, post, op)
+
+    def holds(self) -> bool:
+        """No crash, every contract clause and every state invariant holds."""
+        return self.crash is None and not self.contract and not self.invariants
+
+    def __repr__(self) -> str:
+        verdict = [f"crash: {self.crash}"] if self.crash else []
+        verdict += [f"contract: {c}" for c in self.contract]
+        verdict += [f"invariant: {i}" for i in self.invariants]
+        return f"<{_show_op(self.op)} -> {op_result(self.op)}; {'; '.join(verdict) or 'holds'}>"
+
+
+def _judge(pre, post, op: Op) -> tuple[list[str], list[str]]:
+    return failed_clauses(pre, post, op), failed_invariants(post)
+
+
+def _concretely(fn, *args):
+    """``fn(*args)`` on concrete values.
+
+    Under CrossHair the arguments are first realized (each symbolic value
+    gets the one value this path's constraints allow or, if several remain,
+    CrossHair branches on it), then ``fn`` runs untraced, as plain Python:
+    the spec is then evaluated exactly, on this path's concrete state, without
+    paying CrossHair's per-bytecode tracing for it. Outside CrossHair it is
+    just a call.
+    """
+    try:
+        from crosshair import NoTracing, deep_realize
+        from crosshair.tracers import is_tracing
+    except ImportError:  # pragma: no cover - crosshair is optional at run time
+        return fn(*args)
+    if not is_tracing():
+        return fn(*args)
+    args = deep_realize(args)
+    with NoTracing():
+        return fn(*args)
+
+
+def failed_invariants(snap) -> list[str]:
+    """The spec's state invariants that ``snap`` breaks (names; empty = all hold)."""
+    if snap is None:
+        return ["unobservable state"]
+    return [inv.name for inv in INVARIANTS if not inv.formula(PY, snap)]
+
+
+def failed_clauses(pre, post, op: Op) -> list[str]:
+    """The spec's contract clauses of ``op`` that (pre, post) breaks, over the whole state."""
+    dom = Domain(pre.blocks(), sorted(set(pre.seqs()) | set(post.seqs())))
+    out = []
+    for name, element, holds in contracts.clauses(PY, pre, post, op, dom):
+        if not holds:
+            out.append(name if element is None else f"{name} [{element}]")
+    return out
+
+
+def _call(target, op: Op):
+    if op.kind == "allocate":
+        return target.allocate(op.seq, op.n_tokens)
+    if op.kind == "append_slot":
+        return target.append_slot(op.seq)
+    if op.kind == "fork":
+        return target.fork(op.seq, op.child)
+    return target.free_seq(op.seq)
+
+
+def _decode_append(op: Op, result) -> str | None:
+    try:
+        block, offset, cow_src = result
+        op.block, op.offset = int(block), int(offset)
+        op.cow_src = None if cow_src is None else int(cow_src)
+    except (TypeError, ValueError):
+        return f"append_slot returned {result!r}, expected (block, offset, cow_src)"
+    op.has_cow = op.cow_src is not None
+    return None
+
+
+def _show_op(op: Op) -> str:
+    if op.kind == "allocate":
+        return f"allocate({op.seq}, {op.n_tokens})"
+    if op.kind == "fork":
+        return f"fork({op.seq}, {op.child})"
+    return f"{op.kind}({op.seq})"
+
+
+def op_result(op: Op) -> str:
+    if op.outcome == OOB:
+        return "out-of-blocks"
+    if op.kind == "append_slot" and op.block is not None:
+        return f"({op.block}, {op.offset}, {op.cow_src})"
+    return "ok"
+
+
+# -- the contracts CrossHair checks -----------------------------------------------
+# The symbolic integers are reduced into the scope: every value is an operation.
+def allocate_op(seq: int, n_tokens: int) -> Op:
+    return Op("allocate", seq=seq % SCOPE.seqs, n_tokens=1 + n_tokens % SCOPE.max_tokens)
+
+
+def append_slot_op(seq: int) -> Op:
+    return Op("append_slot", seq=seq % SCOPE.seqs)
+
+
+def fork_op(parent: int, child: int) -> Op:
+    return Op("fork", seq=parent % SCOPE.seqs, child=child % SCOPE.seqs)
+
+
+def free_seq_op(seq: int) -> Op:
+    return Op("free_seq", seq=seq % SCOPE.seqs)
+
+
+def allocate(state: Reached, seq: int, n_tokens: int) -> Step:
+    """allocate(seq, n_tokens) from any reached state satisfying the invariants.
+
+    pre: state.invariants_hold()
+    pre: state.allows(allocate_op(seq, n_tokens))
+    post: __return__.holds()
+    """
+    return Step(state, allocate_op(seq, n_tokens))
+
+
+def append_slot(state: Reached, seq: int) -> Step:
+    """append_slot(seq) from any reached state satisfying the invariants.
+
+    pre: state.invariants_hold()
+    pre: state.allows(append_slot_op(seq))
+    post: __return__.holds()
+    """
+    return Step(state, append_slot_op(seq))
+
+
+def fork(state: Reached, parent: int, child: int) -> Step:
+    """fork(parent, child) from any reached state satisfying the invariants.
+
+    pre: state.invariants_hold()
+    pre: state.allows(fork_op(parent, child))
+    post: __return__.holds()
+    """
+    return Step(state, fork_op(parent, child))
+
+
+def free_seq(state: Reached, seq: int) -> Step:
+    """free_seq(seq) from any reached state satisfying the invariants.
+
+    pre: state.invariants_hold()
+    pre: state.allows(free_seq_op(seq))
+    post: __return__.holds()
+    """
+    return Step(state, free_seq_op(seq))
+
+
+PROPERTIES = ("allocate", "append_slot", "fork", "free_seq")
