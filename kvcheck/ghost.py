@@ -56,7 +56,7 @@ class Ghost:
         return self.refs[b] if 0 <= b < self.num_blocks else 0
 
     def free_count(self, b):
-        return 1 if self.ref(b) == 0 and 0 <= b < self.num_blocks else 0
+        return 1 if 0 <= b < self.num_blocks and self.refs[b] == 0 else 0
 
     def num_free(self):
         return self.free_len
@@ -129,20 +129,26 @@ class Ghost:
                 self.identities[q] = ident
                 if ident is not None:
                     self.ident_count[ident] += 1
+        hc = self.holders_count
         for b, d in after.holder_delta.items():
-            self.holders_count[b] += d
+            hc[b] += d
         self.zero = after.zero_refs()
-        for b, r in after.refs.items():
-            if 0 <= b < self.num_blocks:
-                self.refs[b] = r
+        refs = self.refs
+        for b, r in after.refs.items():  # keys are pool blocks (After.ref checks)
+            refs[b] = r
         self.free_len = after.num_free()
+
+
+_NO = object()  # "not touched by this operation"
 
 
 class After:
     """The allocator's state after one operation, observed where it was touched.
 
     ``seqs`` are the sequences the operation names; ``lengths`` their token
-    counts as the oracle computes them (absent = no longer live).
+    counts as the oracle computes them (absent = no longer live). Each
+    observation is made at most once (refcounts, lengths and identities are
+    cached), so evaluating many clauses costs no extra calls into the target.
     """
 
     def __init__(self, target, ghost: Ghost, seqs: tuple, lengths: dict[int, int]):
@@ -152,31 +158,41 @@ class After:
         self.block_size = ghost.block_size
         self.touched = seqs
         self.lengths = lengths
-        self.tables: dict[int, tuple | None] = {q: read_table(target, q) for q in seqs}
         self.refs: dict[int, int] = {}
         self._num_free: int | None = None
         self._idents: dict[int, object] = {}
+        self._impl_lens: dict[int, int | None] = {}
         self._occ: dict[int, Counter] = {}
-        delta: Counter = Counter()
+        tables: dict[int, tuple | None] = {}
+        delta: dict[int, int] = {}
+        gt = ghost.tables
         for q in seqs:
-            old, new = ghost.tables.get(q, ()), self.tables[q] or ()
+            new = tables[q] = read_table(target, q)
+            old = gt.get(q, ())
+            new = new or ()
             if old != new:
-                delta.update(new)
-                delta.subtract(old)
+                for b in new:
+                    delta[b] = delta.get(b, 0) + 1
+                for b in old:
+                    delta[b] = delta.get(b, 0) - 1
+        self.tables = tables
         self.holder_delta = {b: d for b, d in delta.items() if d}
 
     def touched_blocks(self, extra=()) -> set[int]:
         """Blocks named before or after by the touched tables, plus ``extra``."""
         out = set(extra)
+        gt = self.ghost.tables
         for q in self.touched:
-            out.update(self.ghost.tables.get(q, ()))
+            out.update(gt.get(q, ()))
             out.update(self.tables[q] or ())
-        return {b for b in out if type(b) is int and 0 <= b < self.num_blocks}
+        n = self.num_blocks
+        return {b for b in out if type(b) is int and 0 <= b < n}
 
     def observe_refs(self, blocks) -> None:
+        refs, target = self.refs, self.target
         for b in blocks:
-            if b not in self.refs:
-                self.refs[b] = read_ref(self.target, b)
+            if b not in refs:
+                refs[b] = read_ref(target, b)
 
     # -- vocabulary ------------------------------------------------------------
     def seqs(self):
@@ -184,10 +200,10 @@ class After:
         return live + [q for q, t in self.tables.items() if t is not None]
 
     def ref(self, b):
-        if not (type(b) is int and 0 <= b < self.num_blocks):
-            return 0
         r = self.refs.get(b)
         if r is None:
+            if not (type(b) is int and 0 <= b < self.num_blocks):
+                return 0
             r = self.refs[b] = read_ref(self.target, b)
         return r
 
@@ -201,34 +217,40 @@ class After:
 
     def zero_refs(self):
         g = self.ghost
-        z = g.zero
+        z, grefs = g.zero, g.refs
         for b, r in self.refs.items():
-            z += (r == 0) - (g.refs[b] == 0)
+            z += (r == 0) - (grefs[b] == 0)
         return z
 
     def live(self, q):
-        if q in self.tables:
-            return self.tables[q] is not None
-        return self.ghost.live(q)
+        t = self.tables.get(q, _NO)
+        if t is _NO:
+            return q in self.ghost.tables
+        return t is not None
 
     def length(self, q):
         if q in self.tables:
             return self.lengths.get(q, 0)
-        return self.ghost.length(q)
+        return self.ghost.lengths.get(q, 0)
 
     def impl_len(self, q):
-        return read_len(self.target, q) if self.tables.get(q) is not None else None
+        n = self._impl_lens.get(q, _NO)
+        if n is _NO:
+            n = self._impl_lens[q] = (read_len(self.target, q) if self.tables.get(q) is not None
+                                      else None)
+        return n
 
     def impl_length(self, q):
         if q in self.tables:
             n = self.impl_len(q)
-            return self.length(q) if n is None else n
+            return self.lengths.get(q, 0) if n is None else n
         return self.ghost.impl_length(q)
 
     def table_tuple(self, q):
-        if q in self.tables:
-            return self.tables[q] or ()
-        return self.ghost.table_tuple(q)
+        t = self.tables.get(q, _NO)
+        if t is _NO:
+            return self.ghost.tables.get(q, ())
+        return t or ()
 
     def nblocks(self, q):
         return len(self.table_tuple(q))
@@ -254,9 +276,10 @@ class After:
         return occ.get(b, 0)
 
     def ident(self, q):
-        if q not in self._idents:
-            self._idents[q] = read_identity(self.target, q) if self.live(q) else None
-        return self._idents[q]
+        i = self._idents.get(q, _NO)
+        if i is _NO:
+            i = self._idents[q] = read_identity(self.target, q) if self.live(q) else None
+        return i
 
     def sharers(self, q):
         if q not in self.tables:
@@ -264,9 +287,10 @@ class After:
         mine = self.ident(q)
         if mine is None:
             return 1
-        n = self.ghost.ident_count[mine]
+        g = self.ghost
+        n = g.ident_count[mine]
         for r in self.touched:
-            n += (self.ident(r) == mine) - (self.ghost.identities.get(r) == mine)
+            n += (self.ident(r) == mine) - (g.identities.get(r) == mine)
         return n
 
     def same_table(self, q, other, r, upto=None):

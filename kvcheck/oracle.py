@@ -22,7 +22,6 @@ a result of the wrong shape, garbage in its state or a hang is reported as a
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
 from operator import index
 
 from kvcheck import witness
@@ -53,9 +52,14 @@ class Oracle:
         self.timeout = timeout
         self.steps = 0
         self.lengths: dict[int, int] = {}
+        self._order: list[int] = []  # live sequences, in no particular order (O(1) pick)
+        self._pos: dict[int, int] = {}  # seq -> its index in _order
         self.shadow = ShadowMemory(target.block_size)
         self.violation: Violation | None = None
-        self._fast_invariants = [i for i in INVARIANTS if "free_list" not in i.needs]
+        fast = [i for i in INVARIANTS if "free_list" not in i.needs]
+        self._fast_invariants = fast
+        # (invariant, its predicate, its domain), in spec order, for the per-operation check
+        self._fast_preds = [(i, i.predicate, i.domain) for i in fast]
         try:
             self.snap = snapshot(target, {})
         except ObservationError as exc:
@@ -68,7 +72,8 @@ class Oracle:
             self.violation = Violation(
                 0, "invariant", "empty_start", witness=(
                     f"a fresh allocator must start with every block free; "
-                    f"{target.num_blocks - self.snap.zero_refs()} of {target.num_blocks} have a refcount"
+                    f"{target.num_blocks - self.snap.zero_refs()} of {target.num_blocks} "
+                    f"have a refcount"
                 ))
         self.ghost = Ghost.from_snapshot(self.snap)
 
@@ -81,6 +86,8 @@ class Oracle:
         new = copy.copy(self)
         new.target = copy.deepcopy(self.target)
         new.lengths = dict(self.lengths)
+        new._order = list(self._order)
+        new._pos = dict(self._pos)
         new.shadow = self.shadow.clone()
         if self.mode == "fast":
             new.ghost = copy.deepcopy(self.ghost)
@@ -88,6 +95,10 @@ class Oracle:
 
     def live(self) -> list[int]:
         return list(self.lengths)
+
+    def live_seqs(self) -> list[int]:
+        """The live sequences as a list owned by the oracle (do not modify; O(1))."""
+        return self._order
 
     def valid(self, op: Op) -> bool:
         """Whether ``op`` meets its precondition now and the target supports it."""
@@ -209,11 +220,20 @@ class Oracle:
                 sh.fork(op.seq, op.child)
             else:
                 sh.free(op.seq)
+        lengths, order, pos = self.lengths, self._order, self._pos
         for q, m in delta.items():
             if m is None:
-                self.lengths.pop(q, None)
+                if lengths.pop(q, None) is not None:
+                    i = pos.pop(q)
+                    last = order.pop()
+                    if last != q:
+                        order[i] = last
+                        pos[last] = i
             else:
-                self.lengths[q] = m
+                if q not in lengths:
+                    pos[q] = len(order)
+                    order.append(q)
+                lengths[q] = m
         if self.mode == "full":
             tables = {q: post.table_tuple(q) for q in self.lengths}
             v = self._check_data(tables, self.lengths, n)
@@ -250,15 +270,16 @@ class Oracle:
         return None
 
     def _check_touched(self, post: After, dom: Domain, n: int) -> Violation | None:
-        for inv in self._fast_invariants:
-            if inv.domain == "block":
-                elements: Iterable = dom.blocks
-            elif inv.domain == "seq":
-                elements = [q for q in dom.seqs if post.live(q)]
-            else:
-                elements = (None,)
-            for x in elements:
-                if not inv.holds_for(PY, post, x):
+        """Every invariant not needing the free list's membership, on what ``op`` touched."""
+        L = PY
+        live = [q for q in dom.seqs if post.live(q)]
+        for inv, pred, domain in self._fast_preds:
+            if domain == "global":
+                if not pred(L, post):
+                    return self._invariant_violation(inv, None, post, n)
+                continue
+            for x in (dom.blocks if domain == "block" else live):
+                if not pred(L, post, x):
                     return self._invariant_violation(inv, x, post, n)
         return None
 

@@ -56,7 +56,7 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
         for i in range(ops):
             if v is not None:
                 break
-            op = driver.next_op(oracle.live(), state().num_free())
+            op = driver.next_op(oracle.live_seqs(), state().num_free())
             if not oracle.valid(op):
                 continue
             history.append(op)
@@ -86,6 +86,7 @@ def counterexample(label, factory, num_blocks, block_size, history, v: Violation
             return Trace(label, s.num_blocks, s.block_size, s.ops, s.violation, seed, s.states, how)
     r = replay(factory, num_blocks, block_size, history, out_of_blocks, timeout, record=True)
     if r.violation is not None:
-        return Trace(label, num_blocks, block_size, r.ops, r.violation, seed, r.states, "not shrunk")
+        return Trace(label, num_blocks, block_size, r.ops, r.violation, seed, r.states,
+                     "not shrunk")
     # Found only by the fast mode's sweep and not reproducible in full mode: keep it as found.
     return Trace(label, num_blocks, block_size, history, v, seed, [], "not shrunk (fast mode only)")
