@@ -162,8 +162,9 @@ def append_slot(L, pre, post, op: Op, dom: Domain):
         return
     new = post.tail(q)
     yield "returns block ids of the pool", q, _returned_ids_valid(L, post, op)
+    yield "returns the sequence's last block", q, op.block == new
     yield "returns the slot of token len: offset = len % block_size", q, op.offset == offset
-    yield "length grows by one", q, post.length(q) == n + 1
+    yield "the sequence stays live, one token longer", q, L.and_(post.live(q), post.length(q) == n + 1)
     yield "a full block is never copied", q, L.implies(boundary, L.not_(op.has_cow))
     yield "a new block only at a block boundary", q, L.ite(
         boundary,
@@ -206,7 +207,9 @@ def fork(L, pre, post, op: Op, dom: Domain):
     )
     yield "child's table lists exactly the parent's blocks", c, post.same_table(c, pre, p)
     yield "child's table is its own object", c, post.sharers(c) == 1
-    yield "parent unchanged", p, L.and_(post.live(p), post.same_table(p, pre, p))
+    yield "parent unchanged", p, L.and_(
+        post.live(p), post.length(p) == pre.length(p), post.same_table(p, pre, p)
+    )
     yield "free list unchanged", None, post.num_free() == pre.num_free()
     for b in dom.blocks:
         yield "refcount +1 per parent entry, others unchanged", b, (

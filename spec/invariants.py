@@ -80,7 +80,8 @@ def refcount_conservation(L, s, b):
 def free_list(L, s, b):
     """A block is on the free list exactly when its refcount is 0, and at
     most once."""
-    return L.and_(s.free_count(b) <= 1, (s.free_count(b) == 1) == (s.ref(b) == 0))
+    return L.and_(0 <= s.free_count(b), s.free_count(b) <= 1,
+                  (s.free_count(b) == 1) == (s.ref(b) == 0))
 
 
 @invariant("global", needs=("free_list",))

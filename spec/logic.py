@@ -85,17 +85,24 @@ class Z3Logic:
 
     symbolic = True
 
-    def __init__(self, width: int):
+    def __init__(self, width: int | None, max_quotient: int | None = None):
+        """``width`` bits per number; ``None`` for unbounded integers.
+
+        ``max_quotient``: when ``ceil_div``'s result is known to be at most
+        this, it is encoded as a chain of comparisons instead of a division
+        (much cheaper for bit-vector solvers).
+        """
         import z3
 
         self.z3 = z3
         self.width = width
+        self.max_quotient = max_quotient
 
     def val(self, v: int):
-        return self.z3.BitVecVal(v, self.width)
+        return self.z3.IntVal(v) if self.width is None else self.z3.BitVecVal(v, self.width)
 
     def var(self, name: str):
-        return self.z3.BitVec(name, self.width)
+        return self.z3.Int(name) if self.width is None else self.z3.BitVec(name, self.width)
 
     def bool_var(self, name: str):
         return self.z3.Bool(name)
@@ -136,10 +143,19 @@ class Z3Logic:
     def ceil_div(self, x: Any, k: int):
         if isinstance(x, int):
             return -(-x // k)
+        if self.max_quotient is not None:
+            out = self.val(self.max_quotient)
+            for m in range(self.max_quotient - 1, -1, -1):
+                out = self.z3.If(x <= m * k, self.val(m), out)
+            return out
+        if self.width is None:
+            return (x + (k - 1)) / k
         return self.z3.UDiv(x + (k - 1), self.val(k))
 
     def mod(self, x: Any, k: int):
         if isinstance(x, int):
+            return x % k
+        if self.width is None:
             return x % k
         return self.z3.URem(x, self.val(k))
 

@@ -1,0 +1,170 @@
+"""k-induction (k = 1) over the spec's transition system.
+
+For each invariant I and each operation kind: if every invariant (and the
+scope bound) holds in a state s and s -> s2 is a step of that kind allowed by
+its contract, then I holds in s2. With the base case (the empty pool
+satisfies every invariant) this proves I for every reachable state, at any
+depth, within the scope. The invariants are proved together, each an
+auxiliary of the others, and each is itself proved.
+
+Symmetry keeps this fast and independent of the pool size: the spec never
+names a particular block or sequence slot, so
+  * the operation may act on slot 0 (and fork into slot 1);
+  * a per-block invariant need only be shown for block 0, assuming the
+    per-block invariants of block 0 alone (any block is "block 0" after a
+    renaming); every other hypothesis is kept whole;
+  * global invariants are then shown from the per-block ones, which hold for
+    every block of s2 (lemmas proved in the previous step).
+
+The step invariant *isolation* is proved as a consequence: with its clause
+removed from append_slot's contract, the remaining clauses and the state
+invariants imply that the block written is held by the writer alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import z3
+
+from kvcheck.spec import contracts as spec_contracts
+from kvcheck.spec.symbolic import SymScope
+
+from .model import SCOPE_BOUND, Model
+
+
+@dataclass
+class Proof:
+    engine: str
+    property: str
+    scope: str
+    result: str  # "proved" | "violated" | "unknown"
+    seconds: float
+    detail: str = ""
+    counterexample: object = None
+
+
+ENGINE = "z3 k-induction"
+
+
+def _verdict(r) -> str:
+    if r == z3.unsat:
+        return "proved"
+    return "violated" if r == z3.sat else "unknown"
+
+
+def _solve(parts, timeout_ms):
+    solver = z3.Solver()
+    if timeout_ms:
+        solver.set("timeout", timeout_ms)
+    solver.add(*parts)
+    return solver.check()
+
+
+class _Encoding:
+    """One encoding of the whole induction problem (states, hypotheses, steps)."""
+
+    def __init__(self, scope, contracts, invariants, encoding, kinds_wanted):
+        self.model = model = Model(scope, contracts, invariants, encoding=encoding)
+        self.L = L = model.L
+        self.s, self.s2 = s, s2 = model.state("s"), model.state("s2")
+        every = [*model.invariants, SCOPE_BOUND]
+        self.blocks = [i for i in every if i.domain == "block"]
+        self.others = [i for i in every if i.domain == "seq"]
+        self.globals = [i for i in every if i.domain == "global"]
+        self.hyp = [inv.formula(L, s) for inv in self.others + self.globals]
+        self.hyp += [inv.holds_for(L, s, FOCUS) for inv in self.blocks]
+        self.kinds = [k for k in kinds_wanted if k in model.contracts]
+        self.steps = {k: model.step(s, s2, f"t.{k}", kinds=(k,), symmetric=True)[0]
+                      for k in self.kinds}
+
+
+FOCUS = 0  # by symmetry, "any block"
+PORTFOLIO_SLICE_MS = 3_000
+
+
+def _portfolio(encodings, build, timeout_ms):
+    """Try the query in each encoding, a short slice each, then the full budget."""
+    for enc in encodings:
+        r = _solve(build(enc), min(PORTFOLIO_SLICE_MS, timeout_ms or PORTFOLIO_SLICE_MS))
+        if r in (z3.sat, z3.unsat):
+            return r
+    r = z3.unknown
+    for enc in encodings:
+        r = _solve(build(enc), timeout_ms)
+        if r in (z3.sat, z3.unsat):
+            return r
+    return r
+
+
+KINDS = ("allocate", "append_slot", "fork", "free_seq")
+
+
+def prove_invariants(scope: SymScope, contracts=None, invariants=None,
+                     timeout_ms: int | None = 60_000, encoding: str = "auto") -> list[Proof]:
+    """Every invariant, per operation kind. ``encoding``: "bv", "int" or "auto"
+    (a portfolio: each query is tried in both, bit-vectors first)."""
+    names = ("bv", "int") if encoding == "auto" else (encoding,)
+    encs = [_Encoding(scope, contracts, invariants, e, KINDS) for e in names]
+    first = encs[0]
+    kinds = first.kinds
+    out: list[Proof] = []
+
+    t0 = time.perf_counter()
+    base = _portfolio(encs, lambda e: [e.model.init(e.s), z3.Not(e.model.invariant(e.s))], timeout_ms)
+    out.append(Proof(ENGINE, "base case: the empty pool satisfies every invariant",
+                     scope.describe(), _verdict(base), time.perf_counter() - t0))
+
+    def per_kind(name, goal):
+        t0 = time.perf_counter()
+        failing, unknown = [], []
+        for kind in kinds:
+            r = _portfolio(encs, lambda e, kind=kind: [*e.hyp, e.steps[kind], z3.Not(goal(e))],
+                           timeout_ms)
+            if r == z3.sat:
+                failing.append(kind)
+            elif r != z3.unsat:
+                unknown.append(kind)
+        result = "violated" if failing else ("unknown" if unknown else "proved")
+        detail = (f"not preserved by {', '.join(failing)}" if failing else
+                  f"solver gave up on {', '.join(unknown)}" if unknown else
+                  f"preserved by {', '.join(kinds)}")
+        out.append(Proof(ENGINE, name, scope.describe(), result, time.perf_counter() - t0, detail))
+
+    for i, inv in enumerate(first.others):
+        per_kind(inv.name, lambda e, i=i: e.others[i].formula(e.L, e.s2))
+    for i, inv in enumerate(first.blocks):
+        per_kind(inv.name, lambda e, i=i: e.blocks[i].holds_for(e.L, e.s2, FOCUS))
+
+    # global invariants from the per-block lemmas on s2
+    block_names = {i.name for i in first.blocks}
+    proved_blocks = all(p.result == "proved" for p in out if p.property in block_names)
+    for i, inv in enumerate(first.globals):
+        t0 = time.perf_counter()
+        r = _portfolio(encs, lambda e, i=i: [*(b.formula(e.L, e.s2) for b in e.blocks),
+                                             z3.Not(e.globals[i].formula(e.L, e.s2))], timeout_ms)
+        result = _verdict(r) if proved_blocks or r != z3.unsat else "unknown"
+        out.append(Proof(ENGINE, inv.name, scope.describe(), result, time.perf_counter() - t0,
+                         "follows from the per-block invariants"))
+
+    if "append_slot" in kinds:
+        t0 = time.perf_counter()
+
+        def isolation_query(e):
+            bare = Model(scope, contracts, invariants, omit_clauses=("isolation",),
+                         encoding=e.model.encoding)
+            bare.L = e.L
+            step, choices = bare.step(e.s, e.s2, "iso", kinds=("append_slot",), symmetric=True)
+            claims = []
+            for c in choices:
+                if c.op.outcome == "ok":
+                    (_, _, f), = spec_contracts.isolation(e.L, e.s, e.s2, c.op)
+                    claims.append(z3.Implies(z3.And(c.selector, c.op.block == FOCUS), f))
+            return [*e.hyp, step, z3.Not(z3.And(claims))]
+
+        r = _portfolio(encs, isolation_query, timeout_ms)
+        out.append(Proof(ENGINE, "isolation", scope.describe(), _verdict(r),
+                         time.perf_counter() - t0,
+                         "implied by append_slot's copy-on-write and boundary clauses"))
+    return out

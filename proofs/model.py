@@ -1,0 +1,128 @@
+"""The spec as a symbolic transition system, for Z3.
+
+Nothing here restates the spec: the initial state is "every block free, no
+sequence", and one step is the disjunction, over every operation on every
+sequence slot and every outcome, of its precondition and its contract
+(``kvcheck.spec.contracts``) relating two ``SymState``s. Each disjunct has a
+selector variable, so a model names the operation taken.
+
+The scope bounds lengths (``max_tokens``): the model does not append to a
+sequence that already holds that many tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import z3
+
+from kvcheck.spec import contracts as spec_contracts
+from kvcheck.spec.contracts import OK, OOB, Domain, Op
+from kvcheck.spec.invariants import INVARIANTS, Invariant
+from kvcheck.spec.logic import Z3Logic
+from kvcheck.spec.symbolic import SymScope, SymState
+
+
+def scope_bound(L, s, q):
+    """(Scope) a live sequence holds at most max_tokens tokens."""
+    return s.length(q) <= s.scope.max_tokens
+
+
+SCOPE_BOUND = Invariant("scope_bound", "seq", scope_bound)
+
+
+@dataclass
+class Choice:
+    """One disjunct of the step relation."""
+
+    selector: z3.BoolRef
+    op: Op
+    n_var: z3.ExprRef | None
+
+
+class Model:
+    def __init__(self, scope: SymScope, contracts=None, invariants=None,
+                 omit_clauses: tuple[str, ...] = (), encoding: str = "bv"):
+        if encoding not in ("int", "bv"):
+            raise ValueError(f"encoding must be 'int' or 'bv', not {encoding!r}")
+        self.scope = scope
+        self.encoding = encoding
+        self.L = Z3Logic(None if encoding == "int" else scope.width,
+                         max_quotient=scope.table_slots + 1)
+        self.contracts = contracts or spec_contracts.CONTRACTS
+        self.invariants = list(invariants or INVARIANTS)
+        self.omit = omit_clauses
+        self._count = 0
+
+    def state(self, name: str) -> SymState:
+        return SymState(self.L, self.scope, name)
+
+    def init(self, s: SymState):
+        """Every block free with refcount 0, no live sequence."""
+        L = self.L
+        return L.and_(*[L.and_(s.ref(b) == 0, s.free_count(b) == 1) for b in s.blocks()],
+                      *[L.not_(s.live(q)) for q in s.seqs()])
+
+    def invariant(self, s: SymState, only: list[Invariant] | None = None):
+        L = self.L
+        return L.and_(*[inv.formula(L, s) for inv in (only or self.invariants)],
+                      SCOPE_BOUND.formula(L, s))
+
+    def ops(self, tag: str, symmetric: bool = False):
+        """Every (operation, slot(s), outcome) with fresh result variables.
+
+        ``symmetric``: sequence slots are interchangeable (the spec never names
+        a slot), so when the state before is arbitrary it suffices to let the
+        operation act on slot 0 (and fork into slot 1).
+        """
+        L, sc = self.L, self.scope
+        kinds = [k for k in ("allocate", "append_slot", "fork", "free_seq") if k in self.contracts]
+        for kind in kinds:
+            for q in ([0] if symmetric else range(sc.seqs)):
+                children = [c for c in range(sc.seqs) if c != q] if kind == "fork" else [0]
+                if symmetric and kind == "fork":
+                    children = [1]
+                outcomes = (OK, OOB) if kind in ("allocate", "append_slot") else (OK,)
+                for c in children:
+                    for outcome in outcomes:
+                        t = f"{tag}.{kind}.{q}.{c}.{outcome}"
+                        op = Op(kind, seq=q, child=c, outcome=outcome)
+                        n_var = None
+                        if kind == "allocate":
+                            n_var = op.n_tokens = L.var(f"{t}.n")
+                        if kind == "append_slot":
+                            op.block, op.offset = L.var(f"{t}.blk"), L.var(f"{t}.off")
+                            op.cow_src, op.has_cow = L.var(f"{t}.cow"), z3.Bool(f"{t}.hascow")
+                        yield op, n_var
+
+    def step(self, s: SymState, s2: SymState, tag: str, kinds=None,
+             symmetric: bool = False) -> tuple[z3.BoolRef, list[Choice]]:
+        """The step relation s -> s2 and its choices (restricted to ``kinds`` if given)."""
+        L, sc = self.L, self.scope
+        dom = Domain(range(sc.num_blocks), range(sc.seqs))
+        choices, bodies = [], []
+        for op, n_var in self.ops(tag, symmetric):
+            if kinds is not None and op.kind not in kinds:
+                continue
+            sel = z3.Bool(f"{tag}.sel.{op.kind}.{op.seq}.{op.child}.{op.outcome}")
+            parts = [spec_contracts.precondition(L, s, op)]
+            if n_var is not None:
+                parts += [n_var >= 1, n_var <= sc.max_tokens]
+            if op.kind == "append_slot":
+                parts.append(s.length(op.seq) < sc.max_tokens)
+            parts += [f for name, _, f in self.contracts[op.kind](L, s, s2, op, dom)
+                      if not any(name.startswith(o) for o in self.omit)]
+            bodies.append(z3.Implies(sel, L.and_(*parts)))
+            choices.append(Choice(sel, op, n_var))
+        return z3.And(*bodies, z3.Or([c.selector for c in choices])), choices
+
+
+def decode(model: z3.ModelRef, choices: list[Choice]) -> Op:
+    """The concrete operation a model took at one step."""
+    for c in choices:
+        if z3.is_true(model.eval(c.selector, model_completion=True)):
+            op = Op(c.op.kind, seq=c.op.seq, child=c.op.child, outcome=c.op.outcome)
+            if c.n_var is not None:
+                op.n_tokens = model.eval(c.n_var, model_completion=True).as_signed_long()
+            return op
+    raise ValueError("no operation selected in the model")
