@@ -35,6 +35,25 @@ from kvcheck.spec.logic import PY
 from kvcheck.violation import Violation
 from kvcheck.watchdog import OperationTimeout, Watchdog
 
+# Watchdogs for steps called without one (e.g. the shrinker's breadth-first search):
+# the innermost ``ambient_watchdog`` block's, so a hang there is reported, not endless.
+_AMBIENT: list[Watchdog] = []
+
+
+class ambient_watchdog:  # noqa: N801 - used as a context manager
+    """Within this block, ``Oracle.step(op)`` without a watchdog uses one of ``timeout`` s."""
+
+    def __init__(self, timeout: float | None):
+        self.wd = Watchdog(timeout)
+
+    def __enter__(self) -> Watchdog:
+        _AMBIENT.append(self.wd.__enter__())
+        return self.wd
+
+    def __exit__(self, *exc) -> None:
+        _AMBIENT.remove(self.wd)
+        self.wd.__exit__(*exc)
+
 
 class Unsupported(Exception):
     """The target does not offer this operation (see ``Target.capabilities``)."""
@@ -123,6 +142,8 @@ class Oracle:
         if not contracts.precondition(PY, self._state(), op):
             raise ValueError(f"precondition of {op.kind} fails: {op}")
         self.steps += 1
+        if watchdog is None and _AMBIENT:
+            watchdog = _AMBIENT[-1]
         v = self._step(op, watchdog)
         if v is None and self.mode == "fast" and self.steps % self.sweep_every == 0:
             v = self.sweep()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from kvcheck.driver import RandomDriver
 from kvcheck.loading import build, resolve
-from kvcheck.oracle import Oracle
+from kvcheck.oracle import Oracle, ambient_watchdog
 from kvcheck.shrink import replay, shrink
 from kvcheck.trace import Trace
 from kvcheck.violation import Violation
@@ -77,6 +77,13 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
 def counterexample(label, factory, num_blocks, block_size, history, v: Violation, seed,
                    out_of_blocks=None, timeout=10.0, do_shrink=True, budget=60.0) -> Trace:
     """A replayable trace for violation ``v`` found after ``history``; shrunk if asked."""
+    with ambient_watchdog(timeout):  # for the steps the shrinker's search runs without one
+        return _counterexample(label, factory, num_blocks, block_size, history, v, seed,
+                               out_of_blocks, timeout, do_shrink, budget)
+
+
+def _counterexample(label, factory, num_blocks, block_size, history, v, seed, out_of_blocks,
+                    timeout, do_shrink, budget) -> Trace:
     if do_shrink:
         s = shrink(factory, num_blocks, block_size, history, v.key, out_of_blocks, timeout, budget)
         if s is not None:

@@ -1,0 +1,134 @@
+"""Misbehaving allocators are reported as violations, never as kvcheck crashes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from corpus.buggy import HangOnCow
+from kvcheck.impl.block_manager import BlockManager
+
+from kvcheck import verify
+from kvcheck.cli import main
+
+
+class RaisesOnAppend(BlockManager):
+    def append_slot(self, seq):
+        raise RuntimeError("internal error")
+
+
+class ReturnsNone(BlockManager):
+    def append_slot(self, seq):
+        super().append_slot(seq)
+
+
+class ReturnsPair(BlockManager):
+    def append_slot(self, seq):
+        return super().append_slot(seq)[:2]
+
+
+class ReturnsText(BlockManager):
+    def append_slot(self, seq):
+        b, off, cow = super().append_slot(seq)
+        return str(b), off, cow
+
+
+class ReturnsOutOfRange(BlockManager):
+    def append_slot(self, seq):
+        b, off, cow = super().append_slot(seq)
+        return b + self.num_blocks, off, cow
+
+
+class TableOutOfRange(BlockManager):
+    def allocate(self, seq, n_tokens):
+        super().allocate(seq, n_tokens)
+        self.tables[seq][0] = self.num_blocks + 5
+
+
+class NoneInTable(BlockManager):
+    def allocate(self, seq, n_tokens):
+        super().allocate(seq, n_tokens)
+        self.tables[seq].append(None)
+
+
+class TextTable(BlockManager):
+    def fork(self, parent, child):
+        super().fork(parent, child)
+        self.tables[child] = "garbage"
+
+
+class _BadRefs(list):
+    def __getitem__(self, i):
+        v = super().__getitem__(i)
+        return "one" if v == 1 else v
+
+
+class GarbageRefs(BlockManager):
+    def __init__(self, num_blocks, block_size):
+        super().__init__(num_blocks, block_size)
+        self.ref = _BadRefs(self.ref)
+
+
+class _RaisingRefs(list):
+    def __getitem__(self, i):
+        if super().__getitem__(i) > 1:
+            raise ZeroDivisionError("refcount store corrupted")
+        return super().__getitem__(i)
+
+
+class RaisingRefs(BlockManager):
+    def __init__(self, num_blocks, block_size):
+        super().__init__(num_blocks, block_size)
+        self.ref = _RaisingRefs(self.ref)
+
+
+class GarbageFreeList(BlockManager):
+    def free_seq(self, seq):
+        super().free_seq(seq)
+        self.free.append(None)
+
+
+class TextFreeList(BlockManager):
+    def free_seq(self, seq):
+        super().free_seq(seq)
+        self.free.append("7")
+
+
+CASES = [
+    (RaisesOnAppend, {"crash"}, "RuntimeError"),
+    (ReturnsNone, {"malformed"}, "expected (block, offset, cow_src)"),
+    (ReturnsPair, {"malformed"}, "expected (block, offset, cow_src)"),
+    (ReturnsText, {"malformed"}, "expected (block, offset, cow_src)"),
+    (ReturnsOutOfRange, {"contract"}, ""),
+    (TableOutOfRange, {"contract", "invariant"}, ""),
+    (NoneInTable, {"malformed"}, "None"),
+    (TextTable, {"malformed"}, ""),
+    (GarbageRefs, {"malformed"}, "'one'"),
+    (RaisingRefs, {"malformed"}, "ZeroDivisionError"),
+    (GarbageFreeList, {"malformed"}, "free list"),
+    (TextFreeList, {"malformed"}, "free list"),
+]
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+@pytest.mark.parametrize("cls,kinds,text", CASES, ids=[c[0].__name__ for c in CASES])
+def test_reported_not_raised(cls, kinds, text, mode):
+    r = verify(cls, 8, 2, 2000, 0, mode=mode, timeout=5.0, shrink_budget=10)
+    assert r.verdict == "fail"
+    assert r.violation.kind in kinds, r.violation
+    assert text in r.violation.witness, r.violation.witness
+
+
+def test_hang_is_a_violation(capsys):
+    """The watchdog raises inside the allocator's endless loop."""
+    code = main(["verify", "tests/corpus/buggy.py:HangOnCow", "--blocks", "8", "--block-size",
+                 "2", "--ops", "500", "--timeout", "0.5", "--json"])
+    assert code == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["violation"]["violation"]["kind"] == "hang"
+    assert "did not return within 0.5 s" in out["violation"]["violation"]["witness"]
+
+
+def test_hang_via_api():
+    r = verify(HangOnCow, 8, 2, 500, 0, timeout=0.5, do_shrink=False)
+    assert r.verdict == "fail" and r.violation.kind == "hang"
