@@ -101,4 +101,5 @@ def snapshot(target, lengths: dict[int, int], also: tuple = ()) -> Snapshot:
         impl_lengths[q] = read_len(target, q)
         idents[q] = read_identity(target, q)
     refs = [read_ref(target, b) for b in range(n)]
-    return Snapshot(n, target.block_size, tables, lengths, refs, read_free(target), impl_lengths, idents)
+    return Snapshot(n, target.block_size, tables, lengths, refs, read_free(target), impl_lengths,
+                    idents)

@@ -66,7 +66,8 @@ class ShadowMemory:
     def free(self, seq: int) -> None:
         self.expected.pop(seq, None)
 
-    def mismatch(self, seq: int, table: Sequence[int], first: int = 0) -> tuple[int, object, int] | None:
+    def mismatch(self, seq: int, table: Sequence[int],
+                 first: int = 0) -> tuple[int, object, int] | None:
         """First position >= ``first`` (rounded down to its block) where ``seq``
         reads back something else: ``(position, read, expected)``, or None."""
         want = self.expected[seq]
