@@ -45,6 +45,26 @@ from kvcheck.spec.logic import PY
 from kvcheck.loading import build, resolve
 from kvcheck.observe import ObservationError, snapshot
 
+
+def _crosshair_module_walk_guard() -> None:
+    """Let CrossHair walk from a function up to its packages.
+
+    CrossHair's option lookup (``crosshair.codeconfig.collect_options``)
+    follows ``getattr(thing, "__module__")`` to ``sys.modules``; the
+    ``kvcheck`` package object is an instance of a ``ModuleType`` subclass
+    defined in ``kvcheck`` itself, so that attribute names ``kvcheck`` and the
+    walk recurses forever (RecursionError before any analysis). An instance
+    value shadows the class attribute, for this process only.
+    """
+    import sys
+
+    pkg = sys.modules.get("kvcheck")
+    if pkg is not None and getattr(pkg, "__module__", None) == pkg.__name__:
+        pkg.__dict__["__module__"] = None
+
+
+_crosshair_module_walk_guard()
+
 TARGET_ENV = "KVCHECK_CROSSHAIR_TARGET"
 SCOPE_ENV = "KVCHECK_CROSSHAIR_SCOPE"
 
@@ -55,7 +75,7 @@ class Scope:
     block_size: int = 2
     seqs: int = 3  # sequence ids 0 .. seqs-1
     max_tokens: int = 3  # prompts of 1 .. max_tokens tokens
-    prefix: int = 3  # operations replayed before the one under check
+    prefix: int = 2  # operations replayed before the one under check
 
     @classmethod
     def parse(cls, text: str) -> Scope:
