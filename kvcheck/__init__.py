@@ -3,22 +3,20 @@ block managers.
 
 Public API::
 
-    from kvcheck import verify, Oracle, SeedAdapter, Target, make_state_machine
+    from kvcheck.verify import verify
+    from kvcheck import Oracle, SeedAdapter, Target, make_state_machine
     result = verify("mypkg.alloc:MyAllocator", num_blocks=32, block_size=4)
     TestMine = make_state_machine(MyAllocator).TestCase   # in a pytest file
 """
 
 import importlib
-import sys
-import types
 
 __version__ = "0.1.0"
 
-__all__ = ["Oracle", "SeedAdapter", "Target", "make_state_machine", "verify"]
+__all__ = ["Oracle", "SeedAdapter", "Target", "make_state_machine"]
 
 # Imported on first use, so that ``kvcheck --version`` stays fast.
 _LAZY = {
-    "verify": ("kvcheck.verify", "verify"),
     "Oracle": ("kvcheck.oracle", "Oracle"),
     "SeedAdapter": ("kvcheck.target", "SeedAdapter"),
     "Target": ("kvcheck.target", "Target"),
@@ -31,20 +29,6 @@ def _lazy(name):
     return getattr(importlib.import_module(module), attr)
 
 
-class _Kvcheck(types.ModuleType):
-    """``kvcheck.verify`` is the function, even after the submodule of the same name
-    is imported (the import system would otherwise overwrite it with the module;
-    the module stays in ``sys.modules["kvcheck.verify"]``)."""
-
-    @property
-    def verify(self):
-        return _lazy("verify")
-
-    @verify.setter
-    def verify(self, value):
-        pass
-
-
 def __getattr__(name):
     if name in _LAZY:
         value = _lazy(name)
@@ -55,6 +39,3 @@ def __getattr__(name):
 
 def __dir__():
     return sorted([*globals(), *_LAZY])
-
-
-sys.modules[__name__].__class__ = _Kvcheck

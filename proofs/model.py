@@ -123,6 +123,7 @@ def decode(model: z3.ModelRef, choices: list[Choice]) -> Op:
         if z3.is_true(model.eval(c.selector, model_completion=True)):
             op = Op(c.op.kind, seq=c.op.seq, child=c.op.child, outcome=c.op.outcome)
             if c.n_var is not None:
-                op.n_tokens = model.eval(c.n_var, model_completion=True).as_signed_long()
+                v = model.eval(c.n_var, model_completion=True)
+                op.n_tokens = v.as_long() if z3.is_int_value(v) else v.as_signed_long()
             return op
     raise ValueError("no operation selected in the model")

@@ -8,7 +8,7 @@ import pytest
 from corpus.buggy import HangOnCow
 from kvcheck.impl.block_manager import BlockManager
 
-from kvcheck import verify
+from kvcheck.verify import verify
 from kvcheck.cli import main
 
 

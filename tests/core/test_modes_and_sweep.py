@@ -8,7 +8,7 @@ import pytest
 from corpus.buggy import CORPUS
 from kvcheck.impl.block_manager import BlockManager
 
-from kvcheck import verify
+from kvcheck.verify import verify
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
