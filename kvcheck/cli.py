@@ -11,8 +11,13 @@ import argparse
 import importlib
 import sys
 
+from kvcheck.errors import UsageError
+
+__all__ = ["UsageError", "build_parser", "main"]
+
 COMMANDS = [
     "verify",
+    "prove",
     "verify-scheduler",
     "simulate",
     "verify-prefix",
@@ -22,8 +27,6 @@ COMMANDS = [
 ]
 
 
-class UsageError(Exception):
-    """Bad input detected while running a command (exit 2, one-line message)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvcheck: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into something that stopped reading
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

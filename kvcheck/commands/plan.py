@@ -56,7 +56,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kvcheck.cli import UsageError
+    from kvcheck.errors import UsageError
     from kvcheck.planner import Model, PlanError, get_model, plan, pool_from_gpus, render
 
     try:

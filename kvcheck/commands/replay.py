@@ -33,14 +33,14 @@ def add_parser(sub) -> None:
 
 
 def _writable(path: str | None, flag: str) -> None:
-    from kvcheck.cli import UsageError
+    from kvcheck.errors import UsageError
 
     if path and Path(path).is_dir():
         raise UsageError(f"{flag} {path} is a directory")
 
 
 def _write(path: str, text: str, flag: str) -> None:
-    from kvcheck.cli import UsageError
+    from kvcheck.errors import UsageError
 
     try:
         Path(path).write_text(text, encoding="utf-8")

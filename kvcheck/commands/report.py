@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kvcheck.cli import UsageError
+    from kvcheck.errors import UsageError
     from kvcheck.report_html import render_html
     from kvcheck.trace import Trace
 

@@ -57,7 +57,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from kvcheck import costmodel
-    from kvcheck.cli import UsageError
+    from kvcheck.errors import UsageError
     from kvcheck.simulate import plot, simulate, summary
     from kvcheck.workload import WorkloadError, check_scope
 

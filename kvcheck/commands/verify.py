@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kvcheck.cli import UsageError
+    from kvcheck.errors import UsageError
     from kvcheck.explain import render
     from kvcheck.loading import load_exception
     from kvcheck.verify import verify

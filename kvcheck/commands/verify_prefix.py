@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kvcheck.cli import UsageError
+    from kvcheck.errors import UsageError
     from kvcheck.prefix_oracle import render, verify_prefix
 
     if args.trace_out and Path(args.trace_out).is_dir():

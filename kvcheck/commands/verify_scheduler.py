@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kvcheck.cli import UsageError
+    from kvcheck.errors import UsageError
     from kvcheck.scheduler_oracle import render, verify
     from kvcheck.workload import WorkloadError, check_scope
 

@@ -1,0 +1,68 @@
+"""``kvcheck prove``: bounded proofs of the spec and bounded exploration of a target."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from kvcheck.commands.common import emit_json, positive_float, positive_int
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("prove", help="prove the spec with Z3 and explore a target exhaustively",
+                       description="Z3 k-induction, BMC and coverage over the spec; Z3 witness "
+                                   "runs and breadth-first exploration of TARGET; CrossHair on "
+                                   "the reference. One table, exit 0 when everything holds.")
+    p.add_argument("target", nargs="?", default="reference",
+                   help="registered name, module:attr or file.py:attr (default: reference)")
+    p.add_argument("--blocks", type=positive_int, default=6, help="pool size (default 6)")
+    p.add_argument("--block-size", type=positive_int, default=2, help="slots per block (default 2)")
+    p.add_argument("--seqs", type=positive_int, default=3, help="sequence slots (default 3)")
+    p.add_argument("--depth", type=positive_int, default=6, help="operations deep (default 6)")
+    p.add_argument("--max-tokens", type=positive_int, help="tokens per sequence (default 3 x block size)")
+    p.add_argument("--budget", type=positive_float, default=300.0,
+                   help="seconds for everything (default 300)")
+    p.add_argument("--no-pairs", action="store_true", help="skip ordered pairs of outcome classes")
+    p.add_argument("--no-crosshair", action="store_true", help="skip CrossHair")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--junit", metavar="FILE", help="write JUnit XML, one test case per property")
+    p.add_argument("--trace-out", metavar="FILE", help="write the counterexample as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from kvcheck.errors import UsageError
+    from kvcheck.explain import render
+    from kvcheck.junit import junit_xml
+    from kvcheck.prove import Settings, prove
+
+    for path in (args.junit, args.trace_out):
+        if path and Path(path).is_dir():
+            raise UsageError(f"{path} is a directory")
+    st = Settings(args.blocks, args.block_size, args.seqs, args.depth, args.max_tokens,
+                  args.budget, not args.no_pairs, not args.no_crosshair)
+    if st.tokens > 64 or st.num_blocks > 64 or st.seqs > 8:
+        raise UsageError("scope too large for bounded proofs: keep blocks and tokens <= 64, seqs <= 8")
+    tell = None if args.json else (lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    report = prove(args.target, st, tell)
+    try:
+        if args.junit:
+            Path(args.junit).write_text(junit_xml(report) + "\n")
+        if args.trace_out and report.counterexample is not None:
+            report.counterexample.write(args.trace_out)
+    except OSError as exc:
+        raise UsageError(f"cannot write output: {exc.strerror}") from None
+    if args.json:
+        emit_json(report.to_json())
+        return 0 if report.ok else 1
+    widths = (16, 52, 9, 8)
+    print(f"{'engine':{widths[0]}} {'property':{widths[1]}} {'result':{widths[2]}} {'time':>{widths[3]}}  scope / detail")
+    for r in report.rows:
+        print(f"{r.engine:{widths[0]}} {r.property[:widths[1]]:{widths[1]}} {r.result:{widths[2]}} "
+              f"{r.seconds:7.2f}s  {r.scope}" + (f"\n{'':{widths[0]}}   {r.detail}" if r.detail else ""))
+    verdict = "PASS" if report.ok else "FAIL"
+    print(f"{verdict} {report.target}: {sum(r.ok for r in report.rows)}/{len(report.rows)} hold "
+          f"[{report.seconds:.1f} s]")
+    if report.counterexample is not None:
+        print(render(report.counterexample, "Shortest counterexample"))
+    return 0 if report.ok else 1

@@ -1,0 +1,221 @@
+"""``prove``: every engine, one report.
+
+Rows come from
+  * Z3 over the spec: 1-induction of every invariant (and isolation), BMC
+    from the empty pool, and vacuity (a witness for every outcome class);
+  * bounded exploration of the target: the Z3 witness runs replayed on it
+    (every outcome class and every ordered pair found within the bound), and
+    exhaustive BFS within the scope;
+  * CrossHair on the reference's contracts (reference target only).
+Engines produce ``Row``s; rendering (table, JSON, JUnit) is separate.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from kvcheck.loading import build, resolve
+from kvcheck.oracle import Oracle
+from kvcheck.proofs.bmc import bmc, witnesses
+from kvcheck.proofs.explore import Scope, explore
+from kvcheck.proofs.induction import prove_invariants
+from kvcheck.spec.logic import PY
+from kvcheck.spec.outcomes import OUTCOMES, classify
+from kvcheck.spec.symbolic import SymScope
+from kvcheck.trace import Trace, request
+from kvcheck.watchdog import Watchdog
+
+
+@dataclass
+class Row:
+    engine: str
+    property: str
+    scope: str
+    result: str  # "holds" | "violated" | "unknown" | "unreachable"
+    seconds: float
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.result == "holds"
+
+
+@dataclass
+class Report:
+    target: str
+    rows: list[Row] = field(default_factory=list)
+    counterexample: Trace | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+    def to_json(self) -> dict:
+        return {
+            "target": self.target,
+            "verdict": "pass" if self.ok else "fail",
+            "seconds": round(self.seconds, 3),
+            "rows": [asdict(r) for r in self.rows],
+            "counterexample": None if self.counterexample is None else self.counterexample.to_json(),
+        }
+
+
+@dataclass
+class Settings:
+    num_blocks: int = 6
+    block_size: int = 2
+    seqs: int = 3
+    depth: int = 6
+    max_tokens: int | None = None  # default: 3 * block_size
+    budget: float = 300.0
+    pairs: bool = True
+    crosshair: bool = True
+    timeout: float = 10.0
+
+    @property
+    def tokens(self) -> int:
+        return self.max_tokens or 3 * self.block_size
+
+
+def _z3_rows(st: Settings, report: Report, deadline: float) -> list:
+    sym = SymScope(st.num_blocks, st.block_size, st.seqs, st.tokens)
+    scope = sym.describe()
+    proved = True
+    for p in prove_invariants(sym, timeout_ms=int(1000 * max(1.0, deadline - time.monotonic()))):
+        result = {"proved": "holds"}.get(p.result, p.result)
+        proved &= p.result == "proved"
+        report.rows.append(Row(p.engine, p.property, scope, result, p.seconds, p.detail))
+    left = max(1.0, (deadline - time.monotonic()) * 0.25)
+    b = bmc(sym, st.depth, budget=left)
+    if b.violated:
+        report.rows.append(Row("z3 bmc", f"no invariant broken within depth {st.depth}", scope,
+                               "violated", b.seconds,
+                               f"{b.violated} broken at depth {b.depth}: " +
+                               "; ".join(_show(o) for o in b.ops)))
+    else:
+        closed = " (explicit); deeper depths closed by the induction above" if proved else ""
+        result = "holds" if b.complete or proved else "unknown"
+        report.rows.append(Row("z3 bmc", f"no invariant broken within depth {st.depth}", scope,
+                               result, b.seconds, f"unrolled to depth {b.depth}{closed}"))
+    left = max(1.0, (deadline - time.monotonic()) * 0.5)
+    ws = witnesses(sym, st.depth, pairs=st.pairs, budget=left)
+    for w in ws:
+        if " -> " in w.name:
+            continue
+        report.rows.append(Row("z3 coverage", f"reachable: {w.name}", scope,
+                               "holds" if w.depth else "unreachable", w.seconds,
+                               f"witness depth {w.depth}" if w.depth else
+                               f"no witness within depth {st.depth}: the spec says nothing about it"))
+    return ws
+
+
+def _show(op) -> str:
+    from kvcheck.witness import describe_op
+
+    return describe_op(op)
+
+
+def _replay_witnesses(st: Settings, factory, ws, report: Report) -> None:
+    """Run every Z3 witness on the target, checking it and recording which classes it showed."""
+    t0 = time.perf_counter()
+    seen_classes, seen_pairs = set(), set()
+    ran = 0
+    for w in ws:
+        if not w.depth:
+            continue
+        oracle = Oracle(build(factory, st.num_blocks, st.block_size), mode="full",
+                        timeout=st.timeout)
+        prev = None
+        with Watchdog(st.timeout) as wd:
+            for req in w.ops:
+                op = request(req)
+                if not oracle.valid(op):
+                    break
+                pre = oracle.snap
+                v = oracle.step(op, wd)
+                ran += 1
+                if v is not None:
+                    report.rows.append(Row("exploration", f"z3 witness '{w.name}' on the target",
+                                           _scope(st), "violated", time.perf_counter() - t0,
+                                           f"{v.name}: {v.witness}"))
+                    if report.counterexample is None:
+                        report.counterexample = _trace(report.target, st, w.ops, factory)
+                    return
+                cls = classify(PY, pre, oracle.observed, op)
+                seen_classes.add(cls)
+                if prev is not None:
+                    seen_pairs.add((prev, cls))
+                prev = cls
+    found_pairs = sum(1 for w in ws if w.depth and " -> " in w.name)
+    missing = [c for c in OUTCOMES if c not in seen_classes]
+    detail = (f"{ran} operations from {sum(1 for w in ws if w.depth)} witness runs; "
+              f"{len(seen_classes - {None})}/{len(OUTCOMES)} outcome classes and "
+              f"{len(seen_pairs)} ordered pairs shown by the target "
+              f"({found_pairs} pairs have Z3 witnesses)")
+    if missing:
+        detail += f"; never shown by the target: {', '.join(missing)}"
+    report.rows.append(Row("exploration", "z3 witness runs pass the oracle", _scope(st), "holds",
+                           time.perf_counter() - t0, detail))
+
+
+def _scope(st: Settings) -> str:
+    return Scope(st.num_blocks, st.block_size, st.seqs, st.tokens, st.depth).describe()
+
+
+def _trace(label, st: Settings, ops, factory) -> Trace:
+    from kvcheck.shrink import replay
+
+    r = replay(factory, st.num_blocks, st.block_size, ops, timeout=st.timeout, record=True)
+    return Trace(label, st.num_blocks, st.block_size, r.ops, r.violation, None, r.states,
+                 "shortest within its scope (breadth-first)")
+
+
+def prove(target="reference", st: Settings | None = None, progress=None) -> Report:
+    """Run every engine on ``target`` within ``st``. Raises TargetError on bad input."""
+    st = st or Settings()
+    label, factory = resolve(target)
+    build(factory, st.num_blocks, st.block_size)  # bad sizes / factory: fail early, exit 2
+    report = Report(label)
+    start = time.monotonic()
+    deadline = start + st.budget
+    say = progress or (lambda msg: None)
+
+    say("z3: induction, bmc, coverage")
+    ws = _z3_rows(st, report, start + st.budget * 0.5)
+
+    say("exploration: z3 witnesses on the target")
+    _replay_witnesses(st, factory, ws, report)
+
+    say("exploration: breadth-first search")
+    scope = Scope(st.num_blocks, st.block_size, st.seqs, st.tokens, st.depth)
+    left = max(1.0, deadline - time.monotonic())
+    with Watchdog(st.timeout):
+        ex = explore(factory, scope, timeout=st.timeout, budget=left * 0.8)
+    if ex.violation is not None:
+        report.rows.append(Row("exploration", "bfs: no violation", scope.describe(), "violated",
+                               ex.seconds, f"{ex.violation.name}: {ex.violation.witness}"))
+        report.counterexample = _trace(label, st, ex.ops, factory)
+    else:
+        report.rows.append(Row(
+            "exploration", "bfs: no violation", scope.describe(),
+            "holds" if ex.complete else "unknown", ex.seconds,
+            f"{ex.explored} operations explored, {ex.distinct} distinct states, depth {ex.depth}"
+            + ("" if ex.complete else " (stopped by the time budget)")))
+
+    if st.crosshair and label == "reference":
+        say("crosshair: contracts of the reference")
+        from kvcheck.proofs.crosshair_run import run_crosshair
+
+        left = max(10.0, deadline - time.monotonic())
+        for r in run_crosshair(None, budget_seconds=left, per_condition_timeout=left / 4,
+                               scope="2,1,2,2,1"):
+            result = {"proved-within-bound": "holds", "counterexample": "violated"}.get(
+                r["result"], "unknown")
+            report.rows.append(Row("crosshair", f"contract of {r['property']}",
+                                   str(r.get("scope", "")), result, r["seconds"],
+                                   (r.get("message") or "").splitlines()[0][:200]
+                                   if r.get("message") else ""))
+    report.seconds = time.monotonic() - start
+    return report
