@@ -84,6 +84,7 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     import torch
+
     from kvcheck.impl.device import DeviceBlockManager, kernels
     from kvcheck.impl.device.store import DTYPES
 

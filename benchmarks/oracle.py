@@ -18,10 +18,9 @@ import argparse
 import sys
 import time
 
+from kvcheck.driver import RandomDriver
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.errors import OutOfBlocks
-
-from kvcheck.driver import RandomDriver
 from kvcheck.loading import build, resolve
 from kvcheck.oracle import Oracle
 from kvcheck.verify import verify

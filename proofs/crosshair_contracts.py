@@ -37,13 +37,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from kvcheck.loading import build, resolve
+from kvcheck.observe import ObservationError, snapshot
 from kvcheck.spec import contracts
 from kvcheck.spec.contracts import OK, OOB, Domain, Op
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
-
-from kvcheck.loading import build, resolve
-from kvcheck.observe import ObservationError, snapshot
 
 
 def _crosshair_module_walk_guard() -> None:

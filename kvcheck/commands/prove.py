@@ -56,7 +56,8 @@ def run(args) -> int:
         emit_json(report.to_json())
         return 0 if report.ok else 1
     widths = (16, 52, 9, 8)
-    print(f"{'engine':{widths[0]}} {'property':{widths[1]}} {'result':{widths[2]}} {'time':>{widths[3]}}  scope / detail")
+    head = f"{'engine':{widths[0]}} {'property':{widths[1]}} {'result':{widths[2]}}"
+    print(f"{head} {'time':>{widths[3]}}  scope / detail")
     for r in report.rows:
         print(f"{r.engine:{widths[0]}} {r.property[:widths[1]]:{widths[1]}} {r.result:{widths[2]}} "
               f"{r.seconds:7.2f}s  {r.scope}" + (f"\n{'':{widths[0]}}   {r.detail}" if r.detail else ""))

@@ -9,12 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from corpus.buggy import CORPUS
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck import make_state_machine, verify
 from kvcheck.cli import main
+
+from corpus.buggy import CORPUS
 
 BUGGY = Path(__file__).resolve().parents[1] / "corpus" / "buggy.py"
 SEEDS = (0, 1, 2)

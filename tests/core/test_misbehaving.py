@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from corpus.buggy import HangOnCow
-from kvcheck.impl.block_manager import BlockManager
 
-from kvcheck.verify import verify
 from kvcheck.cli import main
+from kvcheck.impl.block_manager import BlockManager
+from kvcheck.verify import verify
+
+from corpus.buggy import HangOnCow
 
 
 class RaisesOnAppend(BlockManager):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
-from corpus.buggy import CORPUS
-from kvcheck.impl.block_manager import BlockManager
 
+from kvcheck.impl.block_manager import BlockManager
 from kvcheck.verify import verify
+
+from corpus.buggy import CORPUS
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -57,10 +58,9 @@ def test_fast_mode_catches_untouched_corruption():
 def test_sweep_alone_catches_it():
     """Corruption of a block nobody holds is invisible to the per-operation check
     (nothing names that block) and found by the sweep."""
-    from kvcheck.spec.contracts import Op
-
     from kvcheck.loading import build
     from kvcheck.oracle import Oracle
+    from kvcheck.spec.contracts import Op
 
     o = Oracle(build(BlockManager, 16, 4), mode="fast", sweep_every=10**9)
     assert o.step(Op("allocate", seq=0, n_tokens=5)) is None

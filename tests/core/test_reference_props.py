@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from kvcheck import Oracle, SeedAdapter, make_state_machine
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.errors import MisuseError, OutOfBlocks
 from kvcheck.spec.contracts import Op
-
-from kvcheck import Oracle, SeedAdapter, make_state_machine
 
 # -- the Hypothesis state machine over the reference, both oracle modes ----------------
 TestReferenceFull = make_state_machine(BlockManager, num_blocks=6, block_size=2).TestCase

@@ -8,11 +8,13 @@ few seconds each), never timing assertions.
 from __future__ import annotations
 
 import pytest
-from corpus.buggy import ForkWithoutRefcount, NoCopyOnWrite
+
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.proofs import crosshair_contracts as cc
 from kvcheck.proofs import crosshair_run as cr
 from kvcheck.spec.contracts import Op
+
+from corpus.buggy import ForkWithoutRefcount, NoCopyOnWrite
 
 pytest.importorskip("crosshair")
 

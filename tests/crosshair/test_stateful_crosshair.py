@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
-from kvcheck.impl.block_manager import BlockManager
-from kvcheck.spec.contracts import Op
 
+from kvcheck.impl.block_manager import BlockManager
 from kvcheck.oracle import Oracle
+from kvcheck.spec.contracts import Op
 from kvcheck.target import SeedAdapter
 
 pytest.importorskip("hypothesis_crosshair_provider")

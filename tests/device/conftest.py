@@ -20,6 +20,7 @@ if not torch.cuda.is_available():
 sys.path.insert(0, str(Path(__file__).parent))  # `import device_bugs`
 
 import pytest  # noqa: E402
+
 from kvcheck.impl.device.store import default_device  # noqa: E402
 
 DEVICE = default_device()

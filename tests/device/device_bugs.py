@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from kvcheck.impl.device import DeviceBlockManager
 from kvcheck.impl.device.kernels import _pow2
 from kvcheck.impl.errors import OutOfBlocks

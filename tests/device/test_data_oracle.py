@@ -7,11 +7,11 @@ from functools import partial
 import pytest
 import torch
 from conftest import DEVICE, SHAPE
+
+from kvcheck.data_oracle import DataOracle, data_verify, run_steps
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.device import DeviceBlockManager
 from kvcheck.spec.contracts import Op
-
-from kvcheck.data_oracle import DataOracle, data_verify, run_steps
 
 
 def _factory(backend, dtype="bfloat16"):

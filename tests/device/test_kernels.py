@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import DEVICE
+
 from kvcheck.impl.device import kernels
 from kvcheck.impl.device.store import PagedKVStore
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import DEVICE, SHAPE
+
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.device import DeviceBlockManager, make
 from kvcheck.impl.errors import MisuseError, OutOfBlocks

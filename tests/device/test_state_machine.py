@@ -17,10 +17,10 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from kvcheck.impl.device import DeviceBlockManager
-from kvcheck.spec.contracts import Op
 
 from kvcheck.data_oracle import DataOracle
+from kvcheck.impl.device import DeviceBlockManager
+from kvcheck.spec.contracts import Op
 
 BLOCKS, BS = 8, 2
 

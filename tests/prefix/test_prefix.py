@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from kvcheck.impl.errors import MisuseError, OutOfBlocks
-from kvcheck.impl.prefix_cache import PrefixCachingBlockManager
 
 from kvcheck.cli import main
+from kvcheck.impl.errors import MisuseError, OutOfBlocks
+from kvcheck.impl.prefix_cache import PrefixCachingBlockManager
 from kvcheck.prefix_oracle import render, verify_prefix
 from kvcheck.verify import verify
 

@@ -5,6 +5,7 @@ import random
 
 import pytest
 import z3
+
 from kvcheck.spec.logic import PY, Z3Logic
 from kvcheck.spec.prefix import (
     PREFIX_INVARIANTS,

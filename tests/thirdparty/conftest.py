@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kvcheck.impl.thirdparty import _loader
 
 ROOT = Path(__file__).resolve().parents[2]

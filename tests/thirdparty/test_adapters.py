@@ -25,6 +25,7 @@ import importlib
 import random
 
 import pytest
+
 from kvcheck.impl.errors import OutOfBlocks
 
 ADAPTERS = {

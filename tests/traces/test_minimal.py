@@ -3,9 +3,9 @@ and with sequence ids renumbered from 0."""
 
 from __future__ import annotations
 
-from kvcheck.proofs.explore import Scope, explore
 from traces_helpers import CORPUS, found_trace
 
+from kvcheck.proofs.explore import Scope, explore
 from kvcheck.shrink import replay
 from kvcheck.trace import request
 
