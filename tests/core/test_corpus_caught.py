@@ -12,8 +12,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvcheck import make_state_machine, verify
+from kvcheck import make_state_machine
 from kvcheck.cli import main
+from kvcheck.verify import verify
 
 from corpus.buggy import CORPUS
 
