@@ -87,7 +87,8 @@ def _counterexample(label, factory, num_blocks, block_size, history, v, seed, ou
     if do_shrink:
         s = shrink(factory, num_blocks, block_size, history, v.key, out_of_blocks, timeout, budget)
         if s is not None:
-            how = "1-minimal: removing any one operation or lowering any size stops it failing"
+            how = ("1-minimal: removing any one operation or lowering any size stops it failing"
+                   if s.one_minimal else "shrunk until the time budget ran out (not proven 1-minimal)")
             if s.shortest:
                 how += f"; shortest: {s.shortest}"
             return Trace(label, s.num_blocks, s.block_size, s.ops, s.violation, seed, s.states, how)

@@ -58,7 +58,7 @@ def run(args) -> int:
     else:
         print(f"FAIL {args.target}: violation after {result.original_length} operations "
               f"(seed {args.seed}); shrunk to {len(result.trace.ops)}:")
-        print(render(result.trace))
+        print(render(result.trace, source=args.trace_out))
         if args.trace_out:
             print(f"trace written to {args.trace_out}")
     return 0 if result.ok else 1
