@@ -84,16 +84,27 @@ FOCUS = 0  # by symmetry, "any block"
 PORTFOLIO_SLICE_MS = 3_000
 
 
-def _portfolio(encodings, build, timeout_ms):
-    """Try the query in each encoding, a short slice each, then the full budget."""
+_PREFERRED: dict = {}  # query kind -> the encoding that answered it last
+
+
+def _portfolio(encodings, build, timeout_ms, key=None):
+    """Try the query in each encoding, a short slice each, then the full budget.
+
+    The encoding that last answered a query of the same ``key`` goes first.
+    """
+    first = _PREFERRED.get(key)
+    if first is not None:
+        encodings = sorted(encodings, key=lambda e: e.model.encoding != first)
     for enc in encodings:
         r = _solve(build(enc), min(PORTFOLIO_SLICE_MS, timeout_ms or PORTFOLIO_SLICE_MS))
         if r in (z3.sat, z3.unsat):
+            _PREFERRED[key] = enc.model.encoding
             return r
     r = z3.unknown
     for enc in encodings:
         r = _solve(build(enc), timeout_ms)
         if r in (z3.sat, z3.unsat):
+            _PREFERRED[key] = enc.model.encoding
             return r
     return r
 
@@ -121,7 +132,7 @@ def prove_invariants(scope: SymScope, contracts=None, invariants=None,
         failing, unknown = [], []
         for kind in kinds:
             r = _portfolio(encs, lambda e, kind=kind: [*e.hyp, e.steps[kind], z3.Not(goal(e))],
-                           timeout_ms)
+                           timeout_ms, key=kind)
             if r == z3.sat:
                 failing.append(kind)
             elif r != z3.unsat:
@@ -163,7 +174,7 @@ def prove_invariants(scope: SymScope, contracts=None, invariants=None,
                     claims.append(z3.Implies(z3.And(c.selector, c.op.block == FOCUS), f))
             return [*e.hyp, step, z3.Not(z3.And(claims))]
 
-        r = _portfolio(encs, isolation_query, timeout_ms)
+        r = _portfolio(encs, isolation_query, timeout_ms, key="isolation")
         out.append(Proof(ENGINE, "isolation", scope.describe(), _verdict(r),
                          time.perf_counter() - t0,
                          "implied by append_slot's copy-on-write and boundary clauses"))
