@@ -104,7 +104,9 @@ def explore(factory, scope: Scope, out_of_blocks=None, timeout: float | None = 1
     if root.violation is not None:
         res.violation = root.violation
         return res
-    can_copy = _copyable(root)
+    can_copy = _copyable(root, scope, lambda: Oracle(
+        build(factory, scope.num_blocks, scope.block_size, out_of_blocks), mode="full",
+        timeout=timeout))
     seen = {canonical(root)} if dedup else set()
     res.distinct = 1
     frontier: deque = deque([(root, [])])
@@ -141,9 +143,38 @@ def explore(factory, scope: Scope, out_of_blocks=None, timeout: float | None = 1
     return res
 
 
-def _copyable(oracle: Oracle) -> bool:
+def _copyable(oracle: Oracle, scope: Scope, fresh, steps: int = 60) -> bool:
+    """Whether copies of this target behave exactly like the original.
+
+    Some allocators copy unfaithfully (their objects customise ``deepcopy``
+    for other purposes and drop fields). Before trusting copies, a fresh
+    target (never copied) and a copy of the root are driven through the same
+    pseudo-random walk, the copy copied again at every step as the search
+    does; outcomes and observable states must agree throughout. Otherwise the
+    search replays each path from scratch (slower, always faithful).
+    """
+    import random
+
     try:
-        oracle.clone()
+        a, b = fresh(), oracle.clone()
+        rng = random.Random(12345)
+        for _ in range(steps):
+            options = moves(a, scope)
+            if not options:
+                break
+            op = rng.choice(options)
+            b = b.clone()  # copies of copies, as the search makes them
+            oa, ob = request(op), request(op)
+            va, vb = a.step(oa), b.step(ob)
+            if (va is None) != (vb is None):
+                return False
+            if va is not None:
+                return va.key == vb.key
+            if (oa.outcome, oa.block, oa.offset, oa.cow_src) != (ob.outcome, ob.block, ob.offset,
+                                                                  ob.cow_src):
+                return False
+            if canonical(a) != canonical(b):
+                return False
         return True
     except Exception:  # noqa: BLE001 - fall back to replaying from scratch
         return False

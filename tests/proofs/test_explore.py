@@ -29,3 +29,18 @@ def test_dedup_prunes():
     a = explore(BlockManager, Scope(4, 2, 2, 4, 5))
     b = explore(BlockManager, Scope(4, 2, 2, 4, 5), dedup=False)
     assert a.explored < b.explored
+
+
+class ForgetfulCopy(BlockManager):
+    """Copies of it forget everything (as some engines' objects do under deepcopy)."""
+
+    def __deepcopy__(self, memo):
+        return ForgetfulCopy(self.num_blocks, self.block_size)
+
+
+def test_unfaithful_copies_are_detected_and_paths_replayed():
+    scope = Scope(4, 2, 2, 4, 5)
+    truth = explore(BlockManager, scope)
+    r = explore(ForgetfulCopy, scope)
+    assert r.violation is None
+    assert (r.explored, r.distinct) == (truth.explored, truth.distinct)
