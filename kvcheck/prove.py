@@ -164,12 +164,16 @@ def _scope(st: Settings) -> str:
     return Scope(st.num_blocks, st.block_size, st.seqs, st.tokens, st.depth).describe()
 
 
-def _trace(label, st: Settings, ops, factory) -> Trace:
+def _trace(label, st: Settings, ops, factory) -> Trace | None:
+    """The counterexample, shrunk like verify's (sizes lowered, ids renumbered)."""
     from kvcheck.shrink import replay
+    from kvcheck.verify import counterexample
 
-    r = replay(factory, st.num_blocks, st.block_size, ops, timeout=st.timeout, record=True)
-    return Trace(label, st.num_blocks, st.block_size, r.ops, r.violation, None, r.states,
-                 "shortest within its scope (breadth-first)")
+    r = replay(factory, st.num_blocks, st.block_size, ops, timeout=st.timeout)
+    if r.violation is None:
+        return None  # not reproducible from scratch: report the row, not a trace
+    return counterexample(label, factory, st.num_blocks, st.block_size, r.ops, r.violation, None,
+                          timeout=st.timeout, budget=30.0)
 
 
 def prove(target="reference", st: Settings | None = None, progress=None) -> Report:
