@@ -38,15 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
 
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+from kvcheck.commands.common import positive_int  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,15 +52,15 @@ class BadInput(Exception):
 
 def parse(argv):
     p = _Parser(description="Time the device KV cache kernels against a plain copy.")
-    p.add_argument("--seqs", type=_positive, help="sequences in the step (GPU 4096, CPU 64)")
-    p.add_argument("--context", type=_positive, help="tokens per sequence (GPU 250, CPU 40)")
-    p.add_argument("--block-size", type=_positive, default=16)
-    p.add_argument("--heads", type=_positive, help="KV heads (GPU 8, CPU 2)")
-    p.add_argument("--head-dim", type=_positive, help="head dim (GPU 128, CPU 64)")
-    p.add_argument("--layers", type=_positive, default=1)
+    p.add_argument("--seqs", type=positive_int, help="sequences in the step (GPU 4096, CPU 64)")
+    p.add_argument("--context", type=positive_int, help="tokens per sequence (GPU 250, CPU 40)")
+    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--heads", type=positive_int, help="KV heads (GPU 8, CPU 2)")
+    p.add_argument("--head-dim", type=positive_int, help="head dim (GPU 128, CPU 64)")
+    p.add_argument("--layers", type=positive_int, default=1)
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="bfloat16")
     p.add_argument("--backend", choices=("auto", "triton", "torch"), default="auto")
-    p.add_argument("--reps", type=_positive, default=20, help="timed repetitions (median)")
+    p.add_argument("--reps", type=positive_int, default=20, help="timed repetitions (median)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p.parse_args(argv)
 

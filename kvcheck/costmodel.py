@@ -23,23 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvcheck.planner import MODELS, Model
 
-@dataclass(frozen=True)
-class Model:
-    name: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype_bytes: int
-    params: float  # for the prefill FLOPs estimate
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
-
-
-LLAMA_3_3_70B = Model("Llama 3.3 70B", layers=80, kv_heads=8, head_dim=128, dtype_bytes=2,
-                      params=70.6e9)
+LLAMA_3_3_70B = MODELS["llama-3.3-70b"]  # params drive the prefill FLOPs estimate
 
 
 @dataclass(frozen=True)
@@ -53,7 +39,8 @@ PCIE5 = Link("PCIe 5.0 x16 (50 GB/s effective per direction)", 50e9)
 PCIE4 = Link("PCIe 4.0 x16 (25 GB/s effective per direction)", 25e9)
 
 
-LLAMA_2_7B = Model("Llama 2 7B", layers=32, kv_heads=32, head_dim=128, dtype_bytes=2, params=6.7e9)
+LLAMA_2_7B = Model("Llama 2 7B", layers=32, kv_heads=32, head_dim=128, dtype_bytes=2, params=6.7e9,
+                   source="meta-llama/Llama-2-7b-hf: 32 layers, 32 KV heads (MHA), head dim 128")
 
 
 def prefill_rate(params: float, gpus: int = 8, peak_flops: float = 989e12,
