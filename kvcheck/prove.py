@@ -3,6 +3,8 @@
 Rows come from
   * Z3 over the spec: 1-induction of every invariant (and isolation), BMC
     from the empty pool, and vacuity (a witness for every outcome class);
+    1-induction of every prefix-cache invariant over the prefix manager's
+    block steps (engine "z3 k-induction (prefix cache)");
   * bounded exploration of the target: the Z3 witness runs replayed on it
     (every outcome class and every ordered pair found within the bound), and
     exhaustive BFS within the scope;
@@ -20,6 +22,8 @@ from kvcheck.oracle import Oracle
 from kvcheck.proofs.bmc import bmc, witnesses
 from kvcheck.proofs.explore import Scope, explore
 from kvcheck.proofs.induction import prove_invariants
+from kvcheck.proofs.prefix_induction import prove_prefix_invariants
+from kvcheck.proofs.prefix_model import PrefixModelScope
 from kvcheck.spec.logic import PY
 from kvcheck.spec.outcomes import OUTCOMES, classify
 from kvcheck.spec.symbolic import SymScope
@@ -87,6 +91,11 @@ def _z3_rows(st: Settings, report: Report, deadline: float) -> list:
         result = {"proved": "holds"}.get(p.result, p.result)
         proved &= p.result == "proved"
         report.rows.append(Row(p.engine, p.property, scope, result, p.seconds, p.detail))
+    pscope = PrefixModelScope(st.num_blocks, st.block_size, holders=st.seqs)
+    for p in prove_prefix_invariants(pscope,
+                                     timeout_ms=int(1000 * max(1.0, deadline - time.monotonic()))):
+        result = {"proved": "holds"}.get(p.result, p.result)
+        report.rows.append(Row(p.engine, p.property, p.scope, result, p.seconds, p.detail))
     left = max(1.0, (deadline - time.monotonic()) * 0.25)
     b = bmc(sym, st.depth, budget=left)
     if b.violated:
