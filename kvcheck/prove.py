@@ -113,10 +113,15 @@ def _z3_rows(st: Settings, report: Report, deadline: float) -> list:
     for w in ws:
         if " -> " in w.name:
             continue
-        report.rows.append(Row("z3 coverage", f"reachable: {w.name}", scope,
-                               "holds" if w.depth else "unreachable", w.seconds,
-                               f"witness depth {w.depth}" if w.depth else
-                               f"no witness within depth {st.depth}: the spec says nothing about it"))
+        if w.depth:
+            result, detail = "holds", f"witness depth {w.depth}"
+        elif w.searched:
+            result = "unreachable"
+            detail = f"no witness within depth {st.depth}: the spec says nothing about it"
+        else:
+            result, detail = "unknown", "the time budget ran out before a witness was found"
+        report.rows.append(Row("z3 coverage", f"reachable: {w.name}", scope, result, w.seconds,
+                               detail))
     return ws
 
 
@@ -158,11 +163,14 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report) -> None:
                     seen_pairs.add((prev, cls))
                 prev = cls
     found_pairs = sum(1 for w in ws if w.depth and " -> " in w.name)
+    no_pair = sum(1 for w in ws if not w.depth and w.searched and " -> " in w.name)
+    unsearched = sum(1 for w in ws if not w.depth and not w.searched and " -> " in w.name)
     missing = [c for c in OUTCOMES if c not in seen_classes]
     detail = (f"{ran} operations from {sum(1 for w in ws if w.depth)} witness runs; "
               f"{len(seen_classes - {None})}/{len(OUTCOMES)} outcome classes and "
               f"{len(seen_pairs)} ordered pairs shown by the target "
-              f"({found_pairs} pairs have Z3 witnesses)")
+              f"({found_pairs} pairs have Z3 witnesses, {no_pair} are unreachable within depth "
+              f"{st.depth}, {unsearched} were not searched within the budget)")
     if missing:
         detail += f"; never shown by the target: {', '.join(missing)}"
     report.rows.append(Row("exploration", "z3 witness runs pass the oracle", _scope(st), "holds",

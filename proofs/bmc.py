@@ -164,9 +164,10 @@ def bmc(scope: SymScope, depth: int, contracts=None, invariants=None, encoding: 
 @dataclass
 class Witness:
     name: str  # outcome class, or "A -> B" for a pair
-    depth: int | None  # None: no witness within the bound
+    depth: int | None  # None: no witness found
     ops: list[Op] = field(default_factory=list)
     seconds: float = 0.0
+    searched: bool = True  # False: the budget ran out before every depth was tried
 
 
 def _class_at(u: Unrolling, step: int, name: str):
@@ -190,6 +191,7 @@ def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
     if pairs:
         goals += [(f"{a} -> {b}", (a, b)) for a in names for b in names]
     found: dict[str, Witness] = {}
+    unsure: set[str] = set()  # goals with a depth not (fully) tried
     for d in range(1, depth + 1):
         if len(found) == len(goals):
             break
@@ -198,15 +200,20 @@ def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
             if label in found or len(classes) > d:
                 continue
             if budget is not None and time.perf_counter() - t0 > budget:
-                break
+                unsure.add(label)
+                continue
             g0 = time.perf_counter()
             u.solver.push()
             for k, name in enumerate(reversed(classes)):
                 u.solver.add(_class_at(u, d - k, name))
             if budget is not None:
                 u.solver.set("timeout", max(1, int(1000 * (budget - (time.perf_counter() - t0)))))
-            if u.solver.check() == z3.sat:
+            r = u.solver.check()
+            if r == z3.sat:
                 found[label] = Witness(label, d, trace_of(u, u.solver.model()),
                                        time.perf_counter() - g0)
+            elif r != z3.unsat:
+                unsure.add(label)
             u.solver.pop()
-    return [found.get(label, Witness(label, None)) for label, _ in goals]
+    return [found.get(label, Witness(label, None, searched=label not in unsure))
+            for label, _ in goals]
