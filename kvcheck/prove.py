@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from kvcheck.loading import build, resolve
 from kvcheck.oracle import Oracle
-from kvcheck.proofs.bmc import bmc, witnesses
+from kvcheck.proofs.bmc import bmc_bfs, witnesses
 from kvcheck.proofs.explore import Scope, explore
 from kvcheck.proofs.induction import prove_invariants
 from kvcheck.proofs.prefix_induction import prove_prefix_invariants
@@ -96,18 +96,23 @@ def _z3_rows(st: Settings, report: Report, deadline: float) -> list:
                                      timeout_ms=int(1000 * max(1.0, deadline - time.monotonic()))):
         result = {"proved": "holds"}.get(p.result, p.result)
         report.rows.append(Row(p.engine, p.property, p.scope, result, p.seconds, p.detail))
-    left = max(1.0, (deadline - time.monotonic()) * 0.25)
-    b = bmc(sym, st.depth, budget=left)
+    left = max(1.0, (deadline - time.monotonic()) * 0.4)
+    b = bmc_bfs(sym, st.depth, budget=left)
+    name = f"no invariant broken within depth {st.depth}"
     if b.violated:
-        report.rows.append(Row("z3 bmc", f"no invariant broken within depth {st.depth}", scope,
-                               "violated", b.seconds,
+        report.rows.append(Row("z3 bmc", name, scope, "violated", b.seconds,
                                f"{b.violated} broken at depth {b.depth}: " +
                                "; ".join(_show(o) for o in b.ops)))
     else:
-        closed = " (explicit); deeper depths closed by the induction above" if proved else ""
-        result = "holds" if b.complete or proved else "unknown"
-        report.rows.append(Row("z3 bmc", f"no invariant broken within depth {st.depth}", scope,
-                               result, b.seconds, f"unrolled to depth {b.depth}{closed}"))
+        searched = (f"every run to depth {b.depth}: {b.states} distinct states, "
+                    f"{b.transitions} transitions")
+        if b.complete:
+            result, detail = "holds", searched
+        elif proved:
+            result, detail = "holds", f"{searched} (budget); deeper depths closed by the induction"
+        else:
+            result, detail = "unknown", f"{searched}; the time budget ran out"
+        report.rows.append(Row("z3 bmc", name, scope, result, b.seconds, detail))
     left = max(1.0, (deadline - time.monotonic()) * 0.5)
     ws = witnesses(sym, st.depth, pairs=st.pairs, budget=left)
     for w in ws:

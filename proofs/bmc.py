@@ -1,9 +1,16 @@
-"""Bounded model checking of the spec from the empty pool, with iterative
-deepening, and the vacuity/coverage check built on it.
+"""Bounded model checking of the spec from the empty pool, and the
+vacuity/coverage check built on it.
 
-``bmc``: unroll the step relation 1, 2, ... ``depth`` times from the initial
-state and ask for a state breaking an invariant; the first satisfiable depth
-is a shortest counterexample, decoded into kvcheck operations.
+``bmc_bfs`` (what ``kvcheck prove`` uses): breadth-first reachability in
+which Z3 enumerates, from each reached state, every successor the contracts
+allow; every successor is checked against the invariants and states equal up
+to renaming are expanded once. The first violation is a shortest
+counterexample; a clean run covers every run of up to ``depth`` operations.
+
+``bmc``: classic iterative deepening: unroll the step relation 1, 2, ...
+``depth`` times and ask for a state breaking an invariant; the first
+satisfiable depth is a shortest counterexample. Its unsat proofs grow about
+7x per depth, so it is kept for comparison (benchmarks/proofs.py).
 
 ``witnesses``: for every outcome class of every operation
 (``kvcheck.spec.outcomes``), the shortest run whose last step is of that
@@ -217,3 +224,103 @@ def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
             u.solver.pop()
     return [found.get(label, Witness(label, None, searched=label not in unsure))
             for label, _ in goals]
+
+
+# -- breadth-first BMC ------------------------------------------------------------------
+def _state_vars(s) -> list:
+    out = [*s._ref, *s._free, *s._live, *s._len, *s._nb]
+    for row in s._tab:
+        out += row
+    return out
+
+
+def _value(x) -> int | bool:
+    return bool(z3.is_true(x)) if z3.is_bool(x) else x.as_long()
+
+
+def _abstract_key(vals: list, scope: SymScope) -> tuple:
+    """A state's values with blocks and slots renamed canonically (equal keys: isomorphic)."""
+    N, S, T = scope.num_blocks, scope.seqs, scope.table_slots
+    ref, free = vals[:N], vals[N:2 * N]
+    live, length = vals[2 * N:2 * N + S], vals[2 * N + S:2 * N + 2 * S]
+    nb = vals[2 * N + 2 * S:2 * N + 3 * S]
+    tab = [vals[2 * N + 3 * S + q * T:2 * N + 3 * S + (q + 1) * T] for q in range(S)]
+    seqs = sorted((q for q in range(S) if live[q]),
+                  key=lambda q: (length[q], tuple(ref[b] for b in tab[q][:nb[q]])))
+    label: dict = {}
+    rows = []
+    for q in seqs:
+        rows.append((length[q], tuple(label.setdefault(b, len(label)) for b in tab[q][:nb[q]])))
+    named = tuple(sorted((label[b], ref[b], free[b]) for b in label))
+    rest = tuple(sorted((ref[b], free[b]) for b in range(N) if b not in label))
+    return tuple(rows), named, rest
+
+
+@dataclass
+class ReachResult:
+    scope: str
+    depth: int  # deepest level completed
+    seconds: float
+    states: int = 0  # distinct states up to renaming
+    transitions: int = 0
+    violated: str | None = None
+    ops: list[Op] = field(default_factory=list)
+    complete: bool = True
+
+
+def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encoding: str = "int",
+            budget: float | None = None) -> ReachResult:
+    """BMC as breadth-first reachability: Z3 enumerates every successor the contracts allow
+    (modulo the symmetry breaking and canonical garbage above), each is checked against the
+    invariants, and states equal up to renaming of blocks and slots are expanded once. BFS
+    order makes the first violation a shortest one; a clean run covers every run of at most
+    ``depth`` operations from the empty pool."""
+    t0 = time.perf_counter()
+    m = Model(scope, contracts, invariants, encoding=encoding)
+    s, s2 = m.state("s"), m.state("s2")
+    step, choices = m.step(s, s2, "x")
+    solver = z3.Solver()
+    solver.add(step, *_canonical(s2), *_lowest_free(m, s, s2, choices), *_lowest_slot(s, choices))
+    invs = [*m.invariants, SCOPE_BOUND]
+    inv2 = m.L.and_(*[inv.formula(m.L, s2) for inv in invs])
+    vs, vs2 = _state_vars(s), _state_vars(s2)
+    start = z3.Solver()
+    start.add(m.init(s), *_canonical(s))
+    start.check()
+    first = [start.model().eval(v, model_completion=True) for v in vs]
+    res = ReachResult(scope.describe(), 0, 0.0, states=1)
+    seen = {_abstract_key([_value(x) for x in first], scope)}
+    frontier = [(first, [])]
+    for d in range(1, depth + 1):
+        nxt = []
+        for vals, path in frontier:
+            if budget is not None and time.perf_counter() - t0 > budget:
+                res.complete = False
+                res.seconds = time.perf_counter() - t0
+                return res
+            solver.push()
+            solver.add(*[a == b for a, b in zip(vs, vals, strict=True)])
+            while solver.check() == z3.sat:
+                model = solver.model()
+                res.transitions += 1
+                after = [model.eval(v, model_completion=True) for v in vs2]
+                if z3.is_false(model.eval(inv2, model_completion=True)):
+                    res.ops = [*path, decode(model, choices)]
+                    res.violated = next(inv.name for inv in invs if z3.is_false(
+                        model.eval(inv.formula(m.L, s2), model_completion=True)))
+                    res.depth, res.seconds = d, time.perf_counter() - t0
+                    solver.pop()
+                    return res
+                solver.add(z3.Or([a != b for a, b in zip(vs2, after, strict=True)]))
+                k = _abstract_key([_value(x) for x in after], scope)
+                if k not in seen:
+                    seen.add(k)
+                    res.states += 1
+                    nxt.append((after, [*path, decode(model, choices)]))
+            solver.pop()
+        res.depth = d
+        frontier = nxt
+        if not frontier:
+            break
+    res.seconds = time.perf_counter() - t0
+    return res

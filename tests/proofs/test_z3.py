@@ -74,3 +74,16 @@ def test_vacuity_is_reported():
     ws = {w.name: w for w in witnesses(SMALL, 4, contracts=mutant)}
     assert ws["append/copy-on-write"].depth is None
     assert ws["append/in-place"].depth is not None
+
+
+def test_breadth_first_bmc_clean_and_finds_the_mutant_shortest():
+    from kvcheck.proofs.bmc import bmc_bfs
+
+    clean = bmc_bfs(SMALL, 5)
+    assert clean.violated is None and clean.complete and clean.depth == 5
+    assert clean.states > 20 and clean.transitions > clean.states
+    found = bmc_bfs(SMALL, 5, contracts=MUTANT)
+    assert found.violated == "refcount_conservation" and found.depth == 2
+    assert [op.kind for op in found.ops] == ["allocate", "fork"]
+    assert replay(BlockManager, 4, 2, found.ops).violation is None
+    assert replay(ForkWithoutRefcount, 4, 2, found.ops).violation is not None
