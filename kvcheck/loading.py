@@ -45,10 +45,16 @@ def _import_attr(spec: str):
             if not path.is_file():
                 raise TargetError(f"target file {where} does not exist")
             name = f"kvcheck_target_{abs(hash(str(path.resolve())))}"
-            mod_spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(mod_spec)
-            sys.modules[name] = module
-            mod_spec.loader.exec_module(module)
+            module = sys.modules.get(name)  # load a file once, so its classes stay one class
+            if module is None:
+                mod_spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(mod_spec)
+                sys.modules[name] = module
+                try:
+                    mod_spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
         else:
             module = importlib.import_module(where)
     except TargetError:
