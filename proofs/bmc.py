@@ -182,10 +182,8 @@ def _class_at(u: Unrolling, step: int, name: str):
     kind, outcome, pred = OUTCOMES[name]
     L = u.model.L
     pre, post = u.states[step - 1], u.states[step]
-    return z3.Or([z3.And(c.selector, pred(L, pre, post, c.op)) if not isinstance(
-        pred(L, pre, post, c.op), bool) else c.selector
-        for c in u.choices[step - 1] if c.op.kind == kind and c.op.outcome == outcome] or
-        [z3.BoolVal(False)])
+    return L.or_(*[L.and_(c.selector, pred(L, pre, post, c.op)) for c in u.choices[step - 1]
+                   if c.op.kind == kind and c.op.outcome == outcome])
 
 
 def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,

@@ -18,6 +18,11 @@ def _append_case(L, pre, op):
     return boundary, shared
 
 
+def _in_place(L, pre, op):
+    boundary, shared = _append_case(L, pre, op)
+    return L.and_(L.not_(boundary), L.not_(shared))
+
+
 def _released(L, pre, post, op):
     q = op.seq
     return L.any_(L.and_(pre.occurrences(q, b) > 0, post.ref(b) == 0) for b in pre.blocks())
@@ -28,8 +33,7 @@ OUTCOMES = {
     "allocate/ok": ("allocate", OK, lambda L, pre, post, op: True),
     "allocate/out-of-blocks": ("allocate", OOB, lambda L, pre, post, op: True),
     "append/fresh-block": ("append_slot", OK, lambda L, pre, post, op: _append_case(L, pre, op)[0]),
-    "append/in-place": ("append_slot", OK, lambda L, pre, post, op: L.and_(
-        L.not_(_append_case(L, pre, op)[0]), L.not_(_append_case(L, pre, op)[1]))),
+    "append/in-place": ("append_slot", OK, lambda L, pre, post, op: _in_place(L, pre, op)),
     "append/copy-on-write": ("append_slot", OK, lambda L, pre, post, op: _append_case(L, pre, op)[1]),
     "append/out-of-blocks-at-boundary": ("append_slot", OOB,
                                          lambda L, pre, post, op: _append_case(L, pre, op)[0]),
