@@ -200,7 +200,7 @@ class Oracle:
             op.outcome = OOB
             result = None
         if op.outcome == OK and op.kind == "append_slot":
-            bad = _decode_append(op, result)
+            bad = decode_append(op, result)
             if bad:
                 return Violation(n, "malformed", "append_slot result", op.seq, witness=bad)
 
@@ -357,7 +357,7 @@ def _show(table) -> str:
     return "missing" if table is None else str(list(table))
 
 
-def _decode_append(op: Op, result) -> str | None:
+def decode_append(op: Op, result) -> str | None:
     """Fill ``op`` from append_slot's result; a message if it has the wrong shape."""
     try:
         block, offset, cow_src = result

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from kvcheck.loading import build, resolve
 from kvcheck.observe import ObservationError, snapshot
+from kvcheck.oracle import decode_append
 from kvcheck.spec import contracts
 from kvcheck.spec.contracts import OK, OOB, Domain, Op
 from kvcheck.spec.invariants import INVARIANTS
@@ -207,7 +208,7 @@ class Step:
             else:
                 self.crash = f"{op.kind} raised {type(exc).__name__}: {exc}"
         if self.crash is None and op.outcome == OK and op.kind == "append_slot":
-            self.crash = _decode_append(op, result)
+            self.crash = decode_append(op, result)
         self.post = post = None
         if self.crash is None:
             if op.outcome == OK:
@@ -290,17 +291,6 @@ def _call(target, op: Op):
     if op.kind == "fork":
         return target.fork(op.seq, op.child)
     return target.free_seq(op.seq)
-
-
-def _decode_append(op: Op, result) -> str | None:
-    try:
-        block, offset, cow_src = result
-        op.block, op.offset = int(block), int(offset)
-        op.cow_src = None if cow_src is None else int(cow_src)
-    except (TypeError, ValueError):
-        return f"append_slot returned {result!r}, expected (block, offset, cow_src)"
-    op.has_cow = op.cow_src is not None
-    return None
 
 
 def _show_op(op: Op) -> str:
