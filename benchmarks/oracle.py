@@ -6,6 +6,9 @@ final sweep included; shrinking off because nothing fails), then replays the
 very same operation sequence on a bare reference ``BlockManager`` with no
 oracle, and prints both rates, the cost of checking per operation, and the
 ratio of cost per checked operation at the largest vs the smallest pool.
+Beside them, the rate with the spec evaluated directly per operation
+(``compiled=False``) and the speed-up the compiled checks give, measured in
+the same run.
 
     python3 benchmarks/oracle.py                      # 100 .. 100,000 blocks
     python3 benchmarks/oracle.py --blocks 10000 --ops 300000
@@ -28,9 +31,11 @@ from kvcheck.verify import verify
 SIZES = (100, 1_000, 10_000, 100_000)
 
 
-def checked_rate(num_blocks: int, block_size: int, ops: int, seed: int) -> tuple[float, int]:
+def checked_rate(num_blocks: int, block_size: int, ops: int, seed: int,
+                 compiled: bool = True) -> tuple[float, int]:
     start = time.perf_counter()
-    result = verify("reference", num_blocks, block_size, ops, seed, do_shrink=False)
+    result = verify("reference", num_blocks, block_size, ops, seed, do_shrink=False,
+                    compiled=compiled)
     seconds = time.perf_counter() - start
     if not result.ok:
         sys.exit(f"the reference failed at {num_blocks} blocks: {result.violation}")
@@ -84,6 +89,10 @@ def main(argv=None) -> int:
                     help="operations per pool size (default 200,000, at least 2x the pool)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", type=int, metavar="BLOCKS", help="profile one run instead")
+    ap.add_argument("--no-interpreted", action="store_true",
+                    help="skip the comparison run that evaluates the spec itself per operation")
+    ap.add_argument("--interpreted-ops", type=int, default=50_000,
+                    help="operations for that comparison run (default 50,000)")
     args = ap.parse_args(argv)
     if args.profile:
         import cProfile
@@ -97,15 +106,20 @@ def main(argv=None) -> int:
     print(f"reference, fast mode, block size {args.block_size}, seed {args.seed}, "
           f"Python {sys.version.split()[0]}")
     print(f"{'blocks':>8} {'ops':>8} {'checked ops/s':>14} {'bare ops/s':>12} "
-          f"{'us/checked op':>14} {'us/bare op':>11}")
+          f"{'us/checked op':>14} {'us/bare op':>11} {'interpreted ops/s':>18} {'compiled x':>11}")
     cost = {}
     for n in args.blocks:
         ops = max(args.ops, 2 * n)
         rate, done = checked_rate(n, args.block_size, ops, args.seed)
         bare = bare_rate(n, args.block_size, op_sequence(n, args.block_size, ops, args.seed))
+        slow = "-"
+        if not args.no_interpreted:
+            slow_rate, _ = checked_rate(n, args.block_size, min(ops, args.interpreted_ops),
+                                        args.seed, compiled=False)
+            slow = f"{slow_rate:>18,.0f} {rate / slow_rate:>10.2f}x"
         cost[n] = 1e6 / rate
         print(f"{n:>8,} {done:>8,} {rate:>14,.0f} {bare:>12,.0f} {cost[n]:>14.2f} "
-              f"{1e6 / bare:>11.3f}", flush=True)
+              f"{1e6 / bare:>11.3f} {slow}", flush=True)
     lo, hi = min(cost), max(cost)
     if lo != hi:
         print(f"cost per checked op at {hi:,} vs {lo:,} blocks: {cost[hi] / cost[lo]:.2f}x")

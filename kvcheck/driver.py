@@ -20,21 +20,23 @@ class RandomDriver:
         self.caps = capabilities
         self.next_id = 0
         self.max_prompt = 3 * block_size
+        self._can = {k: k in capabilities for k in ("allocate", "append_slot", "fork", "free_seq")}
 
     def _new_id(self) -> int:
         self.next_id += 1
         return self.next_id - 1
 
     def next_op(self, live: list[int], free_blocks: int) -> Op:
-        rng, caps = self.rng, self.caps
+        rand, can = self.rng.random, self._can
         fullness = 1.0 - free_blocks / self.num_blocks if self.num_blocks else 1.0
-        if not live or (rng.random() < 0.25 * (1.0 - fullness) + 0.03 and "allocate" in caps):
-            return Op("allocate", seq=self._new_id(), n_tokens=rng.randint(1, self.max_prompt))
-        r = rng.random()
-        if r < 0.12 and "fork" in caps:
-            return Op("fork", seq=rng.choice(live), child=self._new_id())
-        if r < 0.12 + 0.2 * fullness + 0.02 and "free_seq" in caps:
-            return Op("free_seq", seq=rng.choice(live))
-        if "append_slot" in caps:
-            return Op("append_slot", seq=rng.choice(live))
-        return Op("allocate", seq=self._new_id(), n_tokens=rng.randint(1, self.max_prompt))
+        if not live or (rand() < 0.25 * (1.0 - fullness) + 0.03 and can["allocate"]):
+            return Op("allocate", self._new_id(), 0, 1 + int(rand() * self.max_prompt))
+        r = rand()
+        seq = live[int(rand() * len(live))]
+        if r < 0.12 and can["fork"]:
+            return Op("fork", seq, self._new_id())
+        if r < 0.12 + 0.2 * fullness + 0.02 and can["free_seq"]:
+            return Op("free_seq", seq)
+        if can["append_slot"]:
+            return Op("append_slot", seq)
+        return Op("allocate", self._new_id(), 0, 1 + int(rand() * self.max_prompt))

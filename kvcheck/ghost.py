@@ -16,11 +16,19 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kvcheck.observe import read_identity, read_len, read_num_free, read_ref, read_table
+from kvcheck.observe import (
+    read_identity,
+    read_len,
+    read_num_free,
+    read_ref,
+    read_refs_of,
+    read_table,
+)
 
 
 class Ghost:
     """Verified state, updated by ``commit`` after each checked operation."""
+
 
     def __init__(self, num_blocks: int, block_size: int, refs: list[int], num_free: int):
         self.num_blocks = num_blocks
@@ -30,8 +38,8 @@ class Ghost:
         self.lengths: dict[int, int] = {}
         self.identities: dict[int, object] = {}
         self.impl_lengths: dict[int, int | None] = {}
-        self.holders_count: Counter = Counter()
-        self.ident_count: Counter = Counter()
+        self.holders_count: dict[int, int] = {}  # block -> table entries naming it
+        self.ident_count: dict[object, int] = {}  # table identity -> live sequences with it
         self.zero = sum(1 for r in refs if r == 0)
         self.free_len = num_free
         self._occ: dict[int, Counter] = {}
@@ -44,8 +52,8 @@ class Ghost:
             g.lengths[q] = snap.lengths[q]
             g.identities[q] = snap.identities.get(q)
             g.impl_lengths[q] = snap.impl_lengths.get(q)
-        g.holders_count = Counter(b for t in g.tables.values() for b in t)
-        g.ident_count = Counter(v for v in g.identities.values() if v is not None)
+        g.holders_count = dict(Counter(b for t in g.tables.values() for b in t))
+        g.ident_count = dict(Counter(v for v in g.identities.values() if v is not None))
         return g
 
     # -- vocabulary ------------------------------------------------------------
@@ -102,7 +110,7 @@ class Ghost:
 
     def sharers(self, q):
         ident = self.identities.get(q)
-        return 1 if ident is None else self.ident_count[ident]
+        return 1 if ident is None else self.ident_count.get(ident, 0)
 
     def same_table(self, q, other, r, upto=None):
         mine, theirs = self.tables.get(q, ()), other.table_tuple(r)
@@ -111,27 +119,32 @@ class Ghost:
     # -- update ------------------------------------------------------------------
     def commit(self, after: After) -> None:
         """Adopt ``after`` (which passed every check) as the verified state."""
-        self._occ.clear()
-        for q in after.touched:
-            old_ident = self.identities.pop(q, None)
-            if old_ident is not None:
-                self.ident_count[old_ident] -= 1
-            table = after.tables[q]
+        if self._occ:
+            self._occ.clear()
+        tables, lengths, impl_lengths = self.tables, self.lengths, self.impl_lengths
+        identities, ic = self.identities, self.ident_count
+        for q, table in after.tables.items():
+            old = identities.pop(q, None)
+            if old is not None:
+                k = ic[old] - 1
+                if k:
+                    ic[old] = k
+                else:
+                    del ic[old]
             if table is None:
-                self.tables.pop(q, None)
-                self.lengths.pop(q, None)
-                self.impl_lengths.pop(q, None)
+                tables.pop(q, None)
+                lengths.pop(q, None)
+                impl_lengths.pop(q, None)
             else:
-                self.tables[q] = table
-                self.lengths[q] = after.lengths[q]
-                self.impl_lengths[q] = after.impl_len(q)
-                ident = after.ident(q)
-                self.identities[q] = ident
+                tables[q] = table
+                lengths[q] = after.lengths[q]
+                impl_lengths[q] = after._impl_lens[q]
+                ident = identities[q] = after._idents[q]
                 if ident is not None:
-                    self.ident_count[ident] += 1
+                    ic[ident] = ic.get(ident, 0) + 1
         hc = self.holders_count
         for b, d in after.holder_delta.items():
-            hc[b] += d
+            hc[b] = hc.get(b, 0) + d
         self.zero = after.zero_refs()
         refs = self.refs
         for b, r in after.refs.items():  # keys are pool blocks (After.ref checks)
@@ -142,6 +155,19 @@ class Ghost:
 _NO = object()  # "not touched by this operation"
 
 
+def _count_change(old: tuple, new: tuple, delta: dict[int, int]) -> None:
+    """Add to ``delta`` each block's change in entries from ``old`` to ``new``."""
+    k = len(old)
+    if len(new) >= k and new[:k] == old:  # grew at the end (append, allocate)
+        old, new = (), new[k:]
+    elif len(new) < k and old[: len(new)] == new:  # shrank at the end (free)
+        old, new = old[len(new):], ()
+    for b in new:
+        delta[b] = delta.get(b, 0) + 1
+    for b in old:
+        delta[b] = delta.get(b, 0) - 1
+
+
 class After:
     """The allocator's state after one operation, observed where it was touched.
 
@@ -149,50 +175,69 @@ class After:
     counts as the oracle computes them (absent = no longer live). Each
     observation is made at most once (refcounts, lengths and identities are
     cached), so evaluating many clauses costs no extra calls into the target.
+
+    The compiled checks (``kvcheck.compile.inline``) read ``tables``,
+    ``lengths``, ``refs``, ``impl_lengths`` and ``sharer_counts`` directly.
     """
 
-    def __init__(self, target, ghost: Ghost, seqs: tuple, lengths: dict[int, int]):
+
+    def __init__(self, target, ghost: Ghost, seqs: tuple, lengths: dict[int, int], extra=()):
+        """Observe ``seqs`` (their tables, own lengths, table identities) and the
+        refcount of every pool block their tables name before or after, plus the
+        blocks in ``extra`` (what the operation returned): ``self.blocks``."""
         self.target = target
         self.ghost = ghost
-        self.num_blocks = ghost.num_blocks
+        self.num_blocks = n = ghost.num_blocks
         self.block_size = ghost.block_size
         self.touched = seqs
         self.lengths = lengths
-        self.refs: dict[int, int] = {}
         self._num_free: int | None = None
-        self._idents: dict[int, object] = {}
-        self._impl_lens: dict[int, int | None] = {}
+        self._zero: int | None = None
         self._occ: dict[int, Counter] = {}
+        gt, gi = ghost.tables, ghost.identities
         tables: dict[int, tuple | None] = {}
+        impl_lens: dict[int, int | None] = {}
+        idents: dict[int, object] = {}
+        resolved: dict[int, int] = {}
         delta: dict[int, int] = {}
-        gt = ghost.tables
+        blocks = {b for b in extra if b is not None}
         for q in seqs:
-            new = tables[q] = read_table(target, q)
-            old = gt.get(q, ())
-            new = new or ()
-            if old != new:
-                for b in new:
-                    delta[b] = delta.get(b, 0) + 1
-                for b in old:
-                    delta[b] = delta.get(b, 0) - 1
+            old = gt.get(q)
+            new = tables[q] = read_table(target, q, old)
+            if old:
+                blocks.update(old)
+            if new is None:
+                impl_lens[q] = idents[q] = None
+                resolved[q] = lengths.get(q, 0)
+                if old:
+                    _count_change(old, (), delta)
+                continue
+            if new is not old:  # (read_table hands back the verified tuple when equal)
+                blocks.update(new)
+                _count_change(old or (), new, delta)
+            m = impl_lens[q] = read_len(target, q)
+            idents[q] = read_identity(target, q)
+            resolved[q] = lengths.get(q, 0) if m is None else m
         self.tables = tables
+        self._impl_lens = impl_lens
+        self._idents = idents
+        self.impl_lengths = resolved
         self.holder_delta = {b: d for b, d in delta.items() if d}
-
-    def touched_blocks(self, extra=()) -> set[int]:
-        """Blocks named before or after by the touched tables, plus ``extra``."""
-        out = set(extra)
-        gt = self.ghost.tables
-        for q in self.touched:
-            out.update(gt.get(q, ()))
-            out.update(self.tables[q] or ())
-        n = self.num_blocks
-        return {b for b in out if type(b) is int and 0 <= b < n}
-
-    def observe_refs(self, blocks) -> None:
-        refs, target = self.refs, self.target
-        for b in blocks:
-            if b not in refs:
-                refs[b] = read_ref(target, b)
+        ic, counts = ghost.ident_count, {}
+        for q in seqs:
+            mine = idents[q]
+            if mine is None:
+                counts[q] = 1
+                continue
+            k = ic.get(mine, 0)
+            for r in seqs:
+                k += (idents[r] == mine) - (gi.get(r) == mine)
+            counts[q] = k
+        self.sharer_counts = counts
+        if blocks and (min(blocks) < 0 or max(blocks) >= n):
+            blocks = {b for b in blocks if 0 <= b < n}
+        self.blocks = blocks
+        self.refs = read_refs_of(target, blocks)
 
     # -- vocabulary ------------------------------------------------------------
     def seqs(self):
@@ -216,10 +261,13 @@ class After:
         return self._num_free
 
     def zero_refs(self):
-        g = self.ghost
-        z, grefs = g.zero, g.refs
-        for b, r in self.refs.items():
-            z += (r == 0) - (grefs[b] == 0)
+        z = self._zero
+        if z is None:
+            g = self.ghost
+            z, grefs = g.zero, g.refs
+            for b, r in self.refs.items():
+                z += (r == 0) - (grefs[b] == 0)
+            self._zero = z
         return z
 
     def live(self, q):
@@ -234,16 +282,12 @@ class After:
         return self.ghost.lengths.get(q, 0)
 
     def impl_len(self, q):
-        n = self._impl_lens.get(q, _NO)
-        if n is _NO:
-            n = self._impl_lens[q] = (read_len(self.target, q) if self.tables.get(q) is not None
-                                      else None)
-        return n
+        """The allocator's own length of touched ``q`` (None if it keeps none)."""
+        return self._impl_lens.get(q)
 
     def impl_length(self, q):
         if q in self.tables:
-            n = self.impl_len(q)
-            return self.lengths.get(q, 0) if n is None else n
+            return self.impl_lengths[q]
         return self.ghost.impl_length(q)
 
     def table_tuple(self, q):
@@ -276,22 +320,13 @@ class After:
         return occ.get(b, 0)
 
     def ident(self, q):
-        i = self._idents.get(q, _NO)
-        if i is _NO:
-            i = self._idents[q] = read_identity(self.target, q) if self.live(q) else None
-        return i
+        """The identity of touched ``q``'s table (None if unobservable or gone)."""
+        return self._idents.get(q)
 
     def sharers(self, q):
         if q not in self.tables:
             return self.ghost.sharers(q)
-        mine = self.ident(q)
-        if mine is None:
-            return 1
-        g = self.ghost
-        n = g.ident_count[mine]
-        for r in self.touched:
-            n += (self.ident(r) == mine) - (g.identities.get(r) == mine)
-        return n
+        return self.sharer_counts[q]
 
     def same_table(self, q, other, r, upto=None):
         mine, theirs = self.table_tuple(q), other.table_tuple(r)

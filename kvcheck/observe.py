@@ -25,8 +25,10 @@ def as_int(value: object, what: str) -> int:
         raise ObservationError(f"{what} is {value!r}, expected an integer") from None
 
 
-def read_table(target, seq: int) -> tuple[int, ...] | None:
-    """``seq``'s block table as a tuple of ints, or None if the allocator has no such sequence."""
+def read_table(target, seq: int, verified: tuple | None = None) -> tuple[int, ...] | None:
+    """``seq``'s block table as a tuple of ints, or None if the allocator has no such sequence.
+
+    ``verified``: the table last checked (all ints); an equal table is returned as is."""
     try:
         table = target.block_table(seq)
     except (KeyError, LookupError):
@@ -39,6 +41,8 @@ def read_table(target, seq: int) -> tuple[int, ...] | None:
         out = tuple(table)
     except TypeError:
         raise ObservationError(f"block_table({seq}) returned {table!r}, not a sequence") from None
+    if out == verified:
+        return verified
     for b in out:
         if type(b) is not int:
             return tuple(as_int(x, f"an entry of block_table({seq})") for x in out)
@@ -51,6 +55,34 @@ def read_ref(target, block: int) -> int:
     except Exception as exc:  # noqa: BLE001
         raise ObservationError(f"refcount({block}) raised {type(exc).__name__}: {exc}") from None
     return value if type(value) is int else as_int(value, f"refcount({block})")
+
+
+def read_refs_of(target, blocks) -> dict[int, int]:
+    """The refcounts of ``blocks`` (pool ids), as ``{block: refcount}``."""
+    try:
+        refcount = target.refcount
+        refs = {b: refcount(b) for b in blocks}
+    except Exception:  # noqa: BLE001 - ask again one by one, to name the block
+        return {b: read_ref(target, b) for b in blocks}
+    if set(map(type, refs.values())) - {int}:
+        return {b: as_int(r, f"refcount({b})") for b, r in refs.items()}
+    return refs
+
+
+def read_refs(target, n: int) -> list[int]:
+    """Every block's refcount: in one call if the target offers ``refcounts()``."""
+    bulk = getattr(target, "refcounts", None)
+    if bulk is None:
+        return [read_ref(target, b) for b in range(n)]
+    try:
+        refs = list(bulk())
+    except Exception as exc:  # noqa: BLE001
+        raise ObservationError(f"refcounts() raised {type(exc).__name__}: {exc}") from None
+    if len(refs) != n:
+        raise ObservationError(f"refcounts() returned {len(refs)} values for {n} blocks")
+    if set(map(type, refs)) - {int}:
+        refs = [as_int(r, f"refcount({b})") for b, r in enumerate(refs)]
+    return refs
 
 
 def read_num_free(target) -> int:
@@ -100,6 +132,6 @@ def snapshot(target, lengths: dict[int, int], also: tuple = ()) -> Snapshot:
         tables[q] = table
         impl_lengths[q] = read_len(target, q)
         idents[q] = read_identity(target, q)
-    refs = [read_ref(target, b) for b in range(n)]
+    refs = read_refs(target, n)
     return Snapshot(n, target.block_size, tables, lengths, refs, read_free(target), impl_lengths,
                     idents)

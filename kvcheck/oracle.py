@@ -25,6 +25,7 @@ import copy
 from operator import index
 
 from kvcheck import witness
+from kvcheck.compile import checks as compiled_checks
 from kvcheck.ghost import After, Ghost
 from kvcheck.observe import ObservationError, read_num_free, snapshot
 from kvcheck.shadow import ShadowMemory
@@ -32,6 +33,7 @@ from kvcheck.spec import contracts
 from kvcheck.spec.contracts import OK, OOB, Domain, Op
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
+from kvcheck.spec.state import Snapshot
 from kvcheck.violation import Violation
 from kvcheck.watchdog import OperationTimeout, Watchdog
 
@@ -55,13 +57,22 @@ class ambient_watchdog:  # noqa: N801 - used as a context manager
         self.wd.__exit__(*exc)
 
 
+# The spec compiled for the fast mode's states (kvcheck.compile), once, at import: a
+# lazy first compile inside a caller's run (e.g. under CrossHair) would make that run
+# take different paths from the next.
+_CONTRACTS = {k: compiled_checks.contract(k, Ghost, After) for k in contracts.CONTRACTS}
+_PRECONDITIONS = {k: compiled_checks.precondition(k, Ghost) for k in contracts.CONTRACTS}
+_INVARIANTS = compiled_checks.invariants(After)
+_STATE_INVARIANTS = compiled_checks.invariants(Snapshot, every=True)
+
+
 class Unsupported(Exception):
     """The target does not offer this operation (see ``Target.capabilities``)."""
 
 
 class Oracle:
     def __init__(self, target, mode: str = "fast", sweep_every: int | None = None,
-                 timeout: float | None = 10.0):
+                 timeout: float | None = 10.0, compiled: bool = True):
         if mode not in ("fast", "full"):
             raise ValueError(f"mode must be 'fast' or 'full', not {mode!r}")
         self.target = target
@@ -79,6 +90,11 @@ class Oracle:
         self._fast_invariants = fast
         # (invariant, its predicate, its domain), in spec order, for the per-operation check
         self._fast_preds = [(i, i.predicate, i.domain) for i in fast]
+        # The compiled spec stands in for the spec's own contracts only where a
+        # subclass does not judge operations its own way.
+        self.compiled = compiled and type(self)._check_op is Oracle._check_op
+        self._contracts, self._preconditions = _CONTRACTS, _PRECONDITIONS
+        self._invariants, self._state_invariants = _INVARIANTS, _STATE_INVARIANTS
         try:
             self.snap = snapshot(target, {})
         except ObservationError as exc:
@@ -121,9 +137,12 @@ class Oracle:
 
     def valid(self, op: Op) -> bool:
         """Whether ``op`` meets its precondition now and the target supports it."""
-        return op.kind in self.target.capabilities and bool(
-            contracts.precondition(PY, self._state(), op)
-        )
+        return op.kind in self.target.capabilities and self._precondition(op)
+
+    def _precondition(self, op: Op) -> bool:
+        if self.mode == "fast":
+            return self._preconditions[op.kind](self.ghost, op)
+        return bool(contracts.precondition(PY, self.snap, op))
 
     def _state(self):
         return self.snap if self.mode == "full" else self.ghost
@@ -139,7 +158,7 @@ class Oracle:
             return self.violation
         if op.kind not in self.target.capabilities:
             raise Unsupported(op.kind)
-        if not contracts.precondition(PY, self._state(), op):
+        if not self._precondition(op):
             raise ValueError(f"precondition of {op.kind} fails: {op}")
         self.steps += 1
         if watchdog is None and _AMBIENT:
@@ -169,74 +188,106 @@ class Oracle:
         return v
 
     # -- one operation -------------------------------------------------------------
-    def _call(self, op: Op, watchdog: Watchdog | None):
-        t = self.target
+    def _call(self, op: Op):
+        """The target's method for ``op`` (subclasses may call it differently)."""
+        t, kind = self.target, op.kind
+        if kind == "append_slot":
+            return t.append_slot(op.seq)
+        if kind == "allocate":
+            return t.allocate(op.seq, op.n_tokens)
+        if kind == "fork":
+            return t.fork(op.seq, op.child)
+        return t.free_seq(op.seq)
+
+    def _invoke(self, op: Op, watchdog: Watchdog | None) -> Violation | None:
+        """Call the target under the watchdog; fill in ``op``'s outcome (and
+        append_slot's result). A hang, a foreign exception or a malformed
+        result is the violation returned."""
+        kind = op.kind
         if watchdog is not None:
             watchdog.started += 1
             watchdog.busy = True
         try:
-            if op.kind == "append_slot":
-                return t.append_slot(op.seq)
-            if op.kind == "allocate":
-                return t.allocate(op.seq, op.n_tokens)
-            if op.kind == "fork":
-                return t.fork(op.seq, op.child)
-            return t.free_seq(op.seq)
+            result = self._call(op)
+            op.outcome = OK
+        except OperationTimeout as exc:
+            return Violation(self.steps, "hang", kind, witness=f"{kind} hung: {exc}")
+        except Exception as exc:  # noqa: BLE001 - judged here
+            if not self.target.is_out_of_blocks(exc):
+                return Violation(self.steps, "crash", kind, witness=(
+                    f"{kind} raised {type(exc).__name__}: {exc}"))
+            op.outcome = OOB
+            return None
         finally:
             if watchdog is not None:
                 watchdog.busy = False
-
-    def _step(self, op: Op, watchdog: Watchdog | None) -> Violation | None:
-        n = self.steps
-        try:
-            result = self._call(op, watchdog)
-            op.outcome = OK
-        except OperationTimeout as exc:
-            return Violation(n, "hang", op.kind, witness=f"{op.kind} hung: {exc}")
-        except Exception as exc:  # noqa: BLE001 - judged below
-            if not self.target.is_out_of_blocks(exc):
-                return Violation(n, "crash", op.kind, witness=(
-                    f"{op.kind} raised {type(exc).__name__}: {exc}"))
-            op.outcome = OOB
-            result = None
-        if op.outcome == OK and op.kind == "append_slot":
+        if kind == "append_slot":
             bad = decode_append(op, result)
             if bad:
-                return Violation(n, "malformed", "append_slot result", op.seq, witness=bad)
+                return Violation(self.steps, "malformed", "append_slot result", op.seq, witness=bad)
+        return None
 
-        delta = self._length_delta(op)  # touched seq -> length after (None: gone)
-        seqs = tuple(delta)
-        try:
-            if self.mode == "full":
-                lengths = {**self.lengths, **delta}
-                lengths = {q: m for q, m in lengths.items() if m is not None}
-                post = snapshot(self.target, lengths, seqs)
-                self.observed = post
-                pre = self.snap
-                every = set(pre.seqs()) | set(post.seqs())
-                dom = Domain(range(self.target.num_blocks), sorted(every))
-                v = self._check_op(pre, post, op, dom, n) or self._check_state(post, n)
-            else:
-                touched = {q: m for q, m in delta.items() if m is not None}
-                post = After(self.target, self.ghost, seqs, touched)
-                extra = (op.block, op.cow_src) if op.kind == "append_slot" else ()
-                blocks = post.touched_blocks(extra)
-                post.observe_refs(blocks)
-                dom = Domain(sorted(blocks), seqs)
-                v = self._check_op(self.ghost, post, op, dom, n)
-                v = v or self._check_touched(post, dom, n)
-        except ObservationError as exc:
-            return self._malformed(exc)
+    def _step(self, op: Op, watchdog: Watchdog | None) -> Violation | None:
+        v = self._invoke(op, watchdog)
         if v is not None:
             return v
+        delta = self._length_delta(op)  # touched seq -> length after (None: gone)
+        if self.mode == "fast":
+            return self._step_fast(op, delta)
+        n, seqs = self.steps, tuple(delta)
+        lengths = {**self.lengths, **delta}
+        lengths = {q: m for q, m in lengths.items() if m is not None}
+        try:
+            post = snapshot(self.target, lengths, seqs)
+        except ObservationError as exc:
+            return self._malformed(exc)
+        self.observed = post
+        pre = self.snap
+        dom = Domain(range(self.target.num_blocks), sorted(set(pre.seqs()) | set(post.seqs())))
+        v = self._check_op(pre, post, op, dom, n) or self._check_state(post, n)
+        if v is not None:
+            return v
+        self._record(op, delta, post)
+        self.snap = post
+        return self._check_data({q: post.table_tuple(q) for q in self.lengths}, self.lengths, n)
 
-        # The caller's side: write the tokens, then read them back.
+    def _step_fast(self, op: Op, delta: dict) -> Violation | None:
+        """Check ``op`` on what it touched (its sequences, every block their tables
+        name before or after, the blocks it returned): the compiled spec first;
+        only when that fails, the spec itself, to name and explain the clause."""
+        n, g, seqs = self.steps, self.ghost, tuple(delta)
+        try:
+            extra = (op.block, op.cow_src) if op.kind == "append_slot" else ()
+            post = After(self.target, g, seqs, {q: m for q, m in delta.items() if m is not None},
+                         extra)
+            blocks = post.blocks
+            live = [q for q in seqs if post.tables[q] is not None]
+            if not (self.compiled and self._contracts[op.kind](g, post, op, blocks)
+                    and self._invariants(post, blocks, live)):
+                dom = Domain(sorted(blocks), seqs)
+                v = self._check_op(g, post, op, dom, n) or self._check_touched(post, dom, n)
+                assert v is not None or not self.compiled, f"compiled spec disagrees on {op}"
+                if v is not None:
+                    return v
+        except ObservationError as exc:
+            return self._malformed(exc)
+        self._record(op, delta, post)
+        lengths = self.lengths
+        if op.kind == "append_slot" and op.outcome == OK:  # only the written block changed
+            v = self._check_data({op.seq: post.tables[op.seq]}, lengths, n, lengths[op.seq] - 1)
+        else:
+            v = self._check_data({q: post.tables[q] for q in live}, lengths, n)
+        g.commit(post)
+        return v
+
+    def _record(self, op: Op, delta: dict, post) -> None:
+        """Play the caller (write the tokens into the shadow) and track lengths."""
         if op.outcome == OK:
             sh = self.shadow
-            if op.kind == "allocate":
-                sh.allocate(op.seq, op.n_tokens, post.table_tuple(op.seq))
-            elif op.kind == "append_slot":
+            if op.kind == "append_slot":
                 sh.append(op.seq, op.block, op.offset, op.cow_src)
+            elif op.kind == "allocate":
+                sh.allocate(op.seq, op.n_tokens, post.table_tuple(op.seq))
             elif op.kind == "fork":
                 sh.fork(op.seq, op.child)
             else:
@@ -255,16 +306,6 @@ class Oracle:
                     pos[q] = len(order)
                     order.append(q)
                 lengths[q] = m
-        if self.mode == "full":
-            tables = {q: post.table_tuple(q) for q in self.lengths}
-            v = self._check_data(tables, self.lengths, n)
-            self.snap = post
-        else:
-            tables = {q: post.table_tuple(q) for q in seqs if q in self.lengths}
-            first = self.lengths[op.seq] - 1 if op.kind == "append_slot" else 0
-            v = self._check_data(tables, self.lengths, n, first)
-            self.ghost.commit(post)
-        return v
 
     def _length_delta(self, op: Op) -> dict[int, int | None]:
         """The touched sequences and their token counts after ``op``."""
@@ -305,6 +346,8 @@ class Oracle:
         return None
 
     def _check_state(self, s, n: int) -> Violation | None:
+        if self.compiled and type(s) is Snapshot and self._state_invariants(s):
+            return None
         for inv in INVARIANTS:
             if inv.domain == "global":
                 if not inv.holds_for(PY, s):
@@ -323,6 +366,17 @@ class Oracle:
     def _check_frame(self, snap) -> Violation | None:
         """Fast mode: what no operation touched must not have changed."""
         g = self.ghost
+        if snap.tables != g.tables or snap.refs != g.refs:  # (equal, the usual case, at C speed)
+            v = self._frame_difference(snap)
+            if v is not None:
+                return v
+        if read_num_free(self.target) != g.num_free():
+            return Violation(self.steps, "contract", "frame: free list length changed",
+                             witness="the free list's length changed outside any operation")
+        return None
+
+    def _frame_difference(self, snap) -> Violation | None:
+        g = self.ghost
         for q in {**g.tables, **snap.tables}:
             now, was = snap.tables.get(q), g.tables.get(q)
             if now != was:
@@ -334,9 +388,6 @@ class Oracle:
                 return Violation(self.steps, "contract", "frame: untouched refcount changed", b,
                                  witness=(f"block {b}'s refcount changed to {snap.ref(b)} (was "
                                           f"{g.ref(b)}) though no operation touched it"))
-        if read_num_free(self.target) != g.num_free():
-            return Violation(self.steps, "contract", "frame: free list length changed",
-                             witness="the free list's length changed outside any operation")
         return None
 
     def _check_data(self, tables, lengths, n: int, first: int = 0) -> Violation | None:

@@ -262,20 +262,13 @@ class _Structural(Oracle):
         super().__init__(target, mode=mode, timeout=timeout)
         self.shadow = PrefixShadow(target.block_size, owner)
 
-    def _call(self, op, watchdog):
+    def _call(self, op):
         t = self.target
-        if op.kind not in ("allocate", "append_slot"):
-            return super()._call(op, watchdog)
-        if watchdog is not None:
-            watchdog.started += 1
-            watchdog.busy = True
-        try:
-            if op.kind == "allocate":
-                return t.allocate(op.seq, op.n_tokens, token_ids=list(op.tokens))
+        if op.kind == "allocate":
+            return t.allocate(op.seq, op.n_tokens, token_ids=list(op.tokens))
+        if op.kind == "append_slot":
             return t.append_slot(op.seq, op.tokens[0])
-        finally:
-            if watchdog is not None:
-                watchdog.busy = False
+        return super()._call(op)
 
     def _check_op(self, pre, post, op, dom, n):
         if op.kind != "allocate":

@@ -10,7 +10,8 @@ oracle in full mode, skipping any request whose precondition no longer holds
   2. delete chunks of operations, halving the chunk size down to one;
   3. fold an append into its sequence's allocation (one token longer);
   4. lower each allocate's token count;
-  5. lower the pool size, then the block size (as is, or with every
+  5. lower the pool size (also by dropping an allocation together with
+     the blocks it held), then the block size (as is, or with every
      prompt scaled down along with it, so that full blocks stay full);
   6. renumber sequence ids from 0 in order of first use;
   7. breadth-first search (``kvcheck.proofs.explore``) over all shorter
@@ -210,6 +211,17 @@ def _greedy(fails, cur, nb, bs, deadline):
             if got is not None:
                 cur, nb, changed = got.ops, smaller, True
                 break
+        # 5c. drop an allocation together with the pool space it held (a trace that
+        #     fills the pool before the failing step often needs neither)
+        i = 0
+        while i < len(cur) and time.monotonic() < deadline:
+            op = cur[i]
+            held = -(-op.n_tokens // bs) if op.kind == "allocate" else 0
+            got = fails(cur[:i] + cur[i + 1:], nb - held, bs) if 0 < held < nb else None
+            if got is not None:
+                cur, nb, changed = got.ops, nb - held, True
+            else:
+                i += 1
         for smaller in range(1, bs):
             if time.monotonic() >= deadline:
                 break

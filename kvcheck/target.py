@@ -46,6 +46,9 @@ class Target(Protocol):
     def free_blocks(self) -> Iterable[int]:
         """Every id on the free list, with multiplicity (a duplicate is a bug)."""
 
+    # Optional: ``refcounts() -> Sequence[int]``, every block's refcount in block
+    # order, for a cheaper full snapshot (else ``refcount`` is asked per block).
+
     def num_free(self) -> int:
         """Length of the free list (cheap; must agree with ``free_blocks``)."""
 
@@ -95,6 +98,13 @@ class SeedAdapter:
 
     def refcount(self, block: int) -> int:
         return self.impl.ref[block]
+
+    def refcounts(self) -> Sequence[int]:
+        """Every block's refcount, in block order (one call for the whole pool)."""
+        ref, n = self.impl.ref, self.num_blocks
+        if type(ref) is list and len(ref) == n:
+            return list(ref)
+        return [ref[b] for b in range(n)]
 
     def free_blocks(self) -> Iterable[int]:
         return self.impl.free

@@ -42,12 +42,15 @@ class Result:
 def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: int = 10_000,
            seed: int = 0, out_of_blocks=None, timeout: float | None = 10.0,
            mode: str = "fast", do_shrink: bool = True, shrink_budget: float = 60.0,
-           progress: Callable[[int], None] | None = None) -> Result:
-    """Check ``target`` for ``ops`` random operations. Raises ``TargetError`` on bad input."""
+           progress: Callable[[int], None] | None = None, compiled: bool = True) -> Result:
+    """Check ``target`` for ``ops`` random operations. Raises ``TargetError`` on bad input.
+
+    ``compiled=False`` evaluates the spec itself for every operation instead of
+    its compiled form (same verdicts, slower; for comparison)."""
     label, factory = resolve(target)
     start = time.perf_counter()
     t = build(factory, num_blocks, block_size, out_of_blocks)
-    oracle = Oracle(t, mode=mode, timeout=timeout)
+    oracle = Oracle(t, mode=mode, timeout=timeout, compiled=compiled)
     driver = RandomDriver(seed, num_blocks, block_size, t.capabilities)
     history = []
     v = oracle.violation

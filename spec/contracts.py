@@ -23,7 +23,7 @@ from typing import Any
 OK, OOB = "ok", "oob"
 
 
-@dataclass
+@dataclass(slots=True)
 class Op:
     """One operation and what it returned.
 

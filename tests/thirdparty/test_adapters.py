@@ -343,27 +343,30 @@ def test_versions_are_isolated():
 
 # -- the project's oracle on the adapters -----------------------------------------
 ORACLE_EXPECT = [
-    # (target, num_blocks, block_size, expected violation name or None for a pass)
-    ("vllm-v1", 8, 2, None),
-    ("vllm-v1", 5, 1, None),
-    ("kvcheck.impl.thirdparty.vllm_v1:make_no_cache", 8, 2, None),
-    ("nano-vllm", 8, 2, None),
-    ("nano-vllm", 5, 1, "append_slot"),  # D7
-    ("vllm-v0", 8, 2, "append_slot: exception_safety: refcount unchanged"),  # D4
-    ("vllm-v0", 5, 1, "allocate: exception_safety: free list length unchanged"),  # D3
-    ("vllm-v0-prefix", 8, 2, "append_slot: exception_safety: refcount unchanged"),  # D4
-    ("vllm-v0-prefix", 5, 1, "allocate: exception_safety: free list length unchanged"),  # D3
+    # (target, num_blocks, block_size, expected violation name or None for a pass, seed).
+    # vLLM v0 has two defects reachable at 8 x 2; which one a seed meets first is luck of
+    # the random stream, so the D4 rows use a seed that meets D4 first.
+    ("vllm-v1", 8, 2, None, 1),
+    ("vllm-v1", 5, 1, None, 1),
+    ("kvcheck.impl.thirdparty.vllm_v1:make_no_cache", 8, 2, None, 1),
+    ("nano-vllm", 8, 2, None, 1),
+    ("nano-vllm", 5, 1, "append_slot", 1),  # D7
+    ("vllm-v0", 8, 2, "append_slot: exception_safety: refcount unchanged", 2),  # D4
+    ("vllm-v0", 5, 1, "allocate: exception_safety: free list length unchanged", 1),  # D3
+    ("vllm-v0-prefix", 8, 2, "append_slot: exception_safety: refcount unchanged", 2),  # D4
+    ("vllm-v0-prefix", 5, 1, "allocate: exception_safety: free list length unchanged", 1),  # D3
     ("kvcheck.impl.thirdparty.vllm_v0:make_guarded", 8, 2,
-     "append_slot: out-of-blocks only when a new block is needed and none is free"),  # D5
-    ("kvcheck.impl.thirdparty.vllm_v0:make_guarded", 5, 1, None),
+     "append_slot: out-of-blocks only when a new block is needed and none is free", 1),  # D5
+    ("kvcheck.impl.thirdparty.vllm_v0:make_guarded", 5, 1, None, 1),
 ]
 
 
-@pytest.mark.parametrize("target,num_blocks,block_size,expect", ORACLE_EXPECT)
-def test_oracle_verify(target, num_blocks, block_size, expect):
-    verify_mod = pytest.importorskip("kvcheck.verify", reason="kvcheck.verify not present yet")
-    r = verify_mod.verify(target, num_blocks=num_blocks, block_size=block_size, ops=4000,
-                          seed=1, shrink_budget=20)
+@pytest.mark.parametrize("target,num_blocks,block_size,expect,seed", ORACLE_EXPECT)
+def test_oracle_verify(target, num_blocks, block_size, expect, seed):
+    from kvcheck.verify import verify
+
+    r = verify(target, num_blocks=num_blocks, block_size=block_size, ops=4000,
+                          seed=seed, shrink_budget=20)
     if expect is None:
         assert r.ok, r.violation
     else:

@@ -20,7 +20,7 @@ SAYS = {
                                "sequence 1 at position 0"],
     "partial-allocate": ["must leave everything unchanged", "the free list went"],
     "fork-without-refcount": ["refcount stayed 1", "table entries naming it went 1 -> 2"],
-    "no-copy-on-write": ["shared with sequence 1", "in place", "sequence 1 can still read it"],
+    "no-copy-on-write": ["shared with sequence", "in place", "can still read it"],
     "aliasing-fork": ["same list object", "sequence 0"],
     "crash-on-fork": ["raised KeyError"],
     "bad-return": ["append_slot returned"],

@@ -1,0 +1,123 @@
+"""The oracle's compiled checks, built from ``kvcheck.spec`` on first use.
+
+    precondition(kind)(pre, op)               spec.contracts.precondition
+    contract(kind)(pre, post, op, blocks)     spec.contracts.CONTRACTS[kind] (fast-mode domain:
+                                              ``blocks`` the touched blocks, the op's own sequences)
+    invariants(post, blocks, live)            every state invariant not needing free-list
+                                              membership, over ``blocks`` and the ``live`` sequences
+    invariants(state_class, every=True)(s)    every state invariant over the whole of ``s``
+
+Each returns True iff every clause holds. ``source(...)`` shows the code.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from kvcheck.compile.emit import function_source
+from kvcheck.compile.terms import Term
+from kvcheck.compile.tracer import TL, TDomain, TState, trace
+from kvcheck.spec import contracts
+from kvcheck.spec.contracts import Domain
+from kvcheck.spec.invariants import INVARIANTS
+
+# Where each traced input comes from in the compiled function.
+SYMS = {
+    "seq": "op.seq", "child": "op.child", "n_tokens": "op.n_tokens", "outcome": "op.outcome",
+    "block": "op.block", "offset": "op.offset", "cow_src": "op.cow_src", "has_cow": "op.has_cow",
+    "blocks": "blocks", "live": "live", "pre": "pre", "post": "post",
+    "all_blocks": "range(post.num_blocks)", "all_seqs": "post.seqs()",
+}
+
+FAST_INVARIANTS = [i for i in INVARIANTS if "free_list" not in i.needs]
+
+
+class _TOp:
+    """A symbolic operation of a known kind."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        for f in ("seq", "child", "n_tokens", "outcome", "block", "offset", "cow_src", "has_cow"):
+            setattr(self, f, Term("sym", f))
+
+
+def _op_seqs(op: _TOp) -> tuple:
+    """The sequences an operation touches: the fast mode's frame domain."""
+    return (op.seq, op.child) if op.kind == "fork" else (op.seq,)
+
+
+def _sizes(state_param: str) -> dict[str, str]:
+    return {"B": f"{state_param}.block_size", "N": f"{state_param}.num_blocks"}
+
+
+def precondition_source(kind: str, inline: dict) -> str:
+    op = _TOp(kind)
+    pre = TState("pre")
+    tree = trace(lambda: [contracts.precondition(TL, pre, op)])
+    return function_source(f"precondition_{kind}", ["pre", "op"], tree,
+                           {**SYMS, **_sizes("pre")}, inline)
+
+
+def contract_source(kind: str, inline: dict) -> str:
+    op = _TOp(kind)
+    pre, post = TState("pre"), TState("post")
+    dom = Domain(TDomain(Term("sym", "blocks")), _op_seqs(op))
+    rule = contracts.CONTRACTS[kind]
+    tree = trace(lambda: (f for _, _, f in rule(TL, pre, post, op, dom)))
+    return function_source(f"contract_{kind}", ["pre", "post", "op", "blocks"], tree,
+                           {**SYMS, **_sizes("pre")}, inline)
+
+
+def invariants_source(inline: dict, every: bool = False) -> str:
+    """The fast invariants over ``blocks`` and ``live`` (the touched ones), or
+    with ``every`` all invariants over the whole state (``post.blocks()``,
+    ``post.seqs()``): the sweep's audit."""
+    post = TState("post")
+    which = INVARIANTS if every else FAST_INVARIANTS
+    blocks, seqs = ("all_blocks", "all_seqs") if every else ("blocks", "live")
+
+    def clauses():
+        for inv in which:
+            if inv.domain == "global":
+                yield inv.predicate(TL, post)
+                continue
+            domain = TDomain(Term("sym", blocks if inv.domain == "block" else seqs))
+            for x in domain:
+                yield inv.predicate(TL, post, x)
+
+    params = ["post"] if every else ["post", "blocks", "live"]
+    return function_source("invariants", params, trace(clauses),
+                           {**SYMS, **_sizes("post")}, inline)
+
+
+def _compile(source: str, name: str):
+    namespace: dict = {}
+    exec(compile(source, f"<kvcheck compiled {name}>", "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+def _inline(pre=None, post=None) -> dict:
+    from kvcheck.compile.inline import FOR
+
+    return {role: FOR.get(cls, {}) for role, cls in (("pre", pre), ("post", post)) if cls}
+
+
+@cache
+def precondition(kind: str, pre: type | None = None):
+    """``pre``: the class of the states it will get (for its ``INLINE`` templates)."""
+    return _compile(precondition_source(kind, _inline(pre)), f"precondition_{kind}")
+
+
+@cache
+def contract(kind: str, pre: type | None = None, post: type | None = None):
+    from kvcheck.ghost import After, Ghost
+
+    assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
+    return _compile(contract_source(kind, _inline(pre, post)), f"contract_{kind}")
+
+
+@cache
+def invariants(post: type | None = None, every: bool = False):
+    """``every``: all invariants on a whole state ``f(state)`` (the sweep);
+    else the fast ones ``f(post, blocks, live)``."""
+    return _compile(invariants_source(_inline(post=post), every), "invariants")
