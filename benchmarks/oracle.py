@@ -6,9 +6,10 @@ final sweep included; shrinking off because nothing fails), then replays the
 very same operation sequence on a bare reference ``BlockManager`` with no
 oracle, and prints both rates, the cost of checking per operation, and the
 ratio of cost per checked operation at the largest vs the smallest pool.
-Beside them, the rate with the spec evaluated directly per operation
-(``compiled=False``) and the speed-up the compiled checks give, measured in
-the same run.
+Beside them: the same driver loop calling the reference with no checking at
+all (what any checker in this loop starts from), and the rate with the spec
+evaluated directly per operation (``compiled=False``) with the speed-up the
+compiled checks give, all measured in the same run.
 
     python3 benchmarks/oracle.py                      # 100 .. 100,000 blocks
     python3 benchmarks/oracle.py --blocks 10000 --ops 300000
@@ -55,6 +56,42 @@ def op_sequence(num_blocks: int, block_size: int, ops: int, seed: int) -> list:
         oracle.step(op)
         out.append(op)
     return out
+
+
+def unchecked_rate(num_blocks: int, block_size: int, ops: int, seed: int) -> float:
+    """The same driver loop calling the reference through its adapter, checking nothing:
+    what any checker in this loop starts from (best of three)."""
+    _, factory = resolve("reference")
+    best = float("inf")
+    for _ in range(3):
+        target = build(factory, num_blocks, block_size)
+        driver = RandomDriver(seed, num_blocks, block_size, target.capabilities)
+        live: list[int] = []
+        pos: dict[int, int] = {}
+        free = target.impl.free
+        start = time.perf_counter()
+        for _ in range(ops):
+            op = driver.next_op(live, len(free))
+            try:
+                if op.kind == "append_slot":
+                    target.append_slot(op.seq)
+                elif op.kind == "allocate":
+                    target.allocate(op.seq, op.n_tokens)
+                    pos[op.seq] = len(live)
+                    live.append(op.seq)
+                elif op.kind == "fork":
+                    target.fork(op.seq, op.child)
+                    pos[op.child] = len(live)
+                    live.append(op.child)
+                else:
+                    target.free_seq(op.seq)
+                    i, last = pos.pop(op.seq), live.pop()
+                    if last != op.seq:
+                        live[i], pos[last] = last, i
+            except OutOfBlocks:
+                pass
+        best = min(best, time.perf_counter() - start)
+    return ops / best
 
 
 def bare_rate(num_blocks: int, block_size: int, ops: list) -> float:
@@ -106,7 +143,8 @@ def main(argv=None) -> int:
     print(f"reference, fast mode, block size {args.block_size}, seed {args.seed}, "
           f"Python {sys.version.split()[0]}")
     print(f"{'blocks':>8} {'ops':>8} {'checked ops/s':>14} {'bare ops/s':>12} "
-          f"{'us/checked op':>14} {'us/bare op':>11} {'interpreted ops/s':>18} {'compiled x':>11}")
+          f"{'us/checked op':>14} {'us/bare op':>11} {'unchecked ops/s':>16} "
+          f"{'interpreted ops/s':>18} {'compiled x':>11}")
     cost = {}
     for n in args.blocks:
         ops = max(args.ops, 2 * n)
@@ -117,9 +155,10 @@ def main(argv=None) -> int:
             slow_rate, _ = checked_rate(n, args.block_size, min(ops, args.interpreted_ops),
                                         args.seed, compiled=False)
             slow = f"{slow_rate:>18,.0f} {rate / slow_rate:>10.2f}x"
+        loop = unchecked_rate(n, args.block_size, ops, args.seed)
         cost[n] = 1e6 / rate
         print(f"{n:>8,} {done:>8,} {rate:>14,.0f} {bare:>12,.0f} {cost[n]:>14.2f} "
-              f"{1e6 / bare:>11.3f} {slow}", flush=True)
+              f"{1e6 / bare:>11.3f} {loop:>16,.0f} {slow}", flush=True)
     lo, hi = min(cost), max(cost)
     if lo != hi:
         print(f"cost per checked op at {hi:,} vs {lo:,} blocks: {cost[hi] / cost[lo]:.2f}x")

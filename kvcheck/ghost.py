@@ -24,9 +24,10 @@ from kvcheck.observe import (
     read_refs_of,
     read_table,
 )
+from kvcheck.spec.state import TableTerms
 
 
-class Ghost:
+class Ghost(TableTerms):
     """Verified state, updated by ``commit`` after each checked operation."""
 
 
@@ -82,39 +83,15 @@ class Ghost:
         n = self.impl_lengths.get(q)
         return self.lengths.get(q, 0) if n is None else n
 
-    def nblocks(self, q):
-        return len(self.tables.get(q, ()))
-
-    def table(self, q, i):
-        t = self.tables.get(q, ())
-        return t[i] if 0 <= i < len(t) else -1
-
-    def tail(self, q):
-        t = self.tables.get(q, ())
-        return t[-1] if t else -1
-
     def table_tuple(self, q):
         return self.tables.get(q, ())
-
-    def positions(self, q):
-        return range(len(self.tables.get(q, ())))
 
     def holders(self, b):
         return self.holders_count.get(b, 0)
 
-    def occurrences(self, q, b):
-        occ = self._occ.get(q)
-        if occ is None:
-            occ = self._occ[q] = Counter(self.tables.get(q, ()))
-        return occ.get(b, 0)
-
     def sharers(self, q):
         ident = self.identities.get(q)
         return 1 if ident is None else self.ident_count.get(ident, 0)
-
-    def same_table(self, q, other, r, upto=None):
-        mine, theirs = self.tables.get(q, ()), other.table_tuple(r)
-        return mine == theirs if upto is None else mine[:upto] == theirs[:upto]
 
     # -- update ------------------------------------------------------------------
     def commit(self, after: After) -> None:
@@ -168,7 +145,7 @@ def _count_change(old: tuple, new: tuple, delta: dict[int, int]) -> None:
         delta[b] = delta.get(b, 0) - 1
 
 
-class After:
+class After(TableTerms):
     """The allocator's state after one operation, observed where it was touched.
 
     ``seqs`` are the sequences the operation names; ``lengths`` their token
@@ -296,28 +273,8 @@ class After:
             return self.ghost.tables.get(q, ())
         return t or ()
 
-    def nblocks(self, q):
-        return len(self.table_tuple(q))
-
-    def table(self, q, i):
-        t = self.table_tuple(q)
-        return t[i] if 0 <= i < len(t) else -1
-
-    def tail(self, q):
-        t = self.table_tuple(q)
-        return t[-1] if t else -1
-
-    def positions(self, q):
-        return range(len(self.table_tuple(q)))
-
     def holders(self, b):
         return self.ghost.holders_count.get(b, 0) + self.holder_delta.get(b, 0)
-
-    def occurrences(self, q, b):
-        occ = self._occ.get(q)
-        if occ is None:
-            occ = self._occ[q] = Counter(self.table_tuple(q))
-        return occ.get(b, 0)
 
     def ident(self, q):
         """The identity of touched ``q``'s table (None if unobservable or gone)."""
@@ -328,6 +285,3 @@ class After:
             return self.ghost.sharers(q)
         return self.sharer_counts[q]
 
-    def same_table(self, q, other, r, upto=None):
-        mine, theirs = self.table_tuple(q), other.table_tuple(r)
-        return mine == theirs if upto is None else mine[:upto] == theirs[:upto]

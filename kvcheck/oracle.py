@@ -34,6 +34,7 @@ from kvcheck.spec.contracts import OK, OOB, Domain, Op
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
 from kvcheck.spec.state import Snapshot
+from kvcheck.target import call
 from kvcheck.violation import Violation
 from kvcheck.watchdog import OperationTimeout, Watchdog
 
@@ -189,15 +190,8 @@ class Oracle:
 
     # -- one operation -------------------------------------------------------------
     def _call(self, op: Op):
-        """The target's method for ``op`` (subclasses may call it differently)."""
-        t, kind = self.target, op.kind
-        if kind == "append_slot":
-            return t.append_slot(op.seq)
-        if kind == "allocate":
-            return t.allocate(op.seq, op.n_tokens)
-        if kind == "fork":
-            return t.fork(op.seq, op.child)
-        return t.free_seq(op.seq)
+        """Run ``op`` on the target (subclasses may call it differently)."""
+        return call(self.target, op)
 
     def _invoke(self, op: Op, watchdog: Watchdog | None) -> Violation | None:
         """Call the target under the watchdog; fill in ``op``'s outcome (and

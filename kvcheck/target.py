@@ -62,6 +62,18 @@ class Target(Protocol):
         """Whether ``exc`` is the allocator's out-of-blocks signal."""
 
 
+def call(target, op):
+    """Run operation ``op`` (a ``kvcheck.spec.contracts.Op``) on ``target``; its result."""
+    kind = op.kind
+    if kind == "append_slot":
+        return target.append_slot(op.seq)
+    if kind == "allocate":
+        return target.allocate(op.seq, op.n_tokens)
+    if kind == "fork":
+        return target.fork(op.seq, op.child)
+    return target.free_seq(op.seq)
+
+
 def named_out_of_blocks(exc: BaseException) -> bool:
     """Default signal: any exception whose class (or a base) is named ``OutOfBlocks``."""
     return any(cls.__name__ == "OutOfBlocks" for cls in type(exc).__mro__)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import z3
 
+from kvcheck.proofs.renaming import canonical_tables
 from kvcheck.spec.contracts import Op
 from kvcheck.spec.outcomes import OUTCOMES
 from kvcheck.spec.symbolic import SymScope
@@ -243,15 +244,11 @@ def _abstract_key(vals: list, scope: SymScope) -> tuple:
     live, length = vals[2 * N:2 * N + S], vals[2 * N + S:2 * N + 2 * S]
     nb = vals[2 * N + 2 * S:2 * N + 3 * S]
     tab = [vals[2 * N + 3 * S + q * T:2 * N + 3 * S + (q + 1) * T] for q in range(S)]
-    seqs = sorted((q for q in range(S) if live[q]),
-                  key=lambda q: (length[q], tuple(ref[b] for b in tab[q][:nb[q]])))
-    label: dict = {}
-    rows = []
-    for q in seqs:
-        rows.append((length[q], tuple(label.setdefault(b, len(label)) for b in tab[q][:nb[q]])))
+    rows, label = canonical_tables({q: (length[q], tab[q][:nb[q]]) for q in range(S) if live[q]},
+                                   ref.__getitem__)
     named = tuple(sorted((label[b], ref[b], free[b]) for b in label))
     rest = tuple(sorted((ref[b], free[b]) for b in range(N) if b not in label))
-    return tuple(rows), named, rest
+    return rows, named, rest
 
 
 @dataclass

@@ -44,6 +44,7 @@ from kvcheck.spec import contracts
 from kvcheck.spec.contracts import OK, OOB, Domain, Op
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
+from kvcheck.target import call
 
 
 def _crosshair_module_walk_guard() -> None:
@@ -199,7 +200,7 @@ class Step:
         self.crash: str | None = None
         self.pre = pre = state.snap
         try:
-            result = _call(state.target, op)
+            result = call(state.target, op)
             op.outcome = OK
         except Exception as exc:  # noqa: BLE001 - judged here
             result = None
@@ -281,16 +282,6 @@ def failed_clauses(pre, post, op: Op) -> list[str]:
         if not holds:
             out.append(name if element is None else f"{name} [{element}]")
     return out
-
-
-def _call(target, op: Op):
-    if op.kind == "allocate":
-        return target.allocate(op.seq, op.n_tokens)
-    if op.kind == "append_slot":
-        return target.append_slot(op.seq)
-    if op.kind == "fork":
-        return target.fork(op.seq, op.child)
-    return target.free_seq(op.seq)
 
 
 def _show_op(op: Op) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from kvcheck.loading import build
 from kvcheck.oracle import Oracle
+from kvcheck.proofs.renaming import canonical_tables
 from kvcheck.spec.contracts import Op
 from kvcheck.trace import request
 from kvcheck.violation import Violation
@@ -77,18 +78,10 @@ def canonical(oracle: Oracle) -> tuple:
     free list. Equal keys mean isomorphic observable states.
     """
     snap = oracle.observed
-    seqs = sorted(snap.tables, key=lambda q: (oracle.lengths.get(q, 0),
-                  tuple(snap.ref(b) for b in snap.tables[q])))
-    label: dict[int, int] = {}
-
-    def lab(b: int) -> int:
-        if b not in label:
-            label[b] = len(label)
-        return label[b]
-
-    tables = tuple((oracle.lengths.get(q, 0), tuple(lab(b) for b in snap.tables[q])) for q in seqs)
-    free_order = tuple(lab(b) for b in oracle.target.free_blocks()) if hasattr(
-        oracle.target, "free_blocks") else ()
+    tables, label = canonical_tables(
+        {q: (oracle.lengths.get(q, 0), t) for q, t in snap.tables.items()}, snap.ref)
+    free_order = tuple(label.setdefault(b, len(label)) for b in oracle.target.free_blocks()) \
+        if hasattr(oracle.target, "free_blocks") else ()
     refs = tuple(sorted((label.get(b, -1 - b), snap.ref(b)) for b in snap.blocks() if snap.ref(b)))
     return tables, free_order, refs
 

@@ -32,7 +32,39 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 
-class Snapshot:
+class TableTerms:
+    """The vocabulary every concrete state derives from ``table_tuple(q)`` (q's
+    table as a tuple, ``()`` if q has none) and an ``_occ`` cache dict."""
+
+    def table_tuple(self, q: int) -> tuple:
+        raise NotImplementedError
+
+    def positions(self, q: int) -> range:
+        return range(len(self.table_tuple(q)))
+
+    def nblocks(self, q: int) -> int:
+        return len(self.table_tuple(q))
+
+    def table(self, q: int, i: int) -> int:
+        t = self.table_tuple(q)
+        return t[i] if 0 <= i < len(t) else -1
+
+    def tail(self, q: int) -> int:
+        t = self.table_tuple(q)
+        return t[-1] if t else -1
+
+    def occurrences(self, q: int, b: int) -> int:
+        occ = self._occ.get(q)
+        if occ is None:
+            occ = self._occ[q] = Counter(self.table_tuple(q))
+        return occ.get(b, 0)
+
+    def same_table(self, q: int, other, r: int, upto: int | None = None) -> bool:
+        mine, theirs = self.table_tuple(q), other.table_tuple(r)
+        return mine == theirs if upto is None else mine[:upto] == theirs[:upto]
+
+
+class Snapshot(TableTerms):
     """A complete, immutable concrete state (copied out of an allocator)."""
 
     def __init__(
@@ -67,9 +99,6 @@ class Snapshot:
     def seqs(self) -> list[int]:
         return list(self.tables)
 
-    def positions(self, q: int) -> range:
-        return range(len(self.tables.get(q, ())))
-
     # -- base vocabulary -------------------------------------------------------
     def ref(self, b: int) -> int:
         return self.refs[b] if 0 <= b < self.num_blocks else 0
@@ -90,25 +119,9 @@ class Snapshot:
         n = self.impl_lengths.get(q)
         return self.length(q) if n is None else n
 
-    def nblocks(self, q: int) -> int:
-        return len(self.tables.get(q, ()))
-
-    def table(self, q: int, i: int) -> int:
-        t = self.tables.get(q, ())
-        return t[i] if 0 <= i < len(t) else -1
-
-    def tail(self, q: int) -> int:
-        return self.table(q, self.nblocks(q) - 1)
-
     # -- defined terms ---------------------------------------------------------
     def holders(self, b: int) -> int:
         return self._holders.get(b, 0)
-
-    def occurrences(self, q: int, b: int) -> int:
-        occ = self._occ.get(q)
-        if occ is None:
-            occ = self._occ[q] = Counter(self.tables.get(q, ()))
-        return occ.get(b, 0)
 
     def zero_refs(self) -> int:
         return self._zero
@@ -116,13 +129,6 @@ class Snapshot:
     def sharers(self, q: int) -> int:
         ident = self.identities.get(q)
         return 1 if ident is None else self._ident_count[ident]
-
-    def same_table(self, q: int, other, r: int, upto: int | None = None) -> bool:
-        mine = self.tables.get(q, ())
-        theirs = other.table_tuple(r)
-        if upto is None:
-            return mine == theirs
-        return mine[:upto] == theirs[:upto]
 
     def table_tuple(self, q: int) -> tuple:
         return self.tables.get(q, ())
