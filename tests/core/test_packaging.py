@@ -4,8 +4,9 @@ listed would work from the checkout and vanish from a ``pip install .``."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
