@@ -1,13 +1,19 @@
-"""The oracle's compiled checks, built from ``kvcheck.spec`` on first use.
+"""The oracle's compiled checks, built from ``kvcheck.spec`` (once per process,
+cached; ``kvcheck.oracle`` builds its own at import). The class arguments
+name the state classes the functions will be given, for their inline code:
 
-    precondition(kind)(pre, op)               spec.contracts.precondition
-    contract(kind)(pre, post, op, blocks)     spec.contracts.CONTRACTS[kind] (fast-mode domain:
+    precondition(kind, Pre)(pre, op)          spec.contracts.precondition
+    contract(kind, Pre, Post)(pre, post, op, blocks)
+                                              spec.contracts.CONTRACTS[kind] (fast-mode domain:
                                               ``blocks`` the touched blocks, the op's own sequences)
-    invariants(post, blocks, live)            every state invariant not needing free-list
+    invariants(Post)(post, blocks, live)      every state invariant not needing free-list
                                               membership, over ``blocks`` and the ``live`` sequences
-    invariants(state_class, every=True)(s)    every state invariant over the whole of ``s``
+    invariants(State, every=True)(s)          every state invariant over the whole of ``s``
 
-Each returns True iff every clause holds. ``source(...)`` shows the code.
+Each returns True iff every clause holds. To read the generated code:
+
+    python3 -c "from kvcheck.compile import checks as c; from kvcheck.ghost import Ghost, After; \
+                print(c.contract_source('append_slot', c.inline_for(Ghost, After)))"
 """
 
 from __future__ import annotations
@@ -96,7 +102,8 @@ def _compile(source: str, name: str):
     return namespace[name]
 
 
-def _inline(pre=None, post=None) -> dict:
+def inline_for(pre=None, post=None) -> dict:
+    """The inline templates for states of class ``pre`` / ``post``."""
     from kvcheck.compile.inline import FOR
 
     return {role: FOR.get(cls, {}) for role, cls in (("pre", pre), ("post", post)) if cls}
@@ -105,7 +112,7 @@ def _inline(pre=None, post=None) -> dict:
 @cache
 def precondition(kind: str, pre: type | None = None):
     """``pre``: the class of the states it will get (for its ``INLINE`` templates)."""
-    return _compile(precondition_source(kind, _inline(pre)), f"precondition_{kind}")
+    return _compile(precondition_source(kind, inline_for(pre)), f"precondition_{kind}")
 
 
 @cache
@@ -113,11 +120,11 @@ def contract(kind: str, pre: type | None = None, post: type | None = None):
     from kvcheck.ghost import After, Ghost
 
     assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
-    return _compile(contract_source(kind, _inline(pre, post)), f"contract_{kind}")
+    return _compile(contract_source(kind, inline_for(pre, post)), f"contract_{kind}")
 
 
 @cache
 def invariants(post: type | None = None, every: bool = False):
     """``every``: all invariants on a whole state ``f(state)`` (the sweep);
     else the fast ones ``f(post, blocks, live)``."""
-    return _compile(invariants_source(_inline(post=post), every), "invariants")
+    return _compile(invariants_source(inline_for(post=post), every), "invariants")
