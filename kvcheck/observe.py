@@ -102,11 +102,39 @@ def read_free(target) -> list[int]:
     return [b if type(b) is int else as_int(b, "an entry of the free list") for b in free]
 
 
+class Identity:
+    """A table's identity: the table object itself, equal only to itself.
+
+    Holding the object keeps it alive, so its ``id`` cannot be handed to a new
+    table while the oracle still remembers the old one (raw ``id()`` values
+    are reused as soon as an object is freed, which made a new table look
+    like an alias of a replaced one)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object):
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Identity and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __repr__(self) -> str:
+        return f"Identity({type(self.obj).__name__} at {id(self.obj):#x})"
+
+
 def read_identity(target, seq: int) -> object | None:
+    """``seq``'s table identity: an ``Identity`` of the object ``table_identity``
+    returns, or a plain value if it returns an int or string (None: unknown)."""
     try:
-        return target.table_identity(seq)
+        value = target.table_identity(seq)
     except Exception:  # noqa: BLE001 - identity is optional
         return None
+    if value is None or isinstance(value, (int, str, bytes)):
+        return value
+    return Identity(value)
 
 
 def read_len(target, seq: int) -> int | None:

@@ -53,7 +53,9 @@ class Target(Protocol):
         """Length of the free list (cheap; must agree with ``free_blocks``)."""
 
     def table_identity(self, seq: int) -> object | None:
-        """An identity for ``seq``'s table object (``None`` if not observable)."""
+        """The object holding ``seq``'s table: two sequences share a table
+        exactly when they return the very same object (``None`` if not
+        observable). An int or string is compared by value instead."""
 
     def seq_len(self, seq: int) -> int | None:
         """The allocator's own token count for ``seq`` (``None`` if not kept)."""
@@ -125,7 +127,7 @@ class SeedAdapter:
         return len(self.impl.free)
 
     def table_identity(self, seq: int) -> object | None:
-        return id(self.impl.tables[seq])
+        return self.impl.tables[seq]
 
     def seq_len(self, seq: int) -> int | None:
         lens = getattr(self.impl, "lens", None)

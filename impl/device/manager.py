@@ -163,7 +163,7 @@ class DeviceBlockManager(BlockManager):
         return len(self.free)
 
     def table_identity(self, seq: int) -> object | None:
-        return id(self.tables[seq])
+        return self.tables[seq]
 
     def seq_len(self, seq: int) -> int | None:
         return self.lens[seq]

@@ -177,7 +177,7 @@ class NanoVllmTarget:
         return len(self.manager.free_block_ids)
 
     def table_identity(self, seq: int) -> object | None:
-        return id(self._observed(seq).block_table)
+        return self._observed(seq).block_table
 
     def seq_len(self, seq: int) -> int | None:
         return len(self._observed(seq))

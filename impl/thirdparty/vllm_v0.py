@@ -260,7 +260,7 @@ class VllmV0Target:
         return self.allocator.get_num_free_blocks(self._gpu_device())
 
     def table_identity(self, seq: int) -> object | None:
-        return id(self._observed(seq))
+        return self._observed(seq)
 
     def seq_len(self, seq: int) -> int | None:
         return self._observed(seq).num_full_slots

@@ -429,7 +429,7 @@ class VllmV1Target:
         return self.pool.get_num_free_blocks()
 
     def table_identity(self, seq: int) -> object | None:
-        return id(self._vllm_blocks(seq))
+        return self._vllm_blocks(seq)
 
     def seq_len(self, seq: int) -> int | None:
         return self._observed(seq).num_computed_tokens

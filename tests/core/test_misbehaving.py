@@ -133,3 +133,22 @@ def test_hang_is_a_violation(capsys):
 def test_hang_via_api():
     r = verify(HangOnCow, 8, 2, 500, 0, timeout=0.5, do_shrink=False)
     assert r.verdict == "fail" and r.violation.kind == "hang"
+
+
+class Reboxer(BlockManager):
+    """Legal but unusual: every allocate replaces each other table with an equal copy.
+    The replaced lists are freed, and CPython hands their ids to new lists at once;
+    with raw ids as table identities a new table then looked like an alias of a
+    sequence whose (stale) identity the oracle still remembered."""
+
+    def allocate(self, seq, n_tokens):
+        super().allocate(seq, n_tokens)
+        for q in self.tables:
+            if q != seq:
+                self.tables[q] = list(self.tables[q])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_replaced_table_objects_are_not_aliases(seed):
+    r = verify(Reboxer, 16, 2, 3000, seed)
+    assert r.ok, r.violation

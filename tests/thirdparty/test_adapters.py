@@ -141,7 +141,7 @@ class Driver:
                 lens[child] = lens[parent]
                 assert list(t.block_table(child)) == before[0][parent]
                 assert t.table_identity(child) is None or (
-                    t.table_identity(child) != t.table_identity(parent)
+                    t.table_identity(child) is not t.table_identity(parent)
                 )
             else:
                 seq = rng.choice(sorted(lens))
