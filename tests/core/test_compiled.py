@@ -275,10 +275,11 @@ def _run_lockstep(factory, nb, bs, ops, seed):
     return None
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(300))
 def test_compiled_and_interpreted_agree_on_faulty_allocators(seed):
-    nb, bs = [(6, 1), (10, 2), (16, 4), (24, 3)][seed % 4]
-    _run_lockstep(Faulty.factory(seed, 0.03), nb, bs, 400, seed)
+    nb, bs = [(3, 1), (6, 1), (10, 2), (16, 4), (24, 3), (40, 5)][seed % 6]
+    rate = (0.01, 0.03, 0.1)[seed % 3]
+    _run_lockstep(Faulty.factory(seed, rate), nb, bs, 600, seed)
 
 
 def test_faults_are_found():
