@@ -61,9 +61,8 @@ class ambient_watchdog:  # noqa: N801 - used as a context manager
 # The spec compiled for the fast mode's states (kvcheck.compile), once, at import: a
 # lazy first compile inside a caller's run (e.g. under CrossHair) would make that run
 # take different paths from the next.
-_CONTRACTS = {k: compiled_checks.contract(k, Ghost, After) for k in contracts.CONTRACTS}
+_STEPS = {k: compiled_checks.step(k, Ghost, After) for k in contracts.CONTRACTS}
 _PRECONDITIONS = {k: compiled_checks.precondition(k, Ghost) for k in contracts.CONTRACTS}
-_INVARIANTS = compiled_checks.invariants(After)
 _STATE_INVARIANTS = compiled_checks.invariants(Snapshot, every=True)
 
 
@@ -94,8 +93,8 @@ class Oracle:
         # The compiled spec stands in for the spec's own contracts only where a
         # subclass does not judge operations its own way.
         self.compiled = compiled and type(self)._check_op is Oracle._check_op
-        self._contracts, self._preconditions = _CONTRACTS, _PRECONDITIONS
-        self._invariants, self._state_invariants = _INVARIANTS, _STATE_INVARIANTS
+        self._steps, self._preconditions = _STEPS, _PRECONDITIONS
+        self._state_invariants = _STATE_INVARIANTS
         try:
             self.snap = snapshot(target, {})
         except ObservationError as exc:
@@ -256,8 +255,7 @@ class Oracle:
                          extra)
             blocks = post.blocks
             live = [q for q in seqs if post.tables[q] is not None]
-            if not (self.compiled and self._contracts[op.kind](g, post, op, blocks)
-                    and self._invariants(post, blocks, live)):
+            if not (self.compiled and self._steps[op.kind](g, post, op, blocks, live)):
                 dom = Domain(sorted(blocks), seqs)
                 v = self._check_op(g, post, op, dom, n) or self._check_touched(post, dom, n)
                 assert v is not None or not self.compiled, f"compiled spec disagrees on {op}"

@@ -8,6 +8,8 @@ name the state classes the functions will be given, for their inline code:
                                               ``blocks`` the touched blocks, the op's own sequences)
     invariants(Post)(post, blocks, live)      every state invariant not needing free-list
                                               membership, over ``blocks`` and the ``live`` sequences
+    step(kind, Pre, Post)(pre, post, op, blocks, live)
+                                              both of the above in one function (the oracle's)
     invariants(State, every=True)(s)          every state invariant over the whole of ``s``
 
 Each returns True iff every clause holds. To read the generated code:
@@ -74,26 +76,42 @@ def contract_source(kind: str, inline: dict) -> str:
                            {**SYMS, **_sizes("pre")}, inline)
 
 
+def _invariant_clauses(post: TState, every: bool):
+    """The invariants' formulas over the domains ``blocks``/``live`` (the touched
+    ones) or, with ``every``, ``all_blocks``/``all_seqs`` (the whole state)."""
+    blocks, seqs = ("all_blocks", "all_seqs") if every else ("blocks", "live")
+    for inv in INVARIANTS if every else FAST_INVARIANTS:
+        if inv.domain == "global":
+            yield inv.predicate(TL, post)
+            continue
+        for x in TDomain(Term("sym", blocks if inv.domain == "block" else seqs)):
+            yield inv.predicate(TL, post, x)
+
+
 def invariants_source(inline: dict, every: bool = False) -> str:
     """The fast invariants over ``blocks`` and ``live`` (the touched ones), or
     with ``every`` all invariants over the whole state (``post.blocks()``,
     ``post.seqs()``): the sweep's audit."""
     post = TState("post")
-    which = INVARIANTS if every else FAST_INVARIANTS
-    blocks, seqs = ("all_blocks", "all_seqs") if every else ("blocks", "live")
+    params = ["post"] if every else ["post", "blocks", "live"]
+    return function_source("invariants", params, trace(lambda: _invariant_clauses(post, every)),
+                           {**SYMS, **_sizes("post")}, inline)
+
+
+def step_source(kind: str, inline: dict) -> str:
+    """The contract of ``kind`` and the fast invariants after it, in one function
+    (one prelude, subterms shared between the two)."""
+    op = _TOp(kind)
+    pre, post = TState("pre"), TState("post")
+    dom = Domain(TDomain(Term("sym", "blocks")), _op_seqs(op))
+    rule = contracts.CONTRACTS[kind]
 
     def clauses():
-        for inv in which:
-            if inv.domain == "global":
-                yield inv.predicate(TL, post)
-                continue
-            domain = TDomain(Term("sym", blocks if inv.domain == "block" else seqs))
-            for x in domain:
-                yield inv.predicate(TL, post, x)
+        yield from (f for _, _, f in rule(TL, pre, post, op, dom))
+        yield from _invariant_clauses(post, every=False)
 
-    params = ["post"] if every else ["post", "blocks", "live"]
-    return function_source("invariants", params, trace(clauses),
-                           {**SYMS, **_sizes("post")}, inline)
+    return function_source(f"step_{kind}", ["pre", "post", "op", "blocks", "live"],
+                           trace(clauses), {**SYMS, **_sizes("pre")}, inline)
 
 
 def _compile(source: str, name: str):
@@ -121,6 +139,15 @@ def contract(kind: str, pre: type | None = None, post: type | None = None):
 
     assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
     return _compile(contract_source(kind, inline_for(pre, post)), f"contract_{kind}")
+
+
+@cache
+def step(kind: str, pre: type | None = None, post: type | None = None):
+    """``f(pre, post, op, blocks, live)``: the contract and the fast invariants."""
+    from kvcheck.ghost import After, Ghost
+
+    assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
+    return _compile(step_source(kind, inline_for(pre, post)), f"step_{kind}")
 
 
 @cache
