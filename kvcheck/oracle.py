@@ -26,6 +26,7 @@ from operator import index
 
 from kvcheck import witness
 from kvcheck.compile import checks as compiled_checks
+from kvcheck.compile.tracer import Untraceable
 from kvcheck.ghost import After, Ghost
 from kvcheck.observe import ObservationError, read_num_free, snapshot
 from kvcheck.shadow import ShadowMemory
@@ -61,9 +62,18 @@ class ambient_watchdog:  # noqa: N801 - used as a context manager
 # The spec compiled for the fast mode's states (kvcheck.compile), once, at import: a
 # lazy first compile inside a caller's run (e.g. under CrossHair) would make that run
 # take different paths from the next.
-_STEPS = {k: compiled_checks.step(k, Ghost, After) for k in contracts.CONTRACTS}
-_PRECONDITIONS = {k: compiled_checks.precondition(k, Ghost) for k in contracts.CONTRACTS}
-_STATE_INVARIANTS = compiled_checks.invariants(Snapshot, every=True)
+def _compiled(build, *args):
+    """``build(*args)``, or None where the tracer cannot represent the spec text
+    (then that check is evaluated from the spec itself, as in full mode)."""
+    try:
+        return build(*args)
+    except Untraceable:
+        return None
+
+
+_STEPS = {k: _compiled(compiled_checks.step, k, Ghost, After) for k in contracts.CONTRACTS}
+_PRECONDITIONS = {k: _compiled(compiled_checks.precondition, k, Ghost) for k in contracts.CONTRACTS}
+_STATE_INVARIANTS = _compiled(compiled_checks.invariants, Snapshot, True)
 
 
 class Unsupported(Exception):
@@ -141,8 +151,10 @@ class Oracle:
 
     def _precondition(self, op: Op) -> bool:
         if self.mode == "fast":
-            return self._preconditions[op.kind](self.ghost, op)
-        return bool(contracts.precondition(PY, self.snap, op))
+            check = self._preconditions[op.kind]
+            if check is not None:
+                return check(self.ghost, op)
+        return bool(contracts.precondition(PY, self._state(), op))
 
     def _state(self):
         return self.snap if self.mode == "full" else self.ghost
@@ -255,10 +267,11 @@ class Oracle:
                          extra)
             blocks = post.blocks
             live = [q for q in seqs if post.tables[q] is not None]
-            if not (self.compiled and self._steps[op.kind](g, post, op, blocks, live)):
+            check = self._steps[op.kind] if self.compiled else None
+            if check is None or not check(g, post, op, blocks, live):
                 dom = Domain(sorted(blocks), seqs)
                 v = self._check_op(g, post, op, dom, n) or self._check_touched(post, dom, n)
-                assert v is not None or not self.compiled, f"compiled spec disagrees on {op}"
+                assert v is not None or check is None, f"compiled spec disagrees on {op}"
                 if v is not None:
                     return v
         except ObservationError as exc:
@@ -338,7 +351,8 @@ class Oracle:
         return None
 
     def _check_state(self, s, n: int) -> Violation | None:
-        if self.compiled and type(s) is Snapshot and self._state_invariants(s):
+        check = self._state_invariants if self.compiled and type(s) is Snapshot else None
+        if check is not None and check(s):
             return None
         for inv in INVARIANTS:
             if inv.domain == "global":
