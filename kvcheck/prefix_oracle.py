@@ -142,6 +142,30 @@ class NanoView:
         return len(self.m.free_block_ids)
 
 
+class VllmV0View:
+    """vLLM v0: the prefix-caching allocator's ``_cached_blocks`` (hash -> block),
+    its evictor's ``free_table`` (cached, unreferenced blocks) and the hashless
+    allocator's free deque."""
+
+    def __init__(self, target):
+        self.gpu = target.gpu
+
+    def entries(self):
+        return [(key, int(b)) for key, b in self.gpu._cached_blocks.items()]
+
+    def evictable(self):
+        return [int(b) for b in self.gpu.evictor.free_table]
+
+    def free_list(self):
+        return [int(b) for b in self.gpu._hashless_allocator._free_block_indices]
+
+    def evictable_len(self):
+        return int(self.gpu.evictor.num_blocks)
+
+    def free_list_len(self):
+        return len(self.gpu._hashless_allocator._free_block_indices)
+
+
 def _view_for(target):
     obj = getattr(target, "impl", target)
     if all(callable(getattr(obj, m, None))
@@ -153,6 +177,9 @@ def _view_for(target):
     manager = getattr(obj, "manager", None)
     if manager is not None and hasattr(manager, "hash_to_block_id"):
         return NanoView(obj)
+    gpu = getattr(obj, "gpu", None)
+    if gpu is not None and hasattr(gpu, "_cached_blocks") and hasattr(gpu, "evictor"):
+        return VllmV0View(obj)
     raise TargetError(f"{type(obj).__name__} does not expose a prefix cache "
                       "(cache_entries/evictable_blocks/free_list_blocks)")
 

@@ -1,0 +1,87 @@
+"""``kvcheck verify-prefix`` on vLLM v0's prefix-caching allocator (vllm 0.8.5).
+
+The prefix oracle reads v0's cache through ``VllmV0View`` (its ``_cached_blocks``
+map, its evictor, its hashless free deque). Two behaviours it shows, both
+deterministic on the operations below (v0's evictor orders by wall-clock
+timestamps, so a seeded *run* may meet a different one first; these replays do
+not depend on eviction order):
+
+* F5, block de-duplication on completion: a sequence that fills its last block
+  with content already cached is moved onto the cached block, so the slot
+  append_slot returns lies in a block another sequence holds (the spec: the sole
+  holder of a partial block writes in place). Deliberate in v0
+  (``promote_to_immutable_block``), recorded as a deviation.
+* F6, an internal assertion in v0's eviction: with the engine's own capacity
+  checks first (``make_prefix_guarded``), 12 operations reach
+  ``assert content_hash_to_evict in self._cached_blocks``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcheck.cli import main as kvcheck
+from kvcheck.impl.thirdparty import vllm_v0
+from kvcheck.prefix_oracle import PrefixOp, VllmV0View, replay
+
+GUARDED = vllm_v0.make_prefix_guarded
+
+
+def _op(kind, seq, tokens=(), child=0):
+    return PrefixOp(kind, seq=seq, child=child, n_tokens=len(tokens), tokens=tuple(tokens))
+
+
+def test_the_view_reads_v0s_cache():
+    t = vllm_v0.make_prefix(4, 2)
+    t.allocate(0, 4, token_ids=[5, 6, 7, 8])
+    view = VllmV0View(t)
+    blocks = t.block_table(0)
+    assert sorted(b for _, b in view.entries()) == sorted(blocks)
+    assert view.evictable() == [] and sorted(view.free_list()) == [b for b in range(4)
+                                                                    if b not in blocks]
+    t.free_seq(0)
+    assert sorted(view.evictable()) == sorted(blocks) and view.evictable_len() == 2
+    assert view.free_list_len() == 2
+
+
+def test_verify_prefix_drives_vllm_v0_prefix():
+    """It used to exit 2 (cache not observed); now it runs and finds a violation."""
+    assert kvcheck(["verify-prefix", "vllm-v0-prefix", "--blocks", "8", "--block-size", "2",
+                    "--ops", "2000", "--seed", "1"]) == 1
+
+
+def test_f5_a_full_block_is_swapped_for_the_cached_copy():
+    ops = [_op("allocate", 0, [197]), _op("append_slot", 0, [2]), _op("append_slot", 0, [1]),
+           _op("fork", 0, child=1), _op("append_slot", 1, [1]), _op("append_slot", 0, [1])]
+    v, ran = replay(GUARDED, 3, 4, ops)
+    assert v is not None and v.name == "append_slot: the sole holder of a partial block writes in place"
+    cow, last = ran[4], ran[5]
+    assert cow.cow_src == 0 and cow.block == 1  # seq 1 copied block 0 to block 1 and filled it
+    assert last.block == 1 and last.cow_src is None  # seq 0 filled block 0 with the same content:
+    assert ran[5].seq == 0  # v0 moved it onto block 1, which seq 1 holds
+
+
+F6_OPS = [("allocate", 0, [132, 1]), ("allocate", 1, [172, 0, 0]), ("free_seq", 1, []),
+          ("allocate", 2, [172]), ("append_slot", 2, [0]), ("append_slot", 2, [0]),
+          ("free_seq", 2, []), ("allocate", 3, [1]), ("allocate", 4, [132]),
+          ("append_slot", 3, [0]), ("free_seq", 3, []), ("append_slot", 4, [2])]
+
+
+@pytest.mark.parametrize("factory", [GUARDED, vllm_v0.make_prefix])
+def test_f6_v0_eviction_asserts(factory):
+    t = factory(6, 1)
+    for kind, seq, tokens in F6_OPS[:-1]:
+        if kind == "allocate":
+            t.allocate(seq, len(tokens), token_ids=tokens)
+        elif kind == "append_slot":
+            t.append_slot(seq, tokens[0])
+        else:
+            t.free_seq(seq)
+    with pytest.raises(AssertionError) as info:
+        t.append_slot(4, 2)
+    assert info.traceback[-1].name == "_maybe_allocate_evicted_block_id"
+
+
+def test_f6_is_reported_as_a_crash_by_the_oracle():
+    v, _ = replay(GUARDED, 6, 1, [_op(k, q, toks) for k, q, toks in F6_OPS])
+    assert v is not None and v.kind == "crash" and "AssertionError" in v.witness
