@@ -179,6 +179,8 @@ class VllmV0Target:
         self.gpu = gpu_allocator(self.allocator)
         self.tables: dict[int, Any] = {}
         self._tokens = itertools.count(1)
+        self._caching = allocator_type == "prefix_caching"
+        self._clock = 0.0  # logical time for the engine's access marks (deterministic)
 
     # -- operations ---------------------------------------------------------
     def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> None:
@@ -201,6 +203,7 @@ class VllmV0Target:
         except self._NoFree as exc:
             raise OutOfBlocks(f"vLLM v0 NoFreeBlocksError allocating {n_tokens} tokens") from exc
         self.tables[seq] = table
+        self._engine_step()
 
     def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
         table = self._live(seq)
@@ -218,6 +221,7 @@ class VllmV0Target:
             cows = self.allocator.clear_copy_on_writes()
         assert len(cows) <= 1, cows
         ids = table.physical_block_ids
+        self._engine_step()
         return ids[length // self.block_size], length % self.block_size, (
             cows[0][0] if cows else None
         )
@@ -227,11 +231,27 @@ class VllmV0Target:
         if child in self.tables:
             raise MisuseError(f"sequence {child!r} already exists")
         self.tables[child] = table.fork()
+        self._engine_step()
 
     def free_seq(self, seq: int) -> None:
         table = self._live(seq)
         table.free()
         del self.tables[seq]
+        self._engine_step()
+
+    def _engine_step(self) -> None:
+        """The prefix-caching bookkeeping v0's engine does every scheduler step
+        (``SelfAttnBlockSpaceManager.access_all_blocks_in_seq`` and
+        ``mark_blocks_as_computed``), once per operation: every live sequence's
+        blocks are marked accessed at a logical clock, the touched blocks computed.
+        v0's LRU evictor tells stale entries apart by their access time, so
+        without it eviction returns stale hashes and trips its own assertion."""
+        if not self._caching:
+            return
+        self._clock += 1.0
+        for table in self.tables.values():
+            self.allocator.mark_blocks_as_accessed(table.physical_block_ids, self._clock)
+        self.allocator.mark_blocks_as_computed([])
 
     def _live(self, seq: int) -> Any:
         table = self.tables.get(seq)
