@@ -129,7 +129,7 @@ def inline_for(pre=None, post=None) -> dict:
 
 @cache
 def precondition(kind: str, pre: type | None = None):
-    """``pre``: the class of the states it will get (for its ``INLINE`` templates)."""
+    """``pre``: the class of the states it will get (for their inline templates)."""
     return _compile(precondition_source(kind, inline_for(pre)), f"precondition_{kind}")
 
 

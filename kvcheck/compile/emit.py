@@ -8,9 +8,9 @@ that does not. Code shape:
   quantifiers become ``for`` loops;
 * common subexpressions are computed once per scope: a term used twice, or a
   loop-invariant term used inside a loop, is assigned to a local first;
-* vocabulary terms use the state's inline template when it has one
-  (``INLINE`` on the state class, see ``kvcheck.ghost``), else a call of the
-  state's bound method. A template must mean exactly what the method does.
+* vocabulary terms use the state class's inline template when it has one
+  (``kvcheck.compile.inline``), else a call of the state's bound method. A
+  template must mean exactly what the method does.
 """
 
 from __future__ import annotations
@@ -20,15 +20,17 @@ from collections import Counter
 from kvcheck.compile.terms import Term, free_vars
 from kvcheck.compile.tracer import Branch, Leaf
 
-_BOOLEAN_CALLS = {"live", "same_table"}
-
 
 def _height(t) -> int:
-    return 1 + max((_height(a) for a in t.args if isinstance(a, Term)), default=0) \
-        if isinstance(t, Term) else 0
+    """Depth of a term tree (subterms are assigned before the terms using them)."""
+    if not isinstance(t, Term):
+        return 0
+    return 1 + max((_height(a) for a in t.args), default=0)
 
 
 class Emitter:
+    """Writes one function's body line by line (``lines``), naming shared terms."""
+
     def __init__(self, syms: dict[str, str], inline: dict):
         """``syms``: input name -> the expression that reads it (e.g. "op.seq");
         ``inline``: state -> method -> template; ``template(state, *arg_texts)``
