@@ -126,13 +126,16 @@ class Identity:
 
 
 def read_identity(target, seq: int) -> object | None:
-    """``seq``'s table identity: an ``Identity`` of the object ``table_identity``
-    returns, or a plain value if it returns an int or string (None: unknown)."""
+    """``seq``'s table identity (None: unknown). A hashable value with its own
+    equality (an int, a string, a tuple: e.g. a handle) is used as it is; any
+    other object (a list, a table object) is its own identity: ``Identity``."""
     try:
         value = target.table_identity(seq)
     except Exception:  # noqa: BLE001 - identity is optional
         return None
-    if value is None or isinstance(value, (int, str, bytes)):
+    if value is None:
+        return None
+    if type(value).__eq__ is not object.__eq__ and type(value).__hash__ is not None:
         return value
     return Identity(value)
 

@@ -55,7 +55,8 @@ class Target(Protocol):
     def table_identity(self, seq: int) -> object | None:
         """The object holding ``seq``'s table: two sequences share a table
         exactly when they return the very same object (``None`` if not
-        observable). An int or string is compared by value instead."""
+        observable). A hashable value with its own equality (an int, a
+        string, a tuple) is compared by value instead."""
 
     def seq_len(self, seq: int) -> int | None:
         """The allocator's own token count for ``seq`` (``None`` if not kept)."""
