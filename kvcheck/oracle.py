@@ -73,7 +73,10 @@ def _compiled(build, *args):
 
 _STEPS = {k: _compiled(compiled_checks.step, k, Ghost, After) for k in contracts.CONTRACTS}
 _PRECONDITIONS = {k: _compiled(compiled_checks.precondition, k, Ghost) for k in contracts.CONTRACTS}
-_STATE_INVARIANTS = _compiled(compiled_checks.invariants, Snapshot, True)
+_STATE_INVARIANTS = _compiled(compiled_checks.state_invariants, Snapshot)
+# The fast mode's per-operation invariants, (invariant, predicate, domain) in spec
+# order, for naming the one the compiled check found broken.
+_FAST_PREDS = [(i, i.predicate, i.domain) for i in compiled_checks.FAST_INVARIANTS]
 
 
 class Unsupported(Exception):
@@ -96,15 +99,9 @@ class Oracle:
         self._pos: dict[int, int] = {}  # seq -> its index in _order
         self.shadow = ShadowMemory(target.block_size)
         self.violation: Violation | None = None
-        fast = [i for i in INVARIANTS if "free_list" not in i.needs]
-        self._fast_invariants = fast
-        # (invariant, its predicate, its domain), in spec order, for the per-operation check
-        self._fast_preds = [(i, i.predicate, i.domain) for i in fast]
         # The compiled spec stands in for the spec's own contracts only where a
         # subclass does not judge operations its own way.
         self.compiled = compiled and type(self)._check_op is Oracle._check_op
-        self._steps, self._preconditions = _STEPS, _PRECONDITIONS
-        self._state_invariants = _STATE_INVARIANTS
         try:
             self.snap = snapshot(target, {})
         except ObservationError as exc:
@@ -151,7 +148,7 @@ class Oracle:
 
     def _precondition(self, op: Op) -> bool:
         if self.mode == "fast":
-            check = self._preconditions[op.kind]
+            check = _PRECONDITIONS[op.kind]
             if check is not None:
                 return check(self.ghost, op)
         return bool(contracts.precondition(PY, self._state(), op))
@@ -267,7 +264,7 @@ class Oracle:
                          extra)
             blocks = post.blocks
             live = [q for q in seqs if post.tables[q] is not None]
-            check = self._steps[op.kind] if self.compiled else None
+            check = _STEPS[op.kind] if self.compiled else None
             if check is None or not check(g, post, op, blocks, live):
                 dom = Domain(sorted(blocks), seqs)
                 v = self._check_op(g, post, op, dom, n) or self._check_touched(post, dom, n)
@@ -340,7 +337,7 @@ class Oracle:
         """Every invariant not needing the free list's membership, on what ``op`` touched."""
         L = PY
         live = [q for q in dom.seqs if post.live(q)]
-        for inv, pred, domain in self._fast_preds:
+        for inv, pred, domain in _FAST_PREDS:
             if domain == "global":
                 if not pred(L, post):
                     return self._invariant_violation(inv, None, post, n)
@@ -351,7 +348,7 @@ class Oracle:
         return None
 
     def _check_state(self, s, n: int) -> Violation | None:
-        check = self._state_invariants if self.compiled and type(s) is Snapshot else None
+        check = _STATE_INVARIANTS if self.compiled and type(s) is Snapshot else None
         if check is not None and check(s):
             return None
         for inv in INVARIANTS:

@@ -3,19 +3,17 @@ cached; ``kvcheck.oracle`` builds its own at import). The class arguments
 name the state classes the functions will be given, for their inline code:
 
     precondition(kind, Pre)(pre, op)          spec.contracts.precondition
-    contract(kind, Pre, Post)(pre, post, op, blocks)
-                                              spec.contracts.CONTRACTS[kind] (fast-mode domain:
-                                              ``blocks`` the touched blocks, the op's own sequences)
-    invariants(Post)(post, blocks, live)      every state invariant not needing free-list
-                                              membership, over ``blocks`` and the ``live`` sequences
     step(kind, Pre, Post)(pre, post, op, blocks, live)
-                                              both of the above in one function (the oracle's)
-    invariants(State, every=True)(s)          every state invariant over the whole of ``s``
+                                              spec.contracts.CONTRACTS[kind] on the fast-mode
+                                              domain (``blocks`` the touched blocks, the op's own
+                                              sequences), then every state invariant not needing
+                                              free-list membership over ``blocks`` and ``live``
+    state_invariants(State)(s)                every state invariant over the whole of ``s``
 
 Each returns True iff every clause holds. To read the generated code:
 
     python3 -c "from kvcheck.compile import checks as c; from kvcheck.ghost import Ghost, After; \
-                print(c.contract_source('append_slot', c.inline_for(Ghost, After)))"
+                print(c.step_source('append_slot', c.inline_for(Ghost, After)))"
 """
 
 from __future__ import annotations
@@ -66,16 +64,6 @@ def precondition_source(kind: str, inline: dict) -> str:
                            {**SYMS, **_sizes("pre")}, inline)
 
 
-def contract_source(kind: str, inline: dict) -> str:
-    op = _TOp(kind)
-    pre, post = TState("pre"), TState("post")
-    dom = Domain(TDomain(Term("sym", "blocks")), _op_seqs(op))
-    rule = contracts.CONTRACTS[kind]
-    tree = trace(lambda: (f for _, _, f in rule(TL, pre, post, op, dom)))
-    return function_source(f"contract_{kind}", ["pre", "post", "op", "blocks"], tree,
-                           {**SYMS, **_sizes("pre")}, inline)
-
-
 def _invariant_clauses(post: TState, every: bool):
     """The invariants' formulas over the domains ``blocks``/``live`` (the touched
     ones) or, with ``every``, ``all_blocks``/``all_seqs`` (the whole state)."""
@@ -88,13 +76,11 @@ def _invariant_clauses(post: TState, every: bool):
             yield inv.predicate(TL, post, x)
 
 
-def invariants_source(inline: dict, every: bool = False) -> str:
-    """The fast invariants over ``blocks`` and ``live`` (the touched ones), or
-    with ``every`` all invariants over the whole state (``post.blocks()``,
-    ``post.seqs()``): the sweep's audit."""
+def state_invariants_source(inline: dict) -> str:
+    """Every invariant over the whole state (``post.blocks()``, ``post.seqs()``):
+    the sweep's audit."""
     post = TState("post")
-    params = ["post"] if every else ["post", "blocks", "live"]
-    return function_source("invariants", params, trace(lambda: _invariant_clauses(post, every)),
+    return function_source("invariants", ["post"], trace(lambda: _invariant_clauses(post, True)),
                            {**SYMS, **_sizes("post")}, inline)
 
 
@@ -134,14 +120,6 @@ def precondition(kind: str, pre: type | None = None):
 
 
 @cache
-def contract(kind: str, pre: type | None = None, post: type | None = None):
-    from kvcheck.ghost import After, Ghost
-
-    assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
-    return _compile(contract_source(kind, inline_for(pre, post)), f"contract_{kind}")
-
-
-@cache
 def step(kind: str, pre: type | None = None, post: type | None = None):
     """``f(pre, post, op, blocks, live)``: the contract and the fast invariants."""
     from kvcheck.ghost import After, Ghost
@@ -151,7 +129,6 @@ def step(kind: str, pre: type | None = None, post: type | None = None):
 
 
 @cache
-def invariants(post: type | None = None, every: bool = False):
-    """``every``: all invariants on a whole state ``f(state)`` (the sweep);
-    else the fast ones ``f(post, blocks, live)``."""
-    return _compile(invariants_source(inline_for(post=post), every), "invariants")
+def state_invariants(state: type | None = None):
+    """``f(s)``: every invariant on a whole state of class ``state`` (the sweep)."""
+    return _compile(state_invariants_source(inline_for(post=state)), "invariants")

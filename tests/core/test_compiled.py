@@ -97,20 +97,20 @@ def test_a_branch_on_a_bound_variable_is_refused():
 
 def test_every_contract_and_invariant_compiles():
     for kind in CONTRACTS:
-        assert checks.contract(kind, Ghost, After)
+        assert checks.step(kind, Ghost, After)
         assert checks.precondition(kind, Ghost)
-    assert checks.invariants(After)
-    assert checks.invariants(Snapshot, every=True)
+    assert checks.state_invariants(Snapshot)
 
 
 # -- inline templates vs methods -------------------------------------------------------
-def _template_value(template, state, args):
-    texts = [f"a{i}" for i in range(len(args))]
+def _template_value(template, state, texts, values):
+    """``template``'s code for argument texts ``texts``, run with ``values`` bound
+    to those names: ``(result,)``, or None where the template declines."""
     emitted = template("st", *texts)
     if emitted is None:
         return None
     code, binds = emitted
-    env = {"st": state, **dict(zip(texts, args, strict=True))}
+    env = {"st": state, **values}
     for local, source in binds.items():
         env[local] = eval(source, {}, env)  # noqa: S307 - a template's own source
     return (eval(code, {}, env),)  # noqa: S307
@@ -136,26 +136,18 @@ def _check_templates(state, templates, seqs, rng, pre=None):
     for method, template in templates.items():
         for args in _arguments(method, state, seqs, rng):
             if method == "same_table":  # After's: against the Ghost it was observed from
-                got = _same_table_value(template, state, pre, args)
-                args = (args[0], pre, *args[2:])
+                q, _, r, upto = args
+                texts = ["a0", "s_pre", "a2", "None" if upto is None else "a3"]
+                got = _template_value(template, state, texts,
+                                      {"a0": q, "s_pre": pre, "a2": r, "a3": upto})
+                args = (q, pre, r, upto)
             else:
-                got = _template_value(template, state, args)
+                texts = [f"a{i}" for i in range(len(args))]
+                got = _template_value(template, state, texts, dict(zip(texts, args, strict=True)))
             if got is None:
                 continue
             want = getattr(state, method)(*args)
             assert got[0] == want, (type(state).__name__, method, args, got[0], want)
-
-
-def _same_table_value(template, state, pre, args):
-    q, _, r, upto = args
-    emitted = template("st", "a0", "s_pre", "a2", "None" if upto is None else "a3")
-    if emitted is None:
-        return None
-    code, binds = emitted
-    env = {"st": state, "s_pre": pre, "a0": q, "a2": r, "a3": upto}
-    for local, source in binds.items():
-        env[local] = eval(source, {}, env)  # noqa: S307
-    return (eval(code, {}, env),)  # noqa: S307
 
 
 @pytest.mark.parametrize("seed", range(6))
