@@ -30,7 +30,6 @@ from kvcheck.spec.state import TableTerms
 class Ghost(TableTerms):
     """Verified state, updated by ``commit`` after each checked operation."""
 
-
     def __init__(self, num_blocks: int, block_size: int, refs: list[int], num_free: int):
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -149,14 +148,14 @@ class After(TableTerms):
     """The allocator's state after one operation, observed where it was touched.
 
     ``seqs`` are the sequences the operation names; ``lengths`` their token
-    counts as the oracle computes them (absent = no longer live). Each
-    observation is made at most once (refcounts, lengths and identities are
-    cached), so evaluating many clauses costs no extra calls into the target.
+    counts as the oracle computes them (absent = no longer live). Everything
+    is observed once, up front (``__init__``), so evaluating many clauses
+    costs no extra calls into the target; only blocks outside ``blocks`` are
+    read on demand.
 
     The compiled checks (``kvcheck.compile.inline``) read ``tables``,
     ``lengths``, ``refs``, ``impl_lengths`` and ``sharer_counts`` directly.
     """
-
 
     def __init__(self, target, ghost: Ghost, seqs: tuple, lengths: dict[int, int], extra=()):
         """Observe ``seqs`` (their tables, own lengths, table identities) and the

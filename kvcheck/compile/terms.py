@@ -88,7 +88,7 @@ class Term:
 def arith(op: str, a, b):
     if not isinstance(a, Term) and not isinstance(b, Term):
         return {"+": a + b, "-": a - b, "*": a * b}[op]
-    if op in "+-" and (b == 0 if not isinstance(b, Term) else False):
+    if op in "+-" and not isinstance(b, Term) and b == 0:
         return a
     return Term("arith", op, a, b)
 
