@@ -29,7 +29,6 @@ data, 2 on bad input (one line on stderr).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -38,12 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
 
-from kvcheck.commands.common import positive_int  # noqa: E402
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        self.exit(2, f"benchmarks/device.py: error: {message}\n")
+from kvcheck.commands.common import OneLineParser, positive_int  # noqa: E402
 
 
 class BadInput(Exception):
@@ -51,7 +45,7 @@ class BadInput(Exception):
 
 
 def parse(argv):
-    p = _Parser(description="Time the device KV cache kernels against a plain copy.")
+    p = OneLineParser(prog="benchmarks/device.py", description="Time the device KV cache kernels against a plain copy.")
     p.add_argument("--seqs", type=positive_int, help="sequences in the step (GPU 4096, CPU 64)")
     p.add_argument("--context", type=positive_int, help="tokens per sequence (GPU 250, CPU 40)")
     p.add_argument("--block-size", type=positive_int, default=16)

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from kvcheck.commands.common import OneLineParser
 from kvcheck.errors import UsageError
 
 __all__ = ["UsageError", "build_parser", "main"]
@@ -29,17 +30,12 @@ COMMANDS = [
 
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        self.exit(2, f"kvcheck: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kvcheck", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="kvcheck", description=__doc__.splitlines()[0])
     from kvcheck import __version__
 
     parser.add_argument("--version", action="version", version=f"kvcheck {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name in COMMANDS:
         importlib.import_module(f"kvcheck.commands.{name.replace('-', '_')}").add_parser(sub)
     return parser

@@ -7,6 +7,14 @@ import json
 import sys
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr, ``PROGRAM: error: ...``, exit 2 (also
+    from a subcommand's parser: PROGRAM is the first word of its ``prog``)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog.split()[0]}: error: {message}\n")
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
