@@ -18,10 +18,10 @@ compiled checks give, all measured in the same run.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
+from kvcheck.commands.common import OneLineParser, nonneg_int, positive_int
 from kvcheck.driver import RandomDriver
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.errors import OutOfBlocks
@@ -119,16 +119,17 @@ def bare_rate(num_blocks: int, block_size: int, ops: list) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--blocks", type=int, nargs="*", default=list(SIZES))
-    ap.add_argument("--block-size", type=int, default=4)
-    ap.add_argument("--ops", type=int, default=200_000,
+    ap = OneLineParser(prog="benchmarks/oracle.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", type=positive_int, nargs="*", default=list(SIZES))
+    ap.add_argument("--block-size", type=positive_int, default=4)
+    ap.add_argument("--ops", type=positive_int, default=200_000,
                     help="operations per pool size (default 200,000, at least 2x the pool)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--profile", type=int, metavar="BLOCKS", help="profile one run instead")
+    ap.add_argument("--seed", type=nonneg_int, default=0)
+    ap.add_argument("--profile", type=positive_int, metavar="BLOCKS",
+                    help="profile one run instead")
     ap.add_argument("--no-interpreted", action="store_true",
                     help="skip the comparison run that evaluates the spec itself per operation")
-    ap.add_argument("--interpreted-ops", type=int, default=50_000,
+    ap.add_argument("--interpreted-ops", type=positive_int, default=50_000,
                     help="operations for that comparison run (default 50,000)")
     args = ap.parse_args(argv)
     if args.profile:

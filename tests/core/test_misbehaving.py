@@ -8,6 +8,7 @@ import pytest
 
 from kvcheck.cli import main
 from kvcheck.impl.block_manager import BlockManager
+from kvcheck.target import SeedAdapter
 from kvcheck.verify import verify
 
 from corpus.buggy import HangOnCow
@@ -152,3 +153,30 @@ class Reboxer(BlockManager):
 def test_replaced_table_objects_are_not_aliases(seed):
     r = verify(Reboxer, 16, 2, 3000, seed)
     assert r.ok, r.violation
+
+
+class _BulkRefcounts(SeedAdapter):
+    """The optional ``refcounts()`` (whole pool in one call) misbehaving."""
+
+    how = "raise"
+
+    def refcounts(self):
+        if self.how == "raise":
+            raise RuntimeError("boom")
+        if self.how == "short":
+            return [0] * (self.num_blocks - 1)
+        return [None] * self.num_blocks
+
+
+@pytest.mark.parametrize("how,says", [("raise", "refcounts() raised RuntimeError: boom"),
+                                      ("short", "refcounts() returned 7 values for 8 blocks"),
+                                      ("garbage", "refcount(0) is None, expected an integer")])
+def test_bulk_refcounts_garbage_is_a_violation(how, says):
+    def factory(nb, bs):
+        t = _BulkRefcounts(BlockManager(nb, bs), nb, bs)
+        t.how = how
+        return t
+
+    r = verify(factory, 8, 2, 200, 0, do_shrink=False)
+    assert r.verdict == "fail" and r.violation.kind == "malformed", r.violation
+    assert r.violation.witness == says
