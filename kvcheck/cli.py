@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from kvcheck.commands.common import OneLineParser
@@ -41,12 +42,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, isolate: bool | None = None) -> int:
+    """Run the command line; its exit code.
+
+    ``isolate`` (default: when run as the ``kvcheck`` program, i.e. ``argv`` is None)
+    runs a command that drives target code in a supervised child process
+    (``kvcheck.supervise``), so that a target ending or wedging the process is
+    reported, never mistaken for a verdict."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    from kvcheck import supervise
+
+    if isolate is None:
+        isolate = argv is None
+    if isolate and args.command in supervise.SUPERVISED and supervise.available():
+        try:
+            return supervise.run(args, dispatch)
+        except BrokenPipeError:
+            return _broken_pipe()
+    return dispatch(args)
+
+
+def dispatch(args) -> int:
+    """Run one parsed command: bad input is one line on stderr and exit 2, never a traceback."""
     from kvcheck.loading import TargetError
     from kvcheck.trace import TraceError
 
@@ -59,10 +80,20 @@ def main(argv: list[str] | None = None) -> int:
         print("kvcheck: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into something that stopped reading
-        import os
+        return _broken_pipe()
+    except Exception as exc:  # noqa: BLE001 - a bug in kvcheck itself: one line, not a traceback
+        if os.environ.get("KVCHECK_DEBUG"):
+            raise
+        from kvcheck.errors import describe_exception
 
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        print(f"kvcheck: internal error: {describe_exception(exc)} (a bug in kvcheck; "
+              f"KVCHECK_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 3
+
+
+def _broken_pipe() -> int:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
 
 
 if __name__ == "__main__":

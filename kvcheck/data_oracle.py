@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 import torch
 
 from kvcheck.driver import RandomDriver
+from kvcheck.errors import what_it_did
 from kvcheck.oracle import Oracle
 from kvcheck.spec.contracts import OK, Op
 from kvcheck.violation import Violation
+from kvcheck.watchdog import CONTROL
 
 DATA_METHODS = ("reserve_slot", "run_step", "gather_many", "block_data", "kv_shape")
 
@@ -240,9 +242,11 @@ class DataOracle:
             v = torch.cat([p[1] for p in parts], dim=1)
             try:
                 self.target.run_step(reserved, k, v)
-            except Exception as exc:  # noqa: BLE001 - the implementation's fault
+            except CONTROL:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - the implementation's fault
                 self.violation = Violation(self.oracle.steps, "crash", "run_step",
-                                           witness=f"run_step raised {type(exc).__name__}: {exc}")
+                                           witness=f"run_step {what_it_did(exc)}")
                 return self.violation
             for i, q in enumerate(rows):
                 self._append_expected(q, k[:, i : i + 1], v[:, i : i + 1])
@@ -304,9 +308,11 @@ class DataOracle:
             return None
         try:
             got = self.target.gather_many(seqs)
-        except Exception as exc:  # noqa: BLE001
+        except CONTROL:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the implementation's fault
             return Violation(self.oracle.steps, "crash", "gather",
-                             witness=f"gather_many raised {type(exc).__name__}: {exc}")
+                             witness=f"gather_many {what_it_did(exc)}")
         if len(got) != len(seqs):
             return Violation(self.oracle.steps, "malformed", "gather", witness=(
                 f"gather_many of {len(seqs)} sequences returned {len(got)} results"))

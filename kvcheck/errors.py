@@ -3,3 +3,31 @@
 
 class UsageError(Exception):
     """Bad input detected while running a command (exit 2, one-line message)."""
+
+
+def describe_exception(exc: BaseException, limit: int = 300) -> str:
+    """``Type: message`` for an exception a target raised, whatever it does.
+
+    Its ``__str__`` may itself raise or return megabytes: the text is cut to
+    ``limit`` characters, and an unprintable message is said to be one."""
+    name = type(exc).__name__
+    try:
+        text = str(exc)
+    except BaseException:  # noqa: BLE001 - a target's __str__ may raise anything
+        text = "<its message could not be printed: __str__ raised>"
+    if not isinstance(text, str):
+        text = "<its message is not text>"
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    text = " ".join(text.split())
+    return f"{name}: {text}" if text else name
+
+
+def what_it_did(exc: BaseException) -> str:
+    """A target's exception as a verb phrase: ``raised Type: message``, or
+    ``called sys.exit(0)`` / ``called os._exit(0)`` for a target that tried to end the process."""
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})" if exc.code is not None else "called sys.exit()"
+    if type(exc).__name__ == "TargetExit":
+        return f"called os._exit({getattr(exc, 'code', '?')!r})"
+    return f"raised {describe_exception(exc)}"

@@ -14,7 +14,7 @@ _KIND_WORDS = {
     "invariant": "a state invariant broke",
     "contract": "an operation broke its contract",
     "data": "a sequence read back tokens that are not its own",
-    "crash": "an operation raised an exception other than out-of-blocks",
+    "crash": "an operation raised an exception other than out-of-blocks (or tried to end the process)",
     "hang": "an operation did not return in time",
     "malformed": "the allocator returned or exposed something of the wrong shape",
 }

@@ -13,8 +13,10 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from kvcheck.errors import what_it_did
 from kvcheck.registry import TARGETS
-from kvcheck.target import SeedAdapter, is_target
+from kvcheck.target import NotSeedShaped, SeedAdapter, is_target
+from kvcheck.watchdog import CONTROL, Interrupted, OperationTimeout, guarded, record_phase
 
 
 class TargetError(Exception):
@@ -39,6 +41,12 @@ def _import_attr(spec: str):
     where, _, attr = spec.rpartition(":")
     if not where or not attr:
         raise TargetError(f"target {spec!r} must look like module:attr")
+    record_phase("import")
+    with guarded(None):  # importing runs the target's module code: under the active watchdog
+        return _import_guarded(spec, where, attr)
+
+
+def _import_guarded(spec: str, where: str, attr: str):
     try:
         if where.endswith(".py") or "/" in where:
             path = Path(where)
@@ -59,13 +67,20 @@ def _import_attr(spec: str):
             module = importlib.import_module(where)
     except TargetError:
         raise
-    except Exception as exc:  # noqa: BLE001 - any import failure is bad input
-        raise TargetError(f"cannot import {where!r}: {type(exc).__name__}: {exc}") from None
+    except OperationTimeout as exc:
+        raise TargetError(f"importing {where!r} {exc}") from None
+    except Interrupted:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - any import failure is bad input
+        raise TargetError(f"cannot import {where!r}: it {what_it_did(exc)}") from None
     obj = module
     for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise TargetError(f"{where!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except CONTROL:
+            raise
+        except BaseException:  # noqa: BLE001 - a missing (or raising) attribute
+            raise TargetError(f"{where!r} has no attribute {attr!r}") from None
     if not callable(obj):
         raise TargetError(f"{spec!r} is not callable: it must be a factory(num_blocks, block_size)")
     return obj
@@ -77,19 +92,24 @@ def build(factory, num_blocks: int, block_size: int, out_of_blocks=None):
     Raises ``TargetError`` when the factory itself refuses (bad sizes, wrong
     signature) or returns something that is neither a Target nor seed-shaped.
     """
+    where = f"num_blocks={num_blocks}, block_size={block_size}"
+    record_phase("build")
     try:
-        impl = factory(num_blocks, block_size)
-    except Exception as exc:  # noqa: BLE001
-        raise TargetError(f"cannot build target with num_blocks={num_blocks}, "
-                          f"block_size={block_size}: {type(exc).__name__}: {exc}") from None
-    if is_target(impl):
-        if out_of_blocks is not None:
-            impl.is_out_of_blocks = lambda exc: isinstance(exc, out_of_blocks)
-        return impl
-    try:
-        return SeedAdapter(impl, num_blocks, block_size, out_of_blocks)
-    except TypeError as exc:
+        with guarded(None):  # the constructor is target code: under the active watchdog
+            impl = factory(num_blocks, block_size)
+            if is_target(impl):
+                if out_of_blocks is not None:
+                    impl.is_out_of_blocks = lambda exc: isinstance(exc, out_of_blocks)
+                return impl
+            return SeedAdapter(impl, num_blocks, block_size, out_of_blocks)
+    except NotSeedShaped as exc:
         raise TargetError(str(exc)) from None
+    except OperationTimeout as exc:
+        raise TargetError(f"building the target with {where} {exc}") from None
+    except Interrupted:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the factory refused or misbehaved: bad input
+        raise TargetError(f"cannot build target with {where}: it {what_it_did(exc)}") from None
 
 
 def load_exception(spec: str) -> type[BaseException]:

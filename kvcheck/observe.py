@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from operator import index
 
+from kvcheck.errors import what_it_did
 from kvcheck.spec.state import Snapshot
+from kvcheck.watchdog import CONTROL
 
 
 class ObservationError(Exception):
@@ -33,8 +35,10 @@ def read_table(target, seq: int, verified: tuple | None = None) -> tuple[int, ..
         table = target.block_table(seq)
     except (KeyError, LookupError):
         return None
-    except Exception as exc:  # noqa: BLE001 - the allocator's fault, reported
-        raise ObservationError(f"block_table({seq}) raised {type(exc).__name__}: {exc}") from None
+    except CONTROL:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the allocator's fault, reported
+        raise ObservationError(f"block_table({seq}) {what_it_did(exc)}") from None
     if table is None:
         return None
     try:
@@ -52,8 +56,10 @@ def read_table(target, seq: int, verified: tuple | None = None) -> tuple[int, ..
 def read_ref(target, block: int) -> int:
     try:
         value = target.refcount(block)
-    except Exception as exc:  # noqa: BLE001
-        raise ObservationError(f"refcount({block}) raised {type(exc).__name__}: {exc}") from None
+    except CONTROL:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        raise ObservationError(f"refcount({block}) {what_it_did(exc)}") from None
     return value if type(value) is int else as_int(value, f"refcount({block})")
 
 
@@ -62,7 +68,9 @@ def read_refs_of(target, blocks) -> dict[int, int]:
     try:
         refcount = target.refcount
         refs = {b: refcount(b) for b in blocks}
-    except Exception:  # noqa: BLE001 - ask again one by one, to name the block
+    except CONTROL:
+        raise
+    except BaseException:  # noqa: BLE001 - ask again one by one, to name the block
         return {b: read_ref(target, b) for b in blocks}
     if set(map(type, refs.values())) - {int}:
         return {b: as_int(r, f"refcount({b})") for b, r in refs.items()}
@@ -76,8 +84,10 @@ def read_refs(target, n: int) -> list[int]:
         return [read_ref(target, b) for b in range(n)]
     try:
         refs = list(bulk())
-    except Exception as exc:  # noqa: BLE001
-        raise ObservationError(f"refcounts() raised {type(exc).__name__}: {exc}") from None
+    except CONTROL:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        raise ObservationError(f"refcounts() {what_it_did(exc)}") from None
     if len(refs) != n:
         raise ObservationError(f"refcounts() returned {len(refs)} values for {n} blocks")
     if set(map(type, refs)) - {int}:
@@ -90,15 +100,19 @@ def read_num_free(target) -> int:
         return as_int(target.num_free(), "num_free()")
     except ObservationError:
         raise
-    except Exception as exc:  # noqa: BLE001
-        raise ObservationError(f"num_free() raised {type(exc).__name__}: {exc}") from None
+    except CONTROL:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        raise ObservationError(f"num_free() {what_it_did(exc)}") from None
 
 
 def read_free(target) -> list[int]:
     try:
         free = list(target.free_blocks())
-    except Exception as exc:  # noqa: BLE001
-        raise ObservationError(f"free_blocks() raised {type(exc).__name__}: {exc}") from None
+    except CONTROL:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        raise ObservationError(f"free_blocks() {what_it_did(exc)}") from None
     return [b if type(b) is int else as_int(b, "an entry of the free list") for b in free]
 
 
@@ -131,7 +145,9 @@ def read_identity(target, seq: int) -> object | None:
     other object (a list, a table object) is its own identity: ``Identity``."""
     try:
         value = target.table_identity(seq)
-    except Exception:  # noqa: BLE001 - identity is optional
+    except CONTROL:
+        raise
+    except BaseException:  # noqa: BLE001 - identity is optional
         return None
     if value is None:
         return None
@@ -143,7 +159,9 @@ def read_identity(target, seq: int) -> object | None:
 def read_len(target, seq: int) -> int | None:
     try:
         n = target.seq_len(seq)
-    except Exception:  # noqa: BLE001 - a length is optional
+    except CONTROL:
+        raise
+    except BaseException:  # noqa: BLE001 - a length is optional
         return None
     return None if n is None else as_int(n, f"the allocator's length of sequence {seq}")
 

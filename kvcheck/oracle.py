@@ -24,9 +24,11 @@ from __future__ import annotations
 import copy
 from operator import index
 
+from kvcheck import watchdog as watchdog_module
 from kvcheck import witness
 from kvcheck.compile import checks as compiled_checks
 from kvcheck.compile.tracer import Untraceable
+from kvcheck.errors import what_it_did
 from kvcheck.ghost import After, Ghost
 from kvcheck.observe import ObservationError, read_num_free, snapshot
 from kvcheck.shadow import ShadowMemory
@@ -37,26 +39,12 @@ from kvcheck.spec.logic import PY
 from kvcheck.spec.state import Snapshot
 from kvcheck.target import call
 from kvcheck.violation import Violation
-from kvcheck.watchdog import OperationTimeout, Watchdog
-
-# Watchdogs for steps called without one (e.g. the shrinker's breadth-first search):
-# the innermost ``ambient_watchdog`` block's, so a hang there is reported, not endless.
-_AMBIENT: list[Watchdog] = []
+from kvcheck.watchdog import CONTROL, Interrupted, OperationTimeout, Watchdog, active_watchdog, record_phase
 
 
-class ambient_watchdog:  # noqa: N801 - used as a context manager
-    """Within this block, ``Oracle.step(op)`` without a watchdog uses one of ``timeout`` s."""
-
-    def __init__(self, timeout: float | None):
-        self.wd = Watchdog(timeout)
-
-    def __enter__(self) -> Watchdog:
-        _AMBIENT.append(self.wd.__enter__())
-        return self.wd
-
-    def __exit__(self, *exc) -> None:
-        _AMBIENT.remove(self.wd)
-        self.wd.__exit__(*exc)
+def ambient_watchdog(timeout: float | None) -> Watchdog:
+    """A watchdog session: within it, ``Oracle.step(op)`` without a watchdog uses this one."""
+    return Watchdog(timeout)
 
 
 # The spec compiled for the fast mode's states (kvcheck.compile), once, at import: a
@@ -102,12 +90,21 @@ class Oracle:
         # The compiled spec stands in for the spec's own contracts only where a
         # subclass does not judge operations its own way.
         self.compiled = compiled and type(self)._check_op is Oracle._check_op
+        wd = active_watchdog()
+        record_phase("the first observation")
+        if wd is not None:
+            wd.enter()
         try:
             self.snap = snapshot(target, {})
-        except ObservationError as exc:
+        except (ObservationError, OperationTimeout) as exc:
             self.snap = None
-            self.violation = Violation(0, "malformed", "observation", witness=str(exc))
+            kind = "hang" if isinstance(exc, OperationTimeout) else "malformed"
+            text = f"reading the fresh allocator's state {exc}" if kind == "hang" else str(exc)
+            self.violation = Violation(0, kind, "observation", witness=text)
             return
+        finally:
+            if wd is not None:
+                wd.leave()
         self.observed = self.snap
         self.violation = self._check_state(self.snap, 0)
         if self.violation is None and self.snap.zero_refs() != target.num_blocks:
@@ -170,22 +167,47 @@ class Oracle:
         if not self._precondition(op):
             raise ValueError(f"precondition of {op.kind} fails: {op}")
         self.steps += 1
-        if watchdog is None and _AMBIENT:
-            watchdog = _AMBIENT[-1]
-        v = self._step(op, watchdog)
-        if v is None and self.mode == "fast" and self.steps % self.sweep_every == 0:
-            v = self.sweep()
+        if watchdog is None:
+            watchdog = active_watchdog()
+        recorder = watchdog_module.RECORDER
+        if recorder is not None:
+            recorder.op(op)
+        if watchdog is not None:
+            watchdog.enter()
+        try:
+            v = self._step(op, watchdog)
+            if v is None and self.mode == "fast" and self.steps % self.sweep_every == 0:
+                v = self.sweep()
+        except OperationTimeout as exc:  # while observing or checking: the call itself is judged in _invoke
+            v = Violation(self.steps, "hang", op.kind, witness=(
+                f"observing the allocator after {op.kind} {exc}"))
+        finally:
+            if watchdog is not None:
+                watchdog.leave()
+        if recorder is not None:
+            recorder.outcome(op, v)
         self.violation = v
         return v
 
-    def sweep(self) -> Violation | None:
+    def sweep(self, watchdog: Watchdog | None = None) -> Violation | None:
         """Audit the whole allocator: every invariant, the frame, every sequence's data."""
         if self.violation is not None:
             return self.violation
+        if watchdog is None:
+            watchdog = active_watchdog()
+        if watchdog is not None:
+            watchdog.enter()
         try:
             snap = snapshot(self.target, dict(self.lengths))
         except ObservationError as exc:
             return self._malformed(exc)
+        except OperationTimeout as exc:
+            self.violation = Violation(self.steps, "hang", "observation", witness=(
+                f"reading the whole allocator's state {exc}"))
+            return self.violation
+        finally:
+            if watchdog is not None:
+                watchdog.leave()
         v = self._check_state(snap, self.steps)
         if v is None and self.mode == "fast":
             v = self._check_frame(snap)
@@ -206,28 +228,33 @@ class Oracle:
         append_slot's result). A hang, a foreign exception or a malformed
         result is the violation returned."""
         kind = op.kind
-        if watchdog is not None:
-            watchdog.started += 1
-            watchdog.busy = True
         try:
             result = self._call(op)
             op.outcome = OK
         except OperationTimeout as exc:
-            return Violation(self.steps, "hang", kind, witness=f"{kind} hung: {exc}")
-        except Exception as exc:  # noqa: BLE001 - judged here
-            if not self.target.is_out_of_blocks(exc):
+            return Violation(self.steps, "hang", kind, witness=f"{kind} {exc}")
+        except Interrupted:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - judged here: the target's exception
+            if not self._out_of_blocks(exc):
                 return Violation(self.steps, "crash", kind, witness=(
-                    f"{kind} raised {type(exc).__name__}: {exc}"))
+                    f"{kind} {what_it_did(exc)}"))
             op.outcome = OOB
             return None
-        finally:
-            if watchdog is not None:
-                watchdog.busy = False
         if kind == "append_slot":
             bad = decode_append(op, result)
             if bad:
                 return Violation(self.steps, "malformed", "append_slot result", op.seq, witness=bad)
         return None
+
+    def _out_of_blocks(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the target's out-of-blocks signal (its own test may fail too)."""
+        try:
+            return bool(self.target.is_out_of_blocks(exc))
+        except CONTROL:
+            raise
+        except BaseException:  # noqa: BLE001 - a broken is_out_of_blocks: not out-of-blocks
+            return False
 
     def _step(self, op: Op, watchdog: Watchdog | None) -> Violation | None:
         v = self._invoke(op, watchdog)

@@ -43,6 +43,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from kvcheck.errors import what_it_did
 from kvcheck.loading import TargetError, build, resolve
 from kvcheck.oracle import Oracle
 from kvcheck.shadow import ShadowMemory
@@ -50,7 +51,7 @@ from kvcheck.spec import prefix as P
 from kvcheck.spec.contracts import OK, OOB, Op
 from kvcheck.spec.logic import PY
 from kvcheck.violation import Violation
-from kvcheck.watchdog import Watchdog
+from kvcheck.watchdog import CONTROL, OperationTimeout, Watchdog, active_watchdog
 
 
 @dataclass
@@ -347,6 +348,20 @@ class PrefixOracle:
         if self.violation is not None:
             return self.violation
         self.pending, self.pending_hits = op, 0
+        wd = watchdog if watchdog is not None else active_watchdog()
+        if wd is not None:
+            wd.enter()  # the operation and the cache observation after it: one guarded call
+        try:
+            return self._step(op, wd)
+        except OperationTimeout as exc:
+            self.violation = Violation(self.s.steps, "hang", "prefix observation",
+                                       witness=f"reading the prefix cache after {op.kind} {exc}")
+            return self.violation
+        finally:
+            if wd is not None:
+                wd.leave()
+
+    def _step(self, op: PrefixOp, watchdog) -> Violation | None:
         v = self.s.step(op, watchdog)
         self.steps = self.s.steps
         if v is None:
@@ -377,8 +392,10 @@ class PrefixOracle:
     def _observe_and_check(self, n: int, op):
         try:
             post = self._observe()
-        except Exception as exc:  # noqa: BLE001 - the allocator's fault
-            why = f"reading the prefix cache raised {type(exc).__name__}: {exc}"
+        except CONTROL:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the allocator's fault
+            why = f"reading the prefix cache {what_it_did(exc)}"
             return None, Violation(n, "malformed", "prefix observation", witness=why)
         if op is not None and op.outcome == OOB and self.pre is not None:
             if sorted(map(repr, post.entries)) != sorted(map(repr, self.pre.entries)) or \
@@ -415,7 +432,9 @@ class PrefixOracle:
             table = post.table_tuple(op.seq)
             try:
                 now = {(repr(k), b) for k, b in self.view.entries()}
-            except Exception:  # noqa: BLE001 - reported by the state check
+            except CONTROL:
+                raise
+            except BaseException:  # noqa: BLE001 - reported by the state check
                 now = set()
             before = self.pre
             hits = 0
@@ -672,14 +691,14 @@ def verify_prefix(target="prefix", num_blocks: int = 16, block_size: int = 4, op
                   seed: int = 0, mode: str = "full", do_shrink: bool = True,
                   shrink_budget: float = 30.0, timeout: float | None = 10.0) -> PrefixResult:
     """Drive ``target`` with shared-prefix workloads under the prefix oracle."""
-    label, factory = resolve(target)
     start = time.perf_counter()
-    t = build(factory, num_blocks, block_size)
-    oracle = PrefixOracle(t, mode=mode, timeout=timeout)
-    driver = PrefixDriver(seed, num_blocks, block_size, t.capabilities)
-    history: list[PrefixOp] = []
-    v = oracle.violation
-    with Watchdog(timeout) as wd:
+    with Watchdog(timeout) as wd:  # importing, building, every step and every observation
+        label, factory = resolve(target)
+        t = build(factory, num_blocks, block_size)
+        oracle = PrefixOracle(t, mode=mode, timeout=timeout)
+        driver = PrefixDriver(seed, num_blocks, block_size, t.capabilities)
+        history: list[PrefixOp] = []
+        v = oracle.violation
         for _ in range(ops):
             if v is not None:
                 break

@@ -31,6 +31,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvcheck.errors import what_it_did
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.loading import TargetError, _import_attr
 from kvcheck.observe import ObservationError, as_int, snapshot
@@ -40,7 +41,7 @@ from kvcheck.spec.logic import PY
 from kvcheck.spec.scheduler import SchedState
 from kvcheck.target import SeedAdapter
 from kvcheck.violation import Violation
-from kvcheck.watchdog import OperationTimeout, Watchdog
+from kvcheck.watchdog import Interrupted, OperationTimeout, Watchdog
 from kvcheck.workload import Request, fits
 
 SCHEDULERS: dict[str, tuple[str, str]] = {
@@ -174,6 +175,16 @@ class _Harness:
 
     # -- observation -----------------------------------------------------------------
     def capture(self) -> SchedState:
+        wd = getattr(self, "wd", None)
+        if wd is None:
+            return self._capture()
+        wd.enter()  # reading the scheduler runs its code: one guarded call
+        try:
+            return self._capture()
+        finally:
+            wd.leave()
+
+    def _capture(self) -> SchedState:
         s = self.sched
         try:
             waiting = tuple((as_int(q, "a waiting sequence id"), as_int(n, "a waiting length"))
@@ -240,12 +251,11 @@ class _Harness:
 
     # -- the run ---------------------------------------------------------------------
     def _call(self, wd: Watchdog, fn, *args):
-        wd.started += 1
-        wd.busy = True
+        wd.enter()
         try:
             return fn(*args)
         finally:
-            wd.busy = False
+            wd.leave()
 
     def _arrive(self, r: Request, step: int, wd: Watchdog) -> Violation | None:
         try:
@@ -257,11 +267,18 @@ class _Harness:
                 self._call(wd, self.add, r.seq, r.prompt)
         except OperationTimeout as exc:
             return Violation(step, "hang", "add", r.seq, witness=f"add({r.seq}) hung: {exc}")
-        except Exception as exc:  # noqa: BLE001
+        except Interrupted:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the scheduler's fault
             return Violation(step, "crash", "add refused a request that fits", r.seq, witness=(
                 f"add({r.seq}, {r.prompt}) for a request of {r.prompt}+{r.max_new} tokens "
-                f"raised {type(exc).__name__}: {exc}"))
+                f"{what_it_did(exc)}"))
         return None
+
+    def _retire_by_hand(self, q: int) -> None:
+        """Retire ``q`` for a scheduler without ``finish``: what an engine would do."""
+        self.sched.running.remove(q)
+        self.bm.free_seq(q)
 
     def _retire(self, q: int, step: int, wd: Watchdog) -> Violation | None:
         pre = self.capture()
@@ -269,13 +286,14 @@ class _Harness:
             if self.finish is not None:
                 self._call(wd, self.finish, q)
             else:
-                self.sched.running.remove(q)
-                self.bm.free_seq(q)
+                self._call(wd, self._retire_by_hand, q)
         except OperationTimeout as exc:
             return Violation(step, "hang", "finish", q, witness=f"finish({q}) hung: {exc}")
-        except Exception as exc:  # noqa: BLE001
+        except Interrupted:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the scheduler's fault
             return Violation(step, "crash", "finish", q,
-                             witness=f"finish({q}) raised {type(exc).__name__}: {exc}")
+                             witness=f"finish({q}) {what_it_did(exc)}")
         post = self.capture()
         v = self._clauses(step, policy.finish(PY, pre, post, q), pre, post,
                           f"finish({q}) after step {step}", policy.DOCS["finish"])
@@ -285,9 +303,13 @@ class _Harness:
     def run(self) -> Run:
         try:
             with Watchdog(self.timeout) as wd:
+                self.wd = wd
                 v = self._run(wd)
         except ObservationError as exc:
             v = Violation(self.stats.steps, "malformed", "observation", witness=str(exc))
+        except OperationTimeout as exc:
+            v = Violation(self.stats.steps, "hang", "observation",
+                          witness=f"reading the scheduler's queues {exc}")
         return Run(v, self.stats, self.findings, self.log)
 
     def _run(self, wd: Watchdog) -> Violation | None:
@@ -322,9 +344,11 @@ class _Harness:
                 decoded = self._call(wd, self.sched.step)
             except OperationTimeout as exc:
                 return Violation(n, "hang", "step", witness=f"step() hung: {exc}")
-            except Exception as exc:  # noqa: BLE001
+            except Interrupted:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - the scheduler's fault
                 return Violation(n, "crash", "step", witness=(
-                    f"step() raised {type(exc).__name__}: {exc}; before: {describe(pre)}"))
+                    f"step() {what_it_did(exc)}; before: {describe(pre)}"))
             try:
                 decoded = [as_int(q, "a decoded id") for q in decoded]
             except (TypeError, ObservationError):

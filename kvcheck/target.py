@@ -77,6 +77,10 @@ def call(target, op):
     return target.free_seq(op.seq)
 
 
+class NotSeedShaped(TypeError):
+    """The object lacks what a seed-shaped allocator has (``tables``, ``ref``, ``free``)."""
+
+
 def named_out_of_blocks(exc: BaseException) -> bool:
     """Default signal: any exception whose class (or a base) is named ``OutOfBlocks``."""
     return any(cls.__name__ == "OutOfBlocks" for cls in type(exc).__mro__)
@@ -94,7 +98,7 @@ class SeedAdapter:
     ):
         missing = [a for a in ("tables", "ref", "free") if not hasattr(impl, a)]
         if missing:
-            raise TypeError(
+            raise NotSeedShaped(
                 f"{type(impl).__name__} is not seed-shaped: missing attribute(s) {', '.join(missing)}"
             )
         self.impl = impl

@@ -47,14 +47,14 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
 
     ``compiled=False`` evaluates the spec itself for every operation instead of
     its compiled form (same verdicts, slower; for comparison)."""
-    label, factory = resolve(target)
     start = time.perf_counter()
-    t = build(factory, num_blocks, block_size, out_of_blocks)
-    oracle = Oracle(t, mode=mode, timeout=timeout, compiled=compiled)
-    driver = RandomDriver(seed, num_blocks, block_size, t.capabilities)
-    history = []
-    v = oracle.violation
-    with Watchdog(timeout) as wd:
+    with Watchdog(timeout) as wd:  # importing, building, every step and every observation
+        label, factory = resolve(target)
+        t = build(factory, num_blocks, block_size, out_of_blocks)
+        oracle = Oracle(t, mode=mode, timeout=timeout, compiled=compiled)
+        driver = RandomDriver(seed, num_blocks, block_size, t.capabilities)
+        history = []
+        v = oracle.violation
         state = oracle._state
         for i in range(ops):
             if v is not None:
@@ -67,7 +67,7 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
             if progress is not None and i % 1024 == 0:
                 progress(i)
         if v is None:
-            v = oracle.sweep()
+            v = oracle.sweep(wd)
     seconds = time.perf_counter() - start
     if v is None:
         return Result("pass", oracle.steps, seconds, None, None)
@@ -77,12 +77,27 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
                   len(history))
 
 
+# A hang is shrunk with at most this per-operation limit, so that each candidate that
+# still hangs costs this long, not the run's whole timeout: a hang costs one full timeout.
+HANG_SHRINK_TIMEOUT = 1.0
+
+
 def counterexample(label, factory, num_blocks, block_size, history, v: Violation, seed,
                    out_of_blocks=None, timeout=10.0, do_shrink=True, budget=60.0) -> Trace:
-    """A replayable trace for violation ``v`` found after ``history``; shrunk if asked."""
+    """A replayable trace for violation ``v`` found after ``history``; shrunk if asked.
+
+    A hang is replayed with a per-operation limit of at most ``HANG_SHRINK_TIMEOUT``
+    (the trace says so): the run already paid one full timeout to find it."""
+    note = ""
+    if v.kind == "hang" and timeout and timeout > HANG_SHRINK_TIMEOUT:
+        timeout = HANG_SHRINK_TIMEOUT
+        note = (f"; replayed with a {HANG_SHRINK_TIMEOUT:g} s limit per operation, shorter than "
+                f"the run's, so that every replay that still hangs costs only that")
     with ambient_watchdog(timeout):  # for the steps the shrinker's search runs without one
-        return _counterexample(label, factory, num_blocks, block_size, history, v, seed,
-                               out_of_blocks, timeout, do_shrink, budget)
+        trace = _counterexample(label, factory, num_blocks, block_size, history, v, seed,
+                                out_of_blocks, timeout, do_shrink, budget)
+    trace.minimality += note
+    return trace
 
 
 def _counterexample(label, factory, num_blocks, block_size, history, v, seed, out_of_blocks,

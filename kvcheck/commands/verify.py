@@ -30,7 +30,6 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from kvcheck.errors import UsageError
-    from kvcheck.explain import render
     from kvcheck.loading import load_exception
     from kvcheck.verify import verify
 
@@ -44,6 +43,14 @@ def run(args) -> int:
     finally:
         if bar:
             bar.close()
+    return report(args, result)
+
+
+def report(args, result) -> int:
+    """Write ``--trace-out`` and print ``result`` (text or ``--json``); the exit code."""
+    from kvcheck.errors import UsageError
+    from kvcheck.explain import render
+
     if args.trace_out and result.trace is not None:
         try:
             result.trace.write(args.trace_out)
@@ -56,8 +63,10 @@ def run(args) -> int:
               f"{args.block_size} slots (seed {args.seed}), every invariant and contract held "
               f"[{result.seconds:.2f} s, {result.ops / max(result.seconds, 1e-9):,.0f} ops/s]")
     else:
+        shrunk = ("not shrunk" if result.trace.minimality.startswith("not shrunk")
+                  else f"shrunk to {len(result.trace.ops)}")
         print(f"FAIL {args.target}: violation after {result.original_length} operations "
-              f"(seed {args.seed}); shrunk to {len(result.trace.ops)}:")
+              f"(seed {args.seed}); {shrunk}:")
         print(render(result.trace, source=args.trace_out))
         if args.trace_out:
             print(f"trace written to {args.trace_out}")
