@@ -11,10 +11,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 from kvcheck.registry import TARGETS
-from kvcheck.target import SeedAdapter, is_target
+from kvcheck.target import OPERATIONS, SeedAdapter, is_target
 
 
 class TargetError(Exception):
@@ -85,11 +86,44 @@ def build(factory, num_blocks: int, block_size: int, out_of_blocks=None):
     if is_target(impl):
         if out_of_blocks is not None:
             impl.is_out_of_blocks = lambda exc: isinstance(exc, out_of_blocks)
-        return impl
-    try:
-        return SeedAdapter(impl, num_blocks, block_size, out_of_blocks)
-    except TypeError as exc:
-        raise TargetError(str(exc)) from None
+        target = impl
+    else:
+        try:
+            target = SeedAdapter(impl, num_blocks, block_size, out_of_blocks)
+        except TypeError as exc:
+            raise TargetError(str(exc)) from None
+    check_capabilities(target, type(impl).__name__)
+    return target
+
+
+def check_capabilities(target, name: str = "the target") -> None:
+    """``TargetError`` unless ``target.capabilities`` lets kvcheck issue operations.
+
+    Names kvcheck does not know are ignored (a newer target may offer more);
+    without ``allocate`` no sequence can ever exist, so nothing could run and
+    nothing would be checked: that is bad input, never a pass.
+    """
+    caps = getattr(target, "capabilities", None)
+    if caps is None or isinstance(caps, (str, bytes)) or not isinstance(caps, Collection):
+        raise TargetError(f"{name}.capabilities must be a set of operation names "
+                          f"({', '.join(OPERATIONS)}), got {_short(caps)}")
+    known = [op for op in OPERATIONS if op in caps]
+    if not known and type(target) is SeedAdapter:
+        raise TargetError(f"{name} has none of the methods {', '.join(OPERATIONS)}: no operation "
+                          f"could run, so nothing could be checked")
+    if not known:
+        raise TargetError(f"{name} offers no operation kvcheck knows: capabilities "
+                          f"{_short(caps)} name none of {', '.join(OPERATIONS)}, so nothing "
+                          f"could be checked")
+    if "allocate" not in known:
+        raise TargetError(f"{name} does not offer allocate (capabilities: {', '.join(known)}): "
+                          f"without it no sequence exists and no operation can run, so nothing "
+                          f"could be checked")
+
+
+def _short(value) -> str:
+    text = repr(sorted(value, key=str) if isinstance(value, (set, frozenset)) else value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def load_exception(spec: str) -> type[BaseException]:

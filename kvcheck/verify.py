@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvcheck.driver import RandomDriver
-from kvcheck.loading import build, resolve
+from kvcheck.loading import TargetError, build, resolve
 from kvcheck.oracle import Oracle, ambient_watchdog
 from kvcheck.shrink import replay, shrink
 from kvcheck.trace import Trace
@@ -68,6 +68,8 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
                 progress(i)
         if v is None:
             v = oracle.sweep()
+    if v is None and not history:  # nothing ran: nothing was checked, never a pass
+        raise TargetError(f"no operation ran on {label} ({ops} requested): nothing was checked")
     seconds = time.perf_counter() - start
     if v is None:
         return Result("pass", oracle.steps, seconds, None, None)

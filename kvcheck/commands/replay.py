@@ -49,6 +49,7 @@ def _write(path: str, text: str, flag: str) -> None:
 
 
 def run(args) -> int:
+    from kvcheck.errors import UsageError
     from kvcheck.explain import render
     from kvcheck.loading import TargetError, load_exception, resolve
     from kvcheck.pytest_out import pytest_source
@@ -69,6 +70,9 @@ def run(args) -> int:
                           f"--target)") from None
     r = replay(factory, trace.num_blocks, trace.block_size, trace.ops, oob, args.timeout,
                record=True)
+    if r.violation is None and not r.ops:
+        raise UsageError(f"none of the {len(trace.ops)} operation(s) of {args.trace} could run on "
+                         f"{label}: nothing was checked")
     skipped = _skipped(trace, r)
     got = r.violation
     want = trace.violation
