@@ -33,7 +33,21 @@ def resolve(spec) -> tuple[str, object]:
     if ":" not in spec:
         names = ", ".join(sorted(TARGETS))
         raise TargetError(f"unknown target {spec!r}: use module:attr, file.py:attr or one of: {names}")
-    return spec, _import_attr(spec)
+    return location(spec), _import_attr(spec)
+
+
+def _is_file(where: str) -> bool:
+    return where.endswith(".py") or "/" in where
+
+
+def location(spec: str) -> str:
+    """Where a ``module:attr`` or ``file.py:attr`` string points, from any working directory:
+    a file that exists is made absolute; modules and registered names stay as they are
+    (what traces record, so ``kvcheck replay`` finds the target from elsewhere)."""
+    where, sep, attr = spec.rpartition(":")
+    if sep and where and _is_file(where) and Path(where).is_file():
+        return f"{Path(where).resolve()}:{attr}"
+    return spec
 
 
 def _import_attr(spec: str):
@@ -41,21 +55,14 @@ def _import_attr(spec: str):
     if not where or not attr:
         raise TargetError(f"target {spec!r} must look like module:attr")
     try:
-        if where.endswith(".py") or "/" in where:
+        if _is_file(where):
             path = Path(where)
             if not path.is_file():
                 raise TargetError(f"target file {where} does not exist")
             name = f"kvcheck_target_{abs(hash(str(path.resolve())))}"
             module = sys.modules.get(name)  # load a file once, so its classes stay one class
             if module is None:
-                mod_spec = importlib.util.spec_from_file_location(name, path)
-                module = importlib.util.module_from_spec(mod_spec)
-                sys.modules[name] = module
-                try:
-                    mod_spec.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[name]
-                    raise
+                module = _load_file(name, path)
         else:
             module = importlib.import_module(where)
     except TargetError:
@@ -70,6 +77,27 @@ def _import_attr(spec: str):
     if not callable(obj):
         raise TargetError(f"{spec!r} is not callable: it must be a factory(num_blocks, block_size)")
     return obj
+
+
+def _load_file(name: str, path: Path):
+    """Execute ``path`` as module ``name`` with its folder importable while it loads (as
+    ``python path`` would have it), so it can import the modules that sit beside it."""
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(mod_spec)
+    folder = str(path.resolve().parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    sys.modules[name] = module
+    try:
+        mod_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+    return module
 
 
 def build(factory, num_blocks: int, block_size: int, out_of_blocks=None):

@@ -32,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kvcheck.impl.block_manager import BlockManager
-from kvcheck.loading import TargetError, _import_attr
+from kvcheck.loading import TargetError, _import_attr, location
 from kvcheck.observe import ObservationError, as_int, snapshot
 from kvcheck.spec import scheduler as policy
 from kvcheck.spec.invariants import INVARIANTS
@@ -63,7 +63,7 @@ def resolve(spec) -> tuple[str, object]:
         names = ", ".join(sorted(SCHEDULERS))
         raise TargetError(f"unknown scheduler {spec!r}: use module:attr, file.py:attr or one of: "
                           f"{names}")
-    return spec, _import_attr(spec)
+    return location(spec), _import_attr(spec)
 
 
 def build(factory, num_blocks: int, block_size: int, watermark: int):
