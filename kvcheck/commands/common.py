@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -43,6 +45,68 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
+
+
+def check_outputs(*outputs: tuple[str | None, str]) -> None:
+    """Before a run: every ``(path, flag)`` given can be written, and no two are the same file;
+    else ``UsageError`` (one line, exit 2) before any time is spent."""
+    from kvcheck.errors import UsageError
+
+    seen: dict[str, str] = {}
+    for path, flag in outputs:
+        if not path:
+            continue
+        problem = _unwritable(path)
+        if problem:
+            raise UsageError(f"{flag} {path}: {problem}")
+        key = os.path.realpath(path)
+        if key in seen and not _is_device(path):
+            raise UsageError(f"{flag} and {seen[key]} name the same file {path}")
+        seen[key] = flag
+
+
+def _is_device(path: str) -> bool:
+    try:
+        return Path(path).exists() and not Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _unwritable(path: str) -> str:
+    """Why ``path`` cannot be written ('' when it can, as far as can be told beforehand)."""
+    try:
+        p = Path(path)
+        if p.is_dir():
+            return "is a directory"
+        parent = p.parent
+        if not parent.exists():
+            return f"directory {parent} does not exist"
+        if not parent.is_dir():
+            return f"{parent} is not a directory"
+        if p.exists():
+            return "" if os.access(p, os.W_OK) else "not writable"
+        return "" if os.access(parent, os.W_OK | os.X_OK) else f"cannot create files in {parent}"
+    except ValueError as exc:  # e.g. a NUL in the name
+        return str(exc)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def write_output(path: str, text: str, flag: str) -> bool:
+    """After a run: write ``text`` to ``path``. On failure say so in one line on stderr and
+    return False; the run's result is still printed and its verdict stands."""
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+        return True
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        print(f"kvcheck: error: cannot write {flag} {path}: {reason}", file=sys.stderr)
+        return False
+
+
+def exit_code(verdict: int, written: bool) -> int:
+    """The verdict's exit code; a pass whose requested output could not be written is 2."""
+    return verdict if written or verdict != 0 else 2
 
 
 def emit_json(obj) -> None:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from kvcheck.commands.common import emit_json, positive_float, positive_int
+from kvcheck.commands.common import (
+    check_outputs,
+    emit_json,
+    exit_code,
+    positive_float,
+    positive_int,
+    write_output,
+)
 
 
 def add_parser(sub) -> None:
@@ -36,25 +42,23 @@ def run(args) -> int:
     from kvcheck.junit import junit_xml
     from kvcheck.prove import Settings, prove
 
-    for path in (args.junit, args.trace_out):
-        if path and Path(path).is_dir():
-            raise UsageError(f"{path} is a directory")
+    check_outputs((args.junit, "--junit"), (args.trace_out, "--trace-out"))
     st = Settings(args.blocks, args.block_size, args.seqs, args.depth, args.max_tokens,
                   args.budget, not args.no_pairs, not args.no_crosshair)
     if st.tokens > 64 or st.num_blocks > 64 or st.seqs > 8:
         raise UsageError("scope too large for bounded proofs: keep blocks and tokens <= 64, seqs <= 8")
-    tell = None if args.json else (lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    tell = None if args.json or not sys.stderr.isatty() else (
+        lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     report = prove(args.target, st, tell)
-    try:
-        if args.junit:
-            Path(args.junit).write_text(junit_xml(report) + "\n")
-        if args.trace_out and report.counterexample is not None:
-            report.counterexample.write(args.trace_out)
-    except OSError as exc:
-        raise UsageError(f"cannot write output: {exc.strerror}") from None
+    written = True
+    if args.junit:
+        written &= write_output(args.junit, junit_xml(report) + "\n", "--junit")
+    if args.trace_out and report.counterexample is not None:
+        written &= write_output(args.trace_out, report.counterexample.dumps() + "\n",
+                                "--trace-out")
     if args.json:
         emit_json(report.to_json())
-        return 0 if report.ok else 1
+        return exit_code(0 if report.ok else 1, written)
     widths = (16, 52, 9, 8)
     head = f"{'engine':{widths[0]}} {'property':{widths[1]}} {'result':{widths[2]}}"
     print(f"{head} {'time':>{widths[3]}}  scope / detail")
@@ -66,4 +70,4 @@ def run(args) -> int:
           f"[{report.seconds:.1f} s]")
     if report.counterexample is not None:
         print(render(report.counterexample, "Shortest counterexample"))
-    return 0 if report.ok else 1
+    return exit_code(0 if report.ok else 1, written)

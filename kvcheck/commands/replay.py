@@ -9,9 +9,7 @@ are re-run; the recorded results and states are for reading, not checked.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from kvcheck.commands.common import emit_json, positive_float
+from kvcheck.commands.common import check_outputs, emit_json, exit_code, positive_float, write_output
 
 
 def add_parser(sub) -> None:
@@ -32,22 +30,6 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _writable(path: str | None, flag: str) -> None:
-    from kvcheck.errors import UsageError
-
-    if path and Path(path).is_dir():
-        raise UsageError(f"{flag} {path} is a directory")
-
-
-def _write(path: str, text: str, flag: str) -> None:
-    from kvcheck.errors import UsageError
-
-    try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {flag} {path}: {exc.strerror or exc}") from None
-
-
 def run(args) -> int:
     from kvcheck.errors import UsageError
     from kvcheck.explain import render
@@ -56,8 +38,7 @@ def run(args) -> int:
     from kvcheck.shrink import replay
     from kvcheck.trace import Trace
 
-    _writable(args.pytest_out, "--pytest-out")
-    _writable(args.trace_out, "--trace-out")
+    check_outputs((args.pytest_out, "--pytest-out"), (args.trace_out, "--trace-out"))
     trace = Trace.load(args.trace)
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
     target = args.target or trace.target
@@ -83,17 +64,19 @@ def run(args) -> int:
     else:
         verdict = "different"
     rerun = Trace(label, trace.num_blocks, trace.block_size, r.ops, got, trace.seed, r.states)
+    written = wrote_pytest = True
     if args.pytest_out:
-        _write(args.pytest_out, pytest_source(trace, target, args.timeout), "--pytest-out")
+        written = wrote_pytest = write_output(
+            args.pytest_out, pytest_source(trace, target, args.timeout), "--pytest-out")
     if args.trace_out:
         rerun.minimality = f"replayed from a trace recorded on {trace.target}"
-        _write(args.trace_out, rerun.dumps() + "\n", "--trace-out")
+        written &= write_output(args.trace_out, rerun.dumps() + "\n", "--trace-out")
         rerun.minimality = ""
     if args.json:
         emit_json({"verdict": verdict, "target": label, "ran": len(r.ops), "skipped": skipped,
                    "recorded": None if want is None else want.to_json(),
                    "violation": None if got is None else got.to_json()})
-        return 0 if got is None else 1
+        return exit_code(0 if got is None else 1, written)
     recorded = "no violation" if want is None else (
         f"step {want.step} ({want.kind}) {want.name}")
     note = (f"; {skipped} operation(s) skipped (the target does not offer them, or they no "
@@ -103,14 +86,14 @@ def run(args) -> int:
         print(f"PASS {label}: {ran} operation(s) of {args.trace} ran on "
               f"{trace.num_blocks} blocks x {trace.block_size} slots and every invariant and "
               f"contract held (recorded: {recorded}){note}")
-        return 0
+        return exit_code(0, written)
     if verdict == "reproduced":
         print(f"REPRODUCED on {label}: step {got.step} ({got.kind}) {got.name}{note}")
     else:
         print(f"FAIL {label}: a different violation than recorded ({recorded}): "
               f"step {got.step} ({got.kind}) {got.name}{note}")
     print(render(rerun, title="Replay"))
-    if args.pytest_out:
+    if args.pytest_out and wrote_pytest:
         print(f"pytest reproducer written to {args.pytest_out}")
     return 1
 

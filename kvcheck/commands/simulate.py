@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from kvcheck.commands.common import emit_json, nonneg_int, positive_float, positive_int
+from kvcheck.commands.common import check_outputs, emit_json, exit_code, nonneg_int, positive_float, positive_int
 
 
 def _watermarks(text: str) -> list[int]:
@@ -62,14 +63,16 @@ def run(args) -> int:
     from kvcheck.workload import WorkloadError, check_scope
 
     if args.plot:
-        if Path(args.plot).is_dir():
-            raise UsageError(f"--plot {args.plot} is a directory")
-        if not Path(args.plot).resolve().parent.is_dir():
-            raise UsageError(f"--plot {args.plot}: directory does not exist")
+        check_outputs((args.plot, "--plot"))
         try:
-            import matplotlib  # noqa: F401
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install 'kvcheck[plot]'") from None
+        kinds = FigureCanvasAgg.get_supported_filetypes()
+        suffix = Path(args.plot).suffix.lstrip(".").lower()
+        if suffix and suffix not in kinds:
+            raise UsageError(f"--plot {args.plot}: cannot draw a .{suffix} file (name it "
+                             f"FILE.png, or one of .{', .'.join(sorted(kinds))})")
     m = costmodel.LLAMA_3_3_70B
     cost = costmodel.CostModel(
         m.kv_bytes_per_token, args.link_gbps * 1e9,
@@ -85,11 +88,14 @@ def run(args) -> int:
                              args.max_prompt, args.max_new, args.arrival_steps, args.host_blocks,
                              cost))
     sim = sims[0]
+    written = True
     if args.plot:
         try:
             plot(sim, args.plot)
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.plot}: {exc.strerror or exc}") from None
+        except (OSError, ValueError) as exc:
+            written = False
+            print(f"kvcheck: error: cannot write --plot {args.plot}: "
+                  f"{getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
     ok = all(s.run.violation is None for s in sims)
     if args.json:
         out = sim.to_json(series=False)
@@ -100,7 +106,7 @@ def run(args) -> int:
         if len(sims) > 1:
             out["compare"] = [s.to_json() for s in sims]
         emit_json(out)
-        return 0 if ok else 1
+        return exit_code(0 if ok else 1, written)
     print(summary(sim))
     if len(sims) > 1:
         print("watermark comparison (same workload shape, same seed):")
@@ -110,6 +116,6 @@ def run(args) -> int:
             print(f"  {s.watermark:9d}  {st.steps:5d}  {st.preemptions:11d}  {st.pingpongs:10d}  "
                   f"{st.recomputed_tokens:10,d}  {st.min_free:11d}  {st.leaked:6d}")
     print(costmodel.report(cost))
-    if args.plot:
+    if args.plot and written:
         print(f"plot written to {args.plot}")
-    return 0 if ok else 1
+    return exit_code(0 if ok else 1, written)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from kvcheck.commands.common import Progress, emit_json, nonneg_int, positive_float, positive_int
+from kvcheck.commands.common import (
+    Progress,
+    check_outputs,
+    emit_json,
+    exit_code,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    write_output,
+)
 
 
 def add_parser(sub) -> None:
@@ -29,14 +36,12 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kvcheck.errors import UsageError
     from kvcheck.explain import render
     from kvcheck.loading import load_exception
     from kvcheck.verify import verify
 
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
-    if args.trace_out and Path(args.trace_out).is_dir():
-        raise UsageError(f"--trace-out {args.trace_out} is a directory")
+    check_outputs((args.trace_out, "--trace-out"))
     bar = Progress(args.ops, "verify") if not args.json else None
     try:
         result = verify(args.target, args.blocks, args.block_size, args.ops, args.seed, oob,
@@ -44,11 +49,9 @@ def run(args) -> int:
     finally:
         if bar:
             bar.close()
+    written = True
     if args.trace_out and result.trace is not None:
-        try:
-            result.trace.write(args.trace_out)
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.trace_out}: {exc.strerror}") from None
+        written = write_output(args.trace_out, result.trace.dumps() + "\n", "--trace-out")
     if args.json:
         emit_json(result.to_json())
     elif result.ok:
@@ -58,7 +61,7 @@ def run(args) -> int:
     else:
         print(f"FAIL {args.target}: violation after {result.original_length} operations "
               f"(seed {args.seed}); shrunk to {len(result.trace.ops)}:")
-        print(render(result.trace, source=args.trace_out))
-        if args.trace_out:
+        print(render(result.trace, source=args.trace_out if written else None))
+        if args.trace_out and written:
             print(f"trace written to {args.trace_out}")
-    return 0 if result.ok else 1
+    return exit_code(0 if result.ok else 1, written)

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from kvcheck.commands.common import emit_json, nonneg_int, positive_float, positive_int
+from kvcheck.commands.common import (
+    check_outputs,
+    emit_json,
+    exit_code,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    write_output,
+)
 
 
 def add_parser(sub) -> None:
@@ -28,21 +35,18 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kvcheck.errors import UsageError
     from kvcheck.prefix_oracle import render, verify_prefix
 
-    if args.trace_out and Path(args.trace_out).is_dir():
-        raise UsageError(f"--trace-out {args.trace_out} is a directory")
+    check_outputs((args.trace_out, "--trace-out"))
     r = verify_prefix(args.target, args.blocks, args.block_size, args.ops, args.seed,
                       timeout=args.timeout)
+    written = True
     if args.trace_out and not r.ok:
-        try:
-            Path(args.trace_out).write_text(json.dumps(r.trace_json(), indent=1) + "\n")
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.trace_out}: {exc.strerror}") from None
+        written = write_output(args.trace_out, json.dumps(r.trace_json(), indent=1) + "\n",
+                               "--trace-out")
     if args.json:
         emit_json(r.to_json())
-        return 0 if r.ok else 1
+        return exit_code(0 if r.ok else 1, written)
     st = r.stats
     if r.ok:
         print(f"PASS {args.target}: {r.ops} operations on {args.blocks} blocks x "
@@ -55,6 +59,6 @@ def run(args) -> int:
     print(f"FAIL {args.target}: violation after {r.original_length} operations "
           f"(seed {args.seed}); shrunk to {len(r.trace)}:")
     print(render(r))
-    if args.trace_out:
+    if args.trace_out and written:
         print(f"trace written to {args.trace_out}")
     return 1

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from kvcheck.commands.common import emit_json, nonneg_int, positive_float, positive_int
+from kvcheck.commands.common import (
+    check_outputs,
+    emit_json,
+    exit_code,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    write_output,
+)
 
 
 def add_parser(sub) -> None:
@@ -41,17 +48,14 @@ def run(args) -> int:
         check_scope(args.blocks, args.block_size, args.watermark)
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
-    if args.trace_out and Path(args.trace_out).is_dir():
-        raise UsageError(f"--trace-out {args.trace_out} is a directory")
+    check_outputs((args.trace_out, "--trace-out"))
     result = verify(args.target, args.blocks, args.block_size, args.watermark, args.requests,
                     args.seed, args.workloads, args.timeout)
     data = result.to_json()
     data.update(block_size=args.block_size, watermark=args.watermark)
+    written = True
     if args.trace_out and not result.ok:
-        try:
-            Path(args.trace_out).write_text(json.dumps(data, indent=1) + "\n")
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.trace_out}: {exc.strerror}") from None
+        written = write_output(args.trace_out, json.dumps(data, indent=1) + "\n", "--trace-out")
     if args.json:
         emit_json(data)
     elif result.ok:
@@ -69,6 +73,6 @@ def run(args) -> int:
               f"{args.seed + result.workloads - 1}); {result.original_requests} requests shrunk "
               f"to {len(result.workload or [])}:")
         print(render(result, args.block_size, args.watermark))
-        if args.trace_out:
+        if args.trace_out and written:
             print(f"counterexample written to {args.trace_out}")
-    return 0 if result.ok else 1
+    return exit_code(0 if result.ok else 1, written)
