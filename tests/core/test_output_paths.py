@@ -86,3 +86,10 @@ def test_two_outputs_naming_one_file_are_refused(tmp_path, capsys):
     same = str(tmp_path / "out")
     assert main(["prove", *PROVE_SMALL, "--junit", same, "--trace-out", same]) == 2
     assert "same file" in _one_line(capsys.readouterr().err)
+
+
+def test_a_plot_format_matplotlib_cannot_draw_is_refused_before_the_run(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    assert main(["simulate", "--requests", "5", "--plot", str(tmp_path / "run.txt")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "cannot draw a .txt file" in _one_line(err)
