@@ -1,15 +1,20 @@
-"""``prove``: every engine, one report.
+"""``prove``: every engine, one report, in two groups.
 
-Rows come from
+What was proved about the *spec* (``SPEC`` rows; they say nothing about the
+target):
   * Z3 over the spec: 1-induction of every invariant (and isolation), BMC
     from the empty pool, and vacuity (a witness for every outcome class);
     1-induction of every prefix-cache invariant over the prefix manager's
-    block steps (engine "z3 k-induction (prefix cache)");
+    block steps (engine "z3 k-induction (prefix cache)").
+What was checked on the *target* (``TARGET`` rows):
   * bounded exploration of the target: the Z3 witness runs replayed on it
     (every outcome class and every ordered pair found within the bound), and
     exhaustive BFS within the scope;
-  * CrossHair on the reference's contracts (reference target only).
-Engines produce ``Row``s; rendering (table, JSON, JUnit) is separate.
+  * CrossHair on the reference's contracts (reference target only: it checks
+    the reference implementation's code).
+``Settings.target_only`` skips the spec rows (the witnesses are still searched:
+they are what the target is driven with). Engines produce ``Row``s; rendering
+(table, JSON, JUnit) is separate.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from kvcheck.spec.symbolic import SymScope
 from kvcheck.trace import Trace, request
 from kvcheck.watchdog import Watchdog
 
+SPEC, TARGET = "spec", "target"  # Row.group: proved about the spec / checked on the target
+
 
 @dataclass
 class Row:
@@ -39,6 +46,7 @@ class Row:
     result: str  # "holds" | "violated" | "unknown" | "unreachable"
     seconds: float
     detail: str = ""
+    group: str = SPEC
 
     @property
     def ok(self) -> bool:
@@ -51,18 +59,52 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     counterexample: Trace | None = None
     seconds: float = 0.0
+    spec_checked: bool = True  # False with Settings.target_only
 
     @property
     def ok(self) -> bool:
         return all(r.ok for r in self.rows)
 
+    def group(self, name: str) -> list[Row]:
+        return [r for r in self.rows if r.group == name]
+
+    def tally(self, name: str) -> dict:
+        rows = self.group(name)
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r.result] = counts.get(r.result, 0) + 1
+        return {"rows": len(rows), "holds": counts.get("holds", 0),
+                "ok": all(r.ok for r in rows), "results": counts}
+
+    def summary(self) -> str:
+        """What was proved and what was checked, e.g. ``spec 35/35 proved; target 3/3 checked``."""
+        parts = []
+        for name, verb in ((SPEC, "proved"), (TARGET, "checked")):
+            t = self.tally(name)
+            if name == SPEC and not self.spec_checked:
+                parts.append("spec not proved (--target-only)")
+                continue
+            text = f"{name} {t['holds']}/{t['rows']} {verb}"
+            other = [f"{n} {result}" for result, n in t["results"].items() if result != "holds"]
+            parts.append(text + (f" ({', '.join(other)})" if other else ""))
+        return "; ".join(parts)
+
     def to_json(self) -> dict:
+        groups = {}
+        for name in (SPEC, TARGET):
+            t = self.tally(name)
+            groups[name] = {"checked": name == TARGET or self.spec_checked, "rows": t["rows"],
+                            "holds": t["holds"], "results": t["results"],
+                            "verdict": "pass" if t["ok"] else "fail"}
         return {
             "target": self.target,
             "verdict": "pass" if self.ok else "fail",
             "seconds": round(self.seconds, 3),
             "rows": [asdict(r) for r in self.rows],
             "counterexample": None if self.counterexample is None else self.counterexample.to_json(),
+            "summary": self.summary(),
+            SPEC: groups[SPEC],
+            TARGET: groups[TARGET],
         }
 
 
@@ -77,6 +119,7 @@ class Settings:
     pairs: bool = True
     crosshair: bool = True
     timeout: float = 10.0
+    target_only: bool = False  # skip what is proved about the spec; check the target only
 
     @property
     def tokens(self) -> int:
@@ -84,7 +127,11 @@ class Settings:
 
 
 def _z3_rows(st: Settings, report: Report, deadline: float) -> list:
+    """The spec's rows (unless ``target_only``); the Z3 witnesses the target is driven with."""
     sym = SymScope(st.num_blocks, st.block_size, st.seqs, st.tokens)
+    if st.target_only:
+        left = max(1.0, (deadline - time.monotonic()) * 0.5)
+        return witnesses(sym, st.depth, pairs=st.pairs, budget=left)
     scope = sym.describe()
     proved = True
     for p in prove_invariants(sym, timeout_ms=int(1000 * max(1.0, deadline - time.monotonic()))):
@@ -136,7 +183,7 @@ def _show(op) -> str:
     return describe_op(op)
 
 
-def _replay_witnesses(st: Settings, factory, ws, report: Report) -> None:
+def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=None) -> None:
     """Run every Z3 witness on the target, checking it and recording which classes it showed."""
     t0 = time.perf_counter()
     seen_classes, seen_pairs = set(), set()
@@ -144,7 +191,7 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report) -> None:
     for w in ws:
         if not w.depth:
             continue
-        oracle = Oracle(build(factory, st.num_blocks, st.block_size), mode="full",
+        oracle = Oracle(build(factory, st.num_blocks, st.block_size, out_of_blocks), mode="full",
                         timeout=st.timeout)
         prev = None
         with Watchdog(st.timeout) as wd:
@@ -158,9 +205,10 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report) -> None:
                 if v is not None:
                     report.rows.append(Row("exploration", f"z3 witness '{w.name}' on the target",
                                            _scope(st), "violated", time.perf_counter() - t0,
-                                           f"{v.name}: {v.witness}"))
+                                           f"{v.name}: {v.witness}", TARGET))
                     if report.counterexample is None:
-                        report.counterexample = _trace(report.target, st, w.ops, factory)
+                        report.counterexample = _trace(report.target, st, w.ops, factory,
+                                                       out_of_blocks)
                     return
                 cls = classify(PY, pre, oracle.observed, op)
                 seen_classes.add(cls)
@@ -179,56 +227,61 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report) -> None:
     if missing:
         detail += f"; never shown by the target: {', '.join(missing)}"
     report.rows.append(Row("exploration", "z3 witness runs pass the oracle", _scope(st), "holds",
-                           time.perf_counter() - t0, detail))
+                           time.perf_counter() - t0, detail, TARGET))
 
 
 def _scope(st: Settings) -> str:
     return Scope(st.num_blocks, st.block_size, st.seqs, st.tokens, st.depth).describe()
 
 
-def _trace(label, st: Settings, ops, factory) -> Trace | None:
+def _trace(label, st: Settings, ops, factory, out_of_blocks=None) -> Trace | None:
     """The counterexample, shrunk like verify's (sizes lowered, ids renumbered)."""
     from kvcheck.shrink import replay
     from kvcheck.verify import counterexample
 
-    r = replay(factory, st.num_blocks, st.block_size, ops, timeout=st.timeout)
+    r = replay(factory, st.num_blocks, st.block_size, ops, out_of_blocks, timeout=st.timeout)
     if r.violation is None:
         return None  # not reproducible from scratch: report the row, not a trace
     return counterexample(label, factory, st.num_blocks, st.block_size, r.ops, r.violation, None,
-                          timeout=st.timeout, budget=30.0)
+                          out_of_blocks, timeout=st.timeout, budget=30.0)
 
 
-def prove(target="reference", st: Settings | None = None, progress=None) -> Report:
-    """Run every engine on ``target`` within ``st``. Raises TargetError on bad input."""
+def prove(target="reference", st: Settings | None = None, progress=None,
+          out_of_blocks: type[BaseException] | None = None) -> Report:
+    """Run every engine on ``target`` within ``st``. Raises TargetError on bad input.
+
+    ``out_of_blocks``: the exception class the target signals out-of-blocks with (default:
+    any named ``OutOfBlocks``), used wherever the target is built."""
     st = st or Settings()
     label, factory = resolve(target)
-    build(factory, st.num_blocks, st.block_size)  # bad sizes / factory: fail early, exit 2
-    report = Report(label)
+    build(factory, st.num_blocks, st.block_size, out_of_blocks)  # bad input: fail early, exit 2
+    report = Report(label, spec_checked=not st.target_only)
     start = time.monotonic()
     deadline = start + st.budget
     say = progress or (lambda msg: None)
 
-    say("z3: induction, bmc, coverage")
+    say("z3: witnesses of every outcome class" if st.target_only else
+        "z3: induction, bmc, coverage")
     ws = _z3_rows(st, report, start + st.budget * 0.5)
 
     say("exploration: z3 witnesses on the target")
-    _replay_witnesses(st, factory, ws, report)
+    _replay_witnesses(st, factory, ws, report, out_of_blocks)
 
     say("exploration: breadth-first search")
     scope = Scope(st.num_blocks, st.block_size, st.seqs, st.tokens, st.depth)
     left = max(1.0, deadline - time.monotonic())
     with Watchdog(st.timeout):
-        ex = explore(factory, scope, timeout=st.timeout, budget=left * 0.8)
+        ex = explore(factory, scope, out_of_blocks, timeout=st.timeout, budget=left * 0.8)
     if ex.violation is not None:
         report.rows.append(Row("exploration", "bfs: no violation", scope.describe(), "violated",
-                               ex.seconds, f"{ex.violation.name}: {ex.violation.witness}"))
-        report.counterexample = _trace(label, st, ex.ops, factory)
+                               ex.seconds, f"{ex.violation.name}: {ex.violation.witness}", TARGET))
+        report.counterexample = _trace(label, st, ex.ops, factory, out_of_blocks)
     else:
         report.rows.append(Row(
             "exploration", "bfs: no violation", scope.describe(),
             "holds" if ex.complete else "unknown", ex.seconds,
             f"{ex.explored} operations explored, {ex.distinct} distinct states, depth {ex.depth}"
-            + ("" if ex.complete else " (stopped by the time budget)")))
+            + ("" if ex.complete else " (stopped by the time budget)"), TARGET))
 
     if st.crosshair and label == "reference":
         say("crosshair: contracts of the reference")
@@ -242,6 +295,6 @@ def prove(target="reference", st: Settings | None = None, progress=None) -> Repo
             report.rows.append(Row("crosshair", f"contract of {r['property']}",
                                    str(r.get("scope", "")), result, r["seconds"],
                                    (r.get("message") or "").splitlines()[0][:200]
-                                   if r.get("message") else ""))
+                                   if r.get("message") else "", TARGET))
     report.seconds = time.monotonic() - start
     return report

@@ -33,6 +33,11 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML, one test case per property")
     p.add_argument("--trace-out", metavar="FILE", help="write the counterexample as JSON")
+    p.add_argument("--target-only", action="store_true",
+                   help="skip what is proved about the spec (induction, BMC, coverage); run only "
+                        "what checks TARGET (Z3 witness runs, BFS, CrossHair on the reference)")
+    p.add_argument("--out-of-blocks", metavar="module:Name",
+                   help="exception class signalling out-of-blocks (default: any named OutOfBlocks)")
     p.set_defaults(run=run)
 
 
@@ -40,16 +45,19 @@ def run(args) -> int:
     from kvcheck.errors import UsageError
     from kvcheck.explain import render
     from kvcheck.junit import junit_xml
+    from kvcheck.loading import load_exception
     from kvcheck.prove import Settings, prove
 
     check_outputs((args.junit, "--junit"), (args.trace_out, "--trace-out"))
+    oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
     st = Settings(args.blocks, args.block_size, args.seqs, args.depth, args.max_tokens,
-                  args.budget, not args.no_pairs, not args.no_crosshair)
+                  args.budget, not args.no_pairs, not args.no_crosshair,
+                  target_only=args.target_only)
     if st.tokens > 64 or st.num_blocks > 64 or st.seqs > 8:
         raise UsageError("scope too large for bounded proofs: keep blocks and tokens <= 64, seqs <= 8")
     tell = None if args.json or not sys.stderr.isatty() else (
         lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
-    report = prove(args.target, st, tell)
+    report = prove(args.target, st, tell, out_of_blocks=oob)
     written = True
     if args.junit:
         written &= write_output(args.junit, junit_xml(report) + "\n", "--junit")
@@ -59,15 +67,35 @@ def run(args) -> int:
     if args.json:
         emit_json(report.to_json())
         return exit_code(0 if report.ok else 1, written)
-    widths = (16, 52, 9, 8)
-    head = f"{'engine':{widths[0]}} {'property':{widths[1]}} {'result':{widths[2]}}"
-    print(f"{head} {'time':>{widths[3]}}  scope / detail")
-    for r in report.rows:
-        print(f"{r.engine:{widths[0]}} {r.property[:widths[1]]:{widths[1]}} {r.result:{widths[2]}} "
-              f"{r.seconds:7.2f}s  {r.scope}" + (f"\n{'':{widths[0]}}   {r.detail}" if r.detail else ""))
+    print(table(report))
     verdict = "PASS" if report.ok else "FAIL"
-    print(f"{verdict} {report.target}: {sum(r.ok for r in report.rows)}/{len(report.rows)} hold "
-          f"[{report.seconds:.1f} s]")
+    print(f"{verdict} {report.target}: {report.summary()} [{report.seconds:.1f} s]")
     if report.counterexample is not None:
         print(render(report.counterexample, "Shortest counterexample"))
     return exit_code(0 if report.ok else 1, written)
+
+
+def table(report) -> str:
+    """The rows in two groups: what was proved about the spec, what was checked on the target."""
+    from kvcheck.prove import SPEC, TARGET
+
+    rows = report.rows
+    ew = max([len("engine"), *(len(r.engine) for r in rows)])
+    pw, rw = 52, max([len("result"), *(len(r.result) for r in rows)])
+    lines = []
+    titles = {SPEC: "Proved about the spec (Z3 over kvcheck's own specification; says nothing "
+                    "about the target's code):",
+              TARGET: f"Checked on the target {report.target} (its code, run under the oracle):"}
+    for group in (SPEC, TARGET):
+        if group == SPEC and not report.spec_checked:
+            lines.append("Proved about the spec: skipped (--target-only)")
+            continue
+        lines.append(titles[group])
+        lines.append(f"  {'engine':{ew}} {'property':{pw}} {'result':{rw}} {'time':>8}  "
+                     f"scope / detail")
+        for r in report.group(group):
+            lines.append(f"  {r.engine:{ew}} {r.property[:pw]:{pw}} {r.result:{rw}} "
+                         f"{r.seconds:7.2f}s  {r.scope}")
+            if r.detail:
+                lines.append(f"  {'':{ew}}   {r.detail}")
+    return "\n".join(lines)
