@@ -36,6 +36,7 @@ from kvcheck.trace import Trace, request
 from kvcheck.watchdog import Watchdog
 
 SPEC, TARGET = "spec", "target"  # Row.group: proved about the spec / checked on the target
+NOT_APPLICABLE = "not applicable"  # a class that cannot occur at the scope (see bmc.witnesses)
 
 
 @dataclass
@@ -43,14 +44,14 @@ class Row:
     engine: str
     property: str
     scope: str
-    result: str  # "holds" | "violated" | "unknown" | "unreachable"
+    result: str  # "holds" | "violated" | "unknown" | "unreachable" | "not applicable"
     seconds: float
     detail: str = ""
     group: str = SPEC
 
     @property
     def ok(self) -> bool:
-        return self.result == "holds"
+        return self.result in ("holds", NOT_APPLICABLE)
 
 
 @dataclass
@@ -85,7 +86,8 @@ class Report:
                 parts.append("spec not proved (--target-only)")
                 continue
             text = f"{name} {t['holds']}/{t['rows']} {verb}"
-            other = [f"{n} {result}" for result, n in t["results"].items() if result != "holds"]
+            other = [f"{n} {result}" + (" at this scope" if result == NOT_APPLICABLE else "")
+                     for result, n in t["results"].items() if result != "holds"]
             parts.append(text + (f" ({', '.join(other)})" if other else ""))
         return "; ".join(parts)
 
@@ -167,9 +169,18 @@ def _z3_rows(st: Settings, report: Report, deadline: float) -> list:
             continue
         if w.depth:
             result, detail = "holds", f"witness depth {w.depth}"
+        elif w.not_applicable:
+            result = NOT_APPLICABLE
+            detail = (f"cannot occur at this scope: Z3 shows no state satisfying every invariant "
+                      f"has such a step (it can at {w.possible_at})")
+        elif w.impossible:
+            result = "unreachable"
+            detail = ("Z3 shows no state satisfying every invariant has such a step, at this "
+                      "scope or a larger one: the spec says nothing about it")
         elif w.searched:
             result = "unreachable"
-            detail = f"no witness within depth {st.depth}: the spec says nothing about it"
+            detail = (f"no witness within depth {st.depth}, although a state satisfying every "
+                      f"invariant has such a step: the spec says nothing about it within the bound")
         else:
             result, detail = "unknown", "the time budget ran out before a witness was found"
         report.rows.append(Row("z3 coverage", f"reachable: {w.name}", scope, result, w.seconds,
@@ -215,15 +226,23 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=N
                 if prev is not None:
                     seen_pairs.add((prev, cls))
                 prev = cls
-    found_pairs = sum(1 for w in ws if w.depth and " -> " in w.name)
-    no_pair = sum(1 for w in ws if not w.depth and w.searched and " -> " in w.name)
-    unsearched = sum(1 for w in ws if not w.depth and not w.searched and " -> " in w.name)
-    missing = [c for c in OUTCOMES if c not in seen_classes]
+    pairs = [w for w in ws if " -> " in w.name]
+    found_pairs = sum(1 for w in pairs if w.depth)
+    cannot = sum(1 for w in pairs if not w.depth and w.impossible)
+    no_pair = sum(1 for w in pairs if not w.depth and not w.impossible and w.searched)
+    unsearched = sum(1 for w in pairs if not w.depth and not w.impossible and not w.searched)
+    na = [w.name for w in ws if " -> " not in w.name and w.not_applicable]
+    applicable = [c for c in OUTCOMES if c not in na]
+    missing = [c for c in applicable if c not in seen_classes]
     detail = (f"{ran} operations from {sum(1 for w in ws if w.depth)} witness runs; "
-              f"{len(seen_classes - {None})}/{len(OUTCOMES)} outcome classes and "
+              f"{len(seen_classes & set(applicable))}/{len(applicable)} "
+              f"{'applicable ' if na else ''}outcome classes and "
               f"{len(seen_pairs)} ordered pairs shown by the target "
-              f"({found_pairs} pairs have Z3 witnesses, {no_pair} are unreachable within depth "
+              f"({found_pairs} pairs have Z3 witnesses, {cannot} cannot occur from any state "
+              f"satisfying every invariant at this scope, {no_pair} are unreachable within depth "
               f"{st.depth}, {unsearched} were not searched within the budget)")
+    if na:
+        detail += f"; not applicable at this scope: {', '.join(na)}"
     if missing:
         detail += f"; never shown by the target: {', '.join(missing)}"
     report.rows.append(Row("exploration", "z3 witness runs pass the oracle", _scope(st), "holds",

@@ -145,3 +145,27 @@ class Both(Renamed):
     assert trace["violation"]["kind"] != "crash", trace["violation"]
     assert trace["minimality"].startswith("1-minimal"), trace["minimality"]
     assert [op["op"] for op in trace["ops"]] == ["allocate"]
+
+
+def test_block_size_1_marks_impossible_classes_not_applicable():
+    r = kvcheck("prove", "reference", "--block-size", "1", "--blocks", "3", "--seqs", "2",
+                "--depth", "4", "--no-crosshair")
+    assert r.returncode == 0, r.stdout + r.stderr
+    na = [line for line in r.stdout.splitlines() if "reachable: " in line and " not applicable " in line]
+    assert {line.split("reachable: ")[1].split()[0] for line in na} == {
+        "append/in-place", "append/copy-on-write", "append/out-of-blocks-in-copy-on-write"}
+    assert "cannot occur at this scope: Z3 shows no state satisfying every invariant" in r.stdout
+    assert "(3 not applicable at this scope)" in r.stdout.strip().splitlines()[-1]
+
+
+def test_a_class_the_spec_rules_out_fails_prove(monkeypatch):
+    from kvcheck.prove import Settings, prove
+    from kvcheck.spec.outcomes import OUTCOMES
+
+    kind, outcome, _ = OUTCOMES["append/copy-on-write"]
+    monkeypatch.setitem(OUTCOMES, "append/copy-on-write",
+                        (kind, outcome, lambda L, pre, post, op: False))
+    for block_size in (2, 1):
+        report = prove("reference", Settings(3, block_size, 2, 4, pairs=False, crosshair=False))
+        row = next(r for r in report.rows if r.property == "reachable: append/copy-on-write")
+        assert row.result == "unreachable" and not report.ok, (block_size, row)
