@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from kvcheck.loading import TargetError, build, resolve
 from kvcheck.oracle import Oracle
 from kvcheck.shadow import ShadowMemory
+from kvcheck.shrink import budget_ran_out
 from kvcheck.spec import prefix as P
 from kvcheck.spec.contracts import OK, OOB, Op
 from kvcheck.spec.logic import PY
@@ -519,6 +520,7 @@ class PrefixResult:
     original_length: int = 0
     target: str = ""
     seed: int = 0
+    minimality: str = "not shrunk"
 
     @property
     def ok(self) -> bool:
@@ -529,7 +531,7 @@ class PrefixResult:
             return None
         return {
             "format": "kvcheck.prefix-trace", "version": 1, "target": self.target,
-            "seed": self.seed,
+            "seed": self.seed, "minimality": self.minimality,
             "scope": {"num_blocks": self.num_blocks, "block_size": self.block_size},
             "ops": [op_json(op) for op in self.trace],
             "violation": self.violation.to_json(),
@@ -581,6 +583,8 @@ def render(r: PrefixResult) -> str:
             lines.append(f"  what happened: {v.witness}")
         if v.doc:
             lines.append(f"  the rule: {v.doc}")
+    if r.minimality:
+        lines.append(f"  minimal: {r.minimality}")
     return "\n".join(lines)
 
 
@@ -607,7 +611,8 @@ def replay(factory, num_blocks, block_size, ops, timeout=10.0):
 
 def shrink(factory, num_blocks, block_size, ops, key, timeout=10.0, budget=30.0):
     """Greedy shrinking to a trace failing the same way: cut the tail, delete chunks,
-    shorten prompts, lower the pool size; then renumber sequences."""
+    shorten prompts, lower the pool size; then renumber sequences. ``(violation, ops,
+    num_blocks, settled)``; ``settled`` is False when the budget stopped it first."""
     deadline = time.monotonic() + budget
 
     def fails(cand, nb):
@@ -665,7 +670,7 @@ def shrink(factory, num_blocks, block_size, ops, key, timeout=10.0, budget=30.0)
             r.child = new(op.child)
         renamed.append(r)
     final = fails(renamed, nb) or fails(cur, nb)
-    return final[0], final[1], nb
+    return final[0], final[1], nb, not changed
 
 
 def verify_prefix(target="prefix", num_blocks: int = 16, block_size: int = 4, ops: int = 5000,
@@ -698,6 +703,9 @@ def verify_prefix(target="prefix", num_blocks: int = 16, block_size: int = 4, op
         s = shrink(factory, num_blocks, block_size, history[: v.step], v.key, timeout,
                    shrink_budget)
         if s is not None:
-            res.violation, res.trace, res.num_blocks = s
+            res.violation, res.trace, res.num_blocks, settled = s
+            res.minimality = ("1-minimal: removing any one operation, shortening any prompt or "
+                              "lowering the pool size stops it failing" if settled else
+                              budget_ran_out(shrink_budget, len(res.trace), "operation"))
     res.seconds = time.perf_counter() - start
     return res

@@ -122,6 +122,7 @@ class Settings:
     crosshair: bool = True
     timeout: float = 10.0
     target_only: bool = False  # skip what is proved about the spec; check the target only
+    shrink_budget: float = 30.0  # seconds for shrinking a counterexample
 
     @property
     def tokens(self) -> int:
@@ -262,7 +263,7 @@ def _trace(label, st: Settings, ops, factory, out_of_blocks=None) -> Trace | Non
     if r.violation is None:
         return None  # not reproducible from scratch: report the row, not a trace
     return counterexample(label, factory, st.num_blocks, st.block_size, r.ops, r.violation, None,
-                          out_of_blocks, timeout=st.timeout, budget=30.0)
+                          out_of_blocks, timeout=st.timeout, budget=st.shrink_budget)
 
 
 def prove(target="reference", st: Settings | None = None, progress=None,

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.loading import TargetError, _import_attr, location
 from kvcheck.observe import ObservationError, as_int, snapshot
+from kvcheck.shrink import budget_ran_out
 from kvcheck.spec import scheduler as policy
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
@@ -570,7 +571,7 @@ def verify(target="reference", num_blocks: int = 16, block_size: int = 4, waterm
             how = ("1-minimal: dropping any request, shortening any prompt or output, moving any "
                    "arrival earlier, shrinking the pool by a block or halving the whole scope "
                    "stops it failing this way"
-                   if s.complete else "shrinking stopped at its time budget")
+                   if s.complete else budget_ran_out(shrink_budget, len(s.requests), "request"))
             return Result("fail", label, i + 1, steps, time.perf_counter() - start,
                           s.run.violation, s.requests, s.num_blocks, s.run.log, how, len(reqs),
                           findings, s.run.stats)

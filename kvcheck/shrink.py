@@ -242,3 +242,9 @@ def _scaled(ops: list[Op], bs: int, smaller: int) -> list[Op]:
         if o.kind == "allocate":
             o.n_tokens = max(1, -(-o.n_tokens * smaller // bs))
     return out
+
+
+def budget_ran_out(budget: float, length: int, unit: str) -> str:
+    """The minimality of a counterexample whose shrinking was stopped by its time budget."""
+    return (f"shrinking stopped at its {budget:g} s budget: {length} {unit}"
+            f"{'' if length == 1 else 's'}, not proven 1-minimal")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from kvcheck.driver import RandomDriver
 from kvcheck.loading import TargetError, build, resolve
 from kvcheck.oracle import Oracle, ambient_watchdog
-from kvcheck.shrink import replay, shrink
+from kvcheck.shrink import budget_ran_out, replay, shrink
 from kvcheck.trace import Trace
 from kvcheck.violation import Violation
 from kvcheck.watchdog import Watchdog
@@ -93,7 +93,7 @@ def _counterexample(label, factory, num_blocks, block_size, history, v, seed, ou
         s = shrink(factory, num_blocks, block_size, history, v.key, out_of_blocks, timeout, budget)
         if s is not None:
             how = ("1-minimal: removing any one operation or lowering any size stops it failing"
-                   if s.one_minimal else "shrunk until the time budget ran out (not proven 1-minimal)")
+                   if s.one_minimal else budget_ran_out(budget, len(s.ops), "operation"))
             if s.shortest:
                 how += f"; shortest: {s.shortest}"
             return Trace(label, s.num_blocks, s.block_size, s.ops, s.violation, seed, s.states, how)

@@ -47,6 +47,31 @@ def positive_float(text: str) -> float:
     return value
 
 
+def nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
+    return value
+
+
+def add_shrink_seconds(p, default: float) -> None:
+    """``--shrink-seconds``: the time budget for shrinking a counterexample."""
+    p.add_argument("--shrink-seconds", type=nonneg_float, default=default, metavar="SECONDS",
+                   help="time budget for shrinking a counterexample, in seconds; when it runs out "
+                        "the trace says so and how long it is (default: %(default)g)")
+
+
+def stopped_note(minimality: str) -> str:
+    """`` (shrinking stopped at its 5 s budget, not proven 1-minimal)`` for a verdict line, when
+    the shrinking budget ran out ('' otherwise)."""
+    if not minimality.startswith("shrinking stopped at its "):
+        return ""
+    return f" ({minimality.split(':')[0]}, not proven 1-minimal)"
+
+
 def check_outputs(*outputs: tuple[str | None, str]) -> None:
     """Before a run: every ``(path, flag)`` given can be written, and no two are the same file;
     else ``UsageError`` (one line, exit 2) before any time is spent."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from kvcheck.commands.common import (
+    add_shrink_seconds,
     check_outputs,
     emit_json,
     exit_code,
@@ -38,6 +39,7 @@ def add_parser(sub) -> None:
                         "what checks TARGET (Z3 witness runs, BFS, CrossHair on the reference)")
     p.add_argument("--out-of-blocks", metavar="module:Name",
                    help="exception class signalling out-of-blocks (default: any named OutOfBlocks)")
+    add_shrink_seconds(p, 30.0)
     p.set_defaults(run=run)
 
 
@@ -52,7 +54,7 @@ def run(args) -> int:
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
     st = Settings(args.blocks, args.block_size, args.seqs, args.depth, args.max_tokens,
                   args.budget, not args.no_pairs, not args.no_crosshair,
-                  target_only=args.target_only)
+                  target_only=args.target_only, shrink_budget=args.shrink_seconds)
     if st.tokens > 64 or st.num_blocks > 64 or st.seqs > 8:
         raise UsageError("scope too large for bounded proofs: keep blocks and tokens <= 64, seqs <= 8")
     tell = None if args.json or not sys.stderr.isatty() else (

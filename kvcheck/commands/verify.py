@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from kvcheck.commands.common import (
     Progress,
+    add_shrink_seconds,
     check_outputs,
     emit_json,
     exit_code,
     nonneg_int,
     positive_float,
     positive_int,
+    stopped_note,
     write_output,
 )
 
@@ -32,6 +34,7 @@ def add_parser(sub) -> None:
                    help="seconds one operation may take before it counts as a hang (default 10)")
     p.add_argument("--full", action="store_true",
                    help="check the whole state after every operation (slow, exact)")
+    add_shrink_seconds(p, 60.0)
     p.set_defaults(run=run)
 
 
@@ -45,7 +48,8 @@ def run(args) -> int:
     bar = Progress(args.ops, "verify") if not args.json else None
     try:
         result = verify(args.target, args.blocks, args.block_size, args.ops, args.seed, oob,
-                        args.timeout, mode="full" if args.full else "fast", progress=bar)
+                        args.timeout, mode="full" if args.full else "fast", progress=bar,
+                        shrink_budget=args.shrink_seconds)
     finally:
         if bar:
             bar.close()
@@ -60,7 +64,8 @@ def run(args) -> int:
               f"[{result.seconds:.2f} s, {result.ops / max(result.seconds, 1e-9):,.0f} ops/s]")
     else:
         print(f"FAIL {args.target}: violation after {result.original_length} operations "
-              f"(seed {args.seed}); shrunk to {len(result.trace.ops)}:")
+              f"(seed {args.seed}); shrunk to {len(result.trace.ops)}"
+              f"{stopped_note(result.trace.minimality)}:")
         print(render(result.trace, source=args.trace_out if written else None))
         if args.trace_out and written:
             print(f"trace written to {args.trace_out}")

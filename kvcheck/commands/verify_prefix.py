@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 from kvcheck.commands.common import (
+    add_shrink_seconds,
     check_outputs,
     emit_json,
     exit_code,
     nonneg_int,
     positive_float,
     positive_int,
+    stopped_note,
     write_output,
 )
 
@@ -31,6 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeout", type=positive_float, default=10.0,
                    help="seconds one operation may take before it counts as a hang (default 10)")
+    add_shrink_seconds(p, 30.0)
     p.set_defaults(run=run)
 
 
@@ -39,7 +42,7 @@ def run(args) -> int:
 
     check_outputs((args.trace_out, "--trace-out"))
     r = verify_prefix(args.target, args.blocks, args.block_size, args.ops, args.seed,
-                      timeout=args.timeout)
+                      timeout=args.timeout, shrink_budget=args.shrink_seconds)
     written = True
     if args.trace_out and not r.ok:
         written = write_output(args.trace_out, json.dumps(r.trace_json(), indent=1) + "\n",
@@ -57,7 +60,7 @@ def run(args) -> int:
               f"[{r.seconds:.2f} s]")
         return 0
     print(f"FAIL {args.target}: violation after {r.original_length} operations "
-          f"(seed {args.seed}); shrunk to {len(r.trace)}:")
+          f"(seed {args.seed}); shrunk to {len(r.trace)}{stopped_note(r.minimality)}:")
     print(render(r))
     if args.trace_out and written:
         print(f"trace written to {args.trace_out}")

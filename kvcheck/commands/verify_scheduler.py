@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 from kvcheck.commands.common import (
+    add_shrink_seconds,
     check_outputs,
     emit_json,
     exit_code,
     nonneg_int,
     positive_float,
     positive_int,
+    stopped_note,
     write_output,
 )
 
@@ -36,6 +38,7 @@ def add_parser(sub) -> None:
                    help="seconds one step may take before it counts as a hang (default 10)")
     p.add_argument("--trace-out", metavar="FILE", help="write the counterexample as JSON")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_shrink_seconds(p, 30.0)
     p.set_defaults(run=run)
 
 
@@ -50,7 +53,7 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     check_outputs((args.trace_out, "--trace-out"))
     result = verify(args.target, args.blocks, args.block_size, args.watermark, args.requests,
-                    args.seed, args.workloads, args.timeout)
+                    args.seed, args.workloads, args.timeout, shrink_budget=args.shrink_seconds)
     data = result.to_json()
     data.update(block_size=args.block_size, watermark=args.watermark)
     written = True
@@ -71,7 +74,7 @@ def run(args) -> int:
     else:
         print(f"FAIL {result.label}: violation in workload {result.workloads} (seed "
               f"{args.seed + result.workloads - 1}); {result.original_requests} requests shrunk "
-              f"to {len(result.workload or [])}:")
+              f"to {len(result.workload or [])}{stopped_note(result.minimal)}:")
         print(render(result, args.block_size, args.watermark))
         if args.trace_out and written:
             print(f"counterexample written to {args.trace_out}")
