@@ -609,18 +609,27 @@ def replay(factory, num_blocks, block_size, ops, timeout=10.0):
     return None, ran
 
 
-def shrink(factory, num_blocks, block_size, ops, key, timeout=10.0, budget=30.0):
+def shrink(factory, num_blocks, block_size, ops, key, timeout=10.0, budget=30.0, progress=None):
     """Greedy shrinking to a trace failing the same way: cut the tail, delete chunks,
     shorten prompts, lower the pool size; then renumber sequences. ``(violation, ops,
-    num_blocks, settled)``; ``settled`` is False when the budget stopped it first."""
+    num_blocks, settled)``; ``settled`` is False when the budget stopped it first.
+    ``progress(attempts, length)`` is told of every candidate tried."""
     deadline = time.monotonic() + budget
+    attempts, smallest = 0, len(ops)
 
     def fails(cand, nb):
+        nonlocal attempts, smallest
+        attempts += 1
         try:
             v, ran = replay(factory, nb, block_size, cand, timeout)
         except Exception:  # noqa: BLE001 - a scope the target refuses is not smaller
-            return None
-        return (v, ran) if v is not None and v.key == key else None
+            v = ran = None
+        got = (v, ran) if v is not None and v.key == key else None
+        if got is not None:
+            smallest = min(smallest, len(ran))
+        if progress is not None:
+            progress(attempts, smallest)
+        return got
 
     got = fails(ops, num_blocks)
     if got is None:
@@ -675,8 +684,11 @@ def shrink(factory, num_blocks, block_size, ops, key, timeout=10.0, budget=30.0)
 
 def verify_prefix(target="prefix", num_blocks: int = 16, block_size: int = 4, ops: int = 5000,
                   seed: int = 0, mode: str = "full", do_shrink: bool = True,
-                  shrink_budget: float = 30.0, timeout: float | None = 10.0) -> PrefixResult:
-    """Drive ``target`` with shared-prefix workloads under the prefix oracle."""
+                  shrink_budget: float = 30.0, timeout: float | None = 10.0,
+                  progress=None, shrink_progress=None) -> PrefixResult:
+    """Drive ``target`` with shared-prefix workloads under the prefix oracle
+    (``progress(done)`` told of the operations run, ``shrink_progress(attempts, length)`` of
+    the shrinking)."""
     label, factory = resolve(target)
     start = time.perf_counter()
     t = build(factory, num_blocks, block_size)
@@ -685,9 +697,11 @@ def verify_prefix(target="prefix", num_blocks: int = 16, block_size: int = 4, op
     history: list[PrefixOp] = []
     v = oracle.violation
     with Watchdog(timeout) as wd:
-        for _ in range(ops):
+        for i in range(ops):
             if v is not None:
                 break
+            if progress is not None and i % 256 == 0:
+                progress(i)
             op = driver.next_op(oracle.live(), oracle.num_free())
             if not oracle.valid(op):
                 continue
@@ -701,7 +715,7 @@ def verify_prefix(target="prefix", num_blocks: int = 16, block_size: int = 4, op
     res.trace = history
     if do_shrink and v.step > 0:
         s = shrink(factory, num_blocks, block_size, history[: v.step], v.key, timeout,
-                   shrink_budget)
+                   shrink_budget, shrink_progress)
         if s is not None:
             res.violation, res.trace, res.num_blocks, settled = s
             res.minimality = ("1-minimal: removing any one operation, shortening any prompt or "

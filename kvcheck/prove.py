@@ -129,25 +129,32 @@ class Settings:
         return self.max_tokens or 3 * self.block_size
 
 
-def _z3_rows(st: Settings, report: Report, deadline: float) -> list:
+def _z3_rows(st: Settings, report: Report, deadline: float, say) -> list:
     """The spec's rows (unless ``target_only``); the Z3 witnesses the target is driven with."""
     sym = SymScope(st.num_blocks, st.block_size, st.seqs, st.tokens)
+
+    def searching(d, found, goals):
+        say(f"z3 coverage: depth {d}, witnesses for {found}/{goals} outcome classes and pairs")
+
     if st.target_only:
         left = max(1.0, (deadline - time.monotonic()) * 0.5)
-        return witnesses(sym, st.depth, pairs=st.pairs, budget=left)
+        return witnesses(sym, st.depth, pairs=st.pairs, budget=left, progress=searching)
     scope = sym.describe()
     proved = True
-    for p in prove_invariants(sym, timeout_ms=int(1000 * max(1.0, deadline - time.monotonic()))):
+    for p in prove_invariants(sym, timeout_ms=int(1000 * max(1.0, deadline - time.monotonic())),
+                              progress=lambda name: say(f"z3 k-induction: {name}")):
         result = {"proved": "holds"}.get(p.result, p.result)
         proved &= p.result == "proved"
         report.rows.append(Row(p.engine, p.property, scope, result, p.seconds, p.detail))
     pscope = PrefixModelScope(st.num_blocks, st.block_size, holders=st.seqs)
+    say("z3 k-induction (prefix cache): every prefix-cache invariant")
     for p in prove_prefix_invariants(pscope,
                                      timeout_ms=int(1000 * max(1.0, deadline - time.monotonic()))):
         result = {"proved": "holds"}.get(p.result, p.result)
         report.rows.append(Row(p.engine, p.property, p.scope, result, p.seconds, p.detail))
     left = max(1.0, (deadline - time.monotonic()) * 0.4)
-    b = bmc_bfs(sym, st.depth, budget=left)
+    b = bmc_bfs(sym, st.depth, budget=left, progress=lambda d, states, moves: say(
+        f"z3 bmc: depth {d} of {st.depth}, {states} distinct states, {moves} transitions"))
     name = f"no invariant broken within depth {st.depth}"
     if b.violated:
         report.rows.append(Row("z3 bmc", name, scope, "violated", b.seconds,
@@ -164,7 +171,7 @@ def _z3_rows(st: Settings, report: Report, deadline: float) -> list:
             result, detail = "unknown", f"{searched}; the time budget ran out"
         report.rows.append(Row("z3 bmc", name, scope, result, b.seconds, detail))
     left = max(1.0, (deadline - time.monotonic()) * 0.5)
-    ws = witnesses(sym, st.depth, pairs=st.pairs, budget=left)
+    ws = witnesses(sym, st.depth, pairs=st.pairs, budget=left, progress=searching)
     for w in ws:
         if " -> " in w.name:
             continue
@@ -195,7 +202,8 @@ def _show(op) -> str:
     return describe_op(op)
 
 
-def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=None) -> None:
+def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=None,
+                      say=None) -> None:
     """Run every Z3 witness on the target, checking it and recording which classes it showed."""
     t0 = time.perf_counter()
     seen_classes, seen_pairs = set(), set()
@@ -220,7 +228,7 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=N
                                            f"{v.name}: {v.witness}", TARGET))
                     if report.counterexample is None:
                         report.counterexample = _trace(report.target, st, w.ops, factory,
-                                                       out_of_blocks)
+                                                       out_of_blocks, say)
                     return
                 cls = classify(PY, pre, oracle.observed, op)
                 seen_classes.add(cls)
@@ -254,7 +262,7 @@ def _scope(st: Settings) -> str:
     return Scope(st.num_blocks, st.block_size, st.seqs, st.tokens, st.depth).describe()
 
 
-def _trace(label, st: Settings, ops, factory, out_of_blocks=None) -> Trace | None:
+def _trace(label, st: Settings, ops, factory, out_of_blocks=None, say=None) -> Trace | None:
     """The counterexample, shrunk like verify's (sizes lowered, ids renumbered)."""
     from kvcheck.shrink import replay
     from kvcheck.verify import counterexample
@@ -263,7 +271,9 @@ def _trace(label, st: Settings, ops, factory, out_of_blocks=None) -> Trace | Non
     if r.violation is None:
         return None  # not reproducible from scratch: report the row, not a trace
     return counterexample(label, factory, st.num_blocks, st.block_size, r.ops, r.violation, None,
-                          out_of_blocks, timeout=st.timeout, budget=st.shrink_budget)
+                          out_of_blocks, timeout=st.timeout, budget=st.shrink_budget,
+                          progress=None if say is None else lambda n, k: say(
+                              f"shrinking: {n} attempts, counterexample of {k} operations"))
 
 
 def prove(target="reference", st: Settings | None = None, progress=None,
@@ -278,24 +288,27 @@ def prove(target="reference", st: Settings | None = None, progress=None,
     report = Report(label, spec_checked=not st.target_only)
     start = time.monotonic()
     deadline = start + st.budget
-    say = progress or (lambda msg: None)
+    say = progress or (lambda msg: None)  # progress(text): what runs now, often (throttle it)
 
     say("z3: witnesses of every outcome class" if st.target_only else
         "z3: induction, bmc, coverage")
-    ws = _z3_rows(st, report, start + st.budget * 0.5)
+    ws = _z3_rows(st, report, start + st.budget * 0.5, say)
 
     say("exploration: z3 witnesses on the target")
-    _replay_witnesses(st, factory, ws, report, out_of_blocks)
+    _replay_witnesses(st, factory, ws, report, out_of_blocks, say)
 
     say("exploration: breadth-first search")
     scope = Scope(st.num_blocks, st.block_size, st.seqs, st.tokens, st.depth)
     left = max(1.0, deadline - time.monotonic())
     with Watchdog(st.timeout):
-        ex = explore(factory, scope, out_of_blocks, timeout=st.timeout, budget=left * 0.8)
+        ex = explore(factory, scope, out_of_blocks, timeout=st.timeout, budget=left * 0.8,
+                     progress=lambda d, states, ops: say(
+                         f"exploration bfs: depth {d} of {st.depth}, {states} distinct states, "
+                         f"{ops} operations"))
     if ex.violation is not None:
         report.rows.append(Row("exploration", "bfs: no violation", scope.describe(), "violated",
                                ex.seconds, f"{ex.violation.name}: {ex.violation.witness}", TARGET))
-        report.counterexample = _trace(label, st, ex.ops, factory, out_of_blocks)
+        report.counterexample = _trace(label, st, ex.ops, factory, out_of_blocks, say)
     else:
         report.rows.append(Row(
             "exploration", "bfs: no violation", scope.describe(),

@@ -419,7 +419,8 @@ class Shrunk:
 
 
 def shrink(factory, requests: list[Request], num_blocks: int, block_size: int, watermark: int,
-           key: tuple[str, str], timeout: float | None = 10.0, budget: float = 30.0) -> Shrunk:
+           key: tuple[str, str], timeout: float | None = 10.0, budget: float = 30.0,
+           progress=None) -> Shrunk:
     """A smaller workload failing the same way (same violation kind and rule).
 
     Greedy to a fixpoint: drop chunks of requests (halving down to one), lower
@@ -436,6 +437,8 @@ def shrink(factory, requests: list[Request], num_blocks: int, block_size: int, w
     def fails(reqs, blocks) -> Run | None:
         nonlocal tries
         tries += 1
+        if progress is not None:  # candidates tried, requests in the smallest failing workload
+            progress(tries, len(best))
         if not reqs or any(not fits(r, blocks, block_size, watermark) for r in reqs) \
                 or watermark >= blocks:
             return None
@@ -549,8 +552,11 @@ class Result:
 
 def verify(target="reference", num_blocks: int = 16, block_size: int = 4, watermark: int = 1,
            requests: int = 12, seed: int = 0, workloads: int = 20, timeout: float | None = 10.0,
-           do_shrink: bool = True, shrink_budget: float = 30.0) -> Result:
-    """Check ``target`` on ``workloads`` seeded workloads (seeds ``seed``, ``seed + 1``...)."""
+           do_shrink: bool = True, shrink_budget: float = 30.0, progress=None,
+           shrink_progress=None) -> Result:
+    """Check ``target`` on ``workloads`` seeded workloads (seeds ``seed``, ``seed + 1``...);
+    ``progress(done)`` told of the workloads run, ``shrink_progress(tries, requests)`` of the
+    shrinking."""
     from kvcheck.workload import generate
 
     label, factory = resolve(target)
@@ -561,13 +567,15 @@ def verify(target="reference", num_blocks: int = 16, block_size: int = 4, waterm
         reqs = generate(seed + i, requests, num_blocks, block_size, watermark,
                         arrival_steps=2 * requests)
         run = run_workload(factory, reqs, num_blocks, block_size, watermark, timeout)
+        if progress is not None:
+            progress(i + 1)
         steps += run.stats.steps
         findings.extend(run.findings)
         if run.violation is None:
             continue
         if do_shrink:
             s = shrink(factory, reqs, num_blocks, block_size, watermark, run.violation.key,
-                       timeout, shrink_budget)
+                       timeout, shrink_budget, shrink_progress)
             how = ("1-minimal: dropping any request, shortening any prompt or output, moving any "
                    "arrival earlier, shrinking the pool by a block or halving the whole scope "
                    "stops it failing this way"

@@ -42,11 +42,13 @@ class Result:
 def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: int = 10_000,
            seed: int = 0, out_of_blocks=None, timeout: float | None = 10.0,
            mode: str = "fast", do_shrink: bool = True, shrink_budget: float = 60.0,
-           progress: Callable[[int], None] | None = None, compiled: bool = True) -> Result:
+           progress: Callable[[int], None] | None = None, compiled: bool = True,
+           shrink_progress: Callable[[int, int], None] | None = None) -> Result:
     """Check ``target`` for ``ops`` random operations. Raises ``TargetError`` on bad input.
 
     ``compiled=False`` evaluates the spec itself for every operation instead of
-    its compiled form (same verdicts, slower; for comparison)."""
+    its compiled form (same verdicts, slower; for comparison). ``progress(done)`` is told
+    of the operations run, ``shrink_progress(attempts, length)`` of the shrinking."""
     label, factory = resolve(target)
     start = time.perf_counter()
     t = build(factory, num_blocks, block_size, out_of_blocks)
@@ -74,23 +76,26 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
     if v is None:
         return Result("pass", oracle.steps, seconds, None, None)
     trace = counterexample(label, factory, num_blocks, block_size, history, v, seed,
-                           out_of_blocks, timeout, do_shrink, shrink_budget)
+                           out_of_blocks, timeout, do_shrink, shrink_budget, shrink_progress)
     return Result("fail", oracle.steps, time.perf_counter() - start, trace.violation, trace,
                   len(history))
 
 
 def counterexample(label, factory, num_blocks, block_size, history, v: Violation, seed,
-                   out_of_blocks=None, timeout=10.0, do_shrink=True, budget=60.0) -> Trace:
-    """A replayable trace for violation ``v`` found after ``history``; shrunk if asked."""
+                   out_of_blocks=None, timeout=10.0, do_shrink=True, budget=60.0,
+                   progress=None) -> Trace:
+    """A replayable trace for violation ``v`` found after ``history``; shrunk if asked
+    (``progress(attempts, length)`` told of the shrinking)."""
     with ambient_watchdog(timeout):  # for the steps the shrinker's search runs without one
         return _counterexample(label, factory, num_blocks, block_size, history, v, seed,
-                               out_of_blocks, timeout, do_shrink, budget)
+                               out_of_blocks, timeout, do_shrink, budget, progress)
 
 
 def _counterexample(label, factory, num_blocks, block_size, history, v, seed, out_of_blocks,
-                    timeout, do_shrink, budget) -> Trace:
+                    timeout, do_shrink, budget, progress=None) -> Trace:
     if do_shrink:
-        s = shrink(factory, num_blocks, block_size, history, v.key, out_of_blocks, timeout, budget)
+        s = shrink(factory, num_blocks, block_size, history, v.key, out_of_blocks, timeout, budget,
+                   progress)
         if s is not None:
             how = ("1-minimal: removing any one operation or lowering any size stops it failing"
                    if s.one_minimal else budget_ran_out(budget, len(s.ops), "operation"))

@@ -246,8 +246,10 @@ def _class_at(u: Unrolling, step: int, name: str):
 
 
 def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
-              encoding: str = "int", budget: float | None = None) -> list[Witness]:
-    """Shortest witness of every outcome class (and, with ``pairs``, of every ordered pair)."""
+              encoding: str = "int", budget: float | None = None,
+              progress=None) -> list[Witness]:
+    """Shortest witness of every outcome class (and, with ``pairs``, of every ordered pair);
+    ``progress(depth, found, goals)`` is told as the search goes."""
     t0 = time.perf_counter()
     u = unroll(scope, contracts, None, encoding)
     names = list(OUTCOMES)
@@ -261,6 +263,8 @@ def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
             break
         extend(u, lemmas=False)
         for label, classes in goals:
+            if progress is not None:
+                progress(d, len(found), len(goals))
             if label in found or len(classes) > d:
                 continue
             if budget is not None and time.perf_counter() - t0 > budget:
@@ -354,12 +358,13 @@ class ReachResult:
 
 
 def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encoding: str = "int",
-            budget: float | None = None) -> ReachResult:
+            budget: float | None = None, progress=None) -> ReachResult:
     """BMC as breadth-first reachability: Z3 enumerates every successor the contracts allow
     (modulo the symmetry breaking and canonical garbage above), each is checked against the
     invariants, and states equal up to renaming of blocks and slots are expanded once. BFS
     order makes the first violation a shortest one; a clean run covers every run of at most
-    ``depth`` operations from the empty pool."""
+    ``depth`` operations from the empty pool. ``progress(depth, states, transitions)`` is
+    told of each state expanded."""
     t0 = time.perf_counter()
     m = Model(scope, contracts, invariants, encoding=encoding)
     s, s2 = m.state("s"), m.state("s2")
@@ -379,6 +384,8 @@ def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encodi
     for d in range(1, depth + 1):
         nxt = []
         for vals, path in frontier:
+            if progress is not None:
+                progress(d, res.states, res.transitions)
             if budget is not None and time.perf_counter() - t0 > budget:
                 res.complete = False
                 res.seconds = time.perf_counter() - t0

@@ -140,21 +140,54 @@ def emit_json(obj) -> None:
 
 
 class Progress:
-    """A one-line progress bar on stderr, only when it is a terminal."""
+    """One line of progress on stderr, only when stderr is a terminal (nothing otherwise, and
+    commands pass none with ``--json``): a bar (``progress(done)`` of ``total``), a status
+    line (``progress.say("stage: detail")``) and ``progress.shrinking(attempts, length)``.
 
-    def __init__(self, total: int, label: str):
-        self.total, self.label = total, label
+    Frequent updates are drawn at most ten times a second; a new stage (the text before the
+    first colon) is always drawn at once."""
+
+    def __init__(self, total: int = 0, label: str = "", unit: str = ""):
+        self.total, self.label, self.unit = total, label, unit
         self.enabled = sys.stderr.isatty()
+        self._stage, self._drawn, self._width = None, 0.0, 0
 
     def __call__(self, done: int) -> None:
         if not self.enabled or not self.total:
             return
         width = 30
-        filled = width * done // self.total
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}")
+        filled = width * min(done, self.total) // self.total
+        unit = f" {self.unit}" if self.unit else ""
+        self._draw(f"{self.label} [{'#' * filled}{'.' * (width - filled)}] "
+                   f"{done}/{self.total}{unit}", stage=f"{self.label} [")
+
+    def say(self, text: str) -> None:
+        if self.enabled:
+            self._draw(text, stage=text.split(":")[0])
+
+    def shrinking(self, attempts: int, length: int, unit: str = "operations") -> None:
+        """A shrinker's callback: candidates tried so far, and the current counterexample."""
+        self.say(f"{self.label}: shrinking: {attempts} attempts, counterexample of {length} "
+                 f"{unit}")
+
+    def _draw(self, text: str, stage: str) -> None:
+        import time
+
+        now = time.monotonic()
+        if stage == self._stage and now - self._drawn < 0.1:
+            return
+        self._stage, self._drawn = stage, now
+        try:
+            columns = os.get_terminal_size(sys.stderr.fileno()).columns or 80
+        except (OSError, ValueError):
+            columns = 80
+        text = text[: max(20, columns - 1)]
+        sys.stderr.write("\r" + text + " " * max(0, self._width - len(text)))
         sys.stderr.flush()
+        self._width = len(text)
 
     def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r" + " " * 70 + "\r")
+        if self.enabled and self._width:
+            sys.stderr.write("\r" + " " * self._width + "\r")
             sys.stderr.flush()
+            self._width = 0

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 from kvcheck.commands.common import (
+    Progress,
     add_shrink_seconds,
     check_outputs,
     emit_json,
@@ -57,9 +56,13 @@ def run(args) -> int:
                   target_only=args.target_only, shrink_budget=args.shrink_seconds)
     if st.tokens > 64 or st.num_blocks > 64 or st.seqs > 8:
         raise UsageError("scope too large for bounded proofs: keep blocks and tokens <= 64, seqs <= 8")
-    tell = None if args.json or not sys.stderr.isatty() else (
-        lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
-    report = prove(args.target, st, tell, out_of_blocks=oob)
+    bar = None if args.json else Progress(label="prove")
+    try:
+        report = prove(args.target, st, bar.say if bar and bar.enabled else None,
+                       out_of_blocks=oob)
+    finally:
+        if bar:
+            bar.close()
     written = True
     if args.junit:
         written &= write_output(args.junit, junit_xml(report) + "\n", "--junit")

@@ -5,7 +5,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kvcheck.commands.common import check_outputs, emit_json, exit_code, nonneg_int, positive_float, positive_int
+from kvcheck.commands.common import (
+    Progress,
+    check_outputs,
+    emit_json,
+    exit_code,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 
 
 def _watermarks(text: str) -> list[int]:
@@ -78,15 +86,24 @@ def run(args) -> int:
         m.kv_bytes_per_token, args.link_gbps * 1e9,
         args.prefill_tps or costmodel.prefill_rate(m.params), args.swap_latency_ms / 1e3)
     marks = [args.watermark] + [w for w in (args.compare_watermarks or []) if w != args.watermark]
-    sims = []
     for w in marks:
         try:
             check_scope(args.blocks, args.block_size, w)
         except WorkloadError as exc:
             raise UsageError(str(exc)) from None
-        sims.append(simulate(args.requests, args.blocks, args.block_size, w, args.seed, args.mode,
-                             args.max_prompt, args.max_new, args.arrival_steps, args.host_blocks,
-                             cost))
+    sims = []
+    bar = None if args.json else Progress(len(marks), "simulate", "runs")
+    try:
+        for w in marks:
+            if bar:
+                bar.say(f"simulate: watermark {w}, {len(sims) + 1} of {len(marks)} run(s), "
+                        f"{args.requests} requests")
+            sims.append(simulate(args.requests, args.blocks, args.block_size, w, args.seed,
+                                 args.mode, args.max_prompt, args.max_new, args.arrival_steps,
+                                 args.host_blocks, cost))
+    finally:
+        if bar:
+            bar.close()
     sim = sims[0]
     written = True
     if args.plot:

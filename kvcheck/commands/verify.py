@@ -45,11 +45,12 @@ def run(args) -> int:
 
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
     check_outputs((args.trace_out, "--trace-out"))
-    bar = Progress(args.ops, "verify") if not args.json else None
+    bar = Progress(args.ops, "verify", "operations") if not args.json else None
     try:
         result = verify(args.target, args.blocks, args.block_size, args.ops, args.seed, oob,
                         args.timeout, mode="full" if args.full else "fast", progress=bar,
-                        shrink_budget=args.shrink_seconds)
+                        shrink_budget=args.shrink_seconds,
+                        shrink_progress=bar.shrinking if bar else None)
     finally:
         if bar:
             bar.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from kvcheck.commands.common import (
+    Progress,
     add_shrink_seconds,
     check_outputs,
     emit_json,
@@ -41,8 +42,14 @@ def run(args) -> int:
     from kvcheck.prefix_oracle import render, verify_prefix
 
     check_outputs((args.trace_out, "--trace-out"))
-    r = verify_prefix(args.target, args.blocks, args.block_size, args.ops, args.seed,
-                      timeout=args.timeout, shrink_budget=args.shrink_seconds)
+    bar = Progress(args.ops, "verify-prefix", "operations") if not args.json else None
+    try:
+        r = verify_prefix(args.target, args.blocks, args.block_size, args.ops, args.seed,
+                          timeout=args.timeout, shrink_budget=args.shrink_seconds, progress=bar,
+                          shrink_progress=bar.shrinking if bar else None)
+    finally:
+        if bar:
+            bar.close()
     written = True
     if args.trace_out and not r.ok:
         written = write_output(args.trace_out, json.dumps(r.trace_json(), indent=1) + "\n",

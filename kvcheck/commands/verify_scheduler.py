@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from kvcheck.commands.common import (
+    Progress,
     add_shrink_seconds,
     check_outputs,
     emit_json,
@@ -52,8 +53,15 @@ def run(args) -> int:
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
     check_outputs((args.trace_out, "--trace-out"))
-    result = verify(args.target, args.blocks, args.block_size, args.watermark, args.requests,
-                    args.seed, args.workloads, args.timeout, shrink_budget=args.shrink_seconds)
+    bar = Progress(args.workloads, "verify-scheduler", "workloads") if not args.json else None
+    try:
+        result = verify(args.target, args.blocks, args.block_size, args.watermark, args.requests,
+                        args.seed, args.workloads, args.timeout, shrink_budget=args.shrink_seconds,
+                        progress=bar, shrink_progress=(
+                            (lambda n, k: bar.shrinking(n, k, "requests")) if bar else None))
+    finally:
+        if bar:
+            bar.close()
     data = result.to_json()
     data.update(block_size=args.block_size, watermark=args.watermark)
     written = True
