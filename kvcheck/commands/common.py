@@ -47,6 +47,48 @@ def positive_float(text: str) -> float:
     return value
 
 
+# -- flags shared by several commands: one name, one help text per concept ----------------------
+def add_target(p, default: str, what: str = "allocator") -> None:
+    p.add_argument("target", nargs="?", default=default,
+                   help=f"the {what} to check: a registered name, module:attr or file.py:attr "
+                        f"(default: %(default)s)")
+
+
+def add_pool(p, blocks: int, block_size: int, blocks_help: str = "pool size") -> None:
+    p.add_argument("--blocks", type=positive_int, default=blocks, metavar="N",
+                   help=f"{blocks_help}, in blocks (default: %(default)s)")
+    p.add_argument("--block-size", type=positive_int, default=block_size, metavar="TOKENS",
+                   help="tokens per block (default: %(default)s)")
+
+
+def add_seed(p) -> None:
+    p.add_argument("--seed", type=nonneg_int, default=0, metavar="N",
+                   help="random seed, an integer: the same seed gives the same run "
+                        "(default: %(default)s)")
+
+
+def add_timeout(p, what: str = "operation") -> None:
+    p.add_argument("--timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                   help=f"seconds one {what} may take before it counts as a hang "
+                        f"(default: %(default)g)")
+
+
+def add_json(p) -> None:
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of text (default: off)")
+
+
+def add_trace_out(p, what: str = "the counterexample as a JSON trace") -> None:
+    p.add_argument("--trace-out", metavar="FILE",
+                   help=f"write {what} to FILE (default: not written)")
+
+
+def add_out_of_blocks(p) -> None:
+    p.add_argument("--out-of-blocks", metavar="module:Name",
+                   help="the exception class the target raises when it is out of blocks "
+                        "(default: any exception class named OutOfBlocks)")
+
+
 def nonneg_float(text: str) -> float:
     try:
         value = float(text)
@@ -61,7 +103,7 @@ def add_shrink_seconds(p, default: float) -> None:
     """``--shrink-seconds``: the time budget for shrinking a counterexample."""
     p.add_argument("--shrink-seconds", type=nonneg_float, default=default, metavar="SECONDS",
                    help="time budget for shrinking a counterexample, in seconds; when it runs out "
-                        "the trace says so and how long it is (default: %(default)g)")
+                        "the trace says so and how long it still is (default: %(default)g)")
 
 
 def stopped_note(minimality: str) -> str:

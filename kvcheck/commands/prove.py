@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from kvcheck.commands.common import (
     Progress,
+    add_json,
+    add_out_of_blocks,
+    add_pool,
     add_shrink_seconds,
+    add_target,
+    add_trace_out,
     check_outputs,
     emit_json,
     exit_code,
@@ -15,29 +20,39 @@ from kvcheck.commands.common import (
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("prove", help="prove the spec with Z3 and explore a target exhaustively",
-                       description="Z3 k-induction, BMC and coverage over the spec; Z3 witness "
-                                   "runs and breadth-first exploration of TARGET; CrossHair on "
-                                   "the reference. One table, exit 0 when everything holds.")
-    p.add_argument("target", nargs="?", default="reference",
-                   help="registered name, module:attr or file.py:attr (default: reference)")
-    p.add_argument("--blocks", type=positive_int, default=6, help="pool size (default 6)")
-    p.add_argument("--block-size", type=positive_int, default=2, help="slots per block (default 2)")
-    p.add_argument("--seqs", type=positive_int, default=3, help="sequence slots (default 3)")
-    p.add_argument("--depth", type=positive_int, default=6, help="operations deep (default 6)")
-    p.add_argument("--max-tokens", type=positive_int, help="tokens per sequence (default 3 x block size)")
-    p.add_argument("--budget", type=positive_float, default=300.0,
-                   help="seconds for everything (default 300)")
-    p.add_argument("--no-pairs", action="store_true", help="skip ordered pairs of outcome classes")
-    p.add_argument("--no-crosshair", action="store_true", help="skip CrossHair")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--junit", metavar="FILE", help="write JUnit XML, one test case per property")
-    p.add_argument("--trace-out", metavar="FILE", help="write the counterexample as JSON")
+    p = sub.add_parser("prove", help="prove the spec with Z3 and check a target exhaustively "
+                                     "within a small scope",
+                       description="What is proved about the spec: Z3 k-induction, BMC and "
+                                   "coverage. What is checked on TARGET: Z3 witness runs and "
+                                   "breadth-first exploration of its code; CrossHair on the "
+                                   "reference. Two groups in one table; exit 0 when everything "
+                                   "holds, 1 when something does not, 2 on bad input.")
+    add_target(p, "reference")
+    add_pool(p, 6, 2)
+    p.add_argument("--seqs", type=positive_int, default=3, metavar="N",
+                   help="sequence slots: the most sequences alive at once, in sequences "
+                        "(default: %(default)s)")
+    p.add_argument("--depth", type=positive_int, default=6, metavar="N",
+                   help="operations per run, how deep BMC, the witnesses and BFS go "
+                        "(default: %(default)s)")
+    p.add_argument("--max-tokens", type=positive_int, metavar="TOKENS",
+                   help="the most tokens one sequence may hold (default: 3 x tokens per block)")
+    p.add_argument("--budget", type=positive_float, default=300.0, metavar="SECONDS",
+                   help="time budget for everything, in seconds (default: %(default)g)")
+    p.add_argument("--no-pairs", action="store_true",
+                   help="skip ordered pairs of outcome classes (default: off: pairs are searched)")
+    p.add_argument("--no-crosshair", action="store_true",
+                   help="skip CrossHair (default: off: CrossHair runs when TARGET is reference)")
+    add_json(p)
+    p.add_argument("--junit", metavar="FILE",
+                   help="write JUnit XML to FILE, one test case per row, a suite for the spec "
+                        "and one for the target (default: not written)")
+    add_trace_out(p)
     p.add_argument("--target-only", action="store_true",
                    help="skip what is proved about the spec (induction, BMC, coverage); run only "
-                        "what checks TARGET (Z3 witness runs, BFS, CrossHair on the reference)")
-    p.add_argument("--out-of-blocks", metavar="module:Name",
-                   help="exception class signalling out-of-blocks (default: any named OutOfBlocks)")
+                        "what checks TARGET: Z3 witness runs, BFS, CrossHair on the reference "
+                        "(default: off)")
+    add_out_of_blocks(p)
     add_shrink_seconds(p, 30.0)
     p.set_defaults(run=run)
 

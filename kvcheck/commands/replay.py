@@ -9,7 +9,16 @@ are re-run; the recorded results and states are for reading, not checked.
 
 from __future__ import annotations
 
-from kvcheck.commands.common import check_outputs, emit_json, exit_code, positive_float, write_output
+from kvcheck.commands.common import (
+    add_json,
+    add_out_of_blocks,
+    add_timeout,
+    add_trace_out,
+    check_outputs,
+    emit_json,
+    exit_code,
+    write_output,
+)
 
 
 def add_parser(sub) -> None:
@@ -17,16 +26,17 @@ def add_parser(sub) -> None:
                        description="Re-run the operations of TRACE (a kvcheck trace JSON file) "
                                    "on TARGET under the oracle. Exit 1 if it breaks the spec, "
                                    "0 if every check holds, 2 on bad input.")
-    p.add_argument("trace", metavar="TRACE", help="trace file written by --trace-out")
-    p.add_argument("--target", help="allocator to run it on (default: the one recorded)")
-    p.add_argument("--out-of-blocks", metavar="module:Name",
-                   help="exception class signalling out-of-blocks (default: any named OutOfBlocks)")
-    p.add_argument("--timeout", type=positive_float, default=10.0,
-                   help="seconds one operation may take before it counts as a hang (default 10)")
+    p.add_argument("trace", metavar="TRACE", help="trace file written by --trace-out (required)")
+    p.add_argument("--target",
+                   help="the allocator to run it on: a registered name, module:attr or "
+                        "file.py:attr (default: the one recorded in TRACE)")
+    add_out_of_blocks(p)
+    add_timeout(p)
     p.add_argument("--pytest-out", metavar="FILE",
-                   help="also write a standalone pytest reproducer of the trace for the target")
-    p.add_argument("--trace-out", metavar="FILE", help="write the replayed run as a trace")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+                   help="also write a standalone pytest reproducer of the trace for the target "
+                        "to FILE (default: not written)")
+    add_trace_out(p, "the replayed run as a trace")
+    add_json(p)
     p.set_defaults(run=run)
 
 

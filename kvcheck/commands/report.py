@@ -14,9 +14,9 @@ def add_parser(sub) -> None:
                                    "table, the refcounts and the free pool, with the violating "
                                    "step and block highlighted. Exit 0 when written, 2 on bad "
                                    "input.")
-    p.add_argument("trace", metavar="TRACE", help="trace file written by --trace-out")
+    p.add_argument("trace", metavar="TRACE", help="trace file written by --trace-out (required)")
     p.add_argument("-o", "--output", metavar="FILE.html", required=True,
-                   help="where to write the page")
+                   help="where to write the page (required)")
     p.set_defaults(run=run)
 
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from kvcheck.commands.common import (
     Progress,
+    add_json,
+    add_out_of_blocks,
+    add_pool,
+    add_seed,
     add_shrink_seconds,
+    add_target,
+    add_timeout,
+    add_trace_out,
     check_outputs,
     emit_json,
     exit_code,
-    nonneg_int,
-    positive_float,
     positive_int,
     stopped_note,
     write_output,
@@ -17,23 +22,24 @@ from kvcheck.commands.common import (
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("verify", help="check an allocator against the spec",
+    p = sub.add_parser("verify", help="check an allocator against the spec with random operations",
                        description="Drive TARGET with seeded random operations under the oracle; "
-                                   "on a violation print a minimal counterexample.")
-    p.add_argument("target", nargs="?", default="reference",
-                   help="registered name, module:attr or file.py:attr (default: reference)")
-    p.add_argument("--blocks", type=positive_int, default=32, help="pool size (default 32)")
-    p.add_argument("--block-size", type=positive_int, default=4, help="tokens per block (default 4)")
-    p.add_argument("--ops", type=positive_int, default=10_000, help="operations (default 10000)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
-    p.add_argument("--trace-out", metavar="FILE", help="write the counterexample as JSON")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--out-of-blocks", metavar="module:Name",
-                   help="exception class signalling out-of-blocks (default: any named OutOfBlocks)")
-    p.add_argument("--timeout", type=positive_float, default=10.0,
-                   help="seconds one operation may take before it counts as a hang (default 10)")
+                                   "on a violation print a minimal counterexample. Exit 0 when "
+                                   "every invariant and contract held, 1 on a violation, 2 on "
+                                   "bad input.")
+    add_target(p, "reference")
+    add_pool(p, 32, 4)
+    p.add_argument("--ops", type=positive_int, default=10_000, metavar="N",
+                   help="operations to run (default: %(default)s)")
+    add_seed(p)
+    add_trace_out(p)
+    add_json(p)
+    add_out_of_blocks(p)
+    add_timeout(p)
     p.add_argument("--full", action="store_true",
-                   help="check the whole state after every operation (slow, exact)")
+                   help="check the whole state after every operation: slower, exact (default: "
+                        "off: check what each operation touched, and everything in a sweep every "
+                        "max(1024, 2 x blocks) operations and at the end)")
     add_shrink_seconds(p, 60.0)
     p.set_defaults(run=run)
 

@@ -6,12 +6,16 @@ import json
 
 from kvcheck.commands.common import (
     Progress,
+    add_json,
+    add_pool,
+    add_seed,
     add_shrink_seconds,
+    add_target,
+    add_timeout,
+    add_trace_out,
     check_outputs,
     emit_json,
     exit_code,
-    nonneg_int,
-    positive_float,
     positive_int,
     stopped_note,
     write_output,
@@ -22,18 +26,16 @@ def add_parser(sub) -> None:
     p = sub.add_parser("verify-prefix", help="check a prefix-caching allocator",
                        description="Drive TARGET with seeded shared-prefix workloads (cache hits, "
                                    "evictions, reuse) under the prefix-cache oracle; on a "
-                                   "violation print a shrunk counterexample.")
-    p.add_argument("target", nargs="?", default="prefix",
-                   help="registered name, module:attr or file.py:attr (default: prefix)")
-    p.add_argument("--blocks", type=positive_int, default=16, help="pool size (default 16)")
-    p.add_argument("--block-size", type=positive_int, default=4,
-                   help="tokens per block (default 4)")
-    p.add_argument("--ops", type=positive_int, default=5000, help="operations (default 5000)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
-    p.add_argument("--trace-out", metavar="FILE", help="write the counterexample as JSON")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--timeout", type=positive_float, default=10.0,
-                   help="seconds one operation may take before it counts as a hang (default 10)")
+                                   "violation print a shrunk counterexample. Exit 0 when every "
+                                   "rule held, 1 on a violation, 2 on bad input.")
+    add_target(p, "prefix", "prefix-caching allocator")
+    add_pool(p, 16, 4)
+    p.add_argument("--ops", type=positive_int, default=5000, metavar="N",
+                   help="operations to run (default: %(default)s)")
+    add_seed(p)
+    add_trace_out(p)
+    add_json(p)
+    add_timeout(p)
     add_shrink_seconds(p, 30.0)
     p.set_defaults(run=run)
 

@@ -6,12 +6,17 @@ import json
 
 from kvcheck.commands.common import (
     Progress,
+    add_json,
+    add_pool,
+    add_seed,
     add_shrink_seconds,
+    add_target,
+    add_timeout,
+    add_trace_out,
     check_outputs,
     emit_json,
     exit_code,
     nonneg_int,
-    positive_float,
     positive_int,
     stopped_note,
     write_output,
@@ -23,22 +28,21 @@ def add_parser(sub) -> None:
                        description="Drive a seed-shaped scheduler (factory(bm, watermark_blocks) "
                                    "with waiting, running, step()) over seeded workloads on the "
                                    "reference block manager; check the policy spec and the pool "
-                                   "invariants at every step; shrink a failing workload.")
-    p.add_argument("target", nargs="?", default="reference",
-                   help="registered name (reference, swap), module:attr or file.py:attr "
-                        "(default: reference)")
-    p.add_argument("--blocks", type=positive_int, default=16, help="pool size (default 16)")
-    p.add_argument("--block-size", type=positive_int, default=4, help="tokens per block (4)")
-    p.add_argument("--watermark", type=nonneg_int, default=1, help="watermark blocks (default 1)")
-    p.add_argument("--requests", type=positive_int, default=12,
-                   help="requests per workload (default 12)")
-    p.add_argument("--workloads", type=positive_int, default=20,
-                   help="seeded workloads, seeds SEED, SEED+1, ... (default 20)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
-    p.add_argument("--timeout", type=positive_float, default=10.0,
-                   help="seconds one step may take before it counts as a hang (default 10)")
-    p.add_argument("--trace-out", metavar="FILE", help="write the counterexample as JSON")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+                                   "invariants at every step; shrink a failing workload. Exit 0 "
+                                   "when everything held, 1 on a violation, 2 on bad input.")
+    add_target(p, "reference", "scheduler (registered: reference, swap)")
+    add_pool(p, 16, 4)
+    p.add_argument("--watermark", type=nonneg_int, default=1, metavar="BLOCKS",
+                   help="free blocks admission keeps in reserve, in blocks (default: %(default)s)")
+    p.add_argument("--requests", type=positive_int, default=12, metavar="N",
+                   help="requests per workload (default: %(default)s)")
+    p.add_argument("--workloads", type=positive_int, default=20, metavar="N",
+                   help="seeded workloads to run, with seeds SEED, SEED+1, ... "
+                        "(default: %(default)s)")
+    add_seed(p)
+    add_timeout(p, "scheduler step")
+    add_trace_out(p, "the counterexample (the failing workload, step by step) as JSON")
+    add_json(p)
     add_shrink_seconds(p, 30.0)
     p.set_defaults(run=run)
 
