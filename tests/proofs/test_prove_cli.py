@@ -147,10 +147,14 @@ class Both(Renamed):
     assert [op["op"] for op in trace["ops"]] == ["allocate"]
 
 
-def test_block_size_1_marks_impossible_classes_not_applicable():
+def test_block_size_1_marks_impossible_classes_not_applicable(tmp_path):
+    junit = tmp_path / "prove.xml"
     r = kvcheck("prove", "reference", "--block-size", "1", "--blocks", "3", "--seqs", "2",
-                "--depth", "4", "--no-crosshair")
+                "--depth", "4", "--no-crosshair", "--junit", str(junit))
     assert r.returncode == 0, r.stdout + r.stderr
+    skipped = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase")
+               if c.find("skipped") is not None]
+    assert len(skipped) == 3 and all("reachable: append/" in n for n in skipped), skipped
     na = [line for line in r.stdout.splitlines() if "reachable: " in line and " not applicable " in line]
     assert {line.split("reachable: ")[1].split()[0] for line in na} == {
         "append/in-place", "append/copy-on-write", "append/out-of-blocks-in-copy-on-write"}
