@@ -191,7 +191,10 @@ class Progress:
 
     def __init__(self, total: int = 0, label: str = "", unit: str = ""):
         self.total, self.label, self.unit = total, label, unit
-        self.enabled = sys.stderr.isatty()
+        try:
+            self.enabled = bool(sys.stderr.isatty())
+        except (AttributeError, OSError, ValueError):  # no stderr, or a closed one
+            self.enabled = False
         self._stage, self._drawn, self._width = None, 0.0, 0
 
     def __call__(self, done: int) -> None:
@@ -221,7 +224,7 @@ class Progress:
         self._stage, self._drawn = stage, now
         try:
             columns = os.get_terminal_size(sys.stderr.fileno()).columns or 80
-        except (OSError, ValueError):
+        except (AttributeError, OSError, ValueError):
             columns = 80
         text = text[: max(20, columns - 1)]
         sys.stderr.write("\r" + text + " " * max(0, self._width - len(text)))
