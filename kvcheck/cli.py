@@ -31,8 +31,18 @@ COMMANDS = [
 
 
 
+DESCRIPTION = (
+    "kvcheck checks the block manager of an LLM inference engine (as in vLLM): the allocator "
+    "that hands out fixed-size blocks of the paged KV cache to sequences, and lets forked "
+    "sequences share them. It runs your allocator against a written specification and either says "
+    "everything held or shows a minimal counterexample, explained step by step and replayable; "
+    "it also proves the specification itself with Z3, and checks schedulers and prefix caches. "
+    "Exit codes: 0 everything holds, 1 a violation, 2 bad input.")
+EPILOG = "Run 'kvcheck COMMAND --help' for a command's options."
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="kvcheck", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="kvcheck", description=DESCRIPTION, epilog=EPILOG)
     from kvcheck import __version__
 
     parser.add_argument("--version", action="version", version=f"kvcheck {__version__}")

@@ -47,6 +47,7 @@ from kvcheck.errors import what_it_did
 from kvcheck.loading import TargetError, build, resolve
 from kvcheck.oracle import Oracle
 from kvcheck.shadow import ShadowMemory
+from kvcheck.shrink import budget_ran_out
 from kvcheck.spec import prefix as P
 from kvcheck.spec.contracts import OK, OOB, Op
 from kvcheck.spec.logic import PY
@@ -538,6 +539,7 @@ class PrefixResult:
     original_length: int = 0
     target: str = ""
     seed: int = 0
+    minimality: str = "not shrunk"
 
     @property
     def ok(self) -> bool:
@@ -548,7 +550,7 @@ class PrefixResult:
             return None
         return {
             "format": "kvcheck.prefix-trace", "version": 1, "target": self.target,
-            "seed": self.seed,
+            "seed": self.seed, "minimality": self.minimality,
             "scope": {"num_blocks": self.num_blocks, "block_size": self.block_size},
             "ops": [op_json(op) for op in self.trace],
             "violation": self.violation.to_json(),
@@ -600,6 +602,8 @@ def render(r: PrefixResult) -> str:
             lines.append(f"  what happened: {v.witness}")
         if v.doc:
             lines.append(f"  the rule: {v.doc}")
+    if r.minimality:
+        lines.append(f"  minimal: {r.minimality}")
     return "\n".join(lines)
 
 
@@ -624,17 +628,27 @@ def replay(factory, num_blocks, block_size, ops, timeout=10.0):
     return None, ran
 
 
-def shrink(factory, num_blocks, block_size, ops, key, timeout=10.0, budget=30.0):
+def shrink(factory, num_blocks, block_size, ops, key, timeout=10.0, budget=30.0, progress=None):
     """Greedy shrinking to a trace failing the same way: cut the tail, delete chunks,
-    shorten prompts, lower the pool size; then renumber sequences."""
+    shorten prompts, lower the pool size; then renumber sequences. ``(violation, ops,
+    num_blocks, settled)``; ``settled`` is False when the budget stopped it first.
+    ``progress(attempts, length)`` is told of every candidate tried."""
     deadline = time.monotonic() + budget
+    attempts, smallest = 0, len(ops)
 
     def fails(cand, nb):
+        nonlocal attempts, smallest
+        attempts += 1
         try:
             v, ran = replay(factory, nb, block_size, cand, timeout)
         except Exception:  # noqa: BLE001 - a scope the target refuses is not smaller
-            return None
-        return (v, ran) if v is not None and v.key == key else None
+            v = ran = None
+        got = (v, ran) if v is not None and v.key == key else None
+        if got is not None:
+            smallest = min(smallest, len(ran))
+        if progress is not None:
+            progress(attempts, smallest)
+        return got
 
     got = fails(ops, num_blocks)
     if got is None:
@@ -684,13 +698,16 @@ def shrink(factory, num_blocks, block_size, ops, key, timeout=10.0, budget=30.0)
             r.child = new(op.child)
         renamed.append(r)
     final = fails(renamed, nb) or fails(cur, nb)
-    return final[0], final[1], nb
+    return final[0], final[1], nb, not changed
 
 
 def verify_prefix(target="prefix", num_blocks: int = 16, block_size: int = 4, ops: int = 5000,
                   seed: int = 0, mode: str = "full", do_shrink: bool = True,
-                  shrink_budget: float = 30.0, timeout: float | None = 10.0) -> PrefixResult:
-    """Drive ``target`` with shared-prefix workloads under the prefix oracle."""
+                  shrink_budget: float = 30.0, timeout: float | None = 10.0,
+                  progress=None, shrink_progress=None) -> PrefixResult:
+    """Drive ``target`` with shared-prefix workloads under the prefix oracle
+    (``progress(done)`` told of the operations run, ``shrink_progress(attempts, length)`` of
+    the shrinking)."""
     start = time.perf_counter()
     with Watchdog(timeout) as wd:  # importing, building, every step and every observation
         label, factory = resolve(target)
@@ -699,9 +716,11 @@ def verify_prefix(target="prefix", num_blocks: int = 16, block_size: int = 4, op
         driver = PrefixDriver(seed, num_blocks, block_size, t.capabilities)
         history: list[PrefixOp] = []
         v = oracle.violation
-        for _ in range(ops):
+        for i in range(ops):
             if v is not None:
                 break
+            if progress is not None and i % 256 == 0:
+                progress(i)
             op = driver.next_op(oracle.live(), oracle.num_free())
             if not oracle.valid(op):
                 continue
@@ -715,8 +734,11 @@ def verify_prefix(target="prefix", num_blocks: int = 16, block_size: int = 4, op
     res.trace = history
     if do_shrink and v.step > 0:
         s = shrink(factory, num_blocks, block_size, history[: v.step], v.key, timeout,
-                   shrink_budget)
+                   shrink_budget, shrink_progress)
         if s is not None:
-            res.violation, res.trace, res.num_blocks = s
+            res.violation, res.trace, res.num_blocks, settled = s
+            res.minimality = ("1-minimal: removing any one operation, shortening any prompt or "
+                              "lowering the pool size stops it failing" if settled else
+                              budget_ran_out(shrink_budget, len(res.trace), "operation"))
     res.seconds = time.perf_counter() - start
     return res

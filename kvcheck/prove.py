@@ -1,15 +1,20 @@
-"""``prove``: every engine, one report.
+"""``prove``: every engine, one report, in two groups.
 
-Rows come from
+What was proved about the *spec* (``SPEC`` rows; they say nothing about the
+target):
   * Z3 over the spec: 1-induction of every invariant (and isolation), BMC
     from the empty pool, and vacuity (a witness for every outcome class);
     1-induction of every prefix-cache invariant over the prefix manager's
-    block steps (engine "z3 k-induction (prefix cache)");
+    block steps (engine "z3 k-induction (prefix cache)").
+What was checked on the *target* (``TARGET`` rows):
   * bounded exploration of the target: the Z3 witness runs replayed on it
     (every outcome class and every ordered pair found within the bound), and
     exhaustive BFS within the scope;
-  * CrossHair on the reference's contracts (reference target only).
-Engines produce ``Row``s; rendering (table, JSON, JUnit) is separate.
+  * CrossHair on the reference's contracts (reference target only: it checks
+    the reference implementation's code).
+``Settings.target_only`` skips the spec rows (the witnesses are still searched:
+they are what the target is driven with). Engines produce ``Row``s; rendering
+(table, JSON, JUnit) is separate.
 """
 
 from __future__ import annotations
@@ -30,19 +35,23 @@ from kvcheck.spec.symbolic import SymScope
 from kvcheck.trace import Trace, request
 from kvcheck.watchdog import Watchdog
 
+SPEC, TARGET = "spec", "target"  # Row.group: proved about the spec / checked on the target
+NOT_APPLICABLE = "not applicable"  # a class that cannot occur at the scope (see bmc.witnesses)
+
 
 @dataclass
 class Row:
     engine: str
     property: str
     scope: str
-    result: str  # "holds" | "violated" | "unknown" | "unreachable"
+    result: str  # "holds" | "violated" | "unknown" | "unreachable" | "not applicable"
     seconds: float
     detail: str = ""
+    group: str = SPEC
 
     @property
     def ok(self) -> bool:
-        return self.result == "holds"
+        return self.result in ("holds", NOT_APPLICABLE)
 
 
 @dataclass
@@ -51,18 +60,53 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     counterexample: Trace | None = None
     seconds: float = 0.0
+    spec_checked: bool = True  # False with Settings.target_only
 
     @property
     def ok(self) -> bool:
         return all(r.ok for r in self.rows)
 
+    def group(self, name: str) -> list[Row]:
+        return [r for r in self.rows if r.group == name]
+
+    def tally(self, name: str) -> dict:
+        rows = self.group(name)
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r.result] = counts.get(r.result, 0) + 1
+        return {"rows": len(rows), "holds": counts.get("holds", 0),
+                "ok": all(r.ok for r in rows), "results": counts}
+
+    def summary(self) -> str:
+        """What was proved and what was checked, e.g. ``spec 35/35 proved; target 3/3 checked``."""
+        parts = []
+        for name, verb in ((SPEC, "proved"), (TARGET, "checked")):
+            t = self.tally(name)
+            if name == SPEC and not self.spec_checked:
+                parts.append("spec not proved (--target-only)")
+                continue
+            text = f"{name} {t['holds']}/{t['rows']} {verb}"
+            other = [f"{n} {result}" + (" at this scope" if result == NOT_APPLICABLE else "")
+                     for result, n in t["results"].items() if result != "holds"]
+            parts.append(text + (f" ({', '.join(other)})" if other else ""))
+        return "; ".join(parts)
+
     def to_json(self) -> dict:
+        groups = {}
+        for name in (SPEC, TARGET):
+            t = self.tally(name)
+            groups[name] = {"checked": name == TARGET or self.spec_checked, "rows": t["rows"],
+                            "holds": t["holds"], "results": t["results"],
+                            "verdict": "pass" if t["ok"] else "fail"}
         return {
             "target": self.target,
             "verdict": "pass" if self.ok else "fail",
             "seconds": round(self.seconds, 3),
             "rows": [asdict(r) for r in self.rows],
             "counterexample": None if self.counterexample is None else self.counterexample.to_json(),
+            "summary": self.summary(),
+            SPEC: groups[SPEC],
+            TARGET: groups[TARGET],
         }
 
 
@@ -77,27 +121,40 @@ class Settings:
     pairs: bool = True
     crosshair: bool = True
     timeout: float = 10.0
+    target_only: bool = False  # skip what is proved about the spec; check the target only
+    shrink_budget: float = 30.0  # seconds for shrinking a counterexample
 
     @property
     def tokens(self) -> int:
         return self.max_tokens or 3 * self.block_size
 
 
-def _z3_rows(st: Settings, report: Report, deadline: float) -> list:
+def _z3_rows(st: Settings, report: Report, deadline: float, say) -> list:
+    """The spec's rows (unless ``target_only``); the Z3 witnesses the target is driven with."""
     sym = SymScope(st.num_blocks, st.block_size, st.seqs, st.tokens)
+
+    def searching(d, found, goals):
+        say(f"z3 coverage: depth {d}, witnesses for {found}/{goals} outcome classes and pairs")
+
+    if st.target_only:
+        left = max(1.0, (deadline - time.monotonic()) * 0.5)
+        return witnesses(sym, st.depth, pairs=st.pairs, budget=left, progress=searching)
     scope = sym.describe()
     proved = True
-    for p in prove_invariants(sym, timeout_ms=int(1000 * max(1.0, deadline - time.monotonic()))):
+    for p in prove_invariants(sym, timeout_ms=int(1000 * max(1.0, deadline - time.monotonic())),
+                              progress=lambda name: say(f"z3 k-induction: {name}")):
         result = {"proved": "holds"}.get(p.result, p.result)
         proved &= p.result == "proved"
         report.rows.append(Row(p.engine, p.property, scope, result, p.seconds, p.detail))
     pscope = PrefixModelScope(st.num_blocks, st.block_size, holders=st.seqs)
+    say("z3 k-induction (prefix cache): every prefix-cache invariant")
     for p in prove_prefix_invariants(pscope,
                                      timeout_ms=int(1000 * max(1.0, deadline - time.monotonic()))):
         result = {"proved": "holds"}.get(p.result, p.result)
         report.rows.append(Row(p.engine, p.property, p.scope, result, p.seconds, p.detail))
     left = max(1.0, (deadline - time.monotonic()) * 0.4)
-    b = bmc_bfs(sym, st.depth, budget=left)
+    b = bmc_bfs(sym, st.depth, budget=left, progress=lambda d, states, moves: say(
+        f"z3 bmc: depth {d} of {st.depth}, {states} distinct states, {moves} transitions"))
     name = f"no invariant broken within depth {st.depth}"
     if b.violated:
         report.rows.append(Row("z3 bmc", name, scope, "violated", b.seconds,
@@ -114,15 +171,24 @@ def _z3_rows(st: Settings, report: Report, deadline: float) -> list:
             result, detail = "unknown", f"{searched}; the time budget ran out"
         report.rows.append(Row("z3 bmc", name, scope, result, b.seconds, detail))
     left = max(1.0, (deadline - time.monotonic()) * 0.5)
-    ws = witnesses(sym, st.depth, pairs=st.pairs, budget=left)
+    ws = witnesses(sym, st.depth, pairs=st.pairs, budget=left, progress=searching)
     for w in ws:
         if " -> " in w.name:
             continue
         if w.depth:
             result, detail = "holds", f"witness depth {w.depth}"
+        elif w.not_applicable:
+            result = NOT_APPLICABLE
+            detail = (f"cannot occur at this scope: Z3 shows no state satisfying every invariant "
+                      f"has such a step (it can at {w.possible_at})")
+        elif w.impossible:
+            result = "unreachable"
+            detail = ("Z3 shows no state satisfying every invariant has such a step, at this "
+                      "scope or a larger one: the spec says nothing about it")
         elif w.searched:
             result = "unreachable"
-            detail = f"no witness within depth {st.depth}: the spec says nothing about it"
+            detail = (f"no witness within depth {st.depth}, although a state satisfying every "
+                      f"invariant has such a step: the spec says nothing about it within the bound")
         else:
             result, detail = "unknown", "the time budget ran out before a witness was found"
         report.rows.append(Row("z3 coverage", f"reachable: {w.name}", scope, result, w.seconds,
@@ -136,7 +202,8 @@ def _show(op) -> str:
     return describe_op(op)
 
 
-def _replay_witnesses(st: Settings, factory, ws, report: Report) -> None:
+def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=None,
+                      say=None) -> None:
     """Run every Z3 witness on the target, checking it and recording which classes it showed."""
     t0 = time.perf_counter()
     seen_classes, seen_pairs = set(), set()
@@ -144,7 +211,7 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report) -> None:
     for w in ws:
         if not w.depth:
             continue
-        oracle = Oracle(build(factory, st.num_blocks, st.block_size), mode="full",
+        oracle = Oracle(build(factory, st.num_blocks, st.block_size, out_of_blocks), mode="full",
                         timeout=st.timeout)
         prev = None
         with Watchdog(st.timeout) as wd:
@@ -158,77 +225,96 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report) -> None:
                 if v is not None:
                     report.rows.append(Row("exploration", f"z3 witness '{w.name}' on the target",
                                            _scope(st), "violated", time.perf_counter() - t0,
-                                           f"{v.name}: {v.witness}"))
+                                           f"{v.name}: {v.witness}", TARGET))
                     if report.counterexample is None:
-                        report.counterexample = _trace(report.target, st, w.ops, factory)
+                        report.counterexample = _trace(report.target, st, w.ops, factory,
+                                                       out_of_blocks, say)
                     return
                 cls = classify(PY, pre, oracle.observed, op)
                 seen_classes.add(cls)
                 if prev is not None:
                     seen_pairs.add((prev, cls))
                 prev = cls
-    found_pairs = sum(1 for w in ws if w.depth and " -> " in w.name)
-    no_pair = sum(1 for w in ws if not w.depth and w.searched and " -> " in w.name)
-    unsearched = sum(1 for w in ws if not w.depth and not w.searched and " -> " in w.name)
-    missing = [c for c in OUTCOMES if c not in seen_classes]
+    pairs = [w for w in ws if " -> " in w.name]
+    found_pairs = sum(1 for w in pairs if w.depth)
+    cannot = sum(1 for w in pairs if not w.depth and w.impossible)
+    no_pair = sum(1 for w in pairs if not w.depth and not w.impossible and w.searched)
+    unsearched = sum(1 for w in pairs if not w.depth and not w.impossible and not w.searched)
+    na = [w.name for w in ws if " -> " not in w.name and w.not_applicable]
+    applicable = [c for c in OUTCOMES if c not in na]
+    missing = [c for c in applicable if c not in seen_classes]
     detail = (f"{ran} operations from {sum(1 for w in ws if w.depth)} witness runs; "
-              f"{len(seen_classes - {None})}/{len(OUTCOMES)} outcome classes and "
+              f"{len(seen_classes & set(applicable))}/{len(applicable)} "
+              f"{'applicable ' if na else ''}outcome classes and "
               f"{len(seen_pairs)} ordered pairs shown by the target "
-              f"({found_pairs} pairs have Z3 witnesses, {no_pair} are unreachable within depth "
+              f"({found_pairs} pairs have Z3 witnesses, {cannot} cannot occur from any state "
+              f"satisfying every invariant at this scope, {no_pair} are unreachable within depth "
               f"{st.depth}, {unsearched} were not searched within the budget)")
+    if na:
+        detail += f"; not applicable at this scope: {', '.join(na)}"
     if missing:
         detail += f"; never shown by the target: {', '.join(missing)}"
     report.rows.append(Row("exploration", "z3 witness runs pass the oracle", _scope(st), "holds",
-                           time.perf_counter() - t0, detail))
+                           time.perf_counter() - t0, detail, TARGET))
 
 
 def _scope(st: Settings) -> str:
     return Scope(st.num_blocks, st.block_size, st.seqs, st.tokens, st.depth).describe()
 
 
-def _trace(label, st: Settings, ops, factory) -> Trace | None:
+def _trace(label, st: Settings, ops, factory, out_of_blocks=None, say=None) -> Trace | None:
     """The counterexample, shrunk like verify's (sizes lowered, ids renumbered)."""
     from kvcheck.shrink import replay
     from kvcheck.verify import counterexample
 
-    r = replay(factory, st.num_blocks, st.block_size, ops, timeout=st.timeout)
+    r = replay(factory, st.num_blocks, st.block_size, ops, out_of_blocks, timeout=st.timeout)
     if r.violation is None:
         return None  # not reproducible from scratch: report the row, not a trace
     return counterexample(label, factory, st.num_blocks, st.block_size, r.ops, r.violation, None,
-                          timeout=st.timeout, budget=30.0)
+                          out_of_blocks, timeout=st.timeout, budget=st.shrink_budget,
+                          progress=None if say is None else lambda n, k: say(
+                              f"shrinking: {n} attempts, counterexample of {k} operations"))
 
 
-def prove(target="reference", st: Settings | None = None, progress=None) -> Report:
-    """Run every engine on ``target`` within ``st``. Raises TargetError on bad input."""
+def prove(target="reference", st: Settings | None = None, progress=None,
+          out_of_blocks: type[BaseException] | None = None) -> Report:
+    """Run every engine on ``target`` within ``st``. Raises TargetError on bad input.
+
+    ``out_of_blocks``: the exception class the target signals out-of-blocks with (default:
+    any named ``OutOfBlocks``), used wherever the target is built."""
     st = st or Settings()
     label, factory = resolve(target)
-    build(factory, st.num_blocks, st.block_size)  # bad sizes / factory: fail early, exit 2
-    report = Report(label)
+    build(factory, st.num_blocks, st.block_size, out_of_blocks)  # bad input: fail early, exit 2
+    report = Report(label, spec_checked=not st.target_only)
     start = time.monotonic()
     deadline = start + st.budget
-    say = progress or (lambda msg: None)
+    say = progress or (lambda msg: None)  # progress(text): what runs now, often (throttle it)
 
-    say("z3: induction, bmc, coverage")
-    ws = _z3_rows(st, report, start + st.budget * 0.5)
+    say("z3: witnesses of every outcome class" if st.target_only else
+        "z3: induction, bmc, coverage")
+    ws = _z3_rows(st, report, start + st.budget * 0.5, say)
 
     say("exploration: z3 witnesses on the target")
-    _replay_witnesses(st, factory, ws, report)
+    _replay_witnesses(st, factory, ws, report, out_of_blocks, say)
 
     say("exploration: breadth-first search")
     scope = Scope(st.num_blocks, st.block_size, st.seqs, st.tokens, st.depth)
     left = max(1.0, deadline - time.monotonic())
     with Watchdog(st.timeout):
-        ex = explore(factory, scope, timeout=st.timeout, budget=left * 0.8)
+        ex = explore(factory, scope, out_of_blocks, timeout=st.timeout, budget=left * 0.8,
+                     progress=lambda d, states, ops: say(
+                         f"exploration bfs: depth {d} of {st.depth}, {states} distinct states, "
+                         f"{ops} operations"))
     if ex.violation is not None:
         report.rows.append(Row("exploration", "bfs: no violation", scope.describe(), "violated",
-                               ex.seconds, f"{ex.violation.name}: {ex.violation.witness}"))
-        report.counterexample = _trace(label, st, ex.ops, factory)
+                               ex.seconds, f"{ex.violation.name}: {ex.violation.witness}", TARGET))
+        report.counterexample = _trace(label, st, ex.ops, factory, out_of_blocks, say)
     else:
         report.rows.append(Row(
             "exploration", "bfs: no violation", scope.describe(),
             "holds" if ex.complete else "unknown", ex.seconds,
             f"{ex.explored} operations explored, {ex.distinct} distinct states, depth {ex.depth}"
-            + ("" if ex.complete else " (stopped by the time budget)")))
+            + ("" if ex.complete else " (stopped by the time budget)"), TARGET))
 
     if st.crosshair and label == "reference":
         say("crosshair: contracts of the reference")
@@ -242,6 +328,6 @@ def prove(target="reference", st: Settings | None = None, progress=None) -> Repo
             report.rows.append(Row("crosshair", f"contract of {r['property']}",
                                    str(r.get("scope", "")), result, r["seconds"],
                                    (r.get("message") or "").splitlines()[0][:200]
-                                   if r.get("message") else ""))
+                                   if r.get("message") else "", TARGET))
     report.seconds = time.monotonic() - start
     return report

@@ -14,8 +14,6 @@ characters, so a hostile trace cannot inject code into the file.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from kvcheck.trace import Trace
 
 
@@ -36,10 +34,9 @@ def _comment(text: str, width: int = 96) -> list[str]:
 
 def portable_target(target: str) -> str:
     """A ``file.py:attr`` target made absolute (so the test runs from any directory)."""
-    where, sep, attr = target.rpartition(":")
-    if sep and (where.endswith(".py") or "/" in where) and Path(where).is_file():
-        return f"{Path(where).resolve()}:{attr}"
-    return target
+    from kvcheck.loading import location
+
+    return location(target)
 
 
 def _op_literal(op) -> str:

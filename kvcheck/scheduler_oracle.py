@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 
 from kvcheck.errors import what_it_did
 from kvcheck.impl.block_manager import BlockManager
-from kvcheck.loading import TargetError, _import_attr
+from kvcheck.loading import TargetError, _import_attr, location
 from kvcheck.observe import ObservationError, as_int, snapshot
+from kvcheck.shrink import budget_ran_out
 from kvcheck.spec import scheduler as policy
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
@@ -64,7 +65,7 @@ def resolve(spec) -> tuple[str, object]:
         names = ", ".join(sorted(SCHEDULERS))
         raise TargetError(f"unknown scheduler {spec!r}: use module:attr, file.py:attr or one of: "
                           f"{names}")
-    return spec, _import_attr(spec)
+    return location(spec), _import_attr(spec)
 
 
 def build(factory, num_blocks: int, block_size: int, watermark: int):
@@ -442,7 +443,8 @@ class Shrunk:
 
 
 def shrink(factory, requests: list[Request], num_blocks: int, block_size: int, watermark: int,
-           key: tuple[str, str], timeout: float | None = 10.0, budget: float = 30.0) -> Shrunk:
+           key: tuple[str, str], timeout: float | None = 10.0, budget: float = 30.0,
+           progress=None) -> Shrunk:
     """A smaller workload failing the same way (same violation kind and rule).
 
     Greedy to a fixpoint: drop chunks of requests (halving down to one), lower
@@ -459,6 +461,8 @@ def shrink(factory, requests: list[Request], num_blocks: int, block_size: int, w
     def fails(reqs, blocks) -> Run | None:
         nonlocal tries
         tries += 1
+        if progress is not None:  # candidates tried, requests in the smallest failing workload
+            progress(tries, len(best))
         if not reqs or any(not fits(r, blocks, block_size, watermark) for r in reqs) \
                 or watermark >= blocks:
             return None
@@ -572,8 +576,11 @@ class Result:
 
 def verify(target="reference", num_blocks: int = 16, block_size: int = 4, watermark: int = 1,
            requests: int = 12, seed: int = 0, workloads: int = 20, timeout: float | None = 10.0,
-           do_shrink: bool = True, shrink_budget: float = 30.0) -> Result:
-    """Check ``target`` on ``workloads`` seeded workloads (seeds ``seed``, ``seed + 1``...)."""
+           do_shrink: bool = True, shrink_budget: float = 30.0, progress=None,
+           shrink_progress=None) -> Result:
+    """Check ``target`` on ``workloads`` seeded workloads (seeds ``seed``, ``seed + 1``...);
+    ``progress(done)`` told of the workloads run, ``shrink_progress(tries, requests)`` of the
+    shrinking."""
     from kvcheck.workload import generate
 
     label, factory = resolve(target)
@@ -584,17 +591,19 @@ def verify(target="reference", num_blocks: int = 16, block_size: int = 4, waterm
         reqs = generate(seed + i, requests, num_blocks, block_size, watermark,
                         arrival_steps=2 * requests)
         run = run_workload(factory, reqs, num_blocks, block_size, watermark, timeout)
+        if progress is not None:
+            progress(i + 1)
         steps += run.stats.steps
         findings.extend(run.findings)
         if run.violation is None:
             continue
         if do_shrink:
             s = shrink(factory, reqs, num_blocks, block_size, watermark, run.violation.key,
-                       timeout, shrink_budget)
+                       timeout, shrink_budget, shrink_progress)
             how = ("1-minimal: dropping any request, shortening any prompt or output, moving any "
                    "arrival earlier, shrinking the pool by a block or halving the whole scope "
                    "stops it failing this way"
-                   if s.complete else "shrinking stopped at its time budget")
+                   if s.complete else budget_ran_out(shrink_budget, len(s.requests), "request"))
             return Result("fail", label, i + 1, steps, time.perf_counter() - start,
                           s.run.violation, s.requests, s.num_blocks, s.run.log, how, len(reqs),
                           findings, s.run.stats)

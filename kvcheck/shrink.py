@@ -122,19 +122,30 @@ class Shrunk:
 
 
 def shrink(factory, num_blocks: int, block_size: int, ops: list[Op], key: tuple,
-           out_of_blocks=None, timeout: float | None = 10.0, budget: float = 60.0) -> Shrunk | None:
-    """Smallest trace failing with the same ``key`` (kind, rule); None if ``ops`` does not fail."""
+           out_of_blocks=None, timeout: float | None = 10.0, budget: float = 60.0,
+           progress=None) -> Shrunk | None:
+    """Smallest trace failing with the same ``key`` (kind, rule); None if ``ops`` does not fail.
+
+    ``progress(attempts, length)``, if given, is told of every candidate tried and the length
+    of the smallest failing trace so far."""
     deadline = time.monotonic() + budget
     attempts = 0
+    smallest = len(ops)
 
     def fails(cand: list[Op], nb: int, bs: int) -> Replay | None:
-        nonlocal attempts
+        nonlocal attempts, smallest
         attempts += 1
         try:
             r = replay(factory, nb, bs, cand, out_of_blocks, timeout)
         except Exception:  # noqa: BLE001 - a scope the target refuses is just not smaller
-            return None
-        return r if r.violation is not None and r.violation.key == key else None
+            r = None
+        if r is not None and r.violation is not None and r.violation.key == key:
+            smallest = min(smallest, len(r.ops))
+        else:
+            r = None
+        if progress is not None:
+            progress(attempts, smallest)
+        return r
 
     nb, bs = num_blocks, block_size
     r = fails(ops, nb, bs)
@@ -242,3 +253,9 @@ def _scaled(ops: list[Op], bs: int, smaller: int) -> list[Op]:
         if o.kind == "allocate":
             o.n_tokens = max(1, -(-o.n_tokens * smaller // bs))
     return out
+
+
+def budget_ran_out(budget: float, length: int, unit: str) -> str:
+    """The minimality of a counterexample whose shrinking was stopped by its time budget."""
+    return (f"shrinking stopped at its {budget:g} s budget: {length} {unit}"
+            f"{'' if length == 1 else 's'}, not proven 1-minimal")

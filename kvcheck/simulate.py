@@ -11,7 +11,9 @@ swapped tokens, free blocks (peak, lowest, final) and leaked blocks.
 from __future__ import annotations
 
 import functools
+import io
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvcheck import costmodel
 from kvcheck.impl.scheduler import Scheduler
@@ -143,5 +145,9 @@ def plot(sim: Simulation, path: str, title: str | None = None) -> None:
         f"{sim.watermark}, {sim.mode}: {s.preemptions} preemptions, {s.pingpongs} ping-pongs, "
         f"{s.leaked} leaked"))
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    # drawn in memory, then written: a failing write raises (savefig on a file name can
+    # swallow it, e.g. on a full disk) instead of leaving a truncated picture
+    picture = io.BytesIO()
+    fig.savefig(picture, format=Path(path).suffix.lstrip(".").lower() or "png", dpi=100)
     plt.close(fig)
+    Path(path).write_bytes(picture.getvalue())

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvcheck.driver import RandomDriver
-from kvcheck.loading import build, resolve
+from kvcheck.loading import TargetError, build, resolve
 from kvcheck.oracle import Oracle, ambient_watchdog
-from kvcheck.shrink import replay, shrink
+from kvcheck.shrink import budget_ran_out, replay, shrink
 from kvcheck.trace import Trace
 from kvcheck.violation import Violation
 from kvcheck.watchdog import Watchdog
@@ -42,11 +42,13 @@ class Result:
 def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: int = 10_000,
            seed: int = 0, out_of_blocks=None, timeout: float | None = 10.0,
            mode: str = "fast", do_shrink: bool = True, shrink_budget: float = 60.0,
-           progress: Callable[[int], None] | None = None, compiled: bool = True) -> Result:
+           progress: Callable[[int], None] | None = None, compiled: bool = True,
+           shrink_progress: Callable[[int, int], None] | None = None) -> Result:
     """Check ``target`` for ``ops`` random operations. Raises ``TargetError`` on bad input.
 
     ``compiled=False`` evaluates the spec itself for every operation instead of
-    its compiled form (same verdicts, slower; for comparison)."""
+    its compiled form (same verdicts, slower; for comparison). ``progress(done)`` is told
+    of the operations run, ``shrink_progress(attempts, length)`` of the shrinking."""
     start = time.perf_counter()
     with Watchdog(timeout) as wd:  # importing, building, every step and every observation
         label, factory = resolve(target)
@@ -68,11 +70,13 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
                 progress(i)
         if v is None:
             v = oracle.sweep(wd)
+    if v is None and not history:  # nothing ran: nothing was checked, never a pass
+        raise TargetError(f"no operation ran on {label} ({ops} requested): nothing was checked")
     seconds = time.perf_counter() - start
     if v is None:
         return Result("pass", oracle.steps, seconds, None, None)
     trace = counterexample(label, factory, num_blocks, block_size, history, v, seed,
-                           out_of_blocks, timeout, do_shrink, shrink_budget)
+                           out_of_blocks, timeout, do_shrink, shrink_budget, shrink_progress)
     return Result("fail", oracle.steps, time.perf_counter() - start, trace.violation, trace,
                   len(history))
 
@@ -83,8 +87,10 @@ HANG_SHRINK_TIMEOUT = 1.0
 
 
 def counterexample(label, factory, num_blocks, block_size, history, v: Violation, seed,
-                   out_of_blocks=None, timeout=10.0, do_shrink=True, budget=60.0) -> Trace:
-    """A replayable trace for violation ``v`` found after ``history``; shrunk if asked.
+                   out_of_blocks=None, timeout=10.0, do_shrink=True, budget=60.0,
+                   progress=None) -> Trace:
+    """A replayable trace for violation ``v`` found after ``history``; shrunk if asked
+    (``progress(attempts, length)`` told of the shrinking).
 
     A hang is replayed with a per-operation limit of at most ``HANG_SHRINK_TIMEOUT``
     (the trace says so): the run already paid one full timeout to find it."""
@@ -95,18 +101,19 @@ def counterexample(label, factory, num_blocks, block_size, history, v: Violation
                 f"the run's, so that every replay that still hangs costs only that")
     with ambient_watchdog(timeout):  # for the steps the shrinker's search runs without one
         trace = _counterexample(label, factory, num_blocks, block_size, history, v, seed,
-                                out_of_blocks, timeout, do_shrink, budget)
+                                out_of_blocks, timeout, do_shrink, budget, progress)
     trace.minimality += note
     return trace
 
 
 def _counterexample(label, factory, num_blocks, block_size, history, v, seed, out_of_blocks,
-                    timeout, do_shrink, budget) -> Trace:
+                    timeout, do_shrink, budget, progress=None) -> Trace:
     if do_shrink:
-        s = shrink(factory, num_blocks, block_size, history, v.key, out_of_blocks, timeout, budget)
+        s = shrink(factory, num_blocks, block_size, history, v.key, out_of_blocks, timeout, budget,
+                   progress)
         if s is not None:
             how = ("1-minimal: removing any one operation or lowering any size stops it failing"
-                   if s.one_minimal else "shrunk until the time budget ran out (not proven 1-minimal)")
+                   if s.one_minimal else budget_ran_out(budget, len(s.ops), "operation"))
             if s.shortest:
                 how += f"; shortest: {s.shortest}"
             return Trace(label, s.num_blocks, s.block_size, s.ops, s.violation, seed, s.states, how)

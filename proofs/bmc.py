@@ -17,7 +17,12 @@ satisfiable depth is a shortest counterexample. Its unsat proofs grow about
 class, and (optionally) for every ordered pair of classes a run whose last
 two steps are that pair. A class with no witness within the bound is
 reported: a spec in which, say, copy-on-write can never happen proves
-nothing about it.
+nothing about it. One without a witness is then asked ``possible``: can it
+occur at all, from *any* state satisfying every invariant (reachable or not)?
+When Z3 says no at this scope but yes at a larger one (``grown``), the class is
+*not applicable* at this scope (copy-on-write at block size 1: every append is
+at a block boundary); when it says no even at the larger scope, the spec has
+made the class impossible and that is still reported.
 
 Pruning, none of which loses a behaviour up to renaming:
   * symmetry: block ids are interchangeable, so a step that takes fresh
@@ -176,6 +181,59 @@ class Witness:
     ops: list[Op] = field(default_factory=list)
     seconds: float = 0.0
     searched: bool = True  # False: the budget ran out before every depth was tried
+    impossible: bool = False  # no witness, and Z3 shows none exists from any valid state here
+    possible_at: str = ""  # (a class) a larger scope at which it can occur: not applicable here
+
+    @property
+    def not_applicable(self) -> bool:
+        return self.impossible and bool(self.possible_at)
+
+
+def grown(scope: SymScope) -> SymScope:
+    """The scope made large enough for every outcome class: two blocks of two tokens, two
+    sequence slots, three blocks' worth of tokens (never smaller than ``scope``)."""
+    bs = max(scope.block_size, 2)
+    return SymScope(max(scope.num_blocks, 2), bs, max(scope.seqs, 2),
+                    max(scope.max_tokens, 3 * bs))
+
+
+def possible(scope: SymScope, goals: list[tuple[str, tuple[str, ...]]], contracts=None,
+             invariants=None, encoding: str = "int", budget: float | None = None,
+             ) -> dict[str, bool | None]:
+    """Whether each goal (a label and its classes: one, or an ordered pair) can occur at all
+    at ``scope``: from some state satisfying every invariant, reachable or not, steps allowed
+    by the contracts whose classes are those. False: Z3 shows it cannot (unsat); None:
+    unknown (the budget ran out). Nothing is pruned (no symmetry, no canonical garbage):
+    "cannot" is only ever said of the whole step relation."""
+    t0 = time.perf_counter()
+    model = Model(scope, contracts, invariants, encoding=encoding)
+    solver = z3.Solver()
+    s0 = model.state("v0")
+    solver.add(model.invariant(s0))
+    u = Unrolling(model, [s0], [], solver)
+    out: dict[str, bool | None] = {}
+    for d in range(1, max([len(c) for _, c in goals] or [0]) + 1):
+        s, s2 = u.states[-1], model.state(f"v{d}")
+        step, choices = model.step(s, s2, f"vk{d}")
+        solver.add(step)
+        u.states.append(s2)
+        u.choices.append(choices)
+        for label, classes in goals:
+            if len(classes) != d:
+                continue
+            left = None if budget is None else budget - (time.perf_counter() - t0)
+            if left is not None and left <= 0:
+                out[label] = None
+                continue
+            solver.push()
+            for k, name in enumerate(classes):
+                solver.add(_class_at(u, k + 1, name))
+            if left is not None:
+                solver.set("timeout", max(1, int(1000 * left)))
+            r = solver.check()
+            out[label] = True if r == z3.sat else False if r == z3.unsat else None
+            solver.pop()
+    return out
 
 
 def _class_at(u: Unrolling, step: int, name: str):
@@ -188,8 +246,10 @@ def _class_at(u: Unrolling, step: int, name: str):
 
 
 def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
-              encoding: str = "int", budget: float | None = None) -> list[Witness]:
-    """Shortest witness of every outcome class (and, with ``pairs``, of every ordered pair)."""
+              encoding: str = "int", budget: float | None = None,
+              progress=None) -> list[Witness]:
+    """Shortest witness of every outcome class (and, with ``pairs``, of every ordered pair);
+    ``progress(depth, found, goals)`` is told as the search goes."""
     t0 = time.perf_counter()
     u = unroll(scope, contracts, None, encoding)
     names = list(OUTCOMES)
@@ -203,6 +263,8 @@ def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
             break
         extend(u, lemmas=False)
         for label, classes in goals:
+            if progress is not None:
+                progress(d, len(found), len(goals))
             if label in found or len(classes) > d:
                 continue
             if budget is not None and time.perf_counter() - t0 > budget:
@@ -221,8 +283,40 @@ def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
             elif r != z3.unsat:
                 unsure.add(label)
             u.solver.pop()
-    return [found.get(label, Witness(label, None, searched=label not in unsure))
-            for label, _ in goals]
+    out = [found.get(label, Witness(label, None, searched=label not in unsure))
+           for label, _ in goals]
+    _applicability(scope, goals, out, contracts, encoding,
+                   None if budget is None else max(1.0, budget - (time.perf_counter() - t0)))
+    return out
+
+
+def _applicability(scope, goals, ws: list[Witness], contracts, encoding, budget) -> None:
+    """Mark the goals without a witness that cannot occur from any valid state at ``scope``,
+    and for classes say whether they can at ``grown(scope)`` (then: not applicable here)."""
+    t0 = time.perf_counter()
+    missing = {w.name for w in ws if not w.depth}
+    if not missing:
+        return
+    classes = dict(goals)
+    singles = [(n, c) for n, c in goals if n in missing and len(c) == 1]
+    here = possible(scope, singles, contracts, encoding=encoding, budget=budget)
+    cannot = {classes[n][0] for n, ok in here.items() if ok is False}
+    # a pair with a class that cannot occur cannot either; ask Z3 about the others
+    pairs = [(n, c) for n, c in goals if n in missing and len(c) == 2 and not set(c) & cannot]
+    left = None if budget is None else max(1.0, budget - (time.perf_counter() - t0))
+    here.update(possible(scope, pairs, contracts, encoding=encoding, budget=left))
+    bigger = grown(scope)
+    larger = {}
+    if cannot and bigger != scope:
+        left = None if budget is None else max(1.0, budget - (time.perf_counter() - t0))
+        larger = possible(bigger, [(n, c) for n, c in singles if c[0] in cannot], contracts,
+                          encoding=encoding, budget=left)
+    for w in ws:
+        if w.name not in missing:
+            continue
+        w.impossible = here.get(w.name) is False or bool(set(classes[w.name]) & cannot)
+        if w.impossible and len(classes[w.name]) == 1 and larger.get(w.name) is True:
+            w.possible_at = bigger.describe()
 
 
 # -- breadth-first BMC ------------------------------------------------------------------
@@ -264,12 +358,13 @@ class ReachResult:
 
 
 def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encoding: str = "int",
-            budget: float | None = None) -> ReachResult:
+            budget: float | None = None, progress=None) -> ReachResult:
     """BMC as breadth-first reachability: Z3 enumerates every successor the contracts allow
     (modulo the symmetry breaking and canonical garbage above), each is checked against the
     invariants, and states equal up to renaming of blocks and slots are expanded once. BFS
     order makes the first violation a shortest one; a clean run covers every run of at most
-    ``depth`` operations from the empty pool."""
+    ``depth`` operations from the empty pool. ``progress(depth, states, transitions)`` is
+    told of each state expanded."""
     t0 = time.perf_counter()
     m = Model(scope, contracts, invariants, encoding=encoding)
     s, s2 = m.state("s"), m.state("s2")
@@ -289,6 +384,8 @@ def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encodi
     for d in range(1, depth + 1):
         nxt = []
         for vals, path in frontier:
+            if progress is not None:
+                progress(d, res.states, res.transitions)
             if budget is not None and time.perf_counter() - t0 > budget:
                 res.complete = False
                 res.seconds = time.perf_counter() - t0

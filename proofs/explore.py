@@ -88,8 +88,9 @@ def canonical(oracle: Oracle) -> tuple:
 
 def explore(factory, scope: Scope, out_of_blocks=None, timeout: float | None = 10.0,
             budget: float | None = None, key: tuple | None = None, dedup: bool = True,
-            ) -> Exploration:
-    """BFS to ``scope.depth``; stops at the first violation (with ``key``, if given)."""
+            progress=None) -> Exploration:
+    """BFS to ``scope.depth``; stops at the first violation (with ``key``, if given).
+    ``progress(depth, distinct states, operations explored)`` is told of each state expanded."""
     start = time.perf_counter()
     res = Exploration(scope, key_filter=key)
     root = Oracle(build(factory, scope.num_blocks, scope.block_size, out_of_blocks), mode="full",
@@ -107,6 +108,8 @@ def explore(factory, scope: Scope, out_of_blocks=None, timeout: float | None = 1
         nxt: deque = deque()
         while frontier:
             oracle, path = frontier.popleft()
+            if progress is not None:
+                progress(level, res.distinct, res.explored)
             for op in moves(oracle, scope):
                 if budget is not None and time.perf_counter() - start > budget:
                     res.complete = False

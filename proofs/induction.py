@@ -113,9 +113,12 @@ KINDS = ("allocate", "append_slot", "fork", "free_seq")
 
 
 def prove_invariants(scope: SymScope, contracts=None, invariants=None,
-                     timeout_ms: int | None = 60_000, encoding: str = "auto") -> list[Proof]:
+                     timeout_ms: int | None = 60_000, encoding: str = "auto",
+                     progress=None) -> list[Proof]:
     """Every invariant, per operation kind. ``encoding``: "bv", "int" or "auto"
-    (a portfolio: each query is tried in both, bit-vectors first)."""
+    (a portfolio: each query is tried in both, bit-vectors first). ``progress(name)`` is
+    told of each property as its proof starts."""
+    tell = progress or (lambda name: None)
     names = ("bv", "int") if encoding == "auto" else (encoding,)
     encs = [_Encoding(scope, contracts, invariants, e, KINDS) for e in names]
     first = encs[0]
@@ -128,6 +131,7 @@ def prove_invariants(scope: SymScope, contracts=None, invariants=None,
                      scope.describe(), _verdict(base), time.perf_counter() - t0))
 
     def per_kind(name, goal):
+        tell(name)
         t0 = time.perf_counter()
         failing, unknown = [], []
         for kind in kinds:
@@ -152,6 +156,7 @@ def prove_invariants(scope: SymScope, contracts=None, invariants=None,
     block_names = {i.name for i in first.blocks}
     proved_blocks = all(p.result == "proved" for p in out if p.property in block_names)
     for i, inv in enumerate(first.globals):
+        tell(inv.name)
         t0 = time.perf_counter()
         r = _portfolio(encs, lambda e, i=i: [*(b.formula(e.L, e.s2) for b in e.blocks),
                                              z3.Not(e.globals[i].formula(e.L, e.s2))], timeout_ms)
@@ -160,6 +165,7 @@ def prove_invariants(scope: SymScope, contracts=None, invariants=None,
                          "follows from the per-block invariants"))
 
     if "append_slot" in kinds:
+        tell("isolation")
         t0 = time.perf_counter()
 
         def isolation_query(e):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -45,27 +47,192 @@ def positive_float(text: str) -> float:
     return value
 
 
+# -- flags shared by several commands: one name, one help text per concept ----------------------
+def add_target(p, default: str, what: str = "allocator") -> None:
+    p.add_argument("target", nargs="?", default=default,
+                   help=f"the {what} to check: a registered name, module:attr or file.py:attr "
+                        f"(default: %(default)s)")
+
+
+def add_pool(p, blocks: int, block_size: int, blocks_help: str = "pool size") -> None:
+    p.add_argument("--blocks", type=positive_int, default=blocks, metavar="N",
+                   help=f"{blocks_help}, in blocks (default: %(default)s)")
+    p.add_argument("--block-size", type=positive_int, default=block_size, metavar="TOKENS",
+                   help="tokens per block (default: %(default)s)")
+
+
+def add_seed(p) -> None:
+    p.add_argument("--seed", type=nonneg_int, default=0, metavar="N",
+                   help="random seed, an integer: the same seed gives the same run "
+                        "(default: %(default)s)")
+
+
+def add_timeout(p, what: str = "operation") -> None:
+    p.add_argument("--timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                   help=f"seconds one {what} may take before it counts as a hang "
+                        f"(default: %(default)g)")
+
+
+def add_json(p) -> None:
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of text (default: off)")
+
+
+def add_trace_out(p, what: str = "the counterexample as a JSON trace") -> None:
+    p.add_argument("--trace-out", metavar="FILE",
+                   help=f"write {what} to FILE (default: not written)")
+
+
+def add_out_of_blocks(p) -> None:
+    p.add_argument("--out-of-blocks", metavar="module:Name",
+                   help="the exception class the target raises when it is out of blocks "
+                        "(default: any exception class named OutOfBlocks)")
+
+
+def nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
+    return value
+
+
+def add_shrink_seconds(p, default: float) -> None:
+    """``--shrink-seconds``: the time budget for shrinking a counterexample."""
+    p.add_argument("--shrink-seconds", type=nonneg_float, default=default, metavar="SECONDS",
+                   help="time budget for shrinking a counterexample, in seconds; when it runs out "
+                        "the trace says so and how long it still is (default: %(default)g)")
+
+
+def stopped_note(minimality: str) -> str:
+    """`` (shrinking stopped at its 5 s budget, not proven 1-minimal)`` for a verdict line, when
+    the shrinking budget ran out ('' otherwise)."""
+    if not minimality.startswith("shrinking stopped at its "):
+        return ""
+    return f" ({minimality.split(':')[0]}, not proven 1-minimal)"
+
+
+def check_outputs(*outputs: tuple[str | None, str]) -> None:
+    """Before a run: every ``(path, flag)`` given can be written, and no two are the same file;
+    else ``UsageError`` (one line, exit 2) before any time is spent."""
+    from kvcheck.errors import UsageError
+
+    seen: dict[str, str] = {}
+    for path, flag in outputs:
+        if not path:
+            continue
+        problem = _unwritable(path)
+        if problem:
+            raise UsageError(f"{flag} {path}: {problem}")
+        key = os.path.realpath(path)
+        if key in seen and not _is_device(path):
+            raise UsageError(f"{flag} and {seen[key]} name the same file {path}")
+        seen[key] = flag
+
+
+def _is_device(path: str) -> bool:
+    try:
+        return Path(path).exists() and not Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _unwritable(path: str) -> str:
+    """Why ``path`` cannot be written ('' when it can, as far as can be told beforehand)."""
+    try:
+        p = Path(path)
+        if p.is_dir():
+            return "is a directory"
+        parent = p.parent
+        if not parent.exists():
+            return f"directory {parent} does not exist"
+        if not parent.is_dir():
+            return f"{parent} is not a directory"
+        if p.exists():
+            return "" if os.access(p, os.W_OK) else "not writable"
+        return "" if os.access(parent, os.W_OK | os.X_OK) else f"cannot create files in {parent}"
+    except ValueError as exc:  # e.g. a NUL in the name
+        return str(exc)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def write_output(path: str, text: str, flag: str) -> bool:
+    """After a run: write ``text`` to ``path``. On failure say so in one line on stderr and
+    return False; the run's result is still printed and its verdict stands."""
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+        return True
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        print(f"kvcheck: error: cannot write {flag} {path}: {reason}", file=sys.stderr)
+        return False
+
+
+def exit_code(verdict: int, written: bool) -> int:
+    """The verdict's exit code; a pass whose requested output could not be written is 2."""
+    return verdict if written or verdict != 0 else 2
+
+
 def emit_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=1)
     sys.stdout.write("\n")
 
 
 class Progress:
-    """A one-line progress bar on stderr, only when it is a terminal."""
+    """One line of progress on stderr, only when stderr is a terminal (nothing otherwise, and
+    commands pass none with ``--json``): a bar (``progress(done)`` of ``total``), a status
+    line (``progress.say("stage: detail")``) and ``progress.shrinking(attempts, length)``.
 
-    def __init__(self, total: int, label: str):
-        self.total, self.label = total, label
-        self.enabled = sys.stderr.isatty()
+    Frequent updates are drawn at most ten times a second; a new stage (the text before the
+    first colon) is always drawn at once."""
+
+    def __init__(self, total: int = 0, label: str = "", unit: str = ""):
+        self.total, self.label, self.unit = total, label, unit
+        try:
+            self.enabled = bool(sys.stderr.isatty())
+        except (AttributeError, OSError, ValueError):  # no stderr, or a closed one
+            self.enabled = False
+        self._stage, self._drawn, self._width = None, 0.0, 0
 
     def __call__(self, done: int) -> None:
         if not self.enabled or not self.total:
             return
         width = 30
-        filled = width * done // self.total
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}")
+        filled = width * min(done, self.total) // self.total
+        unit = f" {self.unit}" if self.unit else ""
+        self._draw(f"{self.label} [{'#' * filled}{'.' * (width - filled)}] "
+                   f"{done}/{self.total}{unit}", stage=f"{self.label} [")
+
+    def say(self, text: str) -> None:
+        if self.enabled:
+            self._draw(text, stage=text.split(":")[0])
+
+    def shrinking(self, attempts: int, length: int, unit: str = "operations") -> None:
+        """A shrinker's callback: candidates tried so far, and the current counterexample."""
+        self.say(f"{self.label}: shrinking: {attempts} attempts, counterexample of {length} "
+                 f"{unit}")
+
+    def _draw(self, text: str, stage: str) -> None:
+        import time
+
+        now = time.monotonic()
+        if stage == self._stage and now - self._drawn < 0.1:
+            return
+        self._stage, self._drawn = stage, now
+        try:
+            columns = os.get_terminal_size(sys.stderr.fileno()).columns or 80
+        except (AttributeError, OSError, ValueError):
+            columns = 80
+        text = text[: max(20, columns - 1)]
+        sys.stderr.write("\r" + text + " " * max(0, self._width - len(text)))
         sys.stderr.flush()
+        self._width = len(text)
 
     def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r" + " " * 70 + "\r")
+        if self.enabled and self._width:
+            sys.stderr.write("\r" + " " * self._width + "\r")
             sys.stderr.flush()
+            self._width = 0

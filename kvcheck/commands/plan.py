@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvcheck.commands.common import emit_json, positive_float, positive_int
+from kvcheck.commands.common import add_json, emit_json, positive_float, positive_int
 
 
 def block_sizes(text: str) -> list[int]:
@@ -19,39 +19,57 @@ def block_sizes(text: str) -> list[int]:
 
 
 def add_parser(sub) -> None:
+    import argparse
+
     from kvcheck.planner import MODELS
 
     p = sub.add_parser("plan", help="block-size trade-offs for a model and workload",
                        description="Print KV bytes per token, tail waste (the spec's waste_bound), "
                                    "block-table size, prefix-match granularity and paged versus "
-                                   "contiguous capacity for each block size.")
-    p.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
-    p.add_argument("--layers", type=positive_int)
-    p.add_argument("--kv-heads", type=positive_int)
-    p.add_argument("--head-dim", type=positive_int)
-    p.add_argument("--dtype-bytes", type=positive_int, help="bytes per KV element (default 2)")
-    p.add_argument("--block-sizes", type=block_sizes, default=[16, 64, 128],
-                   help="comma-separated (default 16,64,128)")
-    p.add_argument("--seqs", type=positive_int, default=256, help="running sequences (default 256)")
-    p.add_argument("--mean-len", type=positive_int, default=1500,
-                   help="mean sequence length in tokens (default 1500)")
-    p.add_argument("--max-len", type=positive_int, default=8192,
-                   help="contiguous reservation per request (default 8192)")
-    p.add_argument("--context", type=positive_int, default=131072,
-                   help="context length for the block-table size (default 131072)")
-    p.add_argument("--shared-prompt", type=positive_int, default=1000,
-                   help="shared prompt length for prefix-match granularity (default 1000)")
-    p.add_argument("--pool-tokens", type=positive_int, help="KV pool size in tokens")
-    p.add_argument("--gpus", type=positive_int, help="derive the pool from GPUs instead")
-    p.add_argument("--gpu-mem-gib", type=positive_float, default=80.0,
-                   help="memory per GPU in GiB (default 80)")
-    p.add_argument("--util", type=positive_float, default=0.92,
-                   help="fraction of GPU memory for the engine (default 0.92)")
-    p.add_argument("--weights-gib", type=positive_float,
-                   help="weights in GiB (default: preset parameters x dtype bytes)")
-    p.add_argument("--overhead-gib", type=positive_float, default=None,
-                   help="activations etc. in GiB, total over the GPUs (default 0)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+                                   "contiguous capacity for each block size. Exit 0, or 2 on "
+                                   "bad input.")
+    p.add_argument("--model", metavar="NAME",
+                   help=f"preset model: {', '.join(MODELS)} (default: none; then give --layers, "
+                        f"--kv-heads and --head-dim)")
+    p.add_argument("--layers", type=positive_int, metavar="N",
+                   help="transformer layers (default: the preset's)")
+    p.add_argument("--kv-heads", type=positive_int, metavar="N",
+                   help="KV heads per layer (default: the preset's)")
+    p.add_argument("--head-dim", type=positive_int, metavar="N",
+                   help="elements per head (default: the preset's)")
+    p.add_argument("--dtype-bytes", type=positive_int, metavar="BYTES",
+                   help="bytes per KV element (default: the preset's, else 2)")
+    p.add_argument("--block-sizes", type=block_sizes, default=[16, 64, 128], metavar="TOKENS,...",
+                   help="block sizes to compare, in tokens per block, comma-separated "
+                        "(default: 16,64,128)")
+    p.add_argument("--running-seqs", type=positive_int, default=256, metavar="N",
+                   help="running sequences: the batch decoded together, in sequences "
+                        "(default: %(default)s)")
+    p.add_argument("--seqs", type=positive_int, dest="running_seqs", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # the old spelling, kept for scripts
+    p.add_argument("--mean-len", type=positive_int, default=1500, metavar="TOKENS",
+                   help="mean sequence length, in tokens (default: %(default)s)")
+    p.add_argument("--max-len", type=positive_int, default=8192, metavar="TOKENS",
+                   help="contiguous reservation per request, in tokens (default: %(default)s)")
+    p.add_argument("--context", type=positive_int, default=131072, metavar="TOKENS",
+                   help="context length for the block-table size, in tokens (default: "
+                        "%(default)s)")
+    p.add_argument("--shared-prompt", type=positive_int, default=1000, metavar="TOKENS",
+                   help="shared prompt length for prefix-match granularity, in tokens (default: "
+                        "%(default)s)")
+    p.add_argument("--pool-tokens", type=positive_int, metavar="TOKENS",
+                   help="KV pool size, in tokens (default: none; or derive it with --gpus)")
+    p.add_argument("--gpus", type=positive_int, metavar="N",
+                   help="derive the pool from this many GPUs instead (default: none)")
+    p.add_argument("--gpu-mem-gib", type=positive_float, default=80.0, metavar="GIB",
+                   help="memory per GPU, in GiB (default: %(default)g)")
+    p.add_argument("--util", type=positive_float, default=0.92, metavar="FRACTION",
+                   help="fraction of GPU memory for the engine, in (0, 1] (default: %(default)g)")
+    p.add_argument("--weights-gib", type=positive_float, metavar="GIB",
+                   help="model weights, in GiB (default: preset parameters x dtype bytes)")
+    p.add_argument("--overhead-gib", type=positive_float, default=None, metavar="GIB",
+                   help="activations etc., in GiB, total over the GPUs (default: 0)")
+    add_json(p)
     p.set_defaults(run=run)
 
 
@@ -80,7 +98,7 @@ def run(args) -> int:
         if args.gpus:
             pool = pool_from_gpus(model, args.gpus, args.gpu_mem_gib, args.util,
                                   args.weights_gib, args.overhead_gib or 0.0)
-        p = plan(model, args.block_sizes, args.seqs, args.mean_len, args.max_len, args.context,
+        p = plan(model, args.block_sizes, args.running_seqs, args.mean_len, args.max_len, args.context,
                  args.shared_prompt, pool)
     except PlanError as exc:
         raise UsageError(str(exc)) from None

@@ -9,9 +9,16 @@ are re-run; the recorded results and states are for reading, not checked.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from kvcheck.commands.common import emit_json, positive_float
+from kvcheck.commands.common import (
+    add_json,
+    add_out_of_blocks,
+    add_timeout,
+    add_trace_out,
+    check_outputs,
+    emit_json,
+    exit_code,
+    write_output,
+)
 
 
 def add_parser(sub) -> None:
@@ -19,44 +26,29 @@ def add_parser(sub) -> None:
                        description="Re-run the operations of TRACE (a kvcheck trace JSON file) "
                                    "on TARGET under the oracle. Exit 1 if it breaks the spec, "
                                    "0 if every check holds, 2 on bad input.")
-    p.add_argument("trace", metavar="TRACE", help="trace file written by --trace-out")
-    p.add_argument("--target", help="allocator to run it on (default: the one recorded)")
-    p.add_argument("--out-of-blocks", metavar="module:Name",
-                   help="exception class signalling out-of-blocks (default: any named OutOfBlocks)")
-    p.add_argument("--timeout", type=positive_float, default=10.0,
-                   help="seconds one operation may take before it counts as a hang (default 10)")
+    p.add_argument("trace", metavar="TRACE", help="trace file written by --trace-out (required)")
+    p.add_argument("--target",
+                   help="the allocator to run it on: a registered name, module:attr or "
+                        "file.py:attr (default: the one recorded in TRACE)")
+    add_out_of_blocks(p)
+    add_timeout(p)
     p.add_argument("--pytest-out", metavar="FILE",
-                   help="also write a standalone pytest reproducer of the trace for the target")
-    p.add_argument("--trace-out", metavar="FILE", help="write the replayed run as a trace")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+                   help="also write a standalone pytest reproducer of the trace for the target "
+                        "to FILE (default: not written)")
+    add_trace_out(p, "the replayed run as a trace")
+    add_json(p)
     p.set_defaults(run=run)
 
 
-def _writable(path: str | None, flag: str) -> None:
-    from kvcheck.errors import UsageError
-
-    if path and Path(path).is_dir():
-        raise UsageError(f"{flag} {path} is a directory")
-
-
-def _write(path: str, text: str, flag: str) -> None:
-    from kvcheck.errors import UsageError
-
-    try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {flag} {path}: {exc.strerror or exc}") from None
-
-
 def run(args) -> int:
+    from kvcheck.errors import UsageError
     from kvcheck.explain import render
     from kvcheck.loading import TargetError, load_exception, resolve
     from kvcheck.pytest_out import pytest_source
     from kvcheck.shrink import replay
     from kvcheck.trace import Trace
 
-    _writable(args.pytest_out, "--pytest-out")
-    _writable(args.trace_out, "--trace-out")
+    check_outputs((args.pytest_out, "--pytest-out"), (args.trace_out, "--trace-out"))
     trace = Trace.load(args.trace)
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
     target = args.target or trace.target
@@ -69,6 +61,9 @@ def run(args) -> int:
                           f"--target)") from None
     r = replay(factory, trace.num_blocks, trace.block_size, trace.ops, oob, args.timeout,
                record=True)
+    if r.violation is None and not r.ops:
+        raise UsageError(f"none of the {len(trace.ops)} operation(s) of {args.trace} could run on "
+                         f"{label}: nothing was checked")
     skipped = _skipped(trace, r)
     got = r.violation
     want = trace.violation
@@ -79,17 +74,19 @@ def run(args) -> int:
     else:
         verdict = "different"
     rerun = Trace(label, trace.num_blocks, trace.block_size, r.ops, got, trace.seed, r.states)
+    written = wrote_pytest = True
     if args.pytest_out:
-        _write(args.pytest_out, pytest_source(trace, target, args.timeout), "--pytest-out")
+        written = wrote_pytest = write_output(
+            args.pytest_out, pytest_source(trace, target, args.timeout), "--pytest-out")
     if args.trace_out:
         rerun.minimality = f"replayed from a trace recorded on {trace.target}"
-        _write(args.trace_out, rerun.dumps() + "\n", "--trace-out")
+        written &= write_output(args.trace_out, rerun.dumps() + "\n", "--trace-out")
         rerun.minimality = ""
     if args.json:
         emit_json({"verdict": verdict, "target": label, "ran": len(r.ops), "skipped": skipped,
                    "recorded": None if want is None else want.to_json(),
                    "violation": None if got is None else got.to_json()})
-        return 0 if got is None else 1
+        return exit_code(0 if got is None else 1, written)
     recorded = "no violation" if want is None else (
         f"step {want.step} ({want.kind}) {want.name}")
     note = (f"; {skipped} operation(s) skipped (the target does not offer them, or they no "
@@ -99,14 +96,14 @@ def run(args) -> int:
         print(f"PASS {label}: {ran} operation(s) of {args.trace} ran on "
               f"{trace.num_blocks} blocks x {trace.block_size} slots and every invariant and "
               f"contract held (recorded: {recorded}){note}")
-        return 0
+        return exit_code(0, written)
     if verdict == "reproduced":
         print(f"REPRODUCED on {label}: step {got.step} ({got.kind}) {got.name}{note}")
     else:
         print(f"FAIL {label}: a different violation than recorded ({recorded}): "
               f"step {got.step} ({got.kind}) {got.name}{note}")
     print(render(rerun, title="Replay"))
-    if args.pytest_out:
+    if args.pytest_out and wrote_pytest:
         print(f"pytest reproducer written to {args.pytest_out}")
     return 1
 

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from kvcheck.commands.common import emit_json, nonneg_int, positive_float, positive_int
+from kvcheck.commands.common import (
+    Progress,
+    add_json,
+    add_pool,
+    add_seed,
+    check_outputs,
+    emit_json,
+    exit_code,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 
 
 def _watermarks(text: str) -> list[int]:
@@ -26,32 +38,40 @@ def add_parser(sub) -> None:
                        description="Run a seeded workload through the reference scheduler with "
                                    "the policy spec and pool invariants checked at every step; "
                                    "print the figures, the swap-or-recompute decision, and "
-                                   "optionally plot them.")
-    p.add_argument("--requests", type=positive_int, default=120, help="requests (default 120)")
-    p.add_argument("--blocks", type=positive_int, default=200, help="device pool (default 200)")
-    p.add_argument("--block-size", type=positive_int, default=16, help="tokens per block (16)")
-    p.add_argument("--watermark", type=nonneg_int, default=1, help="watermark blocks (default 1)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
-    p.add_argument("--max-prompt", type=positive_int, default=256,
-                   help="longest prompt, tokens (default 256)")
-    p.add_argument("--max-new", type=positive_int, default=256,
-                   help="longest output, tokens (default 256)")
-    p.add_argument("--arrival-steps", type=nonneg_int, default=0,
-                   help="spread arrivals over this many steps (default 0: all at once)")
+                                   "optionally plot them. Exit 0 when everything held, 1 on a "
+                                   "violation, 2 on bad input.")
+    p.add_argument("--requests", type=positive_int, default=120, metavar="N",
+                   help="requests in the workload (default: %(default)s)")
+    add_pool(p, 200, 16, "device pool size")
+    p.add_argument("--watermark", type=nonneg_int, default=1, metavar="BLOCKS",
+                   help="free blocks admission keeps in reserve, in blocks (default: %(default)s)")
+    add_seed(p)
+    p.add_argument("--max-prompt", type=positive_int, default=256, metavar="TOKENS",
+                   help="longest prompt, in tokens (default: %(default)s)")
+    p.add_argument("--max-new", type=positive_int, default=256, metavar="TOKENS",
+                   help="longest output, in tokens (default: %(default)s)")
+    p.add_argument("--arrival-steps", type=nonneg_int, default=0, metavar="STEPS",
+                   help="spread arrivals over this many scheduler steps (default: %(default)s: "
+                        "all at once)")
     p.add_argument("--mode", choices=("recompute", "swap", "auto"), default="recompute",
                    help="preemption: recompute, swap to a host pool, or auto (the cost model "
-                        "decides per victim)")
-    p.add_argument("--host-blocks", type=positive_int, help="host pool for swap (default 4x)")
-    p.add_argument("--link-gbps", type=positive_float, default=400.0,
-                   help="host link, GB/s aggregate per direction (default 400: 8x PCIe 5 x16)")
-    p.add_argument("--prefill-tps", type=positive_float,
-                   help="prefill tokens/s (default: 8x H100 bf16 at 40%% MFU, ~22,400)")
-    p.add_argument("--swap-latency-ms", type=positive_float, default=1.0,
-                   help="fixed latency per swap direction, ms (default 1)")
+                        "decides per victim) (default: %(default)s)")
+    p.add_argument("--host-blocks", type=positive_int, metavar="N",
+                   help="host pool for swap, in blocks (default: 4 x --blocks)")
+    p.add_argument("--link-gbps", type=positive_float, default=400.0, metavar="GB/S",
+                   help="host link bandwidth, in GB/s aggregate per direction (default: "
+                        "%(default)g, 8x PCIe 5 x16)")
+    p.add_argument("--prefill-tps", type=positive_float, metavar="TOKENS/S",
+                   help="prefill throughput, in tokens per second (default: 8x H100 bf16 at "
+                        "40%% MFU, about 22,400)")
+    p.add_argument("--swap-latency-ms", type=positive_float, default=1.0, metavar="MS",
+                   help="fixed latency per swap direction, in milliseconds (default: %(default)g)")
     p.add_argument("--compare-watermarks", type=_watermarks, metavar="W,W,...",
-                   help="also run these watermarks and print a comparison table")
-    p.add_argument("--plot", metavar="FILE.png", help="draw the run to a PNG (needs matplotlib)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+                   help="also run these watermarks, in blocks, and print a comparison table "
+                        "(default: none)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw the run to FILE.png (needs matplotlib) (default: not drawn)")
+    add_json(p)
     p.set_defaults(run=run)
 
 
@@ -62,34 +82,48 @@ def run(args) -> int:
     from kvcheck.workload import WorkloadError, check_scope
 
     if args.plot:
-        if Path(args.plot).is_dir():
-            raise UsageError(f"--plot {args.plot} is a directory")
-        if not Path(args.plot).resolve().parent.is_dir():
-            raise UsageError(f"--plot {args.plot}: directory does not exist")
+        check_outputs((args.plot, "--plot"))
         try:
-            import matplotlib  # noqa: F401
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install 'kvcheck[plot]'") from None
+        kinds = FigureCanvasAgg.get_supported_filetypes()
+        suffix = Path(args.plot).suffix.lstrip(".").lower()
+        if suffix and suffix not in kinds:
+            raise UsageError(f"--plot {args.plot}: cannot draw a .{suffix} file (name it "
+                             f"FILE.png, or one of .{', .'.join(sorted(kinds))})")
     m = costmodel.LLAMA_3_3_70B
     cost = costmodel.CostModel(
         m.kv_bytes_per_token, args.link_gbps * 1e9,
         args.prefill_tps or costmodel.prefill_rate(m.params), args.swap_latency_ms / 1e3)
     marks = [args.watermark] + [w for w in (args.compare_watermarks or []) if w != args.watermark]
-    sims = []
     for w in marks:
         try:
             check_scope(args.blocks, args.block_size, w)
         except WorkloadError as exc:
             raise UsageError(str(exc)) from None
-        sims.append(simulate(args.requests, args.blocks, args.block_size, w, args.seed, args.mode,
-                             args.max_prompt, args.max_new, args.arrival_steps, args.host_blocks,
-                             cost))
+    sims = []
+    bar = None if args.json else Progress(len(marks), "simulate", "runs")
+    try:
+        for w in marks:
+            if bar:
+                bar.say(f"simulate: watermark {w}, {len(sims) + 1} of {len(marks)} run(s), "
+                        f"{args.requests} requests")
+            sims.append(simulate(args.requests, args.blocks, args.block_size, w, args.seed,
+                                 args.mode, args.max_prompt, args.max_new, args.arrival_steps,
+                                 args.host_blocks, cost))
+    finally:
+        if bar:
+            bar.close()
     sim = sims[0]
+    written = True
     if args.plot:
         try:
             plot(sim, args.plot)
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.plot}: {exc.strerror or exc}") from None
+        except (OSError, ValueError) as exc:
+            written = False
+            print(f"kvcheck: error: cannot write --plot {args.plot}: "
+                  f"{getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
     ok = all(s.run.violation is None for s in sims)
     if args.json:
         out = sim.to_json(series=False)
@@ -100,7 +134,7 @@ def run(args) -> int:
         if len(sims) > 1:
             out["compare"] = [s.to_json() for s in sims]
         emit_json(out)
-        return 0 if ok else 1
+        return exit_code(0 if ok else 1, written)
     print(summary(sim))
     if len(sims) > 1:
         print("watermark comparison (same workload shape, same seed):")
@@ -110,6 +144,6 @@ def run(args) -> int:
             print(f"  {s.watermark:9d}  {st.steps:5d}  {st.preemptions:11d}  {st.pingpongs:10d}  "
                   f"{st.recomputed_tokens:10,d}  {st.min_free:11d}  {st.leaked:6d}")
     print(costmodel.report(cost))
-    if args.plot:
+    if args.plot and written:
         print(f"plot written to {args.plot}")
-    return 0 if ok else 1
+    return exit_code(0 if ok else 1, written)

@@ -2,44 +2,60 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from kvcheck.commands.common import Progress, emit_json, nonneg_int, positive_float, positive_int
+from kvcheck.commands.common import (
+    Progress,
+    add_json,
+    add_out_of_blocks,
+    add_pool,
+    add_seed,
+    add_shrink_seconds,
+    add_target,
+    add_timeout,
+    add_trace_out,
+    check_outputs,
+    emit_json,
+    exit_code,
+    positive_int,
+    stopped_note,
+    write_output,
+)
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("verify", help="check an allocator against the spec",
+    p = sub.add_parser("verify", help="check an allocator against the spec with random operations",
                        description="Drive TARGET with seeded random operations under the oracle; "
-                                   "on a violation print a minimal counterexample.")
-    p.add_argument("target", nargs="?", default="reference",
-                   help="registered name, module:attr or file.py:attr (default: reference)")
-    p.add_argument("--blocks", type=positive_int, default=32, help="pool size (default 32)")
-    p.add_argument("--block-size", type=positive_int, default=4, help="tokens per block (default 4)")
-    p.add_argument("--ops", type=positive_int, default=10_000, help="operations (default 10000)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
-    p.add_argument("--trace-out", metavar="FILE", help="write the counterexample as JSON")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--out-of-blocks", metavar="module:Name",
-                   help="exception class signalling out-of-blocks (default: any named OutOfBlocks)")
-    p.add_argument("--timeout", type=positive_float, default=10.0,
-                   help="seconds one operation may take before it counts as a hang (default 10)")
+                                   "on a violation print a minimal counterexample. Exit 0 when "
+                                   "every invariant and contract held, 1 on a violation, 2 on "
+                                   "bad input.")
+    add_target(p, "reference")
+    add_pool(p, 32, 4)
+    p.add_argument("--ops", type=positive_int, default=10_000, metavar="N",
+                   help="operations to run (default: %(default)s)")
+    add_seed(p)
+    add_trace_out(p)
+    add_json(p)
+    add_out_of_blocks(p)
+    add_timeout(p)
     p.add_argument("--full", action="store_true",
-                   help="check the whole state after every operation (slow, exact)")
+                   help="check the whole state after every operation: slower, exact (default: "
+                        "off: check what each operation touched, and everything in a sweep every "
+                        "max(1024, 2 x blocks) operations and at the end)")
+    add_shrink_seconds(p, 60.0)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from kvcheck.errors import UsageError
     from kvcheck.loading import load_exception
     from kvcheck.verify import verify
 
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
-    if args.trace_out and Path(args.trace_out).is_dir():
-        raise UsageError(f"--trace-out {args.trace_out} is a directory")
-    bar = Progress(args.ops, "verify") if not args.json else None
+    check_outputs((args.trace_out, "--trace-out"))
+    bar = Progress(args.ops, "verify", "operations") if not args.json else None
     try:
         result = verify(args.target, args.blocks, args.block_size, args.ops, args.seed, oob,
-                        args.timeout, mode="full" if args.full else "fast", progress=bar)
+                        args.timeout, mode="full" if args.full else "fast", progress=bar,
+                        shrink_budget=args.shrink_seconds,
+                        shrink_progress=bar.shrinking if bar else None)
     finally:
         if bar:
             bar.close()
@@ -48,14 +64,11 @@ def run(args) -> int:
 
 def report(args, result) -> int:
     """Write ``--trace-out`` and print ``result`` (text or ``--json``); the exit code."""
-    from kvcheck.errors import UsageError
     from kvcheck.explain import render
 
+    written = True
     if args.trace_out and result.trace is not None:
-        try:
-            result.trace.write(args.trace_out)
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.trace_out}: {exc.strerror}") from None
+        written = write_output(args.trace_out, result.trace.dumps() + "\n", "--trace-out")
     if args.json:
         emit_json(result.to_json())
     elif result.ok:
@@ -66,8 +79,8 @@ def report(args, result) -> int:
         shrunk = ("not shrunk" if result.trace.minimality.startswith("not shrunk")
                   else f"shrunk to {len(result.trace.ops)}")
         print(f"FAIL {args.target}: violation after {result.original_length} operations "
-              f"(seed {args.seed}); {shrunk}:")
-        print(render(result.trace, source=args.trace_out))
-        if args.trace_out:
+              f"(seed {args.seed}); {shrunk}{stopped_note(result.trace.minimality)}:")
+        print(render(result.trace, source=args.trace_out if written else None))
+        if args.trace_out and written:
             print(f"trace written to {args.trace_out}")
-    return 0 if result.ok else 1
+    return exit_code(0 if result.ok else 1, written)

@@ -3,46 +3,62 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from kvcheck.commands.common import emit_json, nonneg_int, positive_float, positive_int
+from kvcheck.commands.common import (
+    Progress,
+    add_json,
+    add_pool,
+    add_seed,
+    add_shrink_seconds,
+    add_target,
+    add_timeout,
+    add_trace_out,
+    check_outputs,
+    emit_json,
+    exit_code,
+    positive_int,
+    stopped_note,
+    write_output,
+)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("verify-prefix", help="check a prefix-caching allocator",
                        description="Drive TARGET with seeded shared-prefix workloads (cache hits, "
                                    "evictions, reuse) under the prefix-cache oracle; on a "
-                                   "violation print a shrunk counterexample.")
-    p.add_argument("target", nargs="?", default="prefix",
-                   help="registered name, module:attr or file.py:attr (default: prefix)")
-    p.add_argument("--blocks", type=positive_int, default=16, help="pool size (default 16)")
-    p.add_argument("--block-size", type=positive_int, default=4,
-                   help="tokens per block (default 4)")
-    p.add_argument("--ops", type=positive_int, default=5000, help="operations (default 5000)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
-    p.add_argument("--trace-out", metavar="FILE", help="write the counterexample as JSON")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--timeout", type=positive_float, default=10.0,
-                   help="seconds one operation may take before it counts as a hang (default 10)")
+                                   "violation print a shrunk counterexample. Exit 0 when every "
+                                   "rule held, 1 on a violation, 2 on bad input.")
+    add_target(p, "prefix", "prefix-caching allocator")
+    add_pool(p, 16, 4)
+    p.add_argument("--ops", type=positive_int, default=5000, metavar="N",
+                   help="operations to run (default: %(default)s)")
+    add_seed(p)
+    add_trace_out(p)
+    add_json(p)
+    add_timeout(p)
+    add_shrink_seconds(p, 30.0)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from kvcheck.errors import UsageError
     from kvcheck.prefix_oracle import render, verify_prefix
 
-    if args.trace_out and Path(args.trace_out).is_dir():
-        raise UsageError(f"--trace-out {args.trace_out} is a directory")
-    r = verify_prefix(args.target, args.blocks, args.block_size, args.ops, args.seed,
-                      timeout=args.timeout)
+    check_outputs((args.trace_out, "--trace-out"))
+    bar = Progress(args.ops, "verify-prefix", "operations") if not args.json else None
+    try:
+        r = verify_prefix(args.target, args.blocks, args.block_size, args.ops, args.seed,
+                          timeout=args.timeout, shrink_budget=args.shrink_seconds, progress=bar,
+                          shrink_progress=bar.shrinking if bar else None)
+    finally:
+        if bar:
+            bar.close()
+    written = True
     if args.trace_out and not r.ok:
-        try:
-            Path(args.trace_out).write_text(json.dumps(r.trace_json(), indent=1) + "\n")
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.trace_out}: {exc.strerror}") from None
+        written = write_output(args.trace_out, json.dumps(r.trace_json(), indent=1) + "\n",
+                               "--trace-out")
     if args.json:
         emit_json(r.to_json())
-        return 0 if r.ok else 1
+        return exit_code(0 if r.ok else 1, written)
     st = r.stats
     if r.ok:
         print(f"PASS {args.target}: {r.ops} operations on {args.blocks} blocks x "
@@ -53,8 +69,8 @@ def run(args) -> int:
               f"[{r.seconds:.2f} s]")
         return 0
     print(f"FAIL {args.target}: violation after {r.original_length} operations "
-          f"(seed {args.seed}); shrunk to {len(r.trace)}:")
+          f"(seed {args.seed}); shrunk to {len(r.trace)}{stopped_note(r.minimality)}:")
     print(render(r))
-    if args.trace_out:
+    if args.trace_out and written:
         print(f"trace written to {args.trace_out}")
     return 1

@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from kvcheck.commands.common import emit_json, nonneg_int, positive_float, positive_int
+from kvcheck.commands.common import (
+    Progress,
+    add_json,
+    add_pool,
+    add_seed,
+    add_shrink_seconds,
+    add_target,
+    add_timeout,
+    add_trace_out,
+    check_outputs,
+    emit_json,
+    exit_code,
+    nonneg_int,
+    positive_int,
+    stopped_note,
+    write_output,
+)
 
 
 def add_parser(sub) -> None:
@@ -13,22 +28,22 @@ def add_parser(sub) -> None:
                        description="Drive a seed-shaped scheduler (factory(bm, watermark_blocks) "
                                    "with waiting, running, step()) over seeded workloads on the "
                                    "reference block manager; check the policy spec and the pool "
-                                   "invariants at every step; shrink a failing workload.")
-    p.add_argument("target", nargs="?", default="reference",
-                   help="registered name (reference, swap), module:attr or file.py:attr "
-                        "(default: reference)")
-    p.add_argument("--blocks", type=positive_int, default=16, help="pool size (default 16)")
-    p.add_argument("--block-size", type=positive_int, default=4, help="tokens per block (4)")
-    p.add_argument("--watermark", type=nonneg_int, default=1, help="watermark blocks (default 1)")
-    p.add_argument("--requests", type=positive_int, default=12,
-                   help="requests per workload (default 12)")
-    p.add_argument("--workloads", type=positive_int, default=20,
-                   help="seeded workloads, seeds SEED, SEED+1, ... (default 20)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
-    p.add_argument("--timeout", type=positive_float, default=10.0,
-                   help="seconds one step may take before it counts as a hang (default 10)")
-    p.add_argument("--trace-out", metavar="FILE", help="write the counterexample as JSON")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+                                   "invariants at every step; shrink a failing workload. Exit 0 "
+                                   "when everything held, 1 on a violation, 2 on bad input.")
+    add_target(p, "reference", "scheduler (registered: reference, swap)")
+    add_pool(p, 16, 4)
+    p.add_argument("--watermark", type=nonneg_int, default=1, metavar="BLOCKS",
+                   help="free blocks admission keeps in reserve, in blocks (default: %(default)s)")
+    p.add_argument("--requests", type=positive_int, default=12, metavar="N",
+                   help="requests per workload (default: %(default)s)")
+    p.add_argument("--workloads", type=positive_int, default=20, metavar="N",
+                   help="seeded workloads to run, with seeds SEED, SEED+1, ... "
+                        "(default: %(default)s)")
+    add_seed(p)
+    add_timeout(p, "scheduler step")
+    add_trace_out(p, "the counterexample (the failing workload, step by step) as JSON")
+    add_json(p)
+    add_shrink_seconds(p, 30.0)
     p.set_defaults(run=run)
 
 
@@ -41,17 +56,21 @@ def run(args) -> int:
         check_scope(args.blocks, args.block_size, args.watermark)
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
-    if args.trace_out and Path(args.trace_out).is_dir():
-        raise UsageError(f"--trace-out {args.trace_out} is a directory")
-    result = verify(args.target, args.blocks, args.block_size, args.watermark, args.requests,
-                    args.seed, args.workloads, args.timeout)
+    check_outputs((args.trace_out, "--trace-out"))
+    bar = Progress(args.workloads, "verify-scheduler", "workloads") if not args.json else None
+    try:
+        result = verify(args.target, args.blocks, args.block_size, args.watermark, args.requests,
+                        args.seed, args.workloads, args.timeout, shrink_budget=args.shrink_seconds,
+                        progress=bar, shrink_progress=(
+                            (lambda n, k: bar.shrinking(n, k, "requests")) if bar else None))
+    finally:
+        if bar:
+            bar.close()
     data = result.to_json()
     data.update(block_size=args.block_size, watermark=args.watermark)
+    written = True
     if args.trace_out and not result.ok:
-        try:
-            Path(args.trace_out).write_text(json.dumps(data, indent=1) + "\n")
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.trace_out}: {exc.strerror}") from None
+        written = write_output(args.trace_out, json.dumps(data, indent=1) + "\n", "--trace-out")
     if args.json:
         emit_json(data)
     elif result.ok:
@@ -67,8 +86,8 @@ def run(args) -> int:
     else:
         print(f"FAIL {result.label}: violation in workload {result.workloads} (seed "
               f"{args.seed + result.workloads - 1}); {result.original_requests} requests shrunk "
-              f"to {len(result.workload or [])}:")
+              f"to {len(result.workload or [])}{stopped_note(result.minimal)}:")
         print(render(result, args.block_size, args.watermark))
-        if args.trace_out:
+        if args.trace_out and written:
             print(f"counterexample written to {args.trace_out}")
-    return 0 if result.ok else 1
+    return exit_code(0 if result.ok else 1, written)

@@ -44,3 +44,132 @@ def test_bad_input_exits_2():
         r = kvcheck(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+OOB = Path(__file__).parents[1] / "core" / "oob_named_otherwise.py"
+SPEC_ENGINES = ("z3 k-induction", "z3 k-induction (prefix cache)", "z3 bmc", "z3 coverage")
+
+
+def test_report_says_what_was_proved_and_what_was_checked(tmp_path):
+    """The spec's rows (Z3 over the spec) and the target's rows (its code run) are told apart:
+    in the table, the verdict line, the JSON and the JUnit suites."""
+    junit = tmp_path / "prove.xml"
+    r = kvcheck("prove", *SMALL, "--junit", str(junit))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Proved about the spec" in r.stdout and "Checked on the target reference" in r.stdout
+    verdict = r.stdout.strip().splitlines()[-1]
+    import re
+
+    m = re.match(r"PASS reference: spec (\d+)/(\d+) proved; target (\d+)/(\d+) checked", verdict)
+    assert m and m[1] == m[2] and m[3] == m[4] and int(m[4]) >= 2, verdict
+    suites = {s.get("name"): s for s in ET.parse(junit).getroot().iter("testsuite")}
+    assert set(suites) == {"spec: proved about the specification", "target: checked on reference"}
+    spec_cases = list(suites["spec: proved about the specification"].iter("testcase"))
+    target_cases = list(suites["target: checked on reference"].iter("testcase"))
+    assert len(spec_cases) == int(m[2]) and len(target_cases) == int(m[4])
+    assert all(c.get("classname").startswith("kvcheck.spec.") for c in spec_cases)
+    assert all(c.get("classname").startswith("kvcheck.target.") for c in target_cases)
+
+    out = json.loads(kvcheck("prove", *SMALL, "--json").stdout)
+    assert {"target", "verdict", "seconds", "rows", "counterexample"} <= set(out)  # kept
+    assert out["spec"]["rows"] == int(m[2]) and out["target"]["rows"] == int(m[4])
+    assert out["spec"]["verdict"] == out["target"]["verdict"] == "pass"
+    assert out["summary"] in verdict
+    for row in out["rows"]:
+        assert row["group"] == ("spec" if row["engine"] in SPEC_ENGINES else "target"), row
+
+
+def test_a_bug_in_the_target_fails_the_target_group_only():
+    r = kvcheck("prove", f"{CORPUS}:NoCopyOnWrite", *SMALL, "--json")
+    assert r.returncode == 1
+    out = json.loads(r.stdout)
+    assert out["spec"]["verdict"] == "pass" and out["target"]["verdict"] == "fail"
+    assert "spec" in out["summary"] and "violated" in out["summary"]
+
+
+def test_target_only_skips_the_spec():
+    r = kvcheck("prove", *SMALL, "--target-only", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["spec"] == {"checked": False, "rows": 0, "holds": 0, "results": {},
+                           "verdict": "pass"}
+    assert out["rows"] and all(row["group"] == "target" for row in out["rows"])
+    assert out["summary"].startswith("spec not proved (--target-only); target ")
+    text = kvcheck("prove", *SMALL, "--target-only").stdout
+    assert "z3 k-induction" not in text and "Proved about the spec: skipped" in text
+
+
+def test_out_of_blocks_reaches_every_place_the_target_is_built(tmp_path):
+    """Without --out-of-blocks the renamed exception is a crash, shown by the witness runs and
+    the BFS, with a shrunk counterexample; with it, every target row holds."""
+    args = ["--blocks", "3", "--block-size", "2", "--seqs", "2", "--depth", "4", "--no-pairs",
+            "--target-only", "--json"]
+    out = json.loads(kvcheck("prove", f"{OOB}:Renamed", *args,
+                             "--trace-out", str(tmp_path / "t.json")).stdout)
+    assert out["verdict"] == "fail" and out["counterexample"]["violation"]["kind"] == "crash"
+    r = kvcheck("prove", f"{OOB}:Renamed", *args, "--out-of-blocks", f"{OOB}:PoolExhausted")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["target"]["verdict"] == "pass"
+    r = kvcheck("prove", f"{OOB}:Renamed", *args, "--out-of-blocks", f"{OOB}:NotAnException")
+    assert r.returncode == 2 and "not an exception" in r.stderr
+
+
+def test_out_of_blocks_reaches_the_counterexample_shrink(tmp_path):
+    """A target that breaks exception safety when it runs out of blocks, and signals that with
+    a renamed exception: the shortest trace is that violation, shrunk with the renamed
+    exception understood (a shrinker without it would see only crashes: 'not shrunk')."""
+    target = tmp_path / "renamed_partial.py"
+    target.write_text('''
+from corpus.buggy import PartialAllocate
+from kvcheck.impl.errors import OutOfBlocks
+from oob_named_otherwise import PoolExhausted, Renamed
+
+
+class Both(Renamed):
+    def allocate(self, seq, n_tokens):
+        try:
+            return PartialAllocate.allocate(self, seq, n_tokens)
+        except OutOfBlocks as exc:
+            raise PoolExhausted(str(exc)) from None
+''')
+    import os
+
+    path = os.pathsep.join([str(OOB.parent), str(Path(CORPUS).parents[1])])
+    r = subprocess.run([sys.executable, "-m", "kvcheck", "prove", f"{target}:Both", "--blocks", "3",
+                        "--block-size", "2", "--seqs", "2", "--depth", "4", "--no-pairs",
+                        "--target-only", "--json", "--out-of-blocks",
+                        "oob_named_otherwise:PoolExhausted"], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "PYTHONPATH": path})
+    assert r.returncode == 1, r.stdout + r.stderr
+    trace = json.loads(r.stdout)["counterexample"]
+    assert trace["violation"]["kind"] != "crash", trace["violation"]
+    assert trace["minimality"].startswith("1-minimal"), trace["minimality"]
+    assert [op["op"] for op in trace["ops"]] == ["allocate"]
+
+
+def test_block_size_1_marks_impossible_classes_not_applicable(tmp_path):
+    junit = tmp_path / "prove.xml"
+    r = kvcheck("prove", "reference", "--block-size", "1", "--blocks", "3", "--seqs", "2",
+                "--depth", "4", "--no-crosshair", "--junit", str(junit))
+    assert r.returncode == 0, r.stdout + r.stderr
+    skipped = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase")
+               if c.find("skipped") is not None]
+    assert len(skipped) == 3 and all("reachable: append/" in n for n in skipped), skipped
+    na = [line for line in r.stdout.splitlines() if "reachable: " in line and " not applicable " in line]
+    assert {line.split("reachable: ")[1].split()[0] for line in na} == {
+        "append/in-place", "append/copy-on-write", "append/out-of-blocks-in-copy-on-write"}
+    assert "cannot occur at this scope: Z3 shows no state satisfying every invariant" in r.stdout
+    assert "(3 not applicable at this scope)" in r.stdout.strip().splitlines()[-1]
+
+
+def test_a_class_the_spec_rules_out_fails_prove(monkeypatch):
+    from kvcheck.prove import Settings, prove
+    from kvcheck.spec.outcomes import OUTCOMES
+
+    kind, outcome, _ = OUTCOMES["append/copy-on-write"]
+    monkeypatch.setitem(OUTCOMES, "append/copy-on-write",
+                        (kind, outcome, lambda L, pre, post, op: False))
+    for block_size in (2, 1):
+        report = prove("reference", Settings(3, block_size, 2, 4, pairs=False, crosshair=False))
+        row = next(r for r in report.rows if r.property == "reachable: append/copy-on-write")
+        assert row.result == "unreachable" and not report.ok, (block_size, row)

@@ -87,3 +87,41 @@ def test_breadth_first_bmc_clean_and_finds_the_mutant_shortest():
     assert [op.kind for op in found.ops] == ["allocate", "fork"]
     assert replay(BlockManager, 4, 2, found.ops).violation is None
     assert replay(ForkWithoutRefcount, 4, 2, found.ops).violation is not None
+
+
+NA = {"append/in-place", "append/copy-on-write", "append/out-of-blocks-in-copy-on-write"}
+
+
+def test_classes_that_cannot_occur_at_block_size_1_are_not_applicable():
+    """At one token per block every append is at a block boundary: Z3 shows no state that
+    satisfies every invariant has an in-place or copy-on-write append, though a larger scope
+    has them. Every other class has a witness."""
+    ws = {w.name: w for w in witnesses(SymScope(3, 1, 2, 3), 4)}
+    assert {n for n, w in ws.items() if w.not_applicable} == NA
+    assert all(ws[n].depth for n in set(OUTCOMES) - NA)
+    assert all(not ws[n].depth and ws[n].possible_at for n in NA)
+
+
+def test_every_class_can_occur_at_the_grown_scope():
+    """The premise of "not applicable": at ``grown`` of even the smallest scope each class can
+    occur from some state satisfying every invariant."""
+    from kvcheck.proofs.bmc import grown, possible
+
+    got = possible(grown(SymScope(1, 1, 1, 1)), [(n, (n,)) for n in OUTCOMES])
+    assert got == {n: True for n in OUTCOMES}
+
+
+def test_a_spec_that_makes_a_class_impossible_is_still_reported(monkeypatch):
+    """Vacuity stays meaningful: a class the spec itself rules out (a contract or an outcome
+    predicate mutated) cannot occur at the larger scope either, so it is never 'not
+    applicable', at a scope where it should occur or at block size 1."""
+    mutant = {**contracts.CONTRACTS, "append_slot": _append_never_copies}
+    for scope in (SMALL, SymScope(3, 1, 2, 3)):
+        ws = {w.name: w for w in witnesses(scope, 4, contracts=mutant)}
+        cow = ws["append/copy-on-write"]
+        assert cow.depth is None and cow.impossible and not cow.not_applicable
+    kind, outcome, _ = OUTCOMES["append/in-place"]
+    monkeypatch.setitem(OUTCOMES, "append/in-place", (kind, outcome, lambda L, pre, post, op: False))
+    for scope in (SMALL, SymScope(3, 1, 2, 3)):
+        ws = {w.name: w for w in witnesses(scope, 4)}
+        assert not ws["append/in-place"].depth and not ws["append/in-place"].not_applicable
