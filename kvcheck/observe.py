@@ -10,6 +10,7 @@ from __future__ import annotations
 from operator import index
 
 from kvcheck.spec.state import Snapshot
+from kvcheck.target import is_value
 
 
 class ObservationError(Exception):
@@ -135,7 +136,7 @@ def read_identity(target, seq: int) -> object | None:
         return None
     if value is None:
         return None
-    if type(value).__eq__ is not object.__eq__ and type(value).__hash__ is not None:
+    if is_value(value):
         return value
     return Identity(value)
 

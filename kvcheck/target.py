@@ -6,7 +6,8 @@ observes; it only compares it against the spec.
 
 Built-in: ``SeedAdapter`` wraps any *seed-shaped* allocator, i.e. an object
 with methods ``allocate/append_slot/fork/free_seq`` and attributes
-``tables`` (seq -> list of block ids), ``lens`` (seq -> tokens, optional),
+``tables`` (seq -> its block ids: a list, or an immutable tuple, which can
+never alias another sequence's table), ``lens`` (seq -> tokens, optional),
 ``ref`` (any indexable of refcounts) and ``free`` (a collection of free ids).
 """
 
@@ -55,8 +56,12 @@ class Target(Protocol):
     def table_identity(self, seq: int) -> object | None:
         """The object holding ``seq``'s table: two sequences share a table
         exactly when they return the very same object (``None`` if not
-        observable). A hashable value with its own equality (an int, a
-        string, a tuple) is compared by value instead."""
+        observable, or if the table cannot be rewritten through another
+        sequence, so it never aliases). A hashable value with its own
+        equality (an int, a string, a tuple: a handle) is compared by value
+        instead: equal handles name one shared table. ``SeedAdapter`` returns
+        the table object itself, or ``None`` for an immutable table (a tuple,
+        any such value: see ``is_value``)."""
 
     def seq_len(self, seq: int) -> int | None:
         """The allocator's own token count for ``seq`` (``None`` if not kept)."""
@@ -75,6 +80,14 @@ def call(target, op):
     if kind == "fork":
         return target.fork(op.seq, op.child)
     return target.free_seq(op.seq)
+
+
+def is_value(obj: object) -> bool:
+    """Whether ``obj`` is a hashable value with its own equality (an int, a string,
+    a tuple, a frozen record): equal values are interchangeable, and by Python's
+    convention (a hash must not change) such an object is immutable."""
+    cls = type(obj)
+    return cls.__eq__ is not object.__eq__ and cls.__hash__ is not None
 
 
 def named_out_of_blocks(exc: BaseException) -> bool:
@@ -128,7 +141,12 @@ class SeedAdapter:
         return len(self.impl.free)
 
     def table_identity(self, seq: int) -> object | None:
-        return self.impl.tables[seq]
+        """The table object itself: a list is compared by identity. An immutable
+        table (a tuple, see ``is_value``) cannot be rewritten through another
+        sequence, so it never aliases, even when two sequences hold equal (or
+        the very same) tuples: no identity (None)."""
+        table = self.impl.tables[seq]
+        return table if type(table) is list or not is_value(table) else None
 
     def seq_len(self, seq: int) -> int | None:
         lens = getattr(self.impl, "lens", None)
