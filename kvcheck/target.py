@@ -8,12 +8,14 @@ Built-in: ``SeedAdapter`` wraps any *seed-shaped* allocator, i.e. an object
 with methods ``allocate/append_slot/fork/free_seq`` and attributes
 ``tables`` (seq -> its block ids: a list, or an immutable tuple, which can
 never alias another sequence's table), ``lens`` (seq -> tokens, optional),
-``ref`` (any indexable of refcounts) and ``free`` (a collection of free ids).
+``ref`` (any indexable of refcounts: a list, or a mapping such as a dict or
+a defaultdict in which a block it omits has refcount 0) and ``free`` (a
+collection of free ids).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 OPERATIONS = ("allocate", "append_slot", "fork", "free_seq")
@@ -48,7 +50,9 @@ class Target(Protocol):
         """Every id on the free list, with multiplicity (a duplicate is a bug)."""
 
     # Optional: ``refcounts() -> Sequence[int]``, every block's refcount in block
-    # order, for a cheaper full snapshot (else ``refcount`` is asked per block).
+    # order, for a cheaper full snapshot (else ``refcount`` is asked per block);
+    # ``spelling(method, arg) -> str``, how the allocator's own code names the read
+    # ``method(arg)``, for messages (``SeedAdapter``: ``ref[3]`` for ``refcount(3)``).
 
     def num_free(self) -> int:
         """Length of the free list (cheap; must agree with ``free_blocks``)."""
@@ -95,6 +99,11 @@ def named_out_of_blocks(exc: BaseException) -> bool:
     return any(cls.__name__ == "OutOfBlocks" for cls in type(exc).__mro__)
 
 
+# How a seed-shaped allocator's code names each read (``SeedAdapter.spelling``).
+_SPELLING = {"block_table": "tables[{}]", "table_identity": "tables[{}]", "refcount": "ref[{}]",
+             "free_blocks": "free", "num_free": "len(free)", "seq_len": "lens[{}]"}
+
+
 class SeedAdapter:
     """Adapts a seed-shaped allocator (see module docstring) to ``Target``."""
 
@@ -125,14 +134,26 @@ class SeedAdapter:
         return self.impl.tables[seq]
 
     def refcount(self, block: int) -> int:
-        return self.impl.ref[block]
+        """``ref[block]``; of a mapping (a dict, a defaultdict), a block it omits
+        has refcount 0 (read with ``get``, so observing never inserts one)."""
+        ref = self.impl.ref
+        if type(ref) is list or not isinstance(ref, Mapping):
+            return ref[block]
+        return ref.get(block, 0)
 
     def refcounts(self) -> Sequence[int]:
         """Every block's refcount, in block order (one call for the whole pool)."""
         ref, n = self.impl.ref, self.num_blocks
         if type(ref) is list and len(ref) == n:
             return list(ref)
+        if isinstance(ref, Mapping):
+            get = ref.get
+            return [get(b, 0) for b in range(n)]
         return [ref[b] for b in range(n)]
+
+    def spelling(self, method: str, arg: object = None) -> str:
+        """The allocator's own spelling of a read, for messages: ``ref[3]``, ``tables[2]``."""
+        return _SPELLING.get(method, method + "()").format(arg)
 
     def free_blocks(self) -> Iterable[int]:
         return self.impl.free
