@@ -204,4 +204,4 @@ def snapshot(target, lengths: dict[int, int], also: tuple = ()) -> Snapshot:
         idents[q] = read_identity(target, q)
     refs = read_refs(target, n)
     return Snapshot(n, target.block_size, tables, lengths, refs, read_free(target), impl_lengths,
-                    idents)
+                    idents, read_num_free(target))
