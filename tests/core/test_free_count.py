@@ -61,3 +61,18 @@ def test_cli_full_exits_1(capsys):
 
 
 MiscountingReference = miscounting(BlockManager)
+
+
+class CountsOneMore(SeedAdapter):
+    def num_free(self):
+        return len(self.impl.free) + 1
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_the_invariant_names_the_disagreement(mode):
+    r = verify(lambda nb, bs: CountsOneMore(BlockManager(nb, bs), nb, bs), 16, 2, 100, 0,
+               mode=mode, do_shrink=False)
+    assert (r.violation.kind, r.violation.name, r.violation.step) == (
+        "invariant", "num_free_agrees", 0), r.violation
+    assert r.violation.witness == ("the allocator counts 17 free blocks (its num_free), but its "
+                                   "free list holds 16 entries")
