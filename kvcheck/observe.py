@@ -123,7 +123,8 @@ def _read_one_by_one(target, n: int) -> None:
 
 def read_num_free(target) -> int:
     try:
-        return as_int(target.num_free(), spelled(target, "num_free"))
+        n = target.num_free()
+        return n if type(n) is int else as_int(n, spelled(target, "num_free"))
     except ObservationError:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -184,7 +185,9 @@ def read_len(target, seq: int) -> int | None:
         n = target.seq_len(seq)
     except Exception:  # noqa: BLE001 - a length is optional
         return None
-    return None if n is None else as_int(n, spelled(target, "seq_len", seq))
+    if n is None or type(n) is int:
+        return n
+    return as_int(n, spelled(target, "seq_len", seq))
 
 
 def snapshot(target, lengths: dict[int, int], also: tuple = ()) -> Snapshot:
