@@ -8,8 +8,9 @@ after); everything else reads through to the ghost.
 
 Both speak the state vocabulary of ``kvcheck.spec.state``. In this fast mode
 free-list *membership* is not read per operation: ``free_count(b)`` is
-derived from the refcount (1 iff refcount 0), and the free list's contents
-are audited in full by the oracle's periodic sweep.
+derived from the refcount (1 iff refcount 0), ``free_entries()`` likewise
+(the blocks with refcount 0), ``num_free()`` is the allocator's own count, and
+the free list's contents are audited in full by the oracle's periodic sweep.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ class Ghost(TableTerms):
 
     def free_count(self, b):
         return 1 if 0 <= b < self.num_blocks and self.refs[b] == 0 else 0
+
+    def free_entries(self):
+        return self.zero
 
     def num_free(self):
         return self.free_len
@@ -230,6 +234,9 @@ class After(TableTerms):
 
     def free_count(self, b):
         return 1 if 0 <= b < self.num_blocks and self.ref(b) == 0 else 0
+
+    def free_entries(self):
+        return self.zero_refs()
 
     def num_free(self):
         if self._num_free is None:

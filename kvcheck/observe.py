@@ -2,7 +2,10 @@
 
 Everything read through a ``Target`` is converted to plain ints here; any
 exception or malformed value becomes an ``ObservationError`` that the oracle
-reports as a violation of the allocator, never a crash of kvcheck.
+reports as a violation of the allocator, never a crash of kvcheck. Its message
+names the read as the allocator's own code spells it when the target says
+(the optional ``spelling(method, arg)``: ``SeedAdapter`` gives ``ref[3]``,
+``tables[2]``, ``free``), else as the ``Target`` call (``refcount(3)``).
 """
 
 from __future__ import annotations
@@ -11,11 +14,25 @@ from operator import index
 
 from kvcheck.errors import what_it_did
 from kvcheck.spec.state import Snapshot
+from kvcheck.target import is_value
 from kvcheck.watchdog import CONTROL
 
 
 class ObservationError(Exception):
     """The allocator could not be observed (it raised, or returned garbage)."""
+
+
+def spelled(target, method: str, arg: object = None) -> str:
+    """How ``target`` names the read ``method(arg)`` in its own terms (for messages)."""
+    spelling = getattr(target, "spelling", None)
+    if spelling is not None:
+        try:
+            return str(spelling(method, arg))
+        except CONTROL:
+            raise
+        except BaseException:  # noqa: BLE001 - only a message; fall back to the call
+            pass
+    return f"{method}()" if arg is None else f"{method}({arg})"
 
 
 def as_int(value: object, what: str) -> int:
@@ -38,19 +55,25 @@ def read_table(target, seq: int, verified: tuple | None = None) -> tuple[int, ..
     except CONTROL:
         raise
     except BaseException as exc:  # noqa: BLE001 - the allocator's fault, reported
-        raise ObservationError(f"block_table({seq}) {what_it_did(exc)}") from None
+        raise _raised(target, "block_table", seq, exc) from None
     if table is None:
         return None
     try:
         out = tuple(table)
     except TypeError:
-        raise ObservationError(f"block_table({seq}) returned {table!r}, not a sequence") from None
+        raise ObservationError(f"{spelled(target, 'block_table', seq)} is {table!r}, not a "
+                               f"sequence") from None
     if out == verified:
         return verified
     for b in out:
         if type(b) is not int:
-            return tuple(as_int(x, f"an entry of block_table({seq})") for x in out)
+            what = f"an entry of {spelled(target, 'block_table', seq)}"
+            return tuple(as_int(x, what) for x in out)
     return out
+
+
+def _raised(target, method: str, arg, exc: BaseException) -> ObservationError:
+    return ObservationError(f"{spelled(target, method, arg)} {what_it_did(exc)}")
 
 
 def read_ref(target, block: int) -> int:
@@ -59,8 +82,8 @@ def read_ref(target, block: int) -> int:
     except CONTROL:
         raise
     except BaseException as exc:  # noqa: BLE001
-        raise ObservationError(f"refcount({block}) {what_it_did(exc)}") from None
-    return value if type(value) is int else as_int(value, f"refcount({block})")
+        raise _raised(target, "refcount", block, exc) from None
+    return value if type(value) is int else as_int(value, spelled(target, "refcount", block))
 
 
 def read_refs_of(target, blocks) -> dict[int, int]:
@@ -73,12 +96,17 @@ def read_refs_of(target, blocks) -> dict[int, int]:
     except BaseException:  # noqa: BLE001 - ask again one by one, to name the block
         return {b: read_ref(target, b) for b in blocks}
     if set(map(type, refs.values())) - {int}:
-        return {b: as_int(r, f"refcount({b})") for b, r in refs.items()}
+        return {b: read_ref(target, b) for b in refs}
     return refs
 
 
 def read_refs(target, n: int) -> list[int]:
-    """Every block's refcount: in one call if the target offers ``refcounts()``."""
+    """Every block's refcount: in one call if the target offers ``refcounts()``.
+
+    When that call fails (it raises, returns too few values or a non-integer),
+    the blocks are asked one by one first, so that a read the allocator spells
+    itself (``ref[3]``) is named; only if each of those succeeds is the bulk
+    call blamed."""
     bulk = getattr(target, "refcounts", None)
     if bulk is None:
         return [read_ref(target, b) for b in range(n)]
@@ -87,23 +115,34 @@ def read_refs(target, n: int) -> list[int]:
     except CONTROL:
         raise
     except BaseException as exc:  # noqa: BLE001
+        _read_one_by_one(target, n)
         raise ObservationError(f"refcounts() {what_it_did(exc)}") from None
     if len(refs) != n:
+        _read_one_by_one(target, n)
         raise ObservationError(f"refcounts() returned {len(refs)} values for {n} blocks")
     if set(map(type, refs)) - {int}:
-        refs = [as_int(r, f"refcount({b})") for b, r in enumerate(refs)]
+        _read_one_by_one(target, n)
+        refs = [as_int(r, f"refcounts()[{b}]") for b, r in enumerate(refs)]
     return refs
+
+
+def _read_one_by_one(target, n: int) -> None:
+    """Read every block's refcount alone: raises ``ObservationError`` at the first
+    that cannot be read."""
+    for b in range(n):
+        read_ref(target, b)
 
 
 def read_num_free(target) -> int:
     try:
-        return as_int(target.num_free(), "num_free()")
+        n = target.num_free()
+        return n if type(n) is int else as_int(n, spelled(target, "num_free"))
     except ObservationError:
         raise
     except CONTROL:
         raise
     except BaseException as exc:  # noqa: BLE001
-        raise ObservationError(f"num_free() {what_it_did(exc)}") from None
+        raise _raised(target, "num_free", None, exc) from None
 
 
 def read_free(target) -> list[int]:
@@ -112,8 +151,11 @@ def read_free(target) -> list[int]:
     except CONTROL:
         raise
     except BaseException as exc:  # noqa: BLE001
-        raise ObservationError(f"free_blocks() {what_it_did(exc)}") from None
-    return [b if type(b) is int else as_int(b, "an entry of the free list") for b in free]
+        raise _raised(target, "free_blocks", None, exc) from None
+    if set(map(type, free)) - {int}:
+        what = f"an entry of {spelled(target, 'free_blocks')}"
+        return [as_int(b, what) for b in free]
+    return free
 
 
 class Identity:
@@ -151,7 +193,7 @@ def read_identity(target, seq: int) -> object | None:
         return None
     if value is None:
         return None
-    if type(value).__eq__ is not object.__eq__ and type(value).__hash__ is not None:
+    if is_value(value):
         return value
     return Identity(value)
 
@@ -163,7 +205,9 @@ def read_len(target, seq: int) -> int | None:
         raise
     except BaseException:  # noqa: BLE001 - a length is optional
         return None
-    return None if n is None else as_int(n, f"the allocator's length of sequence {seq}")
+    if n is None or type(n) is int:
+        return n
+    return as_int(n, spelled(target, "seq_len", seq))
 
 
 def snapshot(target, lengths: dict[int, int], also: tuple = ()) -> Snapshot:
@@ -183,4 +227,4 @@ def snapshot(target, lengths: dict[int, int], also: tuple = ()) -> Snapshot:
         idents[q] = read_identity(target, q)
     refs = read_refs(target, n)
     return Snapshot(n, target.block_size, tables, lengths, refs, read_free(target), impl_lengths,
-                    idents)
+                    idents, read_num_free(target))

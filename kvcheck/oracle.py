@@ -30,7 +30,7 @@ from kvcheck.compile import checks as compiled_checks
 from kvcheck.compile.tracer import Untraceable
 from kvcheck.errors import what_it_did
 from kvcheck.ghost import After, Ghost
-from kvcheck.observe import ObservationError, read_num_free, snapshot
+from kvcheck.observe import ObservationError, snapshot
 from kvcheck.shadow import ShadowMemory
 from kvcheck.spec import contracts
 from kvcheck.spec.contracts import OK, OOB, Domain, Op
@@ -400,7 +400,7 @@ class Oracle:
             v = self._frame_difference(snap)
             if v is not None:
                 return v
-        if read_num_free(self.target) != g.num_free():
+        if snap.num_free() != g.num_free():
             return Violation(self.steps, "contract", "frame: free list length changed",
                              witness="the free list's length changed outside any operation")
         return None

@@ -6,13 +6,16 @@ observes; it only compares it against the spec.
 
 Built-in: ``SeedAdapter`` wraps any *seed-shaped* allocator, i.e. an object
 with methods ``allocate/append_slot/fork/free_seq`` and attributes
-``tables`` (seq -> list of block ids), ``lens`` (seq -> tokens, optional),
-``ref`` (any indexable of refcounts) and ``free`` (a collection of free ids).
+``tables`` (seq -> its block ids: a list, or an immutable tuple, which can
+never alias another sequence's table), ``lens`` (seq -> tokens, optional),
+``ref`` (any indexable of refcounts: a list, or a mapping such as a dict or
+a defaultdict in which a block it omits has refcount 0) and ``free`` (a
+collection of free ids).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 OPERATIONS = ("allocate", "append_slot", "fork", "free_seq")
@@ -47,7 +50,9 @@ class Target(Protocol):
         """Every id on the free list, with multiplicity (a duplicate is a bug)."""
 
     # Optional: ``refcounts() -> Sequence[int]``, every block's refcount in block
-    # order, for a cheaper full snapshot (else ``refcount`` is asked per block).
+    # order, for a cheaper full snapshot (else ``refcount`` is asked per block);
+    # ``spelling(method, arg) -> str``, how the allocator's own code names the read
+    # ``method(arg)``, for messages (``SeedAdapter``: ``ref[3]`` for ``refcount(3)``).
 
     def num_free(self) -> int:
         """Length of the free list (cheap; must agree with ``free_blocks``)."""
@@ -55,8 +60,12 @@ class Target(Protocol):
     def table_identity(self, seq: int) -> object | None:
         """The object holding ``seq``'s table: two sequences share a table
         exactly when they return the very same object (``None`` if not
-        observable). A hashable value with its own equality (an int, a
-        string, a tuple) is compared by value instead."""
+        observable, or if the table cannot be rewritten through another
+        sequence, so it never aliases). A hashable value with its own
+        equality (an int, a string, a tuple: a handle) is compared by value
+        instead: equal handles name one shared table. ``SeedAdapter`` returns
+        the table object itself, or ``None`` for an immutable table (a tuple,
+        any such value: see ``is_value``)."""
 
     def seq_len(self, seq: int) -> int | None:
         """The allocator's own token count for ``seq`` (``None`` if not kept)."""
@@ -81,9 +90,22 @@ class NotSeedShaped(TypeError):
     """The object lacks what a seed-shaped allocator has (``tables``, ``ref``, ``free``)."""
 
 
+def is_value(obj: object) -> bool:
+    """Whether ``obj`` is a hashable value with its own equality (an int, a string,
+    a tuple, a frozen record): equal values are interchangeable, and by Python's
+    convention (a hash must not change) such an object is immutable."""
+    cls = type(obj)
+    return cls.__eq__ is not object.__eq__ and cls.__hash__ is not None
+
+
 def named_out_of_blocks(exc: BaseException) -> bool:
     """Default signal: any exception whose class (or a base) is named ``OutOfBlocks``."""
     return any(cls.__name__ == "OutOfBlocks" for cls in type(exc).__mro__)
+
+
+# How a seed-shaped allocator's code names each read (``SeedAdapter.spelling``).
+_SPELLING = {"block_table": "tables[{}]", "table_identity": "tables[{}]", "refcount": "ref[{}]",
+             "free_blocks": "free", "num_free": "len(free)", "seq_len": "lens[{}]"}
 
 
 class SeedAdapter:
@@ -116,14 +138,26 @@ class SeedAdapter:
         return self.impl.tables[seq]
 
     def refcount(self, block: int) -> int:
-        return self.impl.ref[block]
+        """``ref[block]``; of a mapping (a dict, a defaultdict), a block it omits
+        has refcount 0 (read with ``get``, so observing never inserts one)."""
+        ref = self.impl.ref
+        if type(ref) is list or not isinstance(ref, Mapping):
+            return ref[block]
+        return ref.get(block, 0)
 
     def refcounts(self) -> Sequence[int]:
         """Every block's refcount, in block order (one call for the whole pool)."""
         ref, n = self.impl.ref, self.num_blocks
         if type(ref) is list and len(ref) == n:
             return list(ref)
+        if isinstance(ref, Mapping):
+            get = ref.get
+            return [get(b, 0) for b in range(n)]
         return [ref[b] for b in range(n)]
+
+    def spelling(self, method: str, arg: object = None) -> str:
+        """The allocator's own spelling of a read, for messages: ``ref[3]``, ``tables[2]``."""
+        return _SPELLING.get(method, method + "()").format(arg)
 
     def free_blocks(self) -> Iterable[int]:
         return self.impl.free
@@ -132,7 +166,12 @@ class SeedAdapter:
         return len(self.impl.free)
 
     def table_identity(self, seq: int) -> object | None:
-        return self.impl.tables[seq]
+        """The table object itself: a list is compared by identity. An immutable
+        table (a tuple, see ``is_value``) cannot be rewritten through another
+        sequence, so it never aliases, even when two sequences hold equal (or
+        the very same) tuples: no identity (None)."""
+        table = self.impl.tables[seq]
+        return table if type(table) is list or not is_value(table) else None
 
     def seq_len(self, seq: int) -> int | None:
         lens = getattr(self.impl, "lens", None)

@@ -79,11 +79,14 @@ def for_invariant(name: str, x, s) -> str:
         return (f"block {x} has refcount {s.ref(x)} and is on the free list "
                 f"{s.free_count(x)} time(s); it must be there once iff its refcount is 0")
     if name == "free_list_size":
-        return (f"the free list holds {s.num_free()} entries but {s.zero_refs()} blocks have "
-                f"refcount 0")
+        return (f"the allocator counts {s.num_free()} free blocks but {s.zero_refs()} blocks "
+                f"have refcount 0")
     if name == "free_list_in_pool":
-        return (f"the free list has {s.num_free()} entries, of which only "
+        return (f"the free list has {s.free_entries()} entries, of which only "
                 f"{sum(1 for b in s.blocks() if s.free_count(b) >= 1)} distinct pool blocks")
+    if name == "num_free_agrees":
+        return (f"the allocator counts {s.num_free()} free blocks (its num_free), but its free "
+                f"list holds {s.free_entries()} entries")
     if name == "table_length":
         n = s.length(x)
         need = -(-n // B)

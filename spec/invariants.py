@@ -88,14 +88,22 @@ def free_list(L, s, b):
 def free_list_in_pool(L, s):
     """The free list holds nothing but pool blocks: its length is the sum of
     the pool blocks' multiplicities on it."""
-    return L.count(s.free_count(b) >= 1 for b in s.blocks()) == s.num_free()
+    return L.count(s.free_count(b) >= 1 for b in s.blocks()) == s.free_entries()
+
+
+@invariant("global", needs=("free_list",))
+def num_free_agrees(L, s):
+    """The allocator's own count of free blocks (what it reports as num_free)
+    is the length of its free list."""
+    return s.num_free() == s.free_entries()
 
 
 @invariant("global")
 def free_list_size(L, s):
-    """The free list is as long as the number of blocks with refcount 0 (a
-    consequence of free_list and free_list_in_pool that needs only the
-    list's length, so the oracle checks it after every operation)."""
+    """The allocator's count of free blocks is the number of blocks with
+    refcount 0 (a consequence of free_list, free_list_in_pool and
+    num_free_agrees that needs only the count, so the oracle checks it after
+    every operation)."""
     return s.num_free() == s.zero_refs()
 
 

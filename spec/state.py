@@ -5,7 +5,9 @@ Abstract state of a paged block manager (pool of ``num_blocks`` blocks of
 
     ref(b)            the allocator's refcount of block b
     free_count(b)     how many times b is on the free list
-    num_free()        length of the free list
+    free_entries()    length of the free list as observed (every entry, pool id or not)
+    num_free()        the allocator's own count of free blocks (what it reports: a
+                      ``Target``'s ``num_free()``; a seed-shaped one's ``len(free)``)
     live(q)           sequence q exists
     length(q)         tokens sequence q holds (the oracle's count, not the allocator's)
     impl_length(q)    the allocator's own count for q (== length(q) if it keeps none)
@@ -77,14 +79,18 @@ class Snapshot(TableTerms):
         free: Iterable[int],
         impl_lengths: Mapping[int, int | None] | None = None,
         identities: Mapping[int, object] | None = None,
+        num_free: int | None = None,
     ):
+        """``num_free``: the allocator's own count of free blocks (None: the free
+        list's length, for a state that has no separate count)."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.tables = {q: tuple(t) for q, t in tables.items()}
         self.lengths = dict(lengths)
         self.refs = list(refs)
         self.free = Counter(free)
-        self._num_free = sum(self.free.values())
+        self._free_entries = sum(self.free.values())
+        self._num_free = self._free_entries if num_free is None else num_free
         self.impl_lengths = dict(impl_lengths or {})
         self.identities = dict(identities or {})
         self._holders = Counter(b for t in self.tables.values() for b in t)
@@ -105,6 +111,9 @@ class Snapshot(TableTerms):
 
     def free_count(self, b: int) -> int:
         return self.free.get(b, 0)
+
+    def free_entries(self) -> int:
+        return self._free_entries
 
     def num_free(self) -> int:
         return self._num_free

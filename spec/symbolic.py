@@ -5,13 +5,16 @@ sequence slots and the most tokens a sequence may hold; a table then has at
 most ``ceil(max_tokens / block_size)`` entries. Sequences are slots
 ``0..seqs-1``; a slot is in use when ``live(q)``.
 
-Defined terms (``holders``, ``occurrences``, ``zero_refs``, ``num_free``)
-are given by their definitions from ``kvcheck.spec.state``, unrolled.
-Implementation observations: the abstract model gives every slot its own
-table object and keeps one token count, so ``sharers(q)`` is 1 and
-``impl_length(q)`` is ``length(q)`` by construction — unless
-``observed=True``, which adds variables for both (used to compare with
-concrete states of implementations, which may alias or miscount).
+Defined terms (``holders``, ``occurrences``, ``zero_refs``) are given by their
+definitions from ``kvcheck.spec.state``, unrolled; ``free_entries`` is the sum
+of the pool blocks' multiplicities on the free list (an abstract free list
+holds nothing else). Implementation observations: the abstract model gives
+every slot its own table object, keeps one token count and no free count
+apart from its free list, so ``sharers(q)`` is 1, ``impl_length(q)`` is
+``length(q)`` and ``num_free()`` is ``free_entries()`` (the very same term)
+by construction — unless ``observed=True``, which adds variables for all
+three (used to compare with concrete states of implementations, which may
+alias or miscount).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class SymState:
         self._tab = [[L.var(f"{name}.t{q}_{i}") for i in range(T)] for q in range(S)]
         self._ident = [L.var(f"{name}.id{q}") for q in range(S)] if observed else None
         self._ilen = [L.var(f"{name}.ilen{q}") for q in range(S)] if observed else None
+        self._nfree = L.var(f"{name}.nfree") if observed else None
 
     # -- domains -----------------------------------------------------------------
     def blocks(self):
@@ -95,8 +99,11 @@ class SymState:
         return self.table(q, self._nb[q] - 1)
 
     # -- defined terms ---------------------------------------------------------------
-    def num_free(self):
+    def free_entries(self):
         return self.L.z3.Sum(self._free)
+
+    def num_free(self):
+        return self.free_entries() if self._nfree is None else self._nfree
 
     def zero_refs(self):
         return self.L.count(r == 0 for r in self._ref)
@@ -148,6 +155,8 @@ class SymState:
             out += [self._tab[slot][i] == b for i, b in enumerate(t)]
             if self._ilen is not None:
                 out.append(self._ilen[slot] == snap.impl_length(q))
+        if self._nfree is not None:
+            out.append(self._nfree == snap.num_free())
         used = set(slot_of.values())
         out += [L.not_(self._live[s]) for s in self.seqs() if s not in used]
         return out

@@ -51,6 +51,7 @@ GHOST = {
         f"(1 if 0 <= {b} < {r}_num_blocks and {r}_refs[{b}] == 0 else 0)",
         _binds(r, "refs", "num_blocks")) if simple(b) else None,
     "num_free": lambda r: (f"{r}_free_len", _binds(r, "free_len")),
+    "free_entries": lambda r: (f"{r}_zero", _binds(r, "zero")),
     "zero_refs": lambda r: (f"{r}_zero", _binds(r, "zero")),
     "holders": lambda r, b: (f"{r}_holders_count.get({b}, 0)", _binds(r, "holders_count")),
 }
@@ -59,6 +60,7 @@ SNAPSHOT = {
     **_TABLES,
     "free_count": lambda r, b: (f"{r}_free.get({b}, 0)", _binds(r, "free")),
     "num_free": lambda r: (f"{r}__num_free", _binds(r, "_num_free")),
+    "free_entries": lambda r: (f"{r}__free_entries", _binds(r, "_free_entries")),
     "zero_refs": lambda r: (f"{r}__zero", _binds(r, "_zero")),
     "holders": lambda r, b: (f"{r}__holders.get({b}, 0)", _binds(r, "_holders")),
 }

@@ -108,6 +108,9 @@ class TState:
     def free_count(self, b):
         return self._call("free_count", b)
 
+    def free_entries(self):
+        return self._call("free_entries")
+
     def num_free(self):
         return self._call("num_free")
 

@@ -74,6 +74,9 @@ def corrupt(rng: random.Random, snap: Snapshot) -> Snapshot:
     elif kind == 8 and lens:
         q = rng.choice(list(lens))
         impl_lens[q] = lens[q] + 1
+    elif kind == 8:  # no sequence: miscount the free list instead
+        kind = 9
     if kind != 8:
         impl_lens = dict(lens)
-    return Snapshot(n, snap.block_size, tables, lens, refs, free, impl_lens, idents)
+    num_free = len(free) + rng.choice((-1, 1)) if kind == 9 else None  # a miscounted list
+    return Snapshot(n, snap.block_size, tables, lens, refs, free, impl_lens, idents, num_free)

@@ -121,7 +121,7 @@ def _arguments(method, state, seqs, rng):
     blocks = list(range(-2, n + 2))
     if method in ("ref", "free_count", "holders"):
         return [(b,) for b in blocks]
-    if method in ("num_free", "zero_refs"):
+    if method in ("num_free", "free_entries", "zero_refs"):
         return [()]
     if method == "table":
         return [(q, i) for q in seqs for i in range(-1, state.nblocks(q) + 2)]

@@ -107,8 +107,8 @@ CASES = [
     (TextTable, {"malformed"}, ""),
     (GarbageRefs, {"malformed"}, "'one'"),
     (RaisingRefs, {"malformed"}, "ZeroDivisionError"),
-    (GarbageFreeList, {"malformed"}, "free list"),
-    (TextFreeList, {"malformed"}, "free list"),
+    (GarbageFreeList, {"malformed"}, "an entry of free is None"),
+    (TextFreeList, {"malformed"}, "an entry of free is '7'"),
 ]
 
 
@@ -170,7 +170,7 @@ class _BulkRefcounts(SeedAdapter):
 
 @pytest.mark.parametrize("how,says", [("raise", "refcounts() raised RuntimeError: boom"),
                                       ("short", "refcounts() returned 7 values for 8 blocks"),
-                                      ("garbage", "refcount(0) is None, expected an integer")])
+                                      ("garbage", "refcounts()[0] is None, expected an integer")])
 def test_bulk_refcounts_garbage_is_a_violation(how, says):
     def factory(nb, bs):
         t = _BulkRefcounts(BlockManager(nb, bs), nb, bs)
