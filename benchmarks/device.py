@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
 
-from kvcheck.commands.common import OneLineParser, positive_int  # noqa: E402
+from kvcheck.cli.commands.common import OneLineParser, positive_int  # noqa: E402
 
 
 class BadInput(Exception):

@@ -21,12 +21,12 @@ from __future__ import annotations
 import sys
 import time
 
-from kvcheck.commands.common import OneLineParser, nonneg_int, positive_int
-from kvcheck.driver import RandomDriver
+from kvcheck.cli.commands.common import OneLineParser, nonneg_int, positive_int
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.errors import OutOfBlocks
-from kvcheck.loading import build, resolve
-from kvcheck.oracle import Oracle
+from kvcheck.models.blocks.driver import RandomDriver
+from kvcheck.models.blocks.oracle import Oracle
+from kvcheck.targets.loading import build, resolve
 from kvcheck.verify import verify
 
 SIZES = (100, 1_000, 10_000, 100_000)

@@ -17,9 +17,9 @@ __all__ = ["Oracle", "SeedAdapter", "Target", "make_state_machine"]
 
 # Imported on first use, so that ``kvcheck --version`` stays fast.
 _LAZY = {
-    "Oracle": ("kvcheck.oracle", "Oracle"),
-    "SeedAdapter": ("kvcheck.target", "SeedAdapter"),
-    "Target": ("kvcheck.target", "Target"),
+    "Oracle": ("kvcheck.models.blocks.oracle", "Oracle"),
+    "SeedAdapter": ("kvcheck.targets.protocol", "SeedAdapter"),
+    "Target": ("kvcheck.targets.protocol", "Target"),
     "make_state_machine": ("kvcheck.stateful", "make_state_machine"),
 }
 

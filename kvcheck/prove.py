@@ -22,8 +22,9 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from kvcheck.loading import build, resolve
-from kvcheck.oracle import Oracle
+from kvcheck.check.trace import Trace, request
+from kvcheck.check.watchdog import Watchdog
+from kvcheck.models.blocks.oracle import Oracle
 from kvcheck.proofs.bmc import bmc_bfs, witnesses
 from kvcheck.proofs.explore import Scope, explore
 from kvcheck.proofs.induction import prove_invariants
@@ -32,8 +33,7 @@ from kvcheck.proofs.prefix_model import PrefixModelScope
 from kvcheck.spec.logic import PY
 from kvcheck.spec.outcomes import OUTCOMES, classify
 from kvcheck.spec.symbolic import SymScope
-from kvcheck.trace import Trace, request
-from kvcheck.watchdog import Watchdog
+from kvcheck.targets.loading import build, resolve
 
 SPEC, TARGET = "spec", "target"  # Row.group: proved about the spec / checked on the target
 NOT_APPLICABLE = "not applicable"  # a class that cannot occur at the scope (see bmc.witnesses)
@@ -197,7 +197,7 @@ def _z3_rows(st: Settings, report: Report, deadline: float, say) -> list:
 
 
 def _show(op) -> str:
-    from kvcheck.witness import describe_op
+    from kvcheck.models.blocks.witness import describe_op
 
     return describe_op(op)
 

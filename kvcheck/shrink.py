@@ -28,13 +28,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from kvcheck.loading import build
-from kvcheck.oracle import Oracle
+from kvcheck.check.trace import request
+from kvcheck.check.violation import Violation
+from kvcheck.check.watchdog import Watchdog
+from kvcheck.models.blocks.oracle import Oracle
 from kvcheck.proofs.explore import Scope, explore
 from kvcheck.spec.contracts import Op
-from kvcheck.trace import request
-from kvcheck.violation import Violation
-from kvcheck.watchdog import Watchdog
+from kvcheck.targets.loading import build
 
 
 @dataclass

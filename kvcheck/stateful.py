@@ -18,17 +18,17 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from kvcheck.loading import build, resolve
-from kvcheck.oracle import Oracle
+from kvcheck.check.violation import Violation
+from kvcheck.check.watchdog import Watchdog
+from kvcheck.models.blocks.oracle import Oracle
 from kvcheck.spec.contracts import Op
-from kvcheck.violation import Violation
-from kvcheck.watchdog import Watchdog
+from kvcheck.targets.loading import build, resolve
 
 
 def _message(label, factory, num_blocks, block_size, history, v: Violation, out_of_blocks,
              timeout) -> str:
     """The violation with its witness, and the run explained (replayed in full mode)."""
-    from kvcheck.explain import render
+    from kvcheck.report.text import render
     from kvcheck.verify import counterexample
 
     head = f"{v.kind} violation at step {v.step}: {v.name}"

@@ -7,13 +7,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvcheck.driver import RandomDriver
-from kvcheck.loading import TargetError, build, resolve
-from kvcheck.oracle import Oracle, ambient_watchdog
+from kvcheck.check.trace import Trace
+from kvcheck.check.violation import Violation
+from kvcheck.check.watchdog import Watchdog
+from kvcheck.models.blocks.driver import RandomDriver
+from kvcheck.models.blocks.oracle import Oracle, ambient_watchdog
 from kvcheck.shrink import budget_ran_out, replay, shrink
-from kvcheck.trace import Trace
-from kvcheck.violation import Violation
-from kvcheck.watchdog import Watchdog
+from kvcheck.targets.loading import TargetError, build, resolve
 
 
 @dataclass

@@ -37,14 +37,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from kvcheck.loading import build, resolve
-from kvcheck.observe import ObservationError, snapshot
-from kvcheck.oracle import decode_append
+from kvcheck.models.blocks.oracle import decode_append
 from kvcheck.spec import contracts
 from kvcheck.spec.contracts import OK, OOB, Domain, Op
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
-from kvcheck.target import call
+from kvcheck.targets.loading import build, resolve
+from kvcheck.targets.observe import ObservationError, snapshot
+from kvcheck.targets.protocol import call
 
 
 def _crosshair_module_walk_guard() -> None:

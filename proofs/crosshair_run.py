@@ -235,7 +235,7 @@ def _contracts_module_and_target(obj) -> tuple[str, str | None]:
     if isinstance(obj, str):
         if ":" in obj:
             return CONTRACTS_MODULE, obj
-        from kvcheck.registry import TARGETS
+        from kvcheck.targets.registry import TARGETS
 
         if obj in TARGETS:
             return CONTRACTS_MODULE, obj

@@ -18,12 +18,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvcheck.loading import build
-from kvcheck.oracle import Oracle
+from kvcheck.check.trace import request
+from kvcheck.check.violation import Violation
+from kvcheck.models.blocks.oracle import Oracle
 from kvcheck.proofs.renaming import canonical_tables
 from kvcheck.spec.contracts import Op
-from kvcheck.trace import request
-from kvcheck.violation import Violation
+from kvcheck.targets.loading import build
 
 
 @dataclass(frozen=True)

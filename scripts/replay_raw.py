@@ -48,8 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from kvcheck.check.trace import Trace, TraceError  # noqa: E402
 from kvcheck.impl.thirdparty import raw  # noqa: E402
-from kvcheck.trace import Trace, TraceError  # noqa: E402
 
 V0 = "kvcheck.impl.thirdparty.vllm_v0:"
 V1 = "kvcheck.impl.thirdparty.vllm_v1:"

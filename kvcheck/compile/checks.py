@@ -122,7 +122,7 @@ def precondition(kind: str, pre: type | None = None):
 @cache
 def step(kind: str, pre: type | None = None, post: type | None = None):
     """``f(pre, post, op, blocks, live)``: the contract and the fast invariants."""
-    from kvcheck.ghost import After, Ghost
+    from kvcheck.models.blocks.ghost import After, Ghost
 
     assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
     return _compile(step_source(kind, inline_for(pre, post)), f"step_{kind}")

@@ -15,7 +15,7 @@ number), so nothing is evaluated twice.
 from __future__ import annotations
 
 from kvcheck.compile.emit import simple
-from kvcheck.ghost import After, Ghost
+from kvcheck.models.blocks.ghost import After, Ghost
 from kvcheck.spec.state import Snapshot
 
 

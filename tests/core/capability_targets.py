@@ -1,7 +1,7 @@
 """Targets whose ``capabilities`` leave kvcheck nothing (or something) to run (tests/core/test_capabilities.py)."""
 
 from kvcheck.impl.block_manager import BlockManager
-from kvcheck.target import SeedAdapter
+from kvcheck.targets.protocol import SeedAdapter
 
 
 def _with(name, caps):

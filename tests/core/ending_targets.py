@@ -120,7 +120,7 @@ HANG_ENTRIES: list[float | None] = []  # the active watchdog's timeout at each h
 
 class HangsInFork(BlockManager):
     def fork(self, parent, child):
-        from kvcheck.watchdog import active_watchdog
+        from kvcheck.check.watchdog import active_watchdog
 
         wd = active_watchdog()
         HANG_ENTRIES.append(None if wd is None else wd.timeout)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvcheck import make_state_machine
-from kvcheck.loading import TargetError
-from kvcheck.trace import Trace
+from kvcheck.check.trace import Trace
+from kvcheck.targets.loading import TargetError
 from kvcheck.verify import verify
 
 HERE = Path(__file__).resolve().parent

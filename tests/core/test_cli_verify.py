@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kvcheck.check.trace import Trace
 from kvcheck.cli import main
-from kvcheck.trace import Trace
 
 HERE = Path(__file__).resolve().parent
 OOB = HERE / "oob_named_otherwise.py"

@@ -18,13 +18,13 @@ from kvcheck.compile import checks
 from kvcheck.compile.inline import FOR
 from kvcheck.compile.terms import Term
 from kvcheck.compile.tracer import TL, TDomain, TState, Untraceable, trace
-from kvcheck.driver import RandomDriver
-from kvcheck.ghost import After, Ghost
 from kvcheck.impl.block_manager import BlockManager
-from kvcheck.loading import build
-from kvcheck.oracle import Oracle
+from kvcheck.models.blocks.driver import RandomDriver
+from kvcheck.models.blocks.ghost import After, Ghost
+from kvcheck.models.blocks.oracle import Oracle
 from kvcheck.spec.contracts import CONTRACTS, Op
 from kvcheck.spec.state import Snapshot
+from kvcheck.targets.loading import build
 
 from corpus.buggy import CORPUS
 
@@ -290,7 +290,7 @@ def test_compiled_and_interpreted_agree_on_the_corpus(name):
 def test_spec_text_the_tracer_cannot_represent_is_checked_directly(monkeypatch):
     """A contract that branches on a quantified variable is refused by the tracer;
     the oracle then evaluates that operation's spec itself, and still catches bugs."""
-    import kvcheck.oracle as oracle_mod
+    import kvcheck.models.blocks.oracle as oracle_mod
     from kvcheck.spec import contracts
 
     original = contracts.CONTRACTS["fork"]

@@ -9,8 +9,8 @@ import pytest
 from kvcheck.cli import main
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.prefix_cache import PrefixCachingBlockManager
-from kvcheck.prefix_oracle import verify_prefix
-from kvcheck.target import SeedAdapter
+from kvcheck.models.prefix.oracle import verify_prefix
+from kvcheck.targets.protocol import SeedAdapter
 from kvcheck.verify import verify
 
 

@@ -8,9 +8,9 @@ import argparse
 import pytest
 
 from kvcheck.cli import COMMANDS, build_parser, main
-from kvcheck.commands import common
-from kvcheck.commands.plan import block_sizes
-from kvcheck.commands.simulate import _watermarks
+from kvcheck.cli.commands import common
+from kvcheck.cli.commands.plan import block_sizes
+from kvcheck.cli.commands.simulate import _watermarks
 
 NUMERIC = {common.positive_int, common.nonneg_int, common.positive_float, common.nonneg_float,
            block_sizes, _watermarks}

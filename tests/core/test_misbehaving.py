@@ -8,7 +8,7 @@ import pytest
 
 from kvcheck.cli import main
 from kvcheck.impl.block_manager import BlockManager
-from kvcheck.target import SeedAdapter
+from kvcheck.targets.protocol import SeedAdapter
 from kvcheck.verify import verify
 
 from corpus.buggy import HangOnCow

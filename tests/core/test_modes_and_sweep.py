@@ -58,9 +58,9 @@ def test_fast_mode_catches_untouched_corruption():
 def test_sweep_alone_catches_it():
     """Corruption of a block nobody holds is invisible to the per-operation check
     (nothing names that block) and found by the sweep."""
-    from kvcheck.loading import build
-    from kvcheck.oracle import Oracle
+    from kvcheck.models.blocks.oracle import Oracle
     from kvcheck.spec.contracts import Op
+    from kvcheck.targets.loading import build
 
     o = Oracle(build(BlockManager, 16, 4), mode="fast", sweep_every=10**9)
     assert o.step(Op("allocate", seq=0, n_tokens=5)) is None

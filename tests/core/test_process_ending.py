@@ -92,7 +92,7 @@ def test_hang_in_constructor_is_bad_input(capsys):
 
 
 def test_a_hang_costs_one_full_timeout():
-    from kvcheck.loading import resolve
+    from kvcheck.targets.loading import resolve
 
     _, cls = resolve(target("HangsInFork"))  # the module as kvcheck's loader imported it
     HANG_ENTRIES = sys.modules[cls.__module__].HANG_ENTRIES

@@ -9,7 +9,7 @@ from collections import defaultdict, deque
 import pytest
 
 from kvcheck.impl.block_manager import BlockManager
-from kvcheck.target import SeedAdapter
+from kvcheck.targets.protocol import SeedAdapter
 from kvcheck.verify import verify
 
 from corpus.buggy import AliasingFork

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from kvcheck.loading import location, resolve
+from kvcheck.targets.loading import location, resolve
 
 KVCHECK = [sys.executable, "-c", "import sys; from kvcheck.cli import main; sys.exit(main())"]
 

@@ -22,9 +22,9 @@ from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from kvcheck.impl.block_manager import BlockManager
-from kvcheck.oracle import Oracle
+from kvcheck.models.blocks.oracle import Oracle
 from kvcheck.spec.contracts import Op
-from kvcheck.target import SeedAdapter
+from kvcheck.targets.protocol import SeedAdapter
 
 pytest.importorskip("hypothesis_crosshair_provider")
 

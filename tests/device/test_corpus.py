@@ -8,7 +8,7 @@ import device_bugs as bugs
 import pytest
 from conftest import DEVICE, SHAPE
 
-from kvcheck.data_oracle import data_verify, run_steps
+from kvcheck.models.device.oracle import data_verify, run_steps
 
 READ_BACK, SHARED = ("data", "read-back"), ("data", "shared block written")
 # What each bug may be reported as (the first check it breaks depends on the trace:

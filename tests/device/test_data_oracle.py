@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import DEVICE, SHAPE
 
-from kvcheck.data_oracle import DataOracle, data_verify, run_steps
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.device import DeviceBlockManager
+from kvcheck.models.device.oracle import DataOracle, data_verify, run_steps
 from kvcheck.spec.contracts import Op
 
 

@@ -18,8 +18,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from kvcheck.data_oracle import DataOracle
 from kvcheck.impl.device import DeviceBlockManager
+from kvcheck.models.device.oracle import DataOracle
 from kvcheck.spec.contracts import Op
 
 BLOCKS, BS = 8, 2

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from kvcheck.cli import main
-from kvcheck.planner import GIB, MIB, MODELS, PlanError, get_model, plan, pool_from_gpus
+from kvcheck.tools.planner import GIB, MIB, MODELS, PlanError, get_model, plan, pool_from_gpus
 
 ENTRY = "import sys; from kvcheck.cli import main; sys.exit(main())"
 

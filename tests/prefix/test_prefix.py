@@ -11,7 +11,7 @@ import pytest
 from kvcheck.cli import main
 from kvcheck.impl.errors import MisuseError, OutOfBlocks
 from kvcheck.impl.prefix_cache import PrefixCachingBlockManager
-from kvcheck.prefix_oracle import render, verify_prefix
+from kvcheck.models.prefix.oracle import render, verify_prefix
 from kvcheck.verify import verify
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -8,18 +8,18 @@ from collections import deque
 import pytest
 
 from kvcheck.cli import main
-from kvcheck.costmodel import LLAMA_3_3_70B, CostModel, default, scenarios
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.errors import MisuseError, OutOfBlocks
 from kvcheck.impl.scheduler import Scheduler, UnservableRequest
 from kvcheck.impl.swap import SwapScheduler
-from kvcheck.scheduler_oracle import run_workload, verify
-from kvcheck.simulate import simulate
+from kvcheck.models.scheduler.oracle import run_workload, verify
+from kvcheck.models.scheduler.workload import Request, generate
 from kvcheck.spec import scheduler as policy
 from kvcheck.spec.logic import PY
 from kvcheck.spec.scheduler import SchedState
 from kvcheck.spec.state import Snapshot
-from kvcheck.workload import Request, generate
+from kvcheck.tools.costmodel import LLAMA_3_3_70B, CostModel, default, scenarios
+from kvcheck.tools.simulate import simulate
 
 from .buggy import CORPUS
 

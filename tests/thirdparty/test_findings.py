@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from kvcheck.check.trace import Trace
 from kvcheck.cli import main as kvcheck
-from kvcheck.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = sorted((ROOT / "docs" / "traces").glob("*.json"))

@@ -19,7 +19,7 @@ import pytest
 
 from kvcheck.cli import main as kvcheck
 from kvcheck.impl.thirdparty import vllm_v0
-from kvcheck.prefix_oracle import PrefixOp, VllmV0View, replay
+from kvcheck.models.prefix.oracle import PrefixOp, VllmV0View, replay
 
 GUARDED = vllm_v0.make_prefix_guarded
 

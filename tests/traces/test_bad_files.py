@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kvcheck.check.trace import MAX_BYTES, Trace, TraceError
 from kvcheck.cli import main
-from kvcheck.trace import MAX_BYTES, Trace, TraceError
 
 BAD = Path(__file__).parent / "bad"
 GOOD = {"format": "kvcheck.trace", "version": 1, "target": "reference",
@@ -115,8 +115,8 @@ def test_loading_never_imports_the_target(tmp_path, capsys):
 def test_pytest_out_cannot_be_injected(tmp_path):
     import ast
 
-    from kvcheck.pytest_out import pytest_source
-    from kvcheck.violation import Violation
+    from kvcheck.check.violation import Violation
+    from kvcheck.report.pytest_out import pytest_source
 
     nasty = 'x"""\nimport os\nos.system("echo pwned")\n"""\r# \u2028\x0c'
     t = Trace(nasty, 4, 2, [], Violation(0, "crash", nasty, witness=nasty), None)

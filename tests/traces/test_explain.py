@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 from traces_helpers import found_trace
 
-from kvcheck.explain import render
-from kvcheck.report_html import render_html
-from kvcheck.trace import Trace
-from kvcheck.witness import clause_subject
+from kvcheck.check.trace import Trace
+from kvcheck.models.blocks.witness import clause_subject
+from kvcheck.report.html import render_html
+from kvcheck.report.text import render
 
 SAYS = {
     "cow-full-blocks": ["was full", "copied block"],

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from traces_helpers import CORPUS, found_trace
 
+from kvcheck.check.trace import request
 from kvcheck.proofs.explore import Scope, explore
 from kvcheck.shrink import replay
-from kvcheck.trace import request
 
 SMALL = Scope(num_blocks=4, block_size=2, seqs=3, max_tokens=4, depth=4)
 

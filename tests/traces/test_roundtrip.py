@@ -7,8 +7,8 @@ import json
 import pytest
 from traces_helpers import CORPUS, found_trace, target_of
 
+from kvcheck.check.trace import Trace, schema
 from kvcheck.cli import main
-from kvcheck.trace import Trace, schema
 
 
 def test_trace_roundtrip_and_replay(corpus_name, tmp_path, capsys):

@@ -1,0 +1,5 @@
+import sys
+
+from kvcheck.cli import main
+
+sys.exit(main())

@@ -1,0 +1,123 @@
+"""``kvcheck replay``: re-run a counterexample trace on a target.
+
+Exit 1 if the run breaks the spec (the recorded violation reproduces, or a
+different one shows up: both are said), 0 if the target passes the whole
+trace, 2 on bad input (an unreadable or invalid trace, an unknown target).
+A trace found on one allocator replays on any other: only the operations
+are re-run; the recorded results and states are for reading, not checked.
+"""
+
+from __future__ import annotations
+
+from kvcheck.cli.commands.common import (
+    add_json,
+    add_out_of_blocks,
+    add_timeout,
+    add_trace_out,
+    check_outputs,
+    emit_json,
+    exit_code,
+    write_output,
+)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("replay", help="re-run a counterexample trace on a target",
+                       description="Re-run the operations of TRACE (a kvcheck trace JSON file) "
+                                   "on TARGET under the oracle. Exit 1 if it breaks the spec, "
+                                   "0 if every check holds, 2 on bad input.")
+    p.add_argument("trace", metavar="TRACE", help="trace file written by --trace-out (required)")
+    p.add_argument("--target",
+                   help="the allocator to run it on: a registered name, module:attr or "
+                        "file.py:attr (default: the one recorded in TRACE)")
+    add_out_of_blocks(p)
+    add_timeout(p)
+    p.add_argument("--pytest-out", metavar="FILE",
+                   help="also write a standalone pytest reproducer of the trace for the target "
+                        "to FILE (default: not written)")
+    add_trace_out(p, "the replayed run as a trace")
+    add_json(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from kvcheck.check.trace import Trace
+    from kvcheck.errors import UsageError
+    from kvcheck.report.pytest_out import pytest_source
+    from kvcheck.report.text import render
+    from kvcheck.shrink import replay
+    from kvcheck.targets.loading import TargetError, load_exception, resolve
+
+    check_outputs((args.pytest_out, "--pytest-out"), (args.trace_out, "--trace-out"))
+    trace = Trace.load(args.trace)
+    oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
+    target = args.target or trace.target
+    try:
+        label, factory = resolve(target)
+    except TargetError as exc:
+        if args.target:
+            raise
+        raise TargetError(f"{exc} (the target recorded in {args.trace}; choose one with "
+                          f"--target)") from None
+    r = replay(factory, trace.num_blocks, trace.block_size, trace.ops, oob, args.timeout,
+               record=True)
+    if r.violation is None and not r.ops:
+        raise UsageError(f"none of the {len(trace.ops)} operation(s) of {args.trace} could run on "
+                         f"{label}: nothing was checked")
+    skipped = _skipped(trace, r)
+    got = r.violation
+    want = trace.violation
+    if got is None:
+        verdict = "pass"
+    elif want is not None and got.key == want.key:
+        verdict = "reproduced"
+    else:
+        verdict = "different"
+    rerun = Trace(label, trace.num_blocks, trace.block_size, r.ops, got, trace.seed, r.states)
+    written = wrote_pytest = True
+    if args.pytest_out:
+        written = wrote_pytest = write_output(
+            args.pytest_out, pytest_source(trace, target, args.timeout), "--pytest-out")
+    if args.trace_out:
+        rerun.minimality = f"replayed from a trace recorded on {trace.target}"
+        written &= write_output(args.trace_out, rerun.dumps() + "\n", "--trace-out")
+        rerun.minimality = ""
+    if args.json:
+        emit_json({"verdict": verdict, "target": label, "ran": len(r.ops), "skipped": skipped,
+                   "recorded": None if want is None else want.to_json(),
+                   "violation": None if got is None else got.to_json()})
+        return exit_code(0 if got is None else 1, written)
+    recorded = "no violation" if want is None else (
+        f"step {want.step} ({want.kind}) {want.name}")
+    note = (f"; {skipped} operation(s) skipped (the target does not offer them, or they no "
+            f"longer apply after an earlier step went differently)" if skipped else "")
+    if verdict == "pass":
+        ran = f"all {len(r.ops)}" if not skipped else f"{len(r.ops)} of {len(trace.ops)}"
+        print(f"PASS {label}: {ran} operation(s) of {args.trace} ran on "
+              f"{trace.num_blocks} blocks x {trace.block_size} slots and every invariant and "
+              f"contract held (recorded: {recorded}){note}")
+        return exit_code(0, written)
+    if verdict == "reproduced":
+        print(f"REPRODUCED on {label}: step {got.step} ({got.kind}) {got.name}{note}")
+    else:
+        print(f"FAIL {label}: a different violation than recorded ({recorded}): "
+              f"step {got.step} ({got.kind}) {got.name}{note}")
+    print(render(rerun, title="Replay"))
+    if args.pytest_out and wrote_pytest:
+        print(f"pytest reproducer written to {args.pytest_out}")
+    return 1
+
+
+def _skipped(trace, r) -> int:
+    """Requested operations that did not run before the run ended."""
+    if r.violation is None:
+        return len(trace.ops) - len(r.ops)
+    # Ran up to the violation: count requests not run before the last one that did.
+    wanted = [(o.kind, o.seq, o.child, o.n_tokens) for o in trace.ops]
+    i = 0
+    for o in r.ops:
+        key = (o.kind, o.seq, o.child, o.n_tokens)
+        while i < len(wanted) and wanted[i] != key:
+            i += 1
+        i += 1
+    return i - len(r.ops)

@@ -1,0 +1,331 @@
+"""The command line's supervisor: every check runs in a child process, so kvcheck always reports.
+
+Inside one process a target can still end the run in ways no exception handler
+sees: ``os._exit`` from a thread, a crash in C code, the kernel's OOM killer, a
+loop in C that holds the interpreter lock so no timeout can interrupt it, or a
+``print`` into kvcheck's own output. So each command that runs target code
+(``SUPERVISED``) runs in a forked child, and the parent only watches:
+
+* in the child, file descriptor 1 is pointed at stderr (the target's output,
+  Python's or C's, lands there) and kvcheck writes its own output to the
+  original stdout through a saved descriptor, so ``--json`` stays one object;
+* the child's watchdog reports the calls it starts and whether one is in
+  flight through a shared page (``kvcheck.watchdog.HEARTBEAT``); a call in
+  flight for longer than ``2 x --timeout + GRACE`` seconds (the child's own
+  timeout could not break it) gets the child killed: a hang;
+* the child writes its exit code to a pipe when its command returned. A
+  child that ends without writing it ended because of the target.
+
+Then the parent reports a violation (exit 1; exit 2 when the target could not
+even be imported or built) saying how the process ended and where: it re-runs
+the same command, deterministic from its seed, in a second child that reports
+every phase and operation before it runs it (``kvcheck.watchdog.RECORDER``), and
+names the last one. For ``verify`` that record is the counterexample trace
+(not shrunk: each replay would need a process of its own). A re-run that does
+not end the same way is said to be so; no verdict is ever printed for a run
+that did not finish.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import mmap
+import os
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+SUPERVISED = frozenset({"verify", "verify-prefix", "verify-scheduler", "prove", "replay"})
+GRACE = 5.0  # seconds beyond twice the timeout before a stuck child is killed
+_FILE_FLAGS = ("trace_out", "junit", "pytest_out", "output")
+
+
+def available() -> bool:
+    return hasattr(os, "fork") and os.environ.get("KVCHECK_NO_SUPERVISOR", "") in ("", "0")
+
+
+@dataclass
+class Ending:
+    """How a child ended without reporting: its status, and what it was doing."""
+
+    status: str  # "exit status 0", "killed by signal SIGSEGV", "killed: a call hung"
+    hung: bool = False
+    records: list[dict] = field(default_factory=list)  # from the recording re-run
+    reproduced: bool = False  # the re-run ended the same way
+    call: int = 0  # the number of the call in flight, by the child's last heartbeat
+
+    def last(self, kind: str) -> dict | None:
+        return next((r for r in reversed(self.records) if r["r"] == kind), None)
+
+    def phase(self) -> str:
+        """What the target was doing when the process ended, in words."""
+        last = self.records[-1] if self.records else None
+        if last is None:
+            return "before kvcheck could say what it was doing"
+        if last["r"] == "phase":
+            return {"import": "while being imported", "build": "while being built"}.get(
+                last["name"], f"during {last['name']}")
+        if last["r"] == "op":
+            return f"during operation {last['step']}: {last['text']}"
+        return f"after operation {last['step']} ({last['text']}), while kvcheck observed it"
+
+    def in_setup(self) -> bool:
+        last = self.records[-1] if self.records else None
+        return last is not None and last["r"] == "phase" and last["name"] in ("import", "build")
+
+
+class PipeRecorder:
+    """Reports every phase and operation of a run to a file descriptor, as it happens."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.step = 0
+
+    def _send(self, record: dict) -> None:
+        os.write(self.fd, (json.dumps(record) + "\n").encode())
+
+    def phase(self, name: str) -> None:
+        self._send({"r": "phase", "name": name})
+
+    def op(self, op) -> None:
+        from kvcheck.check.trace import op_to_json, request
+        from kvcheck.models.blocks.witness import describe_op
+
+        self.step += 1
+        req = request(op)
+        try:
+            data = op_to_json(req)
+        except Exception:  # noqa: BLE001 - an operation of another model: its words are enough
+            data = None
+        self._send({"r": "op", "step": self.step, "text": describe_op(req), "op": data})
+
+    def outcome(self, op, violation) -> None:
+        from kvcheck.check.trace import op_to_json
+
+        try:
+            data = op_to_json(op)
+        except Exception:  # noqa: BLE001 - an operation of another model
+            data = None
+        self._send({"r": "done", "step": self.step, "text": op.kind, "op": data})
+
+
+def run(args, entry) -> int:
+    """Run ``entry(args) -> exit code`` in a supervised child; its exit code, or the report
+    of how the target ended it."""
+    timeout = getattr(args, "timeout", None) or 10.0
+    code, ending = _child(entry, args, timeout, record=False)
+    if ending is None:
+        return code
+    # Ended by the target: re-run, recording, to say where (a call that hung is killed as
+    # soon as the re-run is in it again: a hang costs one wait, not two).
+    quiet = _without_files(args)
+    _, again = _child(entry, quiet, timeout, record=True, kill_at=ending.call if ending.hung else None)
+    if again is not None:
+        ending.records, ending.reproduced = again.records, True
+    return report(args, ending)
+
+
+def _without_files(args):
+    """``args`` for the recording re-run: it writes no file the user asked for."""
+    import copy
+
+    quiet = copy.copy(args)
+    for name in _FILE_FLAGS:
+        if getattr(quiet, name, None) is not None and name != "output":
+            setattr(quiet, name, None)
+    return quiet
+
+
+def _child(entry, args, timeout: float, record: bool,
+           kill_at: int | None = None) -> tuple[int, Ending | None]:
+    beat = mmap.mmap(-1, mmap.PAGESIZE)
+    status_r, status_w = os.pipe()
+    rec_r, rec_w = os.pipe() if record else (None, None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(status_r)
+        if rec_r is not None:
+            os.close(rec_r)
+        _run_child(entry, args, beat, status_w, rec_w)
+    os.close(status_w)
+    if rec_w is not None:
+        os.close(rec_w)
+
+    def terminated(signum, frame):  # the parent is told to stop: so is the child
+        os.kill(pid, signal.SIGKILL)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        return _watch(pid, beat, status_r, rec_r, timeout, kill_at)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        os.close(status_r)
+        if rec_r is not None:
+            os.close(rec_r)
+        beat.close()
+
+
+def _run_child(entry, args, beat, status_w: int, rec_w: int | None) -> None:
+    from kvcheck.check import watchdog
+
+    code = 3
+    try:
+        _die_with_parent()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        watchdog.supervised_child(beat)
+        own = os.dup(1)
+        os.dup2(2, 1)  # the target's output, at any level, goes to stderr
+        if rec_w is not None:  # the recording re-run: silent, reports every step instead
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            os.dup2(null, own)
+            watchdog.RECORDER = PipeRecorder(rec_w)
+        sys.stdout = io.TextIOWrapper(io.FileIO(own, "w", closefd=True), encoding="utf-8",
+                                      errors="backslashreplace", line_buffering=True)
+        code = entry(args)
+    except SystemExit as exc:  # argparse and friends
+        code = exc.code if isinstance(exc.code, int) else 2
+    except BaseException:  # noqa: BLE001 - the entry point reports its own errors; this is a last resort
+        code = 3
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+        os.write(status_w, f"rc {code}\n".encode())
+        os._exit(code if isinstance(code, int) else 3)
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGKILL if the parent dies first (best effort elsewhere)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _watch(pid: int, beat, status_r: int, rec_r: int | None, timeout: float,
+           kill_at: int | None) -> tuple[int, Ending | None]:
+    from kvcheck.check.watchdog import read_heartbeat
+
+    kill_after = 2 * timeout + GRACE
+    seen, since = None, time.monotonic()
+    status, records, partial = b"", [], b""
+    hung = False
+    open_fds = [status_r] + ([rec_r] if rec_r is not None else [])
+    try:
+        while status_r in open_fds:
+            ready, _, _ = select.select(open_fds, [], [], 0.25)
+            for fd in ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    open_fds.remove(fd)
+                elif fd == status_r:
+                    status += chunk
+                else:
+                    partial += chunk
+                    *lines, partial = partial.split(b"\n")
+                    records += [json.loads(x) for x in lines if x]
+            now = time.monotonic()
+            state = read_heartbeat(beat)
+            if state != seen:
+                seen, since = state, now
+            elif state[1] and (now - since > kill_after or state[0] == kill_at):
+                hung = True
+                os.kill(pid, signal.SIGKILL)
+                since, kill_at = now, None
+        while rec_r in open_fds:  # the rest of what the recording child reported
+            chunk = os.read(rec_r, 65536)
+            if not chunk:
+                break
+            partial += chunk
+        records += [json.loads(x) for x in partial.split(b"\n") if x]
+    except KeyboardInterrupt:  # the user's Ctrl-C: the child got it too and reports itself
+        _reap(pid, wait=2.0)
+        return 130, None
+    _, raw = os.waitpid(pid, 0)
+    text = status.decode(errors="replace")
+    if text.startswith("rc "):
+        return int(text.split()[1]), None
+    if hung:
+        how = (f"killed: one call stayed in flight for over {kill_after:g} s (twice the timeout "
+               f"plus {GRACE:g} s) and could not be interrupted")
+    elif os.WIFSIGNALED(raw):
+        how = f"killed by signal {signal.Signals(os.WTERMSIG(raw)).name}"
+    else:
+        how = f"exit status {os.WEXITSTATUS(raw)}"
+    return 1, Ending(how, hung, records, call=seen[0] if seen else 0)
+
+
+def _reap(pid: int, wait: float) -> None:
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+# -- the report ---------------------------------------------------------------------------
+def report(args, ending: Ending) -> int:
+    """Say how the target ended the run: a violation (exit 1), or bad input while it was
+    being imported or built (exit 2)."""
+    target = getattr(args, "target", None) or "the target"
+    where = ending.phase() if ending.reproduced else (
+        "(a re-run with the same seed did not end the same way, so where is unknown)")
+    what = "hung" if ending.hung else "ended the process"
+    if ending.reproduced and ending.in_setup():
+        print(f"kvcheck: error: target {target} {what} {where} ({ending.status})", file=sys.stderr)
+        return 2
+    if args.command == "verify" and ending.reproduced:
+        return _report_verify(args, ending, what)
+    witness = f"the target {what} {where} ({ending.status})"
+    if getattr(args, "json", False):
+        json.dump({"verdict": "fail", "target": target, "error": witness,
+                   "violation": {"kind": "hang" if ending.hung else "crash", "name": "process",
+                                 "witness": witness}}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(f"FAIL {target}: {witness}; the run did not finish, so there is no verdict "
+              f"beyond this")
+    return 1
+
+
+def _report_verify(args, ending: Ending, what: str) -> int:
+    from kvcheck.check.trace import Trace, op_from_json
+    from kvcheck.check.violation import Violation
+    from kvcheck.cli.commands.verify import report as verify_report
+    from kvcheck.verify import Result
+
+    ops, last = [], ending.last("op")
+    for r in ending.records:  # each operation as requested, then with its outcome once it returned
+        if r["r"] in ("op", "done") and r.get("op") is not None:
+            op = op_from_json(r["op"])
+            if r["r"] == "done" and ops:
+                ops[-1] = op
+            else:
+                ops.append(op)
+    kind = "hang" if ending.hung else "crash"
+    name = ops[-1].kind if ops and last is not None else "process"
+    witness = f"the target {what} {ending.phase()} ({ending.status})"
+    step = last["step"] if last is not None else 0
+    v = Violation(step, kind, name, witness=witness)
+    why = "hung beyond interruption" if ending.hung else "ended the process"
+    trace = Trace(args.target, args.blocks, args.block_size, ops, v, args.seed, [],
+                  f"not shrunk: the target {why}, so every replay would need a process of "
+                  f"its own")
+    result = Result("fail", step, 0.0, v, trace, len(ops))
+    return verify_report(args, result)

@@ -1,0 +1,450 @@
+"""The runtime oracle: drive an allocator one operation at a time and check it.
+
+After every operation the oracle checks, against ``kvcheck.spec``:
+  1. the operation's contract (``spec.contracts``), including the step
+     invariants isolation and exception safety;
+  2. every state invariant (``spec.invariants``);
+  3. the data: each sequence it touched reads back exactly its own tokens
+     through its block table (``kvcheck.shadow``).
+
+Two modes share that spec text:
+  ``full``  snapshot the whole allocator before and after each operation and
+            quantify over everything (exact; used for shrinking and replay).
+  ``fast``  observe only what the operation touched (O(touched) per
+            operation) and audit everything in a full *sweep* every
+            ``sweep_every`` operations and at the end (amortised O(1)).
+
+The oracle never trusts the implementation: an exception it did not expect,
+a result of the wrong shape, garbage in its state or a hang is reported as a
+``Violation``, never raised.
+"""
+
+from __future__ import annotations
+
+import copy
+from operator import index
+
+from kvcheck.check import watchdog as watchdog_module
+from kvcheck.check.violation import Violation
+from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, Watchdog, active_watchdog, record_phase
+from kvcheck.compile import checks as compiled_checks
+from kvcheck.compile.tracer import Untraceable
+from kvcheck.errors import what_it_did
+from kvcheck.models.blocks import witness
+from kvcheck.models.blocks.ghost import After, Ghost
+from kvcheck.models.blocks.shadow import ShadowMemory
+from kvcheck.spec import contracts
+from kvcheck.spec.contracts import OK, OOB, Domain, Op
+from kvcheck.spec.invariants import INVARIANTS
+from kvcheck.spec.logic import PY
+from kvcheck.spec.state import Snapshot
+from kvcheck.targets.observe import ObservationError, snapshot
+from kvcheck.targets.protocol import call
+
+
+def ambient_watchdog(timeout: float | None) -> Watchdog:
+    """A watchdog session: within it, ``Oracle.step(op)`` without a watchdog uses this one."""
+    return Watchdog(timeout)
+
+
+# The spec compiled for the fast mode's states (kvcheck.compile), once, at import: a
+# lazy first compile inside a caller's run (e.g. under CrossHair) would make that run
+# take different paths from the next.
+def _compiled(build, *args):
+    """``build(*args)``, or None where the tracer cannot represent the spec text
+    (then that check is evaluated from the spec itself, as in full mode)."""
+    try:
+        return build(*args)
+    except Untraceable:
+        return None
+
+
+_STEPS = {k: _compiled(compiled_checks.step, k, Ghost, After) for k in contracts.CONTRACTS}
+_PRECONDITIONS = {k: _compiled(compiled_checks.precondition, k, Ghost) for k in contracts.CONTRACTS}
+_STATE_INVARIANTS = _compiled(compiled_checks.state_invariants, Snapshot)
+# The fast mode's per-operation invariants, (invariant, predicate, domain) in spec
+# order, for naming the one the compiled check found broken.
+_FAST_PREDS = [(i, i.predicate, i.domain) for i in compiled_checks.FAST_INVARIANTS]
+
+
+class Unsupported(Exception):
+    """The target does not offer this operation (see ``Target.capabilities``)."""
+
+
+class Oracle:
+    def __init__(self, target, mode: str = "fast", sweep_every: int | None = None,
+                 timeout: float | None = 10.0, compiled: bool = True):
+        if mode not in ("fast", "full"):
+            raise ValueError(f"mode must be 'fast' or 'full', not {mode!r}")
+        self.target = target
+        self.mode = mode
+        self.block_size = target.block_size
+        self.sweep_every = sweep_every or max(1024, 2 * target.num_blocks)
+        self.timeout = timeout
+        self.steps = 0
+        self.lengths: dict[int, int] = {}
+        self._order: list[int] = []  # live sequences, in no particular order (O(1) pick)
+        self._pos: dict[int, int] = {}  # seq -> its index in _order
+        self.shadow = ShadowMemory(target.block_size)
+        self.violation: Violation | None = None
+        # The compiled spec stands in for the spec's own contracts only where a
+        # subclass does not judge operations its own way.
+        self.compiled = compiled and type(self)._check_op is Oracle._check_op
+        wd = active_watchdog()
+        record_phase("the first observation")
+        if wd is not None:
+            wd.enter()
+        try:
+            self.snap = snapshot(target, {})
+        except (ObservationError, OperationTimeout) as exc:
+            self.snap = None
+            kind = "hang" if isinstance(exc, OperationTimeout) else "malformed"
+            text = f"reading the fresh allocator's state {exc}" if kind == "hang" else str(exc)
+            self.violation = Violation(0, kind, "observation", witness=text)
+            return
+        finally:
+            if wd is not None:
+                wd.leave()
+        self.observed = self.snap
+        self.violation = self._check_state(self.snap, 0)
+        if self.violation is None and self.snap.zero_refs() != target.num_blocks:
+            self.violation = Violation(
+                0, "invariant", "empty_start", witness=(
+                    f"a fresh allocator must start with every block free; "
+                    f"{target.num_blocks - self.snap.zero_refs()} of {target.num_blocks} "
+                    f"have a refcount"
+                ))
+        self.ghost = Ghost.from_snapshot(self.snap)
+
+    # -- public ------------------------------------------------------------------
+    def clone(self) -> Oracle:
+        """An independent copy, target included (for exploring alternatives).
+
+        Raises whatever ``copy.deepcopy`` raises for targets that cannot be copied.
+        """
+        new = copy.copy(self)
+        new.target = copy.deepcopy(self.target)
+        new.lengths = dict(self.lengths)
+        new._order = list(self._order)
+        new._pos = dict(self._pos)
+        new.shadow = self.shadow.clone()
+        if self.mode == "fast":
+            new.ghost = copy.deepcopy(self.ghost)
+        return new
+
+    def live(self) -> list[int]:
+        return list(self.lengths)
+
+    def live_seqs(self) -> list[int]:
+        """The live sequences as a list owned by the oracle (do not modify; O(1))."""
+        return self._order
+
+    def valid(self, op: Op) -> bool:
+        """Whether ``op`` meets its precondition now and the target supports it."""
+        return op.kind in self.target.capabilities and self._precondition(op)
+
+    def _precondition(self, op: Op) -> bool:
+        if self.mode == "fast":
+            check = _PRECONDITIONS[op.kind]
+            if check is not None:
+                return check(self.ghost, op)
+        return bool(contracts.precondition(PY, self._state(), op))
+
+    def _state(self):
+        return self.snap if self.mode == "full" else self.ghost
+
+    def step(self, op: Op, watchdog: Watchdog | None = None) -> Violation | None:
+        """Run ``op`` on the target and check it; returns the violation, if any.
+
+        ``op`` is filled in with the outcome and result. Raises ``ValueError``
+        for an op that breaks its precondition (the driver's mistake, not the
+        allocator's) and ``Unsupported`` for an operation the target lacks.
+        """
+        if self.violation is not None:
+            return self.violation
+        if op.kind not in self.target.capabilities:
+            raise Unsupported(op.kind)
+        if not self._precondition(op):
+            raise ValueError(f"precondition of {op.kind} fails: {op}")
+        self.steps += 1
+        if watchdog is None:
+            watchdog = active_watchdog()
+        recorder = watchdog_module.RECORDER
+        if recorder is not None:
+            recorder.op(op)
+        if watchdog is not None:
+            watchdog.enter()
+        try:
+            v = self._step(op, watchdog)
+            if v is None and self.mode == "fast" and self.steps % self.sweep_every == 0:
+                v = self.sweep()
+        except OperationTimeout as exc:  # while observing or checking: the call itself is judged in _invoke
+            v = Violation(self.steps, "hang", op.kind, witness=(
+                f"observing the allocator after {op.kind} {exc}"))
+        finally:
+            if watchdog is not None:
+                watchdog.leave()
+        if recorder is not None:
+            recorder.outcome(op, v)
+        self.violation = v
+        return v
+
+    def sweep(self, watchdog: Watchdog | None = None) -> Violation | None:
+        """Audit the whole allocator: every invariant, the frame, every sequence's data."""
+        if self.violation is not None:
+            return self.violation
+        if watchdog is None:
+            watchdog = active_watchdog()
+        if watchdog is not None:
+            watchdog.enter()
+        try:
+            snap = snapshot(self.target, dict(self.lengths))
+        except ObservationError as exc:
+            return self._malformed(exc)
+        except OperationTimeout as exc:
+            self.violation = Violation(self.steps, "hang", "observation", witness=(
+                f"reading the whole allocator's state {exc}"))
+            return self.violation
+        finally:
+            if watchdog is not None:
+                watchdog.leave()
+        v = self._check_state(snap, self.steps)
+        if v is None and self.mode == "fast":
+            v = self._check_frame(snap)
+        v = v or self._check_data(snap.tables, self.lengths, self.steps)
+        if v is None:
+            self.ghost = Ghost.from_snapshot(snap)
+            self.snap = snap
+        self.violation = v
+        return v
+
+    # -- one operation -------------------------------------------------------------
+    def _call(self, op: Op):
+        """Run ``op`` on the target (subclasses may call it differently)."""
+        return call(self.target, op)
+
+    def _invoke(self, op: Op, watchdog: Watchdog | None) -> Violation | None:
+        """Call the target under the watchdog; fill in ``op``'s outcome (and
+        append_slot's result). A hang, a foreign exception or a malformed
+        result is the violation returned."""
+        kind = op.kind
+        try:
+            result = self._call(op)
+            op.outcome = OK
+        except OperationTimeout as exc:
+            return Violation(self.steps, "hang", kind, witness=f"{kind} {exc}")
+        except Interrupted:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - judged here: the target's exception
+            if not self._out_of_blocks(exc):
+                return Violation(self.steps, "crash", kind, witness=(
+                    f"{kind} {what_it_did(exc)}"))
+            op.outcome = OOB
+            return None
+        if kind == "append_slot":
+            bad = decode_append(op, result)
+            if bad:
+                return Violation(self.steps, "malformed", "append_slot result", op.seq, witness=bad)
+        return None
+
+    def _out_of_blocks(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the target's out-of-blocks signal (its own test may fail too)."""
+        try:
+            return bool(self.target.is_out_of_blocks(exc))
+        except CONTROL:
+            raise
+        except BaseException:  # noqa: BLE001 - a broken is_out_of_blocks: not out-of-blocks
+            return False
+
+    def _step(self, op: Op, watchdog: Watchdog | None) -> Violation | None:
+        v = self._invoke(op, watchdog)
+        if v is not None:
+            return v
+        delta = self._length_delta(op)  # touched seq -> length after (None: gone)
+        if self.mode == "fast":
+            return self._step_fast(op, delta)
+        n, seqs = self.steps, tuple(delta)
+        lengths = {**self.lengths, **delta}
+        lengths = {q: m for q, m in lengths.items() if m is not None}
+        try:
+            post = snapshot(self.target, lengths, seqs)
+        except ObservationError as exc:
+            return self._malformed(exc)
+        self.observed = post
+        pre = self.snap
+        dom = Domain(range(self.target.num_blocks), sorted(set(pre.seqs()) | set(post.seqs())))
+        v = self._check_op(pre, post, op, dom, n) or self._check_state(post, n)
+        if v is not None:
+            return v
+        self._record(op, delta, post)
+        self.snap = post
+        return self._check_data({q: post.table_tuple(q) for q in self.lengths}, self.lengths, n)
+
+    def _step_fast(self, op: Op, delta: dict) -> Violation | None:
+        """Check ``op`` on what it touched (its sequences, every block their tables
+        name before or after, the blocks it returned): the compiled spec first;
+        only when that fails, the spec itself, to name and explain the clause."""
+        n, g, seqs = self.steps, self.ghost, tuple(delta)
+        try:
+            extra = (op.block, op.cow_src) if op.kind == "append_slot" else ()
+            post = After(self.target, g, seqs, {q: m for q, m in delta.items() if m is not None},
+                         extra)
+            blocks = post.blocks
+            live = [q for q in seqs if post.tables[q] is not None]
+            check = _STEPS[op.kind] if self.compiled else None
+            if check is None or not check(g, post, op, blocks, live):
+                dom = Domain(sorted(blocks), seqs)
+                v = self._check_op(g, post, op, dom, n) or self._check_touched(post, dom, n)
+                assert v is not None or check is None, f"compiled spec disagrees on {op}"
+                if v is not None:
+                    return v
+        except ObservationError as exc:
+            return self._malformed(exc)
+        self._record(op, delta, post)
+        lengths = self.lengths
+        if op.kind == "append_slot" and op.outcome == OK:  # only the written block changed
+            v = self._check_data({op.seq: post.tables[op.seq]}, lengths, n, lengths[op.seq] - 1)
+        else:
+            v = self._check_data({q: post.tables[q] for q in live}, lengths, n)
+        g.commit(post)
+        return v
+
+    def _record(self, op: Op, delta: dict, post) -> None:
+        """Play the caller (write the tokens into the shadow) and track lengths."""
+        if op.outcome == OK:
+            sh = self.shadow
+            if op.kind == "append_slot":
+                sh.append(op.seq, op.block, op.offset, op.cow_src)
+            elif op.kind == "allocate":
+                sh.allocate(op.seq, op.n_tokens, post.table_tuple(op.seq))
+            elif op.kind == "fork":
+                sh.fork(op.seq, op.child)
+            else:
+                sh.free(op.seq)
+        lengths, order, pos = self.lengths, self._order, self._pos
+        for q, m in delta.items():
+            if m is None:
+                if lengths.pop(q, None) is not None:
+                    i = pos.pop(q)
+                    last = order.pop()
+                    if last != q:
+                        order[i] = last
+                        pos[last] = i
+            else:
+                if q not in lengths:
+                    pos[q] = len(order)
+                    order.append(q)
+                lengths[q] = m
+
+    def _length_delta(self, op: Op) -> dict[int, int | None]:
+        """The touched sequences and their token counts after ``op``."""
+        lengths = self.lengths
+        if op.kind == "fork":
+            p = lengths[op.seq]
+            return {op.seq: p, op.child: p if op.outcome == OK else None}
+        now = lengths.get(op.seq)
+        if op.outcome != OK:
+            return {op.seq: now}
+        if op.kind == "allocate":
+            return {op.seq: op.n_tokens}
+        if op.kind == "append_slot":
+            return {op.seq: now + 1}
+        return {op.seq: None}
+
+    # -- checks ------------------------------------------------------------------
+    def _check_op(self, pre, post, op: Op, dom: Domain, n: int) -> Violation | None:
+        for name, element, holds in contracts.clauses(PY, pre, post, op, dom):
+            if not holds:
+                return Violation(n, "contract", f"{op.kind}: {name}", element,
+                                 witness=witness.for_clause(name, element, pre, post, op),
+                                 doc=" ".join((contracts.CONTRACTS[op.kind].__doc__ or "").split()))
+        return None
+
+    def _check_touched(self, post: After, dom: Domain, n: int) -> Violation | None:
+        """Every invariant not needing the free list's membership, on what ``op`` touched."""
+        L = PY
+        live = [q for q in dom.seqs if post.live(q)]
+        for inv, pred, domain in _FAST_PREDS:
+            if domain == "global":
+                if not pred(L, post):
+                    return self._invariant_violation(inv, None, post, n)
+                continue
+            for x in (dom.blocks if domain == "block" else live):
+                if not pred(L, post, x):
+                    return self._invariant_violation(inv, x, post, n)
+        return None
+
+    def _check_state(self, s, n: int) -> Violation | None:
+        check = _STATE_INVARIANTS if self.compiled and type(s) is Snapshot else None
+        if check is not None and check(s):
+            return None
+        for inv in INVARIANTS:
+            if inv.domain == "global":
+                if not inv.holds_for(PY, s):
+                    return self._invariant_violation(inv, None, s, n)
+                continue
+            elements = s.blocks() if inv.domain == "block" else s.seqs()
+            for x in elements:
+                if not inv.holds_for(PY, s, x):
+                    return self._invariant_violation(inv, x, s, n)
+        return None
+
+    def _invariant_violation(self, inv, x, s, n: int) -> Violation:
+        return Violation(n, "invariant", inv.name, x, witness=witness.for_invariant(inv.name, x, s),
+                         doc=inv.doc)
+
+    def _check_frame(self, snap) -> Violation | None:
+        """Fast mode: what no operation touched must not have changed."""
+        g = self.ghost
+        if snap.tables != g.tables or snap.refs != g.refs:  # (equal, the usual case, at C speed)
+            v = self._frame_difference(snap)
+            if v is not None:
+                return v
+        if snap.num_free() != g.num_free():
+            return Violation(self.steps, "contract", "frame: free list length changed",
+                             witness="the free list's length changed outside any operation")
+        return None
+
+    def _frame_difference(self, snap) -> Violation | None:
+        g = self.ghost
+        for q in {**g.tables, **snap.tables}:
+            now, was = snap.tables.get(q), g.tables.get(q)
+            if now != was:
+                return Violation(self.steps, "contract", "frame: untouched table changed", q,
+                                 witness=(f"sequence {q}'s table is now {_show(now)} (was "
+                                          f"{_show(was)}) though no operation named it"))
+        for b in snap.blocks():
+            if snap.ref(b) != g.ref(b):
+                return Violation(self.steps, "contract", "frame: untouched refcount changed", b,
+                                 witness=(f"block {b}'s refcount changed to {snap.ref(b)} (was "
+                                          f"{g.ref(b)}) though no operation touched it"))
+        return None
+
+    def _check_data(self, tables, lengths, n: int, first: int = 0) -> Violation | None:
+        for q, table in tables.items():
+            bad = self.shadow.mismatch(q, table, first)
+            if bad is not None:
+                pos, read, want = bad
+                b = table[pos // self.block_size] if pos // self.block_size < len(table) else None
+                return Violation(n, "data", "read-back", q, witness=witness.for_data(
+                    q, pos, b, self.block_size, read, want, self.shadow, tables))
+        return None
+
+    def _malformed(self, exc: Exception) -> Violation:
+        return Violation(self.steps, "malformed", "observation", witness=str(exc))
+
+
+def _show(table) -> str:
+    return "missing" if table is None else str(list(table))
+
+
+def decode_append(op: Op, result) -> str | None:
+    """Fill ``op`` from append_slot's result; a message if it has the wrong shape."""
+    try:
+        block, offset, cow_src = result
+        op.block, op.offset = index(block), index(offset)
+        op.cow_src = None if cow_src is None else index(cow_src)
+    except (TypeError, ValueError):
+        return f"append_slot returned {result!r}, expected (block, offset, cow_src)"
+    op.has_cow = op.cow_src is not None
+    return None

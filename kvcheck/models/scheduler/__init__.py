@@ -1,0 +1,1 @@
+"""The scheduler model: admission, decode order and preemption over a block manager."""

@@ -1,0 +1,1 @@
+"""Reports: a trace or a result as text, an HTML page, JUnit XML, a pytest reproducer."""

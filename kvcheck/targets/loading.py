@@ -1,0 +1,182 @@
+"""Turning a TARGET string into a ``Target`` the oracle can drive.
+
+TARGET is a registered name (see ``kvcheck.registry``), ``module:attr`` or
+``path/to/file.py:attr``, where ``attr`` is a factory (often a class) called
+as ``factory(num_blocks, block_size)``. What it returns is used as is if it
+speaks the ``Target`` protocol, else wrapped in ``SeedAdapter``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Collection
+from pathlib import Path
+
+from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, guarded, record_phase
+from kvcheck.errors import what_it_did
+from kvcheck.targets.protocol import OPERATIONS, NotSeedShaped, SeedAdapter, is_target
+from kvcheck.targets.registry import TARGETS
+
+
+class TargetError(Exception):
+    """Bad input: the target cannot be found, built or understood (exit 2)."""
+
+
+def resolve(spec) -> tuple[str, object]:
+    """``(label, factory)`` for a TARGET string or an already-callable factory."""
+    if callable(spec):
+        return getattr(spec, "__qualname__", repr(spec)), spec
+    if not isinstance(spec, str) or not spec:
+        raise TargetError(f"target must be a name or module:attr, got {spec!r}")
+    if spec in TARGETS:
+        return spec, _import_attr(TARGETS[spec][0])
+    if ":" not in spec:
+        names = ", ".join(sorted(TARGETS))
+        raise TargetError(f"unknown target {spec!r}: use module:attr, file.py:attr or one of: {names}")
+    return location(spec), _import_attr(spec)
+
+
+def _is_file(where: str) -> bool:
+    return where.endswith(".py") or "/" in where
+
+
+def location(spec: str) -> str:
+    """Where a ``module:attr`` or ``file.py:attr`` string points, from any working directory:
+    a file that exists is made absolute; modules and registered names stay as they are
+    (what traces record, so ``kvcheck replay`` finds the target from elsewhere)."""
+    where, sep, attr = spec.rpartition(":")
+    if sep and where and _is_file(where) and Path(where).is_file():
+        return f"{Path(where).resolve()}:{attr}"
+    return spec
+
+
+def _import_attr(spec: str):
+    where, _, attr = spec.rpartition(":")
+    if not where or not attr:
+        raise TargetError(f"target {spec!r} must look like module:attr")
+    record_phase("import")
+    with guarded(None):  # importing runs the target's module code: under the active watchdog
+        return _import_guarded(spec, where, attr)
+
+
+def _import_guarded(spec: str, where: str, attr: str):
+    try:
+        if _is_file(where):
+            path = Path(where)
+            if not path.is_file():
+                raise TargetError(f"target file {where} does not exist")
+            name = f"kvcheck_target_{abs(hash(str(path.resolve())))}"
+            module = sys.modules.get(name)  # load a file once, so its classes stay one class
+            if module is None:
+                module = _load_file(name, path)
+        else:
+            module = importlib.import_module(where)
+    except TargetError:
+        raise
+    except OperationTimeout as exc:
+        raise TargetError(f"importing {where!r} {exc}") from None
+    except Interrupted:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - any import failure is bad input
+        raise TargetError(f"cannot import {where!r}: it {what_it_did(exc)}") from None
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except CONTROL:
+            raise
+        except BaseException:  # noqa: BLE001 - a missing (or raising) attribute
+            raise TargetError(f"{where!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise TargetError(f"{spec!r} is not callable: it must be a factory(num_blocks, block_size)")
+    return obj
+
+
+def _load_file(name: str, path: Path):
+    """Execute ``path`` as module ``name`` with its folder importable while it loads (as
+    ``python path`` would have it), so it can import the modules that sit beside it."""
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(mod_spec)
+    folder = str(path.resolve().parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    sys.modules[name] = module
+    try:
+        mod_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+    return module
+
+
+def build(factory, num_blocks: int, block_size: int, out_of_blocks=None):
+    """Call the factory and adapt what it returns.
+
+    Raises ``TargetError`` when the factory itself refuses (bad sizes, wrong
+    signature) or returns something that is neither a Target nor seed-shaped.
+    """
+    where = f"num_blocks={num_blocks}, block_size={block_size}"
+    record_phase("build")
+    try:
+        with guarded(None):  # the constructor is target code: under the active watchdog
+            impl = factory(num_blocks, block_size)
+            if is_target(impl):
+                if out_of_blocks is not None:
+                    impl.is_out_of_blocks = lambda exc: isinstance(exc, out_of_blocks)
+                target = impl
+            else:
+                target = SeedAdapter(impl, num_blocks, block_size, out_of_blocks)
+            check_capabilities(target, type(impl).__name__)
+            return target
+    except (NotSeedShaped, TargetError) as exc:
+        raise TargetError(str(exc)) from None
+    except OperationTimeout as exc:
+        raise TargetError(f"building the target with {where} {exc}") from None
+    except Interrupted:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the factory refused or misbehaved: bad input
+        raise TargetError(f"cannot build target with {where}: it {what_it_did(exc)}") from None
+
+
+def check_capabilities(target, name: str = "the target") -> None:
+    """``TargetError`` unless ``target.capabilities`` lets kvcheck issue operations.
+
+    Names kvcheck does not know are ignored (a newer target may offer more);
+    without ``allocate`` no sequence can ever exist, so nothing could run and
+    nothing would be checked: that is bad input, never a pass.
+    """
+    caps = getattr(target, "capabilities", None)
+    if caps is None or isinstance(caps, (str, bytes)) or not isinstance(caps, Collection):
+        raise TargetError(f"{name}.capabilities must be a set of operation names "
+                          f"({', '.join(OPERATIONS)}), got {_short(caps)}")
+    known = [op for op in OPERATIONS if op in caps]
+    if not known and type(target) is SeedAdapter:
+        raise TargetError(f"{name} has none of the methods {', '.join(OPERATIONS)}: no operation "
+                          f"could run, so nothing could be checked")
+    if not known:
+        raise TargetError(f"{name} offers no operation kvcheck knows: capabilities "
+                          f"{_short(caps)} name none of {', '.join(OPERATIONS)}, so nothing "
+                          f"could be checked")
+    if "allocate" not in known:
+        raise TargetError(f"{name} does not offer allocate (capabilities: {', '.join(known)}): "
+                          f"without it no sequence exists and no operation can run, so nothing "
+                          f"could be checked")
+
+
+def _short(value) -> str:
+    text = repr(sorted(value, key=str) if isinstance(value, (set, frozenset)) else value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def load_exception(spec: str) -> type[BaseException]:
+    """``module:Name`` of the out-of-blocks exception class."""
+    cls = _import_attr(spec)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        raise TargetError(f"{spec!r} is not an exception class")
+    return cls

@@ -1,0 +1,194 @@
+"""The adapter protocol: what the oracle needs from any allocator.
+
+An allocator under test is driven through four operations and observed
+through a handful of read-only queries. The oracle never trusts what it
+observes; it only compares it against the spec.
+
+Built-in: ``SeedAdapter`` wraps any *seed-shaped* allocator, i.e. an object
+with methods ``allocate/append_slot/fork/free_seq`` and attributes
+``tables`` (seq -> its block ids: a list, or an immutable tuple, which can
+never alias another sequence's table), ``lens`` (seq -> tokens, optional),
+``ref`` (any indexable of refcounts: a list, or a mapping such as a dict or
+a defaultdict in which a block it omits has refcount 0) and ``free`` (a
+collection of free ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+OPERATIONS = ("allocate", "append_slot", "fork", "free_seq")
+
+
+@runtime_checkable
+class Target(Protocol):
+    """An allocator as the oracle sees it.
+
+    ``capabilities`` names the operations it supports (a subset of
+    ``OPERATIONS``); the oracle only issues those. ``append_slot`` returns
+    ``(block, offset, cow_src)``. Out-of-blocks is signalled by raising an
+    exception for which ``is_out_of_blocks`` is true.
+    """
+
+    num_blocks: int
+    block_size: int
+    capabilities: frozenset[str]
+
+    def allocate(self, seq: int, n_tokens: int) -> None: ...
+    def append_slot(self, seq: int) -> tuple[int, int, int | None]: ...
+    def fork(self, parent: int, child: int) -> None: ...
+    def free_seq(self, seq: int) -> None: ...
+
+    def block_table(self, seq: int) -> Sequence[int]:
+        """The block ids of ``seq``'s table, in token order."""
+
+    def refcount(self, block: int) -> int:
+        """The allocator's own refcount of ``block``."""
+
+    def free_blocks(self) -> Iterable[int]:
+        """Every id on the free list, with multiplicity (a duplicate is a bug)."""
+
+    # Optional: ``refcounts() -> Sequence[int]``, every block's refcount in block
+    # order, for a cheaper full snapshot (else ``refcount`` is asked per block);
+    # ``spelling(method, arg) -> str``, how the allocator's own code names the read
+    # ``method(arg)``, for messages (``SeedAdapter``: ``ref[3]`` for ``refcount(3)``).
+
+    def num_free(self) -> int:
+        """Length of the free list (cheap; must agree with ``free_blocks``)."""
+
+    def table_identity(self, seq: int) -> object | None:
+        """The object holding ``seq``'s table: two sequences share a table
+        exactly when they return the very same object (``None`` if not
+        observable, or if the table cannot be rewritten through another
+        sequence, so it never aliases). A hashable value with its own
+        equality (an int, a string, a tuple: a handle) is compared by value
+        instead: equal handles name one shared table. ``SeedAdapter`` returns
+        the table object itself, or ``None`` for an immutable table (a tuple,
+        any such value: see ``is_value``)."""
+
+    def seq_len(self, seq: int) -> int | None:
+        """The allocator's own token count for ``seq`` (``None`` if not kept)."""
+
+    def is_out_of_blocks(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the allocator's out-of-blocks signal."""
+
+
+def call(target, op):
+    """Run operation ``op`` (a ``kvcheck.spec.contracts.Op``) on ``target``; its result."""
+    kind = op.kind
+    if kind == "append_slot":
+        return target.append_slot(op.seq)
+    if kind == "allocate":
+        return target.allocate(op.seq, op.n_tokens)
+    if kind == "fork":
+        return target.fork(op.seq, op.child)
+    return target.free_seq(op.seq)
+
+
+class NotSeedShaped(TypeError):
+    """The object lacks what a seed-shaped allocator has (``tables``, ``ref``, ``free``)."""
+
+
+def is_value(obj: object) -> bool:
+    """Whether ``obj`` is a hashable value with its own equality (an int, a string,
+    a tuple, a frozen record): equal values are interchangeable, and by Python's
+    convention (a hash must not change) such an object is immutable."""
+    cls = type(obj)
+    return cls.__eq__ is not object.__eq__ and cls.__hash__ is not None
+
+
+def named_out_of_blocks(exc: BaseException) -> bool:
+    """Default signal: any exception whose class (or a base) is named ``OutOfBlocks``."""
+    return any(cls.__name__ == "OutOfBlocks" for cls in type(exc).__mro__)
+
+
+# How a seed-shaped allocator's code names each read (``SeedAdapter.spelling``).
+_SPELLING = {"block_table": "tables[{}]", "table_identity": "tables[{}]", "refcount": "ref[{}]",
+             "free_blocks": "free", "num_free": "len(free)", "seq_len": "lens[{}]"}
+
+
+class SeedAdapter:
+    """Adapts a seed-shaped allocator (see module docstring) to ``Target``."""
+
+    def __init__(
+        self,
+        impl: object,
+        num_blocks: int,
+        block_size: int,
+        out_of_blocks: type[BaseException] | None = None,
+    ):
+        missing = [a for a in ("tables", "ref", "free") if not hasattr(impl, a)]
+        if missing:
+            raise NotSeedShaped(
+                f"{type(impl).__name__} is not seed-shaped: missing attribute(s) {', '.join(missing)}"
+            )
+        self.impl = impl
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.capabilities = frozenset(op for op in OPERATIONS if callable(getattr(impl, op, None)))
+        self._oob = out_of_blocks
+        # Bound methods: the oracle calls these on its hot path.
+        self.allocate = getattr(impl, "allocate", None)
+        self.append_slot = getattr(impl, "append_slot", None)
+        self.fork = getattr(impl, "fork", None)
+        self.free_seq = getattr(impl, "free_seq", None)
+
+    def block_table(self, seq: int) -> Sequence[int]:
+        return self.impl.tables[seq]
+
+    def refcount(self, block: int) -> int:
+        """``ref[block]``; of a mapping (a dict, a defaultdict), a block it omits
+        has refcount 0 (read with ``get``, so observing never inserts one)."""
+        ref = self.impl.ref
+        if type(ref) is list or not isinstance(ref, Mapping):
+            return ref[block]
+        return ref.get(block, 0)
+
+    def refcounts(self) -> Sequence[int]:
+        """Every block's refcount, in block order (one call for the whole pool)."""
+        ref, n = self.impl.ref, self.num_blocks
+        if type(ref) is list and len(ref) == n:
+            return list(ref)
+        if isinstance(ref, Mapping):
+            get = ref.get
+            return [get(b, 0) for b in range(n)]
+        return [ref[b] for b in range(n)]
+
+    def spelling(self, method: str, arg: object = None) -> str:
+        """The allocator's own spelling of a read, for messages: ``ref[3]``, ``tables[2]``."""
+        return _SPELLING.get(method, method + "()").format(arg)
+
+    def free_blocks(self) -> Iterable[int]:
+        return self.impl.free
+
+    def num_free(self) -> int:
+        return len(self.impl.free)
+
+    def table_identity(self, seq: int) -> object | None:
+        """The table object itself: a list is compared by identity. An immutable
+        table (a tuple, see ``is_value``) cannot be rewritten through another
+        sequence, so it never aliases, even when two sequences hold equal (or
+        the very same) tuples: no identity (None)."""
+        table = self.impl.tables[seq]
+        return table if type(table) is list or not is_value(table) else None
+
+    def seq_len(self, seq: int) -> int | None:
+        lens = getattr(self.impl, "lens", None)
+        return None if lens is None else lens[seq]
+
+    def is_out_of_blocks(self, exc: BaseException) -> bool:
+        if self._oob is not None:
+            return isinstance(exc, self._oob)
+        return named_out_of_blocks(exc)
+
+
+def is_target(obj: object) -> bool:
+    """Whether ``obj`` already speaks the ``Target`` protocol."""
+    return all(
+        callable(getattr(obj, name, None))
+        for name in ("block_table", "refcount", "free_blocks", "num_free", "is_out_of_blocks")
+    ) and hasattr(obj, "capabilities")
+
+
+Factory = Callable[[int, int], Target]
