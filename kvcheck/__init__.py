@@ -20,7 +20,7 @@ _LAZY = {
     "Oracle": ("kvcheck.models.blocks.oracle", "Oracle"),
     "SeedAdapter": ("kvcheck.targets.protocol", "SeedAdapter"),
     "Target": ("kvcheck.targets.protocol", "Target"),
-    "make_state_machine": ("kvcheck.stateful", "make_state_machine"),
+    "make_state_machine": ("kvcheck.verify", "make_state_machine"),
 }
 
 

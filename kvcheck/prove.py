@@ -22,11 +22,12 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from kvcheck.check.trace import Trace, request
+from kvcheck.check.trace import Trace
 from kvcheck.check.watchdog import Watchdog
+from kvcheck.models.blocks.model import MODEL as BLOCKS
 from kvcheck.models.blocks.oracle import Oracle
+from kvcheck.models.blocks.runs import Scope, explore
 from kvcheck.proofs.bmc import bmc_bfs, witnesses
-from kvcheck.proofs.explore import Scope, explore
 from kvcheck.proofs.induction import prove_invariants
 from kvcheck.proofs.prefix_induction import prove_prefix_invariants
 from kvcheck.proofs.prefix_model import PrefixModelScope
@@ -90,6 +91,28 @@ class Report:
                      for result, n in t["results"].items() if result != "holds"]
             parts.append(text + (f" ({', '.join(other)})" if other else ""))
         return "; ".join(parts)
+
+    def junit_suites(self) -> list:
+        """Two suites, what was proved about the spec and what was checked on the target; each
+        case's class name says which (``kvcheck.spec.<engine>`` / ``kvcheck.target.<engine>``).
+        A row that is not applicable at the scope is a skipped case, never a passed one."""
+        from kvcheck.report.junit import Case, Suite
+
+        names = {SPEC: "spec: proved about the specification",
+                 TARGET: f"target: checked on {self.target}"}
+        suites = []
+        for group in (SPEC, TARGET):
+            suite = Suite(names[group])
+            for r in self.group(group):
+                case = Case(f"kvcheck.{group}.{r.engine.replace(' ', '_')}",
+                            f"{r.property} [{r.scope}]", r.seconds, text=r.detail)
+                if not r.ok:
+                    case.failure, case.failure_type = f"{r.result}: {r.detail}", r.result
+                elif r.result == NOT_APPLICABLE:  # not checked: never shown as passed
+                    case.skipped = f"{r.result}: {r.detail}"
+                suite.cases.append(case)
+            suites.append(suite)
+        return suites
 
     def to_json(self) -> dict:
         groups = {}
@@ -216,7 +239,7 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=N
         prev = None
         with Watchdog(st.timeout) as wd:
             for req in w.ops:
-                op = request(req)
+                op = BLOCKS.request(req)
                 if not oracle.valid(op):
                     break
                 pre = oracle.snap
@@ -264,7 +287,7 @@ def _scope(st: Settings) -> str:
 
 def _trace(label, st: Settings, ops, factory, out_of_blocks=None, say=None) -> Trace | None:
     """The counterexample, shrunk like verify's (sizes lowered, ids renumbered)."""
-    from kvcheck.shrink import replay
+    from kvcheck.models.blocks.runs import replay
     from kvcheck.verify import counterexample
 
     r = replay(factory, st.num_blocks, st.block_size, ops, out_of_blocks, timeout=st.timeout)

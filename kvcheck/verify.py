@@ -1,5 +1,11 @@
-"""``verify``: drive a target with the seeded random driver under the oracle,
-and on a violation shrink it to a minimal trace."""
+"""The Python API for checking a target: ``verify``, ``make_state_machine``, ``counterexample``.
+
+``verify`` drives a target with its model's seeded random driver under the
+model's oracle (``kvcheck.check.run.drive``) and, on a violation, shrinks it
+to a minimal replayable trace (``kvcheck.check.shrink.counterexample``).
+``make_state_machine`` gives the same checks as a Hypothesis state machine.
+Both work for every model; the defaults are the block manager's.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvcheck.check import shrink as _shrink
+from kvcheck.check.model import Options, model_named
+from kvcheck.check.run import drive
+from kvcheck.check.shrink import HANG_SHRINK_TIMEOUT
 from kvcheck.check.trace import Trace
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import Watchdog
-from kvcheck.models.blocks.driver import RandomDriver
-from kvcheck.models.blocks.oracle import Oracle, ambient_watchdog
-from kvcheck.shrink import budget_ran_out, replay, shrink
-from kvcheck.targets.loading import TargetError, build, resolve
+from kvcheck.models.blocks.model import MODEL as BLOCKS
+from kvcheck.models.blocks.model import BlockScope
+from kvcheck.targets.loading import TargetError, resolve
+
+__all__ = ["HANG_SHRINK_TIMEOUT", "Result", "counterexample", "make_state_machine", "verify"]
 
 
 @dataclass
@@ -24,6 +35,7 @@ class Result:
     violation: Violation | None
     trace: Trace | None  # the (shrunk) counterexample
     original_length: int = 0  # operations up to the violation, before shrinking
+    state: object = None  # the model's run state at the end (statistics, coverage)
 
     @property
     def ok(self) -> bool:
@@ -43,83 +55,84 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
            seed: int = 0, out_of_blocks=None, timeout: float | None = 10.0,
            mode: str = "fast", do_shrink: bool = True, shrink_budget: float = 60.0,
            progress: Callable[[int], None] | None = None, compiled: bool = True,
-           shrink_progress: Callable[[int, int], None] | None = None) -> Result:
+           shrink_progress=None, model: str = "blocks", scope=None, extra: dict | None = None,
+           deadline: float | None = None) -> Result:
     """Check ``target`` for ``ops`` random operations. Raises ``TargetError`` on bad input.
 
     ``compiled=False`` evaluates the spec itself for every operation instead of
     its compiled form (same verdicts, slower; for comparison). ``progress(done)`` is told
-    of the operations run, ``shrink_progress(attempts, length)`` of the shrinking."""
+    of the operations run, ``shrink_progress(attempts, length)`` of the shrinking.
+    ``model`` names another model (its ``scope`` defaults to the pool given)."""
+    if mode not in ("fast", "full"):
+        raise ValueError(f"mode must be 'fast' or 'full', not {mode!r}")
+    m = BLOCKS if model == "blocks" else model_named(model)
+    scope = scope or (BlockScope(num_blocks, block_size) if m is BLOCKS
+                      else m.scope_from_json({"num_blocks": num_blocks, "block_size": block_size}))
+    options = Options(mode=mode, timeout=timeout, out_of_blocks=out_of_blocks, compiled=compiled,
+                      seed=seed, extra=dict(extra or {}))
     start = time.perf_counter()
-    with Watchdog(timeout) as wd:  # importing, building, every step and every observation
+    with Watchdog(timeout):  # importing the target is target code too
         label, factory = resolve(target)
-        t = build(factory, num_blocks, block_size, out_of_blocks)
-        oracle = Oracle(t, mode=mode, timeout=timeout, compiled=compiled)
-        driver = RandomDriver(seed, num_blocks, block_size, t.capabilities)
-        history = []
-        v = oracle.violation
-        state = oracle._state
-        for i in range(ops):
-            if v is not None:
-                break
-            op = driver.next_op(oracle.live_seqs(), state().num_free())
-            if not oracle.valid(op):
-                continue
-            history.append(op)
-            v = oracle.step(op, wd)
-            if progress is not None and i % 1024 == 0:
-                progress(i)
-        if v is None:
-            v = oracle.sweep(wd)
-    if v is None and not history:  # nothing ran: nothing was checked, never a pass
+    run = drive(m, factory, scope, options, seed, ops, progress, deadline)
+    if run.violation is None and not run.history:  # nothing ran: nothing was checked
         raise TargetError(f"no operation ran on {label} ({ops} requested): nothing was checked")
-    seconds = time.perf_counter() - start
-    if v is None:
-        return Result("pass", oracle.steps, seconds, None, None)
-    trace = counterexample(label, factory, num_blocks, block_size, history, v, seed,
-                           out_of_blocks, timeout, do_shrink, shrink_budget, shrink_progress)
-    return Result("fail", oracle.steps, time.perf_counter() - start, trace.violation, trace,
-                  len(history))
-
-
-# A hang is shrunk with at most this per-operation limit, so that each candidate that
-# still hangs costs this long, not the run's whole timeout: a hang costs one full timeout.
-HANG_SHRINK_TIMEOUT = 1.0
+    if run.violation is None:
+        return Result("pass", run.steps, time.perf_counter() - start, None, None,
+                      state=run.state)
+    trace = _shrink.counterexample(m, label, factory, scope, run.history, run.violation, seed,
+                                   options, do_shrink, shrink_budget, shrink_progress)
+    return Result("fail", run.steps, time.perf_counter() - start, trace.violation, trace,
+                  len(run.history), run.state)
 
 
 def counterexample(label, factory, num_blocks, block_size, history, v: Violation, seed,
                    out_of_blocks=None, timeout=10.0, do_shrink=True, budget=60.0,
                    progress=None) -> Trace:
-    """A replayable trace for violation ``v`` found after ``history``; shrunk if asked
-    (``progress(attempts, length)`` told of the shrinking).
-
-    A hang is replayed with a per-operation limit of at most ``HANG_SHRINK_TIMEOUT``
-    (the trace says so): the run already paid one full timeout to find it."""
-    note = ""
-    if v.kind == "hang" and timeout and timeout > HANG_SHRINK_TIMEOUT:
-        timeout = HANG_SHRINK_TIMEOUT
-        note = (f"; replayed with a {HANG_SHRINK_TIMEOUT:g} s limit per operation, shorter than "
-                f"the run's, so that every replay that still hangs costs only that")
-    with ambient_watchdog(timeout):  # for the steps the shrinker's search runs without one
-        trace = _counterexample(label, factory, num_blocks, block_size, history, v, seed,
-                                out_of_blocks, timeout, do_shrink, budget, progress)
-    trace.minimality += note
-    return trace
+    """A replayable block-manager trace for violation ``v`` found after ``history``;
+    shrunk if asked (see ``kvcheck.check.shrink.counterexample``)."""
+    return _shrink.counterexample(BLOCKS, label, factory, BlockScope(num_blocks, block_size),
+                                  history, v, seed, Options(timeout=timeout,
+                                                            out_of_blocks=out_of_blocks),
+                                  do_shrink, budget, progress)
 
 
-def _counterexample(label, factory, num_blocks, block_size, history, v, seed, out_of_blocks,
-                    timeout, do_shrink, budget, progress=None) -> Trace:
-    if do_shrink:
-        s = shrink(factory, num_blocks, block_size, history, v.key, out_of_blocks, timeout, budget,
-                   progress)
-        if s is not None:
-            how = ("1-minimal: removing any one operation or lowering any size stops it failing"
-                   if s.one_minimal else budget_ran_out(budget, len(s.ops), "operation"))
-            if s.shortest:
-                how += f"; shortest: {s.shortest}"
-            return Trace(label, s.num_blocks, s.block_size, s.ops, s.violation, seed, s.states, how)
-    r = replay(factory, num_blocks, block_size, history, out_of_blocks, timeout, record=True)
-    if r.violation is not None:
-        return Trace(label, num_blocks, block_size, r.ops, r.violation, seed, r.states,
-                     "not shrunk")
-    # Found only by the fast mode's sweep and not reproducible in full mode: keep it as found.
-    return Trace(label, num_blocks, block_size, history, v, seed, [], "not shrunk (fast mode only)")
+def make_state_machine(factory, num_blocks: int = 8, block_size: int = 4, out_of_blocks=None,
+                       mode: str = "full", max_tokens: int | None = None,
+                       timeout: float | None = 10.0, model: str = "blocks"):
+    """A Hypothesis ``RuleBasedStateMachine`` class driving ``factory(num_blocks, block_size)``.
+
+    ``factory`` is anything ``kvcheck verify`` accepts as TARGET (a callable, a registered
+    name, ``module:attr``). ``out_of_blocks`` is the exception class signalling
+    out-of-blocks (default: any exception named ``OutOfBlocks``). ``mode`` is the
+    oracle's ("full" checks whole states each step; "fast" checks what each step
+    touched and sweeps at teardown). Drop it into a pytest file::
+
+        TestMine = make_state_machine(MyAllocator, num_blocks=8, block_size=4).TestCase
+    """
+    from kvcheck.check.stateful import machine
+    from kvcheck.report.text import render
+
+    if mode not in ("fast", "full"):
+        raise ValueError(f"mode must be 'fast' or 'full', not {mode!r}")
+    m = BLOCKS if model == "blocks" else model_named(model)
+    scope = BlockScope(num_blocks, block_size) if m is BLOCKS else m.scope_from_json(
+        {"num_blocks": num_blocks, "block_size": block_size})
+    options = Options(mode=mode, timeout=timeout, out_of_blocks=out_of_blocks)
+    with Watchdog(timeout):
+        label, fac = resolve(factory)
+        probe = m.build(fac, scope, options)  # fails early on bad input
+    bounds = {"n_tokens": max_tokens or 3 * block_size, "tokens": max_tokens or 3 * block_size}
+
+    def explain(history, v: Violation) -> str:
+        head = f"{v.kind} violation at step {v.step}: {v.name}"
+        if v.element is not None:
+            head += f" (element {v.element})"
+        head += f"\n  {v.witness}"
+        try:
+            trace = _shrink.counterexample(m, label, fac, scope, history, v, None, options,
+                                           do_shrink=False)
+            return head + "\n\n" + render(trace)
+        except Exception as exc:  # noqa: BLE001 - the witness alone still says what broke
+            return head + f"\n(could not render the trace: {type(exc).__name__}: {exc})"
+
+    return machine(m, label, fac, scope, options, probe.capabilities, bounds, explain)

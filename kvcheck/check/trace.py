@@ -1,16 +1,22 @@
-"""Counterexample traces: a stable, versioned JSON format.
+"""Counterexample traces: one stable, versioned JSON format for every model.
 
-A trace is everything needed to reproduce a violation on any allocator:
-the scope (pool size, block size), where it came from (target, seed,
-kvcheck version), the operations with their arguments and results, the
-observed state after each step, and the broken rule with its step.
+A trace is everything needed to reproduce a violation on any target of its
+model: which model (``blocks``, ``prefix``, ``scheduler``, ``device``), the
+scope (pool size, block size, and what else the model sizes), where it came
+from (target, seed, kvcheck version), the operations with their arguments
+and results, the observed state after each step, and the broken rule with
+its step and evidence.
 
-The format is written down as a JSON Schema (``kvcheck/check/trace_schema.json``,
-described in ``docs/trace-format.md``). Loading reads at most ``MAX_BYTES``,
-decodes strict UTF-8, parses strict JSON (no NaN/Infinity, no duplicate
-keys), validates against that schema and then checks what a schema cannot
-say (ids within the pool, a state per step at most). It never executes
-anything from the file: every failure is a one-line ``TraceError``.
+The format is written down as a JSON Schema: the envelope ships as
+``kvcheck/check/trace_schema.json``; ``schema()`` adds every model's
+operations and states, generated from the models' operation tables
+(``kvcheck.check.model.OpSpec``), so nothing about an operation is written
+twice. Loading reads at most ``MAX_BYTES``, decodes strict UTF-8, parses
+strict JSON (no NaN/Infinity, no duplicate keys), validates against that
+schema and then checks what a schema cannot say (the model's own rules: ids
+within the pool, a state per step at most). It never executes anything from
+the file: every failure is a one-line ``TraceError``. Version 1 traces (the
+block manager's, before there were models) load as model ``blocks``.
 """
 
 from __future__ import annotations
@@ -23,12 +29,12 @@ from importlib import resources
 from pathlib import Path
 
 from kvcheck import __version__
+from kvcheck.check.model import BLOCK, COUNT, NEW_SEQ, SEQ, SEQS, TOKENS, model_named
 from kvcheck.check.violation import Violation
-from kvcheck.spec.contracts import Op
 
 FORMAT = "kvcheck.trace"
-VERSION = 1
-KINDS = ("allocate", "append_slot", "fork", "free_seq")
+VERSION = 2
+READS = (1, 2)  # the versions this kvcheck loads
 MAX_BYTES = 64 * 1024 * 1024  # a trace bigger than this is refused unread
 
 
@@ -36,57 +42,73 @@ class TraceError(Exception):
     """The file is not a valid kvcheck trace (bad input, exit 2)."""
 
 
-def request(op: Op) -> Op:
-    """The call alone, without any outcome (what is replayed)."""
-    return Op(op.kind, seq=op.seq, child=op.child, n_tokens=op.n_tokens)
-
-
-def op_to_json(op: Op) -> dict:
-    d: dict = {"op": op.kind}
-    if op.kind == "fork":
-        d.update(parent=op.seq, child=op.child)
-    else:
-        d["seq"] = op.seq
-    if op.kind == "allocate":
-        d["n_tokens"] = op.n_tokens
-    result: dict = {"outcome": op.outcome}
-    if op.kind == "append_slot" and op.outcome == "ok" and op.block is not None:
-        result.update(block=op.block, offset=op.offset, cow_src=op.cow_src)
-    d["result"] = result
-    return d
-
-
-def op_from_json(d, where: str = "op") -> Op:
-    """An ``Op`` from its JSON object (validated against the schema first)."""
-    _validate(d, _schema()["$defs"]["op"], where)
-    kind = d["op"]
-    if kind == "fork":
-        op = Op(kind, seq=d["parent"], child=d["child"])
-        if op.seq == op.child:
-            raise TraceError(f"{where}: a sequence cannot fork into itself")
-    elif kind == "allocate":
-        op = Op(kind, seq=d["seq"], n_tokens=d["n_tokens"])
-    else:
-        op = Op(kind, seq=d["seq"])
-    result = d.get("result", {"outcome": "ok"})
-    op.outcome = result["outcome"]
-    if kind == "append_slot" and "block" in result:
-        if "offset" not in result:
-            raise TraceError(f"{where}.result: 'block' given without 'offset'")
-        cow = result.get("cow_src")
-        op.block, op.offset = result["block"], result["offset"]
-        op.cow_src, op.has_cow = cow, cow is not None
-    return op
-
-
 # -- the schema, and a validator for the part of JSON Schema it uses ---------------------------
 @cache
-def _schema() -> dict:
-    return json.loads(resources.files("kvcheck.check").joinpath("trace_schema.json").read_text("utf-8"))
+def _envelope() -> dict:
+    return json.loads(resources.files("kvcheck.check").joinpath("trace_schema.json")
+                      .read_text("utf-8"))
+
+
+_ROLE_SCHEMA = {
+    SEQ: {"$ref": "#/$defs/seq"},
+    NEW_SEQ: {"$ref": "#/$defs/seq"},
+    TOKENS: {"type": "array", "maxItems": 1048576, "items": {"$ref": "#/$defs/token"}},
+    SEQS: {"type": "array", "maxItems": 65536, "items": {"$ref": "#/$defs/seq"}},
+    BLOCK: {"oneOf": [{"type": "null"}, {"$ref": "#/$defs/block"}]},
+}
+_ANY_VALUE = {"type": ["integer", "string", "boolean", "null"], "maxLength": 4096}
+
+
+def _arg_schema(arg, result: bool = False) -> dict:
+    if arg.role == COUNT:
+        return {"type": "integer", "minimum": 0 if result else arg.low, "maximum": 2147483647}
+    if result and arg.role == SEQS:
+        return {"type": "array", "maxItems": 65536, "items": {"$ref": "#/$defs/seq"}}
+    return _ROLE_SCHEMA.get(arg.role, _ANY_VALUE)
+
+
+def op_schemas(model) -> dict:
+    """The JSON Schema of ``model``'s operations (one alternative per kind, told apart by
+    ``"op"``), from its operation table."""
+    alternatives = []
+    for kind, spec in model.ops.items():
+        result = {"type": "object", "required": ["outcome"], "additionalProperties": False,
+                  "properties": {"outcome": {"enum": list(model.outcomes)},
+                                 **{r.json_key: _arg_schema(r, True) for r in spec.results}}}
+        alternatives.append({
+            "type": "object", "required": ["op", *(a.json_key for a in spec.args)],
+            "additionalProperties": False,
+            "properties": {"op": {"const": kind},
+                           **{a.json_key: _arg_schema(a) for a in spec.args},
+                           "result": result}})
+    return {"oneOf": alternatives}
+
+
+@cache
+def _schema(models: tuple[str, ...] = ("blocks", "prefix", "scheduler", "device")) -> dict:
+    s = json.loads(json.dumps(_envelope()))
+    s["title"] = "kvcheck counterexample trace, version 2"
+    conditions = []
+    for name in models:
+        try:
+            m = model_named(name)
+        except (KeyError, ImportError):  # a model whose dependencies are not installed
+            continue
+        s["$defs"][f"{name}_op"] = op_schemas(m)
+        s["$defs"][f"{name}_state"] = m.state_schema
+        when = {"properties": {"model": {"const": name}}}
+        if name == "blocks":  # version 1 traces name no model
+            when = {"anyOf": [when, {"not": {"required": ["model"]}}]}
+        conditions.append({"if": when, "then": {"properties": {
+            "ops": {"items": {"$ref": f"#/$defs/{name}_op"}},
+            "states": {"items": {"$ref": f"#/$defs/{name}_state"}}}}})
+    s["allOf"] = conditions
+    s["properties"]["model"]["enum"] = [n for n in models if f"{n}_op" in s["$defs"]]
+    return s
 
 
 def schema() -> dict:
-    """The JSON Schema of the trace format (a fresh copy)."""
+    """The complete JSON Schema of the trace format, every model included (a fresh copy)."""
     return json.loads(json.dumps(_schema()))
 
 
@@ -111,19 +133,28 @@ def _show(v) -> str:
 def _validate(v, s: dict, where: str) -> None:
     """Check ``v`` against schema ``s``; raise ``TraceError`` at the first problem.
 
-    Supports what ``trace_schema.json`` uses: $ref (local), type, const, enum,
+    Supports what the schema uses: $ref (local), type, const, enum,
     minimum/maximum, minLength/maxLength, pattern, items/maxItems, required,
-    properties, additionalProperties, propertyNames, maxProperties, oneOf.
+    properties, additionalProperties, propertyNames, maxProperties, oneOf, allOf,
+    anyOf, not, if/then.
     Recursion follows the schema, whose nesting is bounded, never the data.
     """
     if "$ref" in s:
         ref = s["$ref"]
-        node = _schema()
+        node = _ROOT[-1] if _ROOT else _schema()
         for part in ref.removeprefix("#/").split("/"):
             node = node[part]
         _validate(v, node, where)
     if "oneOf" in s:
         _one_of(v, s["oneOf"], where)
+    for sub in s.get("allOf", ()):
+        _validate(v, sub, where)
+    if "anyOf" in s and not any(_valid(v, sub) for sub in s["anyOf"]):
+        raise TraceError(f"{where}: unexpected value {_show(v)}")
+    if "not" in s and _valid(v, s["not"]):
+        raise TraceError(f"{where}: unexpected value {_show(v)}")
+    if "if" in s and _valid(v, s["if"]) and "then" in s:
+        _validate(v, s["then"], where)
     if "const" in s and not (v == s["const"] and type(v) is type(s["const"])):
         raise TraceError(f"{where}: expected {s['const']!r}, got {_show(v)}")
     if "enum" in s and not any(v == e and type(v) is type(e) for e in s["enum"]):
@@ -153,6 +184,26 @@ def _validate(v, s: dict, where: str) -> None:
                 _validate(item, s["items"], f"{where}[{i}]")
     elif isinstance(v, dict):
         _validate_object(v, s, where)
+
+
+_ROOT: list[dict] = []  # the schema whose $defs a $ref names (the one being validated)
+
+
+def validate(data, s: dict, where: str = "trace") -> None:
+    """``data`` against the schema ``s`` (raises ``TraceError``)."""
+    _ROOT.append(s)
+    try:
+        _validate(data, s, where)
+    finally:
+        _ROOT.pop()
+
+
+def _valid(v, s: dict) -> bool:
+    try:
+        _validate(v, s, "")
+    except TraceError:
+        return False
+    return True
 
 
 def _validate_object(v: dict, s: dict, where: str) -> None:
@@ -201,7 +252,7 @@ def _one_of(v, alternatives: list, where: str) -> None:
 
 def _resolve(s: dict) -> dict:
     while "$ref" in s:
-        node = _schema()
+        node = _ROOT[-1] if _ROOT else _schema()
         for part in s["$ref"].removeprefix("#/").split("/"):
             node = node[part]
         s = node
@@ -234,26 +285,41 @@ def parse(text: str) -> dict:
 
 @dataclass
 class Trace:
+    """A run of ``model``: its operations (the model's operation objects), the states
+    observed after them, and the violation it ended with (if any)."""
+
     target: str
     num_blocks: int
     block_size: int
-    ops: list[Op]
+    ops: list
     violation: Violation | None = None
     seed: int | None = None
     states: list[dict] = field(default_factory=list)
     minimality: str = ""
     kvcheck_version: str = __version__
+    model: str = "blocks"
+    extra: dict = field(default_factory=dict)  # the rest of the scope (e.g. a watermark)
+
+    @property
+    def scope(self):
+        """The scope as the model's own object."""
+        return model_named(self.model).scope_from_json(self.scope_json())
+
+    def scope_json(self) -> dict:
+        return {"num_blocks": self.num_blocks, "block_size": self.block_size, **self.extra}
 
     def to_json(self) -> dict:
+        m = model_named(self.model)
         return {
             "format": FORMAT,
             "version": VERSION,
+            "model": self.model,
             "kvcheck_version": self.kvcheck_version,
             "target": self.target,
-            "scope": {"num_blocks": self.num_blocks, "block_size": self.block_size},
+            "scope": self.scope_json(),
             "seed": self.seed,
             "minimality": self.minimality,
-            "ops": [op_to_json(op) for op in self.ops],
+            "ops": [m.op_to_json(op) for op in self.ops],
             "states": self.states,
             "violation": None if self.violation is None else self.violation.to_json(),
         }
@@ -268,29 +334,44 @@ class Trace:
     def from_json(cls, data) -> Trace:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise TraceError(f"not a kvcheck trace (expected \"format\": \"{FORMAT}\")")
-        if data.get("version") != VERSION or type(data.get("version")) is not int:
+        if data.get("version") not in READS or type(data.get("version")) is not int:
             raise TraceError(f"unsupported trace version {_show(data.get('version'))} "
-                             f"(this kvcheck reads {VERSION})")
-        _validate(data, _schema(), "trace")
-        scope = data["scope"]
-        nb, bs = scope["num_blocks"], scope["block_size"]
-        ops = [op_from_json(d, f"trace.ops[{i}]") for i, d in enumerate(data["ops"])]
+                             f"(this kvcheck reads {', '.join(map(str, READS))})")
+        if data["version"] == 1 and "model" in data:
+            raise TraceError("trace: a version 1 trace names no model")
+        name = data.get("model", "blocks")
+        if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z_]{0,31}", name):
+            raise TraceError(f"trace.model: {_show(name)} is not a model name")
+        try:
+            m = model_named(name)
+        except KeyError:
+            raise TraceError(f"trace.model: unknown model {name!r}") from None
+        validate(data, _schema((name,)), "trace")
+        scope_data = data["scope"]
+        try:
+            scope = m.scope_from_json(scope_data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TraceError(f"trace.scope: not a scope of model {name}: {exc}") from None
+        ops = []
+        for i, d in enumerate(data["ops"]):
+            m.check_op_json(d, f"trace.ops[{i}]")
+            ops.append(m.op_from_json(d))
         states = data.get("states", [])
         if len(states) > len(ops):
             raise TraceError(f"trace.states: {len(states)} states for {len(ops)} operations")
         for i, st in enumerate(states):
-            if len(st["refs"]) != nb:
-                raise TraceError(f"trace.states[{i}].refs: {len(st['refs'])} refcounts for a pool "
-                                 f"of {nb} blocks")
+            m.check_state_json(st, scope, f"trace.states[{i}]")
         v = data.get("violation")
         violation = None
         if v is not None:
             if v["step"] > len(ops):
                 raise TraceError(f"trace.violation.step: step {v['step']} of a trace with "
                                  f"{len(ops)} operations")
-            violation = Violation(**v)
-        return cls(data["target"], nb, bs, ops, violation, data.get("seed"), states,
-                   data.get("minimality", ""), data.get("kvcheck_version", ""))
+            violation = Violation.from_json(v)
+        extra = {k: x for k, x in scope_data.items() if k not in ("num_blocks", "block_size")}
+        return cls(data["target"], scope_data["num_blocks"], scope_data["block_size"], ops,
+                   violation, data.get("seed"), states, data.get("minimality", ""),
+                   data.get("kvcheck_version", ""), name, extra)
 
     @classmethod
     def loads(cls, raw: bytes | str, name: str = "trace") -> Trace:

@@ -91,22 +91,21 @@ class PipeRecorder:
         self._send({"r": "phase", "name": name})
 
     def op(self, op) -> None:
-        from kvcheck.check.trace import op_to_json, request
-        from kvcheck.models.blocks.witness import describe_op
+        from kvcheck.models.blocks import MODEL
 
         self.step += 1
-        req = request(op)
+        req = MODEL.request(op) if op.kind in MODEL.ops else op
         try:
-            data = op_to_json(req)
-        except Exception:  # noqa: BLE001 - an operation of another model: its words are enough
-            data = None
-        self._send({"r": "op", "step": self.step, "text": describe_op(req), "op": data})
+            data, text = MODEL.op_to_json(req), MODEL.describe(req)
+        except Exception:  # noqa: BLE001 - an operation of another model: its kind is enough
+            data, text = None, op.kind
+        self._send({"r": "op", "step": self.step, "text": text, "op": data})
 
     def outcome(self, op, violation) -> None:
-        from kvcheck.check.trace import op_to_json
+        from kvcheck.models.blocks import MODEL
 
         try:
-            data = op_to_json(op)
+            data = MODEL.op_to_json(op)
         except Exception:  # noqa: BLE001 - an operation of another model
             data = None
         self._send({"r": "done", "step": self.step, "text": op.kind, "op": data})
@@ -305,15 +304,16 @@ def report(args, ending: Ending) -> int:
 
 
 def _report_verify(args, ending: Ending, what: str) -> int:
-    from kvcheck.check.trace import Trace, op_from_json
+    from kvcheck.check.trace import Trace
     from kvcheck.check.violation import Violation
     from kvcheck.cli.commands.verify import report as verify_report
+    from kvcheck.models.blocks import MODEL
     from kvcheck.verify import Result
 
     ops, last = [], ending.last("op")
     for r in ending.records:  # each operation as requested, then with its outcome once it returned
         if r["r"] in ("op", "done") and r.get("op") is not None:
-            op = op_from_json(r["op"])
+            op = MODEL.op_from_json(r["op"])
             if r["r"] == "done" and ops:
                 ops[-1] = op
             else:

@@ -9,7 +9,7 @@ that does not. Code shape:
 * common subexpressions are computed once per scope: a term used twice, or a
   loop-invariant term used inside a loop, is assigned to a local first;
 * vocabulary terms use the state class's inline template when it has one
-  (``kvcheck.compile.inline``), else a call of the state's bound method. A
+  (``kvcheck.models.blocks.inline``), else a call of the state's bound method. A
   template must mean exactly what the method does.
 """
 

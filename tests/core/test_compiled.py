@@ -14,13 +14,13 @@ import random
 import pytest
 from core.states import corrupt, reachable
 
-from kvcheck.compile import checks
-from kvcheck.compile.inline import FOR
 from kvcheck.compile.terms import Term
 from kvcheck.compile.tracer import TL, TDomain, TState, Untraceable, trace
 from kvcheck.impl.block_manager import BlockManager
+from kvcheck.models.blocks import compiled as checks
 from kvcheck.models.blocks.driver import RandomDriver
 from kvcheck.models.blocks.ghost import After, Ghost
+from kvcheck.models.blocks.inline import FOR
 from kvcheck.models.blocks.oracle import Oracle
 from kvcheck.spec.contracts import CONTRACTS, Op
 from kvcheck.spec.state import Snapshot

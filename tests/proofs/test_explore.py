@@ -3,7 +3,7 @@
 import pytest
 
 from kvcheck.impl.block_manager import BlockManager
-from kvcheck.proofs.explore import Scope, explore
+from kvcheck.models.blocks.runs import Scope, explore
 
 from corpus.buggy import CORPUS
 

@@ -1,9 +1,9 @@
 """The Z3 engines: induction proves the spec, and each engine fails on a planted bug."""
 
 from kvcheck.impl.block_manager import BlockManager
+from kvcheck.models.blocks.runs import replay
 from kvcheck.proofs.bmc import bmc, witnesses
 from kvcheck.proofs.induction import prove_invariants
-from kvcheck.shrink import replay
 from kvcheck.spec import contracts
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.outcomes import OUTCOMES

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from traces_helpers import CORPUS, found_trace
 
-from kvcheck.check.trace import request
-from kvcheck.proofs.explore import Scope, explore
-from kvcheck.shrink import replay
+from kvcheck.models.blocks import MODEL
+from kvcheck.models.blocks.runs import Scope, explore, replay
 
 SMALL = Scope(num_blocks=4, block_size=2, seqs=3, max_tokens=4, depth=4)
 
@@ -27,7 +26,7 @@ def test_one_minimal(corpus_name):
     cls = CORPUS[corpus_name][0]
     key = trace.violation.key
     for i in range(len(trace.ops)):
-        fewer = [request(o) for j, o in enumerate(trace.ops) if j != i]
+        fewer = [MODEL.request(o) for j, o in enumerate(trace.ops) if j != i]
         r = replay(cls, trace.num_blocks, trace.block_size, fewer, timeout=2.0)
         assert r.violation is None or r.violation.key != key, f"still fails without op {i}"
     smaller = ((trace.num_blocks - 1, trace.block_size), (trace.num_blocks, trace.block_size - 1))

@@ -80,7 +80,8 @@ def run(args) -> int:
             bar.close()
     written = True
     if args.junit:
-        written &= write_output(args.junit, junit_xml(report) + "\n", "--junit")
+        written &= write_output(args.junit, junit_xml(report.junit_suites(), "kvcheck prove") + "\n",
+                                "--junit")
     if args.trace_out and report.counterexample is not None:
         written &= write_output(args.trace_out, report.counterexample.dumps() + "\n",
                                 "--trace-out")

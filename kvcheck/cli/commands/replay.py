@@ -41,30 +41,34 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from kvcheck.check.model import Options, model_named
+    from kvcheck.check.run import replay
     from kvcheck.check.trace import Trace
+    from kvcheck.check.watchdog import Watchdog
     from kvcheck.errors import UsageError
     from kvcheck.report.pytest_out import pytest_source
     from kvcheck.report.text import render
-    from kvcheck.shrink import replay
     from kvcheck.targets.loading import TargetError, load_exception, resolve
 
     check_outputs((args.pytest_out, "--pytest-out"), (args.trace_out, "--trace-out"))
     trace = Trace.load(args.trace)
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
     target = args.target or trace.target
+    model = model_named(trace.model)
     try:
-        label, factory = resolve(target)
+        with Watchdog(args.timeout):
+            label, factory = resolve(target)
     except TargetError as exc:
         if args.target:
             raise
         raise TargetError(f"{exc} (the target recorded in {args.trace}; choose one with "
                           f"--target)") from None
-    r = replay(factory, trace.num_blocks, trace.block_size, trace.ops, oob, args.timeout,
-               record=True)
+    r = replay(model, factory, trace.scope, trace.ops,
+               Options(timeout=args.timeout, out_of_blocks=oob), record=True)
     if r.violation is None and not r.ops:
         raise UsageError(f"none of the {len(trace.ops)} operation(s) of {args.trace} could run on "
                          f"{label}: nothing was checked")
-    skipped = _skipped(trace, r)
+    skipped = _skipped(model, trace, r)
     got = r.violation
     want = trace.violation
     if got is None:
@@ -73,7 +77,8 @@ def run(args) -> int:
         verdict = "reproduced"
     else:
         verdict = "different"
-    rerun = Trace(label, trace.num_blocks, trace.block_size, r.ops, got, trace.seed, r.states)
+    rerun = Trace(label, trace.num_blocks, trace.block_size, r.ops, got, trace.seed, r.states,
+                  model=trace.model, extra=trace.extra)
     written = wrote_pytest = True
     if args.pytest_out:
         written = wrote_pytest = write_output(
@@ -108,16 +113,22 @@ def run(args) -> int:
     return 1
 
 
-def _skipped(trace, r) -> int:
+def _skipped(model, trace, r) -> int:
     """Requested operations that did not run before the run ended."""
     if r.violation is None:
         return len(trace.ops) - len(r.ops)
+
+    def key(op) -> str:
+        d = model.op_to_json(model.request(op))
+        d.pop("result", None)
+        return repr(sorted(d.items()))
+
     # Ran up to the violation: count requests not run before the last one that did.
-    wanted = [(o.kind, o.seq, o.child, o.n_tokens) for o in trace.ops]
+    wanted = [key(o) for o in trace.ops]
     i = 0
     for o in r.ops:
-        key = (o.kind, o.seq, o.child, o.n_tokens)
-        while i < len(wanted) and wanted[i] != key:
+        k = key(o)
+        while i < len(wanted) and wanted[i] != k:
             i += 1
         i += 1
     return i - len(r.ops)

@@ -157,7 +157,7 @@ class After(TableTerms):
     costs no extra calls into the target; only blocks outside ``blocks`` are
     read on demand.
 
-    The compiled checks (``kvcheck.compile.inline``) read ``tables``,
+    The compiled checks (``kvcheck.models.blocks.inline``) read ``tables``,
     ``lengths``, ``refs``, ``impl_lengths`` and ``sharer_counts`` directly.
     """
 

@@ -27,9 +27,9 @@ from operator import index
 from kvcheck.check import watchdog as watchdog_module
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, Watchdog, active_watchdog, record_phase
-from kvcheck.compile import checks as compiled_checks
 from kvcheck.compile.tracer import Untraceable
 from kvcheck.errors import what_it_did
+from kvcheck.models.blocks import compiled as compiled_checks
 from kvcheck.models.blocks import witness
 from kvcheck.models.blocks.ghost import After, Ghost
 from kvcheck.models.blocks.shadow import ShadowMemory
@@ -134,6 +134,12 @@ class Oracle:
 
     def live(self) -> list[int]:
         return list(self.lengths)
+
+    def observed_json(self) -> dict:
+        """The state observed after the last step, as a trace records it."""
+        from kvcheck.models.blocks.runs import state_json
+
+        return state_json(self.observed)
 
     def live_seqs(self) -> list[int]:
         """The live sequences as a list owned by the oracle (do not modify; O(1))."""

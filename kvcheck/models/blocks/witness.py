@@ -245,3 +245,66 @@ def for_data(q, pos, block, B, read, want, shadow, tables) -> str:
         got += f" (written by sequence {owner})"
     return (f"sequence {q} reads its token #{pos} from {where} and finds {got} "
             f"instead of its own token t{want}")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def state_line(state: dict) -> str:
+    """One observed state, in one line."""
+    tables = state.get("tables", {})
+    lens = state.get("lens", {})
+    refs = state.get("refs", [])
+    seqs = "; ".join(f"seq {q}: {_plural(lens[q], 'token') if q in lens else '? tokens'} in {t}"
+                     for q, t in tables.items())
+    shared = ", ".join(f"block {b}={r}" for b, r in enumerate(refs) if r > 1)
+    free = state.get("free", [])
+    shown = str(free)
+    if len(free) > 32:
+        shown = f"[{', '.join(map(str, free[:32]))}, ...] ({len(free)} entries)"
+    parts = [seqs or "no sequences", f"free {shown}"]
+    if shared:
+        parts.append(f"shared: {shared}")
+    return " | ".join(parts)
+
+
+def narrate(op, before: dict | None, after: dict | None, block_size: int) -> str:
+    """What one operation did, in words, from the states around it (either may be missing)."""
+    q = op.seq
+    free0 = set(before.get("free", [])) if before is not None else None
+    free1 = set(after.get("free", [])) if after is not None else None
+    table1 = (after or {}).get("tables", {}).get(str(op.child if op.kind == "fork" else q))
+    if op.outcome == "oob":
+        if op.kind == "allocate":
+            need = -(-op.n_tokens // block_size)
+            have = f", {len(before.get('free', []))} free" if before is not None else ""
+            return (f"out of blocks: {_plural(op.n_tokens, 'token')} need "
+                    f"{_plural(need, 'block')}{have}; nothing may change")
+        return "out of blocks; nothing may change"
+    if op.kind == "allocate":
+        where = f" in {table1}" if table1 is not None else ""
+        return f"sequence {q} is given {_plural(op.n_tokens, 'token')}{where}"
+    if op.kind == "fork":
+        where = f", sharing blocks {table1}" if table1 is not None else ""
+        return f"sequence {op.child} starts as a copy of sequence {q}{where}"
+    if op.kind == "free_seq":
+        if free0 is not None and free1 is not None:
+            back = sorted(free1 - free0)
+            if back:
+                return f"sequence {q} is freed; block(s) {back} return to the free list"
+            return f"sequence {q} is freed; no block returns to the free list"
+        return f"sequence {q} is freed"
+    # append_slot
+    if op.block is None:
+        return f"sequence {q} asks for one more slot"
+    n = None
+    if before is not None and str(q) in before.get("lens", {}):
+        n = before["lens"][str(q)]
+    token = f"token #{n}" if n is not None else "its next token"
+    text = f"sequence {q} puts {token} in slot {op.offset} of block {op.block}"
+    if op.cow_src is not None:
+        text += f", after copying block {op.cow_src} into it"
+    elif op.offset == 0:
+        text += " (a fresh block)"
+    return text

@@ -43,12 +43,12 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from kvcheck.check.shrink import budget_ran_out
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, OperationTimeout, Watchdog, active_watchdog
 from kvcheck.errors import what_it_did
 from kvcheck.models.blocks.oracle import Oracle
 from kvcheck.models.blocks.shadow import ShadowMemory
-from kvcheck.shrink import budget_ran_out
 from kvcheck.spec import prefix as P
 from kvcheck.spec.contracts import OK, OOB, Op
 from kvcheck.spec.logic import PY

@@ -31,12 +31,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvcheck.check.shrink import budget_ran_out
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import Interrupted, OperationTimeout, Watchdog
 from kvcheck.errors import what_it_did
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.models.scheduler.workload import Request, fits
-from kvcheck.shrink import budget_ran_out
 from kvcheck.spec import scheduler as policy
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY

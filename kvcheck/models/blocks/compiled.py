@@ -12,7 +12,7 @@ name the state classes the functions will be given, for their inline code:
 
 Each returns True iff every clause holds. To read the generated code:
 
-    python3 -c "from kvcheck.compile import checks as c; from kvcheck.ghost import Ghost, After; \
+    python3 -c "from kvcheck.models.blocks import compiled as c; from kvcheck.models.blocks.ghost import Ghost, After; \
                 print(c.step_source('append_slot', c.inline_for(Ghost, After)))"
 """
 
@@ -108,7 +108,7 @@ def _compile(source: str, name: str):
 
 def inline_for(pre=None, post=None) -> dict:
     """The inline templates for states of class ``pre`` / ``post``."""
-    from kvcheck.compile.inline import FOR
+    from kvcheck.models.blocks.inline import FOR
 
     return {role: FOR.get(cls, {}) for role, cls in (("pre", pre), ("post", post)) if cls}
 

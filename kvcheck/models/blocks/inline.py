@@ -1,6 +1,6 @@
 """Inline code for the vocabulary of the oracle's state classes.
 
-The compiled checks (``kvcheck.compile.checks``) would otherwise call a
+The compiled checks (``kvcheck.models.blocks.compiled``) would otherwise call a
 vocabulary method per term; for the hot ones a state class can give the
 code instead. ``FOR[cls][method](role, *args)`` returns ``(code, binds)``:
 the expression, over the emitted argument texts, and the locals it reads

@@ -1,0 +1,268 @@
+"""Shrinking: from a failing run to a minimal counterexample, for every model.
+
+``shrink`` searches for a smaller run that fails *the same way* (the same
+violation kind and rule, ``Violation.key``), greedily and to a fixpoint,
+replaying every candidate from scratch in full mode (``kvcheck.check.run.replay``):
+
+  1. cut everything after the violating step;
+  2. delete chunks of operations, halving the chunk size down to one;
+  3. the model's own candidates (``Model.shrink_candidates``: e.g. fold an
+     append into its sequence's allocation, drop an allocation together with
+     the blocks it held, move a request's arrival earlier);
+  4. lower each count argument (to 1, the model's hints, half, one less) and
+     cut each token list the same way;
+  5. lower each size of the scope (``Model.scope_fields``, smallest first),
+     as is or with the operations the model adapts to it
+     (``Model.scope_variants``);
+  6. renumber sequence ids from 0 in order of first use;
+  7. breadth-first search (``kvcheck.check.explore``) over every shorter run
+     within the trace's own scope (``Model.exploration_scope``); if one fails
+     the same way, start again from it.
+
+The result is 1-minimal: no single deletion, model move, lowered count or
+lowered size still fails the same way; and when the search completes within
+the budget it is a *shortest* run for its scope (``Shrunk.shortest``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvcheck.check.model import COUNT, SEQS, TOKENS, Model, Options, lower
+from kvcheck.check.run import Replay, replay
+
+
+@dataclass
+class Shrunk:
+    ops: list
+    scope: object
+    violation: object
+    states: list[dict]
+    attempts: int
+    shortest: str = ""  # set when BFS showed nothing shorter exists within the scope
+    one_minimal: bool = True  # False if the budget ran out before the greedy passes settled
+
+    @property
+    def num_blocks(self) -> int:  # the block-manager scopes' names, for old callers
+        return self.scope.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.scope.block_size
+
+
+def renumber(model: Model, ops: list) -> list:
+    """``ops`` with sequence ids renumbered from 0 in order of first use."""
+    ids: dict[int, int] = {}
+
+    def new(q: int) -> int:
+        if q not in ids:
+            ids[q] = len(ids)
+        return ids[q]
+
+    return [model.spec_of(op).renamed(op, new) for op in ops]
+
+
+def shrink(model: Model, factory, scope, ops: list, key: tuple, options: Options,
+           budget: float = 60.0, progress: Callable[[int, int], None] | None = None,
+           ) -> Shrunk | None:
+    """The smallest run failing with the same ``key``; None if ``ops`` does not fail so.
+
+    ``progress(attempts, length)``, if given, is told of every candidate tried and the
+    length of the smallest failing run so far."""
+    deadline = time.monotonic() + budget
+    attempts = 0
+    smallest = len(ops)
+
+    def fails(cand: list, sc) -> Replay | None:
+        nonlocal attempts, smallest
+        attempts += 1
+        try:
+            r = replay(model, factory, sc, cand, options)
+        except Exception:  # noqa: BLE001 - a scope the target refuses is just not smaller
+            r = None
+        if r is not None and r.violation is not None and r.violation.key == key:
+            smallest = min(smallest, len(r.ops))
+        else:
+            r = None
+        if progress is not None:
+            progress(attempts, smallest)
+        return r
+
+    r = fails(ops, scope)
+    if r is None:
+        return None
+    cur, sc = _cut(r.ops, r.violation), scope
+    shortest = ""
+    while True:
+        cur, sc, settled = _greedy(model, fails, cur, sc, deadline)
+        left = deadline - time.monotonic()
+        if len(cur) <= 1 or left <= 0:
+            break
+        escope = model.exploration_scope(cur, sc)
+        if escope is None:
+            break
+        from kvcheck.check.explore import explore
+
+        found = explore(model, factory, escope, options, budget=min(left, 10.0), key=key)
+        if found.violation is None:
+            if found.complete:
+                shortest = f"no shorter trace exists within {escope.describe()}"
+            break
+        cur = found.ops
+    final = replay(model, factory, sc, renumber(model, cur), options, record=True)
+    if final.violation is None or final.violation.key != key:
+        final = replay(model, factory, sc, cur, options, record=True)
+    return Shrunk(final.ops, sc, final.violation, final.states, attempts, shortest, settled)
+
+
+def budget_ran_out(budget: float, length: int, unit: str) -> str:
+    """The minimality of a counterexample whose shrinking was stopped by its time budget."""
+    return (f"shrinking stopped at its {budget:g} s budget: {length} {unit}"
+            f"{'' if length == 1 else 's'}, not proven 1-minimal")
+
+
+# A hang is shrunk with at most this per-operation limit, so that each candidate that
+# still hangs costs this long, not the run's whole timeout: a hang costs one full timeout.
+HANG_SHRINK_TIMEOUT = 1.0
+
+
+def counterexample(model: Model, label: str, factory, scope, history: list, v, seed,
+                   options: Options, do_shrink: bool = True, budget: float = 60.0,
+                   progress: Callable[[int, int], None] | None = None, unit: str = "operation"):
+    """A replayable trace (``kvcheck.check.trace.Trace``) for violation ``v`` found after
+    ``history``: shrunk if asked, else replayed as found.
+
+    A hang is replayed with a per-operation limit of at most ``HANG_SHRINK_TIMEOUT``
+    (the trace says so): the run already paid one full timeout to find it."""
+    import dataclasses
+
+    from kvcheck.check.trace import Trace
+    from kvcheck.check.watchdog import Watchdog
+
+    note = ""
+    if v.kind == "hang" and options.timeout and options.timeout > HANG_SHRINK_TIMEOUT:
+        options = dataclasses.replace(options, timeout=HANG_SHRINK_TIMEOUT)
+        note = (f"; replayed with a {HANG_SHRINK_TIMEOUT:g} s limit per operation, shorter than "
+                f"the run's, so that every replay that still hangs costs only that")
+    sj = model.scope_json(scope)
+    extra = {k: x for k, x in sj.items() if k not in ("num_blocks", "block_size")}
+
+    def trace(ops, sc, violation, states, how):
+        j = model.scope_json(sc)
+        return Trace(label, j["num_blocks"], j["block_size"], ops, violation, seed, states,
+                     how + note, model=model.name, extra=extra | {
+                         k: x for k, x in j.items() if k not in ("num_blocks", "block_size")})
+
+    with Watchdog(options.timeout):  # for the steps the shrinker's search runs without one
+        if do_shrink:
+            s = shrink(model, factory, scope, history, v.key, options, budget, progress)
+            if s is not None:
+                how = ("1-minimal: removing any one operation or lowering any size stops it "
+                       "failing" if s.one_minimal else budget_ran_out(budget, len(s.ops), unit))
+                if s.shortest:
+                    how += f"; shortest: {s.shortest}"
+                return trace(s.ops, s.scope, s.violation, s.states, how)
+        r = replay(model, factory, scope, history, options, record=True)
+    if r.violation is not None:
+        return trace(r.ops, scope, r.violation, r.states, "not shrunk")
+    # Found only by the fast mode's sweep and not reproducible in full mode: keep it as found.
+    return trace(history, scope, v, [], "not shrunk (fast mode only)")
+
+
+def _cut(ops: list, violation) -> list:
+    """The operations up to the violating step (the rest cannot matter)."""
+    step = getattr(violation, "step", 0) or len(ops)
+    return ops[:step] if 0 < step <= len(ops) else ops
+
+
+def _greedy(model: Model, fails, cur: list, sc, deadline: float):
+    """Passes 2-5 to a fixpoint; ``settled`` is False if the deadline stopped them first."""
+
+    def live() -> bool:
+        return time.monotonic() < deadline
+
+    changed = True
+    while changed and live():
+        changed = False
+        # 2. delete chunks
+        size = max(1, len(cur) // 2)
+        while size >= 1 and live():
+            i = 0
+            while i < len(cur) and live():
+                got = fails(cur[:i] + cur[i + size:], sc)
+                if got is not None:
+                    cur, changed = got.ops, True
+                else:
+                    i += size
+            size //= 2
+        # 3. the model's own moves (first success taken, then looked at again)
+        moved = True
+        while moved and live():
+            moved = False
+            for cand, csc in model.shrink_candidates(cur, sc):
+                if not live():
+                    break
+                got = fails(cand, csc)
+                if got is not None:
+                    cur, sc, changed, moved = got.ops, csc, True, True
+                    break
+        # 4. lower counts and cut token lists
+        for i in range(len(cur)):
+            if not live() or i >= len(cur):
+                break
+            for cand in _lowered(model, cur, i, sc):
+                got = fails(cand, sc)
+                if got is not None:
+                    cur, changed = got.ops, True
+                    break
+        # 5. lower each size of the scope, smallest first
+        for f in model.scope_fields:
+            value = getattr(sc, f.name)
+            for smaller in range(f.low, value):
+                if not live():
+                    break
+                new = lower(sc, f.name, smaller)
+                got = None
+                for cand in (cur, *model.scope_variants(cur, sc, new)):
+                    got = fails(cand, new)
+                    if got is not None:
+                        break
+                if got is not None:
+                    cur, sc, changed = got.ops, new, True
+                    break
+    return cur, sc, not changed and live()
+
+
+def _lowered(model: Model, ops: list, i: int, sc):
+    """Candidates with one count of operation ``i`` lowered, or one token list cut."""
+    op = ops[i]
+    spec = model.spec_of(op)
+    hints = model.count_hints(sc)
+    for a in spec.args:
+        if a.role == COUNT:
+            n = getattr(op, a.name)
+            for m in sorted({a.low, *hints, n // 2, n - 1}):
+                if a.low <= m < n:
+                    cand = [model.request(o) for o in ops]
+                    setattr(cand[i], a.name, m)
+                    yield cand
+        elif a.role == TOKENS:
+            toks = list(getattr(op, a.name))
+            n = len(toks)
+            for m in sorted({1, *hints, n - max(hints or (1,)), n // 2, n - 1}):
+                if 1 <= m < n:
+                    cand = [model.request(o) for o in ops]
+                    cand[i] = spec.make(op.kind, **{
+                        x.name: (toks[:m] if x is a else getattr(cand[i], x.name))
+                        for x in spec.args})
+                    yield cand
+        elif a.role == SEQS:
+            qs = list(getattr(op, a.name))
+            for j in range(len(qs)) if len(qs) > 1 else ():
+                cand = [model.request(o) for o in ops]
+                setattr(cand[i], a.name, qs[:j] + qs[j + 1:])
+                yield cand
+

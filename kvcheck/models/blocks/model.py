@@ -1,0 +1,269 @@
+"""The block-manager model, as data: its four operations, its scopes, how to explore and
+shrink runs of it.
+
+Binds ``kvcheck.spec`` (``contracts``, ``invariants``, ``outcomes``) to targets speaking
+the ``Target`` protocol (``kvcheck.targets``). The run's checks live in ``oracle``; what
+is here is what the checker needs to draw, copy, serialise, explore and shrink runs: the
+shrink moves only a block manager has (fold an append into its allocation, drop an
+allocation with the blocks it held, scale prompts with the block size) included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvcheck.check.model import BLOCK, COUNT, NEW_SEQ, SEQ, VALUE, Arg, Model, OpSpec, Options, ScopeField, register
+from kvcheck.spec import contracts
+from kvcheck.spec.contracts import Op
+
+
+@dataclass(frozen=True)
+class BlockScope:
+    """A pool: ``num_blocks`` blocks of ``block_size`` tokens each."""
+
+    num_blocks: int
+    block_size: int
+
+    def describe(self) -> str:
+        return f"{self.num_blocks} blocks x {self.block_size} slots"
+
+
+@dataclass(frozen=True)
+class ExploreScope:
+    """What bounded exploration enumerates: the pool, the sequence slots, the longest
+    prompt and the depth."""
+
+    num_blocks: int = 4
+    block_size: int = 2
+    seqs: int = 3
+    max_tokens: int = 4
+    depth: int = 8
+
+    def describe(self) -> str:
+        return (f"{self.num_blocks} blocks x {self.block_size} slots, {self.seqs} sequences, "
+                f"prompts <= {self.max_tokens}, depth {self.depth}")
+
+
+def _make(kind: str, **args) -> Op:
+    return Op(kind, **args)
+
+
+def _doc(kind: str) -> str:
+    return " ".join((contracts.CONTRACTS[kind].__doc__ or "").split())
+
+
+OPS = {
+    "allocate": OpSpec("allocate", _make, (Arg("seq", NEW_SEQ), Arg("n_tokens", COUNT)),
+                       doc=_doc("allocate")),
+    "append_slot": OpSpec("append_slot", _make, (Arg("seq", SEQ),),
+                          results=(Arg("block", BLOCK), Arg("offset", VALUE), Arg("cow_src", BLOCK)),
+                          doc=_doc("append_slot")),
+    "fork": OpSpec("fork", _make, (Arg("seq", SEQ, key="parent"), Arg("child", NEW_SEQ)),
+                   doc=_doc("fork")),
+    "free_seq": OpSpec("free_seq", _make, (Arg("seq", SEQ),), doc=_doc("free_seq")),
+}
+
+
+_SEQ_KEYS = {"pattern": "^(0|[1-9][0-9]{0,9})$"}
+STATE_SCHEMA = {  # a recorded state: every live table, the lengths, refcounts and free list
+    "type": "object", "required": ["tables", "refs", "free"], "additionalProperties": False,
+    "properties": {
+        "tables": {"type": "object", "maxProperties": 100000, "propertyNames": _SEQ_KEYS,
+                   "additionalProperties": {"type": "array", "maxItems": 1048576,
+                                            "items": {"$ref": "#/$defs/block"}}},
+        "lens": {"type": "object", "maxProperties": 100000, "propertyNames": _SEQ_KEYS,
+                 "additionalProperties": {"$ref": "#/$defs/count"}},
+        "refs": {"type": "array", "maxItems": 1048576, "items": {"$ref": "#/$defs/block"}},
+        "free": {"type": "array", "maxItems": 1048576, "items": {"$ref": "#/$defs/block"}},
+    },
+}
+
+
+class BlocksModel(Model):
+    name = "blocks"
+    title = "paged block manager"
+    ops = OPS
+    scope_fields = (ScopeField("num_blocks"), ScopeField("block_size"))
+    state_schema = STATE_SCHEMA
+
+    # -- operations ----------------------------------------------------------------
+    def describe(self, op) -> str:
+        from kvcheck.models.blocks.witness import describe_op
+
+        return describe_op(op)
+
+    def op_to_json(self, op) -> dict:
+        d: dict = {"op": op.kind}
+        if op.kind == "fork":
+            d.update(parent=op.seq, child=op.child)
+        else:
+            d["seq"] = op.seq
+        if op.kind == "allocate":
+            d["n_tokens"] = op.n_tokens
+        result: dict = {"outcome": op.outcome}
+        if op.kind == "append_slot" and op.outcome == "ok" and op.block is not None:
+            result.update(block=op.block, offset=op.offset, cow_src=op.cow_src)
+        d["result"] = result
+        return d
+
+    def op_from_json(self, d: dict):
+        op = super().op_from_json(d)
+        op.has_cow = op.cow_src is not None
+        return op
+
+    def check_op_json(self, d: dict, where: str) -> None:
+        from kvcheck.check.trace import TraceError
+
+        if d["op"] == "fork" and d["parent"] == d["child"]:
+            raise TraceError(f"{where}: a sequence cannot fork into itself")
+        result = d.get("result", {})
+        if d["op"] == "append_slot" and "block" in result and "offset" not in result:
+            raise TraceError(f"{where}.result: 'block' given without 'offset'")
+
+    def check_state_json(self, state: dict, scope, where: str) -> None:
+        from kvcheck.check.trace import TraceError
+
+        if len(state["refs"]) != scope.num_blocks:
+            raise TraceError(f"{where}.refs: {len(state['refs'])} refcounts for a pool of "
+                             f"{scope.num_blocks} blocks")
+
+    # -- runs -----------------------------------------------------------------------
+    def build(self, factory, scope: BlockScope, options: Options):
+        from kvcheck.targets.loading import build
+
+        return build(factory, scope.num_blocks, scope.block_size, options.out_of_blocks)
+
+    def start(self, target, scope, options: Options):
+        from kvcheck.models.blocks.oracle import Oracle
+
+        return Oracle(target, mode=options.mode, timeout=options.timeout, compiled=options.compiled)
+
+    def driver(self, seed: int, scope, target, options: Options):
+        from kvcheck.models.blocks.driver import RandomDriver
+
+        return _Driving(RandomDriver(seed, scope.num_blocks, scope.block_size, target.capabilities))
+
+    # -- exploration ----------------------------------------------------------------
+    def moves(self, state, scope: ExploreScope) -> list:
+        """Every operation worth trying next (one fresh id suffices by symmetry)."""
+        live = sorted(state.lengths)
+        fresh = next((q for q in range(scope.seqs) if q not in state.lengths), None)
+        caps = state.target.capabilities
+        out: list = []
+        if fresh is not None and "allocate" in caps:
+            out += [Op("allocate", seq=fresh, n_tokens=n) for n in range(1, scope.max_tokens + 1)]
+        for q in live:
+            if "append_slot" in caps:
+                out.append(Op("append_slot", seq=q))
+            if fresh is not None and "fork" in caps:
+                out.append(Op("fork", seq=q, child=fresh))
+            if "free_seq" in caps:
+                out.append(Op("free_seq", seq=q))
+        return out
+
+    def canonical(self, state) -> tuple:
+        """The observed state with sequence and block ids renamed canonically:
+        sequences ordered by a renaming-invariant signature, blocks numbered by first
+        appearance in the tables in that order, then along the free list."""
+        from kvcheck.proofs.renaming import canonical_tables
+
+        snap = state.observed
+        tables, label = canonical_tables(
+            {q: (state.lengths.get(q, 0), t) for q, t in snap.tables.items()}, snap.ref)
+        target = state.target
+        free_order = tuple(label.setdefault(b, len(label)) for b in target.free_blocks()) \
+            if hasattr(target, "free_blocks") else ()
+        refs = tuple(sorted((label.get(b, -1 - b), snap.ref(b)) for b in snap.blocks()
+                            if snap.ref(b)))
+        return tables, free_order, refs
+
+    def exploration_scope(self, ops: list, scope: BlockScope) -> ExploreScope:
+        return ExploreScope(scope.num_blocks, scope.block_size,
+                            seqs=len({q for o in ops for q in (o.seq, o.child)}),
+                            max_tokens=max([o.n_tokens for o in ops if o.kind == "allocate"] or [1]),
+                            depth=len(ops) - 1)
+
+    # -- shrinking ------------------------------------------------------------------
+    def count_hints(self, scope) -> tuple[int, ...]:
+        return (scope.block_size,)
+
+    def shrink_candidates(self, ops: list, scope: BlockScope):
+        # fold an append into its sequence's allocation (allocate n, append == allocate n+1
+        # when nothing in between reads the sequence)
+        for i in range(len(ops)):
+            cand = _fold_append(ops, i)
+            if cand is not None:
+                yield cand, scope
+        # drop an allocation together with the pool space it held (a trace that fills
+        # the pool before the failing step often needs neither)
+        bs, nb = scope.block_size, scope.num_blocks
+        for i, op in enumerate(ops):
+            held = -(-op.n_tokens // bs) if op.kind == "allocate" else 0
+            if 0 < held < nb:
+                yield ([self.request(o) for o in ops[:i] + ops[i + 1:]],
+                       BlockScope(nb - held, bs))
+
+    def scope_variants(self, ops: list, scope: BlockScope, smaller: BlockScope):
+        if smaller.block_size < scope.block_size:  # every prompt scaled along, full blocks full
+            yield _scaled(ops, scope.block_size, smaller.block_size)
+
+    # -- showing ------------------------------------------------------------------------
+    def state_line(self, state: dict) -> str:
+        from kvcheck.models.blocks.witness import state_line
+
+        return state_line(state)
+
+    def narrate(self, op, before: dict | None, after: dict | None, block_size: int) -> str:
+        from kvcheck.models.blocks.witness import narrate
+
+        return narrate(op, before, after, block_size)
+
+    def initial_state_json(self, scope) -> dict:
+        return {"tables": {}, "lens": {}, "refs": [0] * scope.num_blocks,
+                "free": list(range(scope.num_blocks))}
+
+    def scope_json(self, scope: BlockScope) -> dict:
+        return {"num_blocks": scope.num_blocks, "block_size": scope.block_size}
+
+    def scope_from_json(self, data: dict) -> BlockScope:
+        return BlockScope(data["num_blocks"], data["block_size"])
+
+
+class _Driving:
+    """The seeded driver, asked with the run state (the checker's calling convention)."""
+
+    def __init__(self, driver):
+        self.driver = driver
+        self.rng = driver.rng
+
+    def next_op(self, state):
+        return self.driver.next_op(state.live_seqs(), state._state().num_free())
+
+
+def _fold_append(ops: list, i: int) -> list | None:
+    """``ops`` without the append at ``i``, its sequence allocated one token longer."""
+    if ops[i].kind != "append_slot":
+        return None
+    q = ops[i].seq
+    for j in range(i - 1, -1, -1):
+        if ops[j].kind == "allocate" and ops[j].seq == q:
+            cand = [MODEL.request(o) for o in ops]
+            cand[j].n_tokens += 1
+            del cand[i]
+            return cand
+        if ops[j].kind == "fork" and ops[j].child == q:
+            return None
+    return None
+
+
+def _scaled(ops: list, bs: int, smaller: int) -> list:
+    """``ops`` with each prompt of ``n`` tokens cut to ``ceil(n * smaller / bs)``: about as
+    many blocks of the smaller size, full blocks staying full."""
+    out = [MODEL.request(o) for o in ops]
+    for o in out:
+        if o.kind == "allocate":
+            o.n_tokens = max(1, -(-o.n_tokens * smaller // bs))
+    return out
+
+
+MODEL = register(BlocksModel())
