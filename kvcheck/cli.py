@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvcheck: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:  # a last resort: kvcheck's own state is bounded by the run
+        print("kvcheck: error: out of memory: this run needs more memory than the machine "
+              "allows (try a smaller pool, block size, prompt or fewer operations)",
+              file=sys.stderr)
+        return 2
     except BrokenPipeError:  # output piped into something that stopped reading
         import os
 

@@ -25,6 +25,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def block_size(text: str) -> int:
+    """A block size kvcheck runs: 1 .. ``kvcheck.trace.MAX_BLOCK_SIZE`` (the largest a
+    trace can record, far beyond any engine's blocks)."""
+    from kvcheck.trace import MAX_BLOCK_SIZE
+
+    value = positive_int(text)
+    if value > MAX_BLOCK_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_BLOCK_SIZE} tokens per block (the largest block a trace records), "
+            f"got {value}")
+    return value
+
+
 def nonneg_int(text: str) -> int:
     try:
         value = int(text)

@@ -19,7 +19,9 @@ def add_parser(sub) -> None:
                        description="Re-run the operations of TRACE (a kvcheck trace JSON file) "
                                    "on TARGET under the oracle. Exit 1 if it breaks the spec, "
                                    "0 if every check holds, 2 on bad input.")
-    p.add_argument("trace", metavar="TRACE", help="trace file written by --trace-out")
+    p.add_argument("trace", metavar="TRACE",
+                   help="trace file written by --trace-out (prompts of at most 16,777,216 "
+                        "tokens: a longer one is refused)")
     p.add_argument("--target", help="allocator to run it on (default: the one recorded)")
     p.add_argument("--out-of-blocks", metavar="module:Name",
                    help="exception class signalling out-of-blocks (default: any named OutOfBlocks)")
@@ -58,6 +60,7 @@ def run(args) -> int:
     _writable(args.pytest_out, "--pytest-out")
     _writable(args.trace_out, "--trace-out")
     trace = Trace.load(args.trace)
+    _runnable(trace, args.trace)
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
     target = args.target or trace.target
     try:
@@ -109,6 +112,18 @@ def run(args) -> int:
     if args.pytest_out:
         print(f"pytest reproducer written to {args.pytest_out}")
     return 1
+
+
+def _runnable(trace, name: str) -> None:
+    """Refuse a prompt longer than kvcheck runs (``kvcheck.trace.MAX_PROMPT``)."""
+    from kvcheck.errors import UsageError
+    from kvcheck.trace import MAX_PROMPT
+
+    for i, op in enumerate(trace.ops):
+        if op.kind == "allocate" and op.n_tokens > MAX_PROMPT:
+            raise UsageError(f"{name}: ops[{i}] allocates {op.n_tokens} tokens; kvcheck runs "
+                             f"prompts of at most {MAX_PROMPT} tokens (beyond any model's "
+                             f"context window)")
 
 
 def _skipped(trace, r) -> int:

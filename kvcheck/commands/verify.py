@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvcheck.commands.common import Progress, emit_json, nonneg_int, positive_float, positive_int
+from kvcheck.commands.common import (
+    Progress,
+    block_size,
+    emit_json,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 
 
 def add_parser(sub) -> None:
@@ -14,7 +21,9 @@ def add_parser(sub) -> None:
     p.add_argument("target", nargs="?", default="reference",
                    help="registered name, module:attr or file.py:attr (default: reference)")
     p.add_argument("--blocks", type=positive_int, default=32, help="pool size (default 32)")
-    p.add_argument("--block-size", type=positive_int, default=4, help="tokens per block (default 4)")
+    p.add_argument("--block-size", type=block_size, default=4,
+                   help="tokens per block (default 4; at most 65536, the largest block a trace "
+                        "records)")
     p.add_argument("--ops", type=positive_int, default=10_000, help="operations (default 10000)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
     p.add_argument("--trace-out", metavar="FILE", help="write the counterexample as JSON")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvcheck.commands.common import emit_json, nonneg_int, positive_float, positive_int
+from kvcheck.commands.common import block_size, emit_json, nonneg_int, positive_float, positive_int
 
 
 def add_parser(sub) -> None:
@@ -16,8 +16,9 @@ def add_parser(sub) -> None:
     p.add_argument("target", nargs="?", default="prefix",
                    help="registered name, module:attr or file.py:attr (default: prefix)")
     p.add_argument("--blocks", type=positive_int, default=16, help="pool size (default 16)")
-    p.add_argument("--block-size", type=positive_int, default=4,
-                   help="tokens per block (default 4)")
+    p.add_argument("--block-size", type=block_size, default=4,
+                   help="tokens per block (default 4; at most 65536, the largest block a trace "
+                        "records)")
     p.add_argument("--ops", type=positive_int, default=5000, help="operations (default 5000)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
     p.add_argument("--trace-out", metavar="FILE", help="write the counterexample as JSON")
