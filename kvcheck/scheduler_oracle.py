@@ -246,12 +246,10 @@ class _Harness:
         host = None if self.host is None else snapshot(self.host, _lens(self.host.impl))
         return SchedState(self.bs, self.nb, self.wm, waiting, running, bm, host)
 
-    def _is_oob(self, exc: BaseException) -> bool:
-        return self.view.is_out_of_blocks(exc)
-
     def _raised(self, what: str, exc: Exception) -> str:
+        """``what`` raised ``exc``, in words (saying so when it is out-of-blocks)."""
         text = f"{what} raised {type(exc).__name__}: {exc}"
-        if self._is_oob(exc):
+        if self.view.is_out_of_blocks(exc):
             text += (" (the block manager's out-of-blocks signal: a scheduler must preempt "
                      "the newest running sequence and retry, not let it escape)")
         return text
