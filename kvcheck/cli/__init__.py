@@ -89,6 +89,11 @@ def dispatch(args) -> int:
     except KeyboardInterrupt:
         print("kvcheck: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:  # a last resort: kvcheck's own state is bounded by the run
+        print("kvcheck: error: out of memory: this run needs more memory than the machine "
+              "allows (try a smaller pool, block size, prompt or fewer operations)",
+              file=sys.stderr)
+        return 2
     except BrokenPipeError:  # output piped into something that stopped reading
         return _broken_pipe()
     except Exception as exc:  # noqa: BLE001 - a bug in kvcheck itself: one line, not a traceback

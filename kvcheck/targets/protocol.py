@@ -55,7 +55,8 @@ class Target(Protocol):
     # ``method(arg)``, for messages (``SeedAdapter``: ``ref[3]`` for ``refcount(3)``).
 
     def num_free(self) -> int:
-        """Length of the free list (cheap; must agree with ``free_blocks``)."""
+        """The allocator's own count of free blocks (cheap). The spec holds it to
+        the length of ``free_blocks`` (invariant ``num_free_agrees``)."""
 
     def table_identity(self, seq: int) -> object | None:
         """The object holding ``seq``'s table: two sequences share a table

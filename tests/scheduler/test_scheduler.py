@@ -234,6 +234,13 @@ def _one_line_error(capsys):
     ["verify-scheduler", "--blocks", "0"],
     ["verify-scheduler", "--watermark", "-1"],
     ["verify-scheduler", "--trace-out", HERE],
+    ["verify-scheduler", "--block-manager", "nope"],
+    ["verify-scheduler", "--block-manager", "kvcheck.impl.block_manager:Nope"],
+    ["verify-scheduler", "--block-manager", f"{HERE}/missing.py:X"],
+    ["verify-scheduler", "--block-manager", "kvcheck.impl.errors:OutOfBlocks"],
+    ["verify-scheduler", "--block-manager", f"{HERE}/../core/oob_named_otherwise.py:refuses"],
+    ["verify-scheduler", "--out-of-blocks", "nope"],
+    ["verify-scheduler", "--out-of-blocks", "kvcheck.impl.block_manager:BlockManager"],
     ["simulate", "--blocks", "1", "--block-size", "1"],
     ["simulate", "--compare-watermarks", "a,b"],
     ["simulate", "--mode", "teleport"],
@@ -282,3 +289,64 @@ def test_cli_simulate_with_plot(tmp_path, capsys):
 def test_request_json_round_trip():
     r = Request(3, 5, 7, 2)
     assert Request(**r.to_json()) == r
+
+
+# -- a scheduler with its own block manager -------------------------------------------------
+SEED = f"{HERE}/seed_shaped.py"
+
+
+def test_the_seeds_scheduler_on_the_seeds_block_manager_passes(capsys):
+    """The module's own BlockManager is used: the scheduler catches its own OutOfBlocks."""
+    assert main(["verify-scheduler", f"{SEED}:Scheduler"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"PASS {SEED}:Scheduler") and f"{SEED}:BlockManager block manager" in out
+    assert main(["verify-scheduler", f"{SEED}:Scheduler", "--block-manager",
+                 f"{SEED}:BlockManager", "--json", "--workloads", "5"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"] == "pass" and data["block_manager"] == f"{SEED}:BlockManager"
+
+
+def test_on_another_block_manager_its_out_of_blocks_escapes(capsys):
+    """Given kvcheck's reference instead, the seed's scheduler cannot catch its OutOfBlocks;
+    the report says that is what escaped."""
+    assert main(["verify-scheduler", f"{SEED}:Scheduler", "--block-manager", "reference"]) == 1
+    text = capsys.readouterr().out
+    assert "(crash): step" in text and "the block manager's out-of-blocks signal" in text
+    assert main(["verify-scheduler", f"{SEED}:Scheduler", "--block-manager", "reference",
+                 "--out-of-blocks", "kvcheck.impl.errors:MisuseError"]) == 1
+    assert "out-of-blocks signal" not in capsys.readouterr().out
+
+
+def _seed():
+    from kvcheck.targets.loading import _import_attr
+
+    return _import_attr(f"{SEED}:Scheduler"), _import_attr(f"{SEED}:BlockManager")
+
+
+def test_the_harness_observes_the_users_block_manager():
+    sched, bm = _seed()
+
+    class LosesBlocks(bm):
+        """free_seq forgets to return a sequence's last block."""
+
+        def free_seq(self, seq):
+            self.tables[seq] = self.tables[seq][:-1]
+            super().free_seq(seq)
+
+    r = verify(sched, block_manager=LosesBlocks, workloads=5, shrink_budget=10)
+    assert not r.ok and r.block_manager.endswith("LosesBlocks")
+    assert r.violation.kind in ("invariant", "policy"), r.violation
+    assert verify(sched, block_manager=bm, workloads=5).ok
+
+
+def test_garbage_lens_in_the_users_block_manager_is_a_violation():
+    sched, bm = _seed()
+
+    class FloatLens(bm):
+        def allocate(self, seq, n_tokens):
+            super().allocate(seq, n_tokens)
+            self.lens[seq] = float(n_tokens)
+
+    r = verify(sched, block_manager=FloatLens, workloads=2, do_shrink=False)
+    assert r.violation.kind == "malformed", r.violation
+    assert r.violation.witness == "lens[0] is 14.0, expected an integer", r.violation  # (13 + 1)

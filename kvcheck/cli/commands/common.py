@@ -27,6 +27,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def block_size(text: str) -> int:
+    """A block size kvcheck runs: 1 .. ``kvcheck.trace.MAX_BLOCK_SIZE`` (the largest a
+    trace can record, far beyond any engine's blocks)."""
+    from kvcheck.check.trace import MAX_BLOCK_SIZE
+
+    value = positive_int(text)
+    if value > MAX_BLOCK_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_BLOCK_SIZE} tokens per block (the largest block a trace records), "
+            f"got {value}")
+    return value
+
+
 def nonneg_int(text: str) -> int:
     try:
         value = int(text)
@@ -57,8 +70,9 @@ def add_target(p, default: str, what: str = "allocator") -> None:
 def add_pool(p, blocks: int, block_size: int, blocks_help: str = "pool size") -> None:
     p.add_argument("--blocks", type=positive_int, default=blocks, metavar="N",
                    help=f"{blocks_help}, in blocks (default: %(default)s)")
-    p.add_argument("--block-size", type=positive_int, default=block_size, metavar="TOKENS",
-                   help="tokens per block (default: %(default)s)")
+    p.add_argument("--block-size", type=globals()["block_size"], default=block_size,
+                   metavar="TOKENS", help="tokens per block, at most 65536 (the largest block "
+                                          "a trace records) (default: %(default)s)")
 
 
 def add_seed(p) -> None:

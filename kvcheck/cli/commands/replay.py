@@ -26,7 +26,9 @@ def add_parser(sub) -> None:
                        description="Re-run the operations of TRACE (a kvcheck trace JSON file) "
                                    "on TARGET under the oracle. Exit 1 if it breaks the spec, "
                                    "0 if every check holds, 2 on bad input.")
-    p.add_argument("trace", metavar="TRACE", help="trace file written by --trace-out (required)")
+    p.add_argument("trace", metavar="TRACE",
+                   help="trace file written by --trace-out (required); prompts of at most "
+                        "16,777,216 tokens (a longer one is refused)")
     p.add_argument("--target",
                    help="the allocator to run it on: a registered name, module:attr or "
                         "file.py:attr (default: the one recorded in TRACE)")
@@ -52,6 +54,7 @@ def run(args) -> int:
 
     check_outputs((args.pytest_out, "--pytest-out"), (args.trace_out, "--trace-out"))
     trace = Trace.load(args.trace)
+    _runnable(trace, args.trace)
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
     target = args.target or trace.target
     model = model_named(trace.model)
@@ -111,6 +114,18 @@ def run(args) -> int:
     if args.pytest_out and wrote_pytest:
         print(f"pytest reproducer written to {args.pytest_out}")
     return 1
+
+
+def _runnable(trace, name: str) -> None:
+    """Refuse a prompt longer than kvcheck runs (``kvcheck.check.trace.MAX_PROMPT``)."""
+    from kvcheck.check.trace import MAX_PROMPT
+    from kvcheck.errors import UsageError
+
+    for i, op in enumerate(trace.ops):
+        if op.kind == "allocate" and getattr(op, "n_tokens", 0) > MAX_PROMPT:
+            raise UsageError(f"{name}: ops[{i}] allocates {op.n_tokens} tokens; kvcheck runs "
+                             f"prompts of at most {MAX_PROMPT} tokens (beyond any model's "
+                             f"context window)")
 
 
 def _skipped(model, trace, r) -> int:

@@ -26,11 +26,21 @@ from kvcheck.cli.commands.common import (
 def add_parser(sub) -> None:
     p = sub.add_parser("verify-scheduler", help="check a scheduler against the policy spec",
                        description="Drive a seed-shaped scheduler (factory(bm, watermark_blocks) "
-                                   "with waiting, running, step()) over seeded workloads on the "
-                                   "reference block manager; check the policy spec and the pool "
-                                   "invariants at every step; shrink a failing workload. Exit 0 "
-                                   "when everything held, 1 on a violation, 2 on bad input.")
+                                   "with waiting, running, step()) over seeded workloads on its "
+                                   "block manager (--block-manager, else the BlockManager its "
+                                   "module defines, else the reference); check the policy spec "
+                                   "and the pool invariants at every step; shrink a failing "
+                                   "workload. Exit 0 when everything held, 1 on a violation, 2 "
+                                   "on bad input.")
     add_target(p, "reference", "scheduler (registered: reference, swap)")
+    p.add_argument("--block-manager", metavar="module:Attr",
+                   help="the block manager to give the scheduler: reference, module:Attr or "
+                        "file.py:Attr, a factory (num_blocks, block_size) of a seed-shaped one "
+                        "(tables, ref, free, lens) (default: the module-level BlockManager of "
+                        "the scheduler's module, else the reference)")
+    p.add_argument("--out-of-blocks", metavar="module:Name",
+                   help="the block manager's out-of-blocks exception class, to name it when it "
+                        "escapes the scheduler (default: any exception class named OutOfBlocks)")
     add_pool(p, 16, 4)
     p.add_argument("--watermark", type=nonneg_int, default=1, metavar="BLOCKS",
                    help="free blocks admission keeps in reserve, in blocks (default: %(default)s)")
@@ -51,6 +61,7 @@ def run(args) -> int:
     from kvcheck.errors import UsageError
     from kvcheck.models.scheduler.oracle import render, verify
     from kvcheck.models.scheduler.workload import WorkloadError, check_scope
+    from kvcheck.targets.loading import load_exception
 
     try:
         check_scope(args.blocks, args.block_size, args.watermark)
@@ -58,9 +69,11 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     check_outputs((args.trace_out, "--trace-out"))
     bar = Progress(args.workloads, "verify-scheduler", "workloads") if not args.json else None
+    oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
     try:
         result = verify(args.target, args.blocks, args.block_size, args.watermark, args.requests,
                         args.seed, args.workloads, args.timeout, shrink_budget=args.shrink_seconds,
+                        block_manager=args.block_manager, out_of_blocks=oob,
                         progress=bar, shrink_progress=(
                             (lambda n, k: bar.shrinking(n, k, "requests")) if bar else None))
     finally:
@@ -76,7 +89,8 @@ def run(args) -> int:
     elif result.ok:
         pp = len(result.findings)
         print(f"PASS {result.label}: {result.workloads} workloads of {args.requests} requests on "
-              f"{args.blocks} blocks x {args.block_size} slots, watermark {args.watermark} "
+              f"{args.blocks} blocks x {args.block_size} slots of the {result.block_manager} "
+              f"block manager, watermark {args.watermark} "
               f"(seed {args.seed}): {result.steps} steps, policy spec and pool invariants held "
               f"at every step, every request finished, no block leaked [{result.seconds:.2f} s]")
         if pp:

@@ -247,13 +247,13 @@ class PrefixShadow(ShadowMemory):
     def allocate(self, seq, n_tokens, table):
         o, g, bs = self.owner, self.owner.ghost, self.block_size
         toks = list(o.pending.tokens)
-        self.expected[seq] = toks
+        self.expect(seq, toks)
         chain = g.chain(toks)
         g.chains[seq] = chain
         for i in range(o.pending_hits, len(table)):
             chunk = toks[i * bs : (i + 1) * bs]
             b = table[i]
-            self._block(b)[: len(chunk)] = chunk
+            self.write_tokens(b, 0, chunk)
             g.filled[b] = len(chunk)
             g.content[b] = chain[i] if len(chunk) == bs else -1
 
@@ -261,14 +261,14 @@ class PrefixShadow(ShadowMemory):
         o, g, bs = self.owner, self.owner.ghost, self.block_size
         tok = o.pending.tokens[0]
         if cow_src is not None:
-            self.slots[block] = list(self._block(cow_src))
-        self._block(block)[offset] = tok
-        want = self.expected[seq]
-        want.append(tok)
+            self.copy(cow_src, block)
+        self.write(block, offset, tok)
+        self.expect_one_more(seq, tok)
         g.filled[block] = offset + 1
         chain = g.chains[seq]
         if offset + 1 == bs:
-            chain.append(g.intern(chain[-1] if chain else -1, tuple(want[-bs:])))
+            n = self.length(seq)
+            chain.append(g.intern(chain[-1] if chain else -1, tuple(self.tokens(seq, n - bs, n))))
             g.content[block] = chain[-1]
         else:
             g.content[block] = -1

@@ -7,8 +7,15 @@ first) and ``step() -> decoded seq ids``; ``add(seq, n[, max_new])`` and
 ``waiting`` and retires finished sequences itself: removes them from
 ``running`` and frees their blocks).
 
-The block manager it is given is the reference one. After every step the
-oracle checks, with the PY logic:
+The block manager it is given is the user's (``block_manager``: a factory
+``(num_blocks, block_size)``), else the module-level ``BlockManager`` of the
+module that defines the scheduler factory (a scheduler written against its
+own block manager, catching its own ``OutOfBlocks``), else the reference. It
+must be seed-shaped (``tables``, ``ref``, ``free``, ``lens``): the harness
+observes it through ``SeedAdapter``, as ``kvcheck verify`` does, and names
+an out-of-blocks exception escaping the scheduler as ``verify`` matches one
+(``out_of_blocks``; default: any exception class named ``OutOfBlocks``).
+After every step the oracle checks, with the PY logic:
   1. the policy (``kvcheck.spec.scheduler.step``) on the before/after view;
   2. the block manager's invariants (``kvcheck.spec.invariants``) on a
      snapshot (``kvcheck.observe.snapshot``), and the host pool's too when
@@ -26,7 +33,9 @@ Anything the scheduler raises, returns malformed, or a step that hangs is a
 
 from __future__ import annotations
 
+import functools
 import inspect
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -34,7 +43,6 @@ from dataclasses import dataclass, field
 from kvcheck.check.shrink import budget_ran_out
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import Interrupted, OperationTimeout, Watchdog
-from kvcheck.errors import what_it_did
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.models.scheduler.workload import Request, fits
 from kvcheck.spec import scheduler as policy
@@ -42,7 +50,7 @@ from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
 from kvcheck.spec.scheduler import SchedState
 from kvcheck.targets.loading import TargetError, _import_attr, location
-from kvcheck.targets.observe import ObservationError, as_int, snapshot
+from kvcheck.targets.observe import ObservationError, as_int, read_num_free, snapshot
 from kvcheck.targets.protocol import SeedAdapter
 
 SCHEDULERS: dict[str, tuple[str, str]] = {
@@ -68,9 +76,52 @@ def resolve(spec) -> tuple[str, object]:
     return location(spec), _import_attr(spec)
 
 
-def build(factory, num_blocks: int, block_size: int, watermark: int):
-    """``(scheduler, bm)``; ``TargetError`` if it cannot be built or is not seed-shaped."""
-    bm = BlockManager(num_blocks, block_size)
+SEED_BM = ("tables", "ref", "free", "lens")  # what the harness reads of a block manager
+
+
+def resolve_block_manager(spec, scheduler=None, label: str = "") -> tuple[str, object]:
+    """``(label, factory)`` of the block manager: ``spec`` (``"reference"``,
+    ``module:Attr``, ``file.py:Attr`` or a callable ``(num_blocks, block_size)``), else
+    (``None``) the module-level ``BlockManager`` of the module defining ``scheduler``
+    (the factory, as ``resolve`` gives it, from the scheduler ``label``), else the
+    reference."""
+    if callable(spec):
+        return getattr(spec, "__qualname__", repr(spec)), spec
+    if spec is not None:
+        if spec == "reference":
+            return spec, BlockManager
+        if not isinstance(spec, str) or ":" not in spec:
+            raise TargetError(f"--block-manager must be reference, module:Attr or file.py:Attr, "
+                              f"got {spec!r}")
+        try:
+            return spec, _import_attr(spec)
+        except TargetError as exc:
+            raise TargetError(f"--block-manager {spec}: {exc}") from None
+    f = scheduler
+    while isinstance(f, functools.partial):
+        f = f.func
+    module = sys.modules.get(getattr(f, "__module__", None) or "")
+    own = getattr(module, "BlockManager", None)
+    if own is None or own is BlockManager or not callable(own):
+        return "reference", BlockManager
+    where = label.rpartition(":")[0] if ":" in label else module.__name__
+    return f"{where}:BlockManager", own
+
+
+def build(factory, num_blocks: int, block_size: int, watermark: int, block_manager=None):
+    """``(scheduler, bm)``; ``TargetError`` if either cannot be built or is not
+    seed-shaped. ``block_manager``: its factory (default: see ``resolve_block_manager``)."""
+    if block_manager is None:
+        block_manager = resolve_block_manager(None, factory)[1]
+    try:
+        bm = block_manager(num_blocks, block_size)
+    except Exception as exc:  # noqa: BLE001 - the block manager refused: bad input
+        raise TargetError(f"cannot build the block manager with num_blocks={num_blocks}, "
+                          f"block_size={block_size}: {type(exc).__name__}: {exc}") from None
+    missing = [a for a in SEED_BM if not hasattr(bm, a)]
+    if missing:
+        raise TargetError(f"{type(bm).__name__} is not a seed-shaped block manager: missing "
+                          f"attribute(s) {', '.join(missing)}")
     try:
         sched = factory(bm, watermark)
     except Exception as exc:  # noqa: BLE001 - the factory refused: bad input
@@ -147,8 +198,10 @@ def describe(s: SchedState) -> str:
 
 class _Harness:
     def __init__(self, factory, requests: list[Request], num_blocks: int, block_size: int,
-                 watermark: int, timeout: float | None, record: bool):
-        self.sched, self.bm = build(factory, num_blocks, block_size, watermark)
+                 watermark: int, timeout: float | None, record: bool, block_manager=None,
+                 out_of_blocks: type[BaseException] | None = None):
+        self.sched, self.bm = build(factory, num_blocks, block_size, watermark, block_manager)
+        self.view = SeedAdapter(self.bm, num_blocks, block_size, out_of_blocks)
         self.requests = sorted(requests, key=lambda r: (r.arrival, r.seq))
         self.nb, self.bs, self.wm = num_blocks, block_size, watermark
         self.timeout, self.record = timeout, record
@@ -170,8 +223,11 @@ class _Harness:
                 self.add_takes_max = False
         fin = getattr(self.sched, "finish", None)
         self.finish = fin if callable(fin) else None
-        host = getattr(self.sched, "host", None)
-        self.host = host if isinstance(host, BlockManager) else None
+        host = getattr(self.sched, "host", None)  # a swapping scheduler's host pool
+        self.host = None
+        if (isinstance(host, (BlockManager, type(self.bm))) and host is not self.bm
+                and all(hasattr(host, a) for a in (*SEED_BM, "num_blocks", "block_size"))):
+            self.host = SeedAdapter(host, host.num_blocks, host.block_size, out_of_blocks)
         self._last_host_key = None
 
     # -- observation -----------------------------------------------------------------
@@ -197,12 +253,17 @@ class _Harness:
             running = tuple(as_int(q, "a running sequence id") for q in list(s.running))
         except TypeError:
             raise ObservationError(f"running must be a list of ids, got {s.running!r}") from None
-        bm = snapshot(SeedAdapter(self.bm, self.nb, self.bs), dict(self.bm.lens))
-        host = None
-        if self.host is not None:
-            h = self.host
-            host = snapshot(SeedAdapter(h, h.num_blocks, h.block_size), dict(h.lens))
+        bm = snapshot(self.view, _lens(self.bm))
+        host = None if self.host is None else snapshot(self.host, _lens(self.host.impl))
         return SchedState(self.bs, self.nb, self.wm, waiting, running, bm, host)
+
+    def _raised(self, what: str, exc: Exception) -> str:
+        """``what`` raised ``exc``, in words (saying so when it is out-of-blocks)."""
+        text = f"{what} raised {type(exc).__name__}: {exc}"
+        if self.view.is_out_of_blocks(exc):
+            text += (" (the block manager's out-of-blocks signal: a scheduler must preempt "
+                     "the newest running sequence and retry, not let it escape)")
+        return text
 
     # -- checks ----------------------------------------------------------------------
     def _clauses(self, step: int, clauses, pre, post, what: str, doc: str) -> Violation | None:
@@ -272,8 +333,8 @@ class _Harness:
             raise
         except BaseException as exc:  # noqa: BLE001 - the scheduler's fault
             return Violation(step, "crash", "add refused a request that fits", r.seq, witness=(
-                f"add({r.seq}, {r.prompt}) for a request of {r.prompt}+{r.max_new} tokens "
-                f"{what_it_did(exc)}"))
+                f"{self._raised(f'add({r.seq}, {r.prompt})', exc)}, for a request of "
+                f"{r.prompt}+{r.max_new} tokens"))
         return None
 
     def _retire_by_hand(self, q: int) -> None:
@@ -294,7 +355,7 @@ class _Harness:
             raise
         except BaseException as exc:  # noqa: BLE001 - the scheduler's fault
             return Violation(step, "crash", "finish", q,
-                             witness=f"finish({q}) {what_it_did(exc)}")
+                             witness=self._raised(f"finish({q})", exc))
         post = self.capture()
         v = self._clauses(step, policy.finish(PY, pre, post, q), pre, post,
                           f"finish({q}) after step {step}", policy.DOCS["finish"])
@@ -349,7 +410,7 @@ class _Harness:
                 raise
             except BaseException as exc:  # noqa: BLE001 - the scheduler's fault
                 return Violation(n, "crash", "step", witness=(
-                    f"step() {what_it_did(exc)}; before: {describe(pre)}"))
+                    f"{self._raised('step()', exc)}; before: {describe(pre)}"))
             try:
                 decoded = [as_int(q, "a decoded id") for q in decoded]
             except (TypeError, ObservationError):
@@ -381,8 +442,9 @@ class _Harness:
                              "the bound", witness=(
                                  f"{unfinished} request(s) vanished: neither waiting, running "
                                  f"nor finished after step {st.steps}"))
-        leaked = self.nb - len(self.bm.free)
-        st.final_free = len(self.bm.free)
+        free = read_num_free(self.view)
+        leaked = self.nb - free
+        st.final_free = free
         st.leaked = leaked
         if v is None and leaked:
             v = Violation(st.steps, "invariant", "no blocks leak at the end", witness=(
@@ -426,10 +488,23 @@ class _Harness:
             st.preempted.append(len(victims))
 
 
+def _lens(bm) -> dict[int, int]:
+    """A seed-shaped block manager's own token counts (``lens``), as ints."""
+    try:
+        items = list(bm.lens.items())
+    except Exception as exc:  # noqa: BLE001 - the block manager's fault, reported
+        raise ObservationError(f"lens cannot be read: {type(exc).__name__}: {exc}") from None
+    return {as_int(q, "a sequence id in lens"): as_int(n, f"lens[{q!r}]") for q, n in items}
+
+
 def run_workload(factory, requests: list[Request], num_blocks: int, block_size: int,
-                 watermark: int, timeout: float | None = 10.0, record: bool = False) -> Run:
-    """One checked run. Raises ``TargetError`` when the scheduler cannot be built."""
-    return _Harness(factory, requests, num_blocks, block_size, watermark, timeout, record).run()
+                 watermark: int, timeout: float | None = 10.0, record: bool = False,
+                 block_manager=None, out_of_blocks: type[BaseException] | None = None) -> Run:
+    """One checked run. Raises ``TargetError`` when the scheduler or its block manager
+    (``block_manager``, see ``resolve_block_manager``) cannot be built."""
+    return _Harness(factory, requests, num_blocks, block_size, watermark, timeout, record,
+                    block_manager, out_of_blocks).run()
+
 
 
 # -- shrinking -------------------------------------------------------------------------
@@ -444,7 +519,8 @@ class Shrunk:
 
 def shrink(factory, requests: list[Request], num_blocks: int, block_size: int, watermark: int,
            key: tuple[str, str], timeout: float | None = 10.0, budget: float = 30.0,
-           progress=None) -> Shrunk:
+           progress=None, block_manager=None,
+           out_of_blocks: type[BaseException] | None = None) -> Shrunk:
     """A smaller workload failing the same way (same violation kind and rule).
 
     Greedy to a fixpoint: drop chunks of requests (halving down to one), lower
@@ -457,6 +533,7 @@ def shrink(factory, requests: list[Request], num_blocks: int, block_size: int, w
     best = list(requests)
     nb = num_blocks
     best_run: Run | None = None
+    run = functools.partial(run_workload, block_manager=block_manager, out_of_blocks=out_of_blocks)
 
     def fails(reqs, blocks) -> Run | None:
         nonlocal tries
@@ -467,14 +544,14 @@ def shrink(factory, requests: list[Request], num_blocks: int, block_size: int, w
                 or watermark >= blocks:
             return None
         try:
-            r = run_workload(factory, reqs, blocks, block_size, watermark, timeout)
+            r = run(factory, reqs, blocks, block_size, watermark, timeout)
         except TargetError:
             return None
         return r if r.violation is not None and r.violation.key == key else None
 
     best_run = fails(best, nb)
     if best_run is None:  # not reproducible: keep as found
-        r = run_workload(factory, best, nb, block_size, watermark, timeout)
+        r = run(factory, best, nb, block_size, watermark, timeout)
         return Shrunk(best, nb, r, tries, False)
 
     def candidates(reqs, blocks):
@@ -525,7 +602,7 @@ def shrink(factory, requests: list[Request], num_blocks: int, block_size: int, w
         else:
             complete = True
             break
-    final = run_workload(factory, best, nb, block_size, watermark, timeout, record=True)
+    final = run(factory, best, nb, block_size, watermark, timeout, record=True)
     return Shrunk(best, nb, final, tries, complete)
 
 
@@ -551,6 +628,7 @@ class Result:
     original_requests: int = 0
     findings: list[Finding] = field(default_factory=list)
     stats: Stats | None = None
+    block_manager: str = "reference"  # the block manager driven (its label)
 
     @property
     def ok(self) -> bool:
@@ -560,6 +638,7 @@ class Result:
         return {
             "verdict": self.verdict,
             "target": self.label,
+            "block_manager": self.block_manager,
             "workloads": self.workloads,
             "steps": self.steps,
             "seconds": round(self.seconds, 3),
@@ -577,20 +656,24 @@ class Result:
 def verify(target="reference", num_blocks: int = 16, block_size: int = 4, watermark: int = 1,
            requests: int = 12, seed: int = 0, workloads: int = 20, timeout: float | None = 10.0,
            do_shrink: bool = True, shrink_budget: float = 30.0, progress=None,
-           shrink_progress=None) -> Result:
-    """Check ``target`` on ``workloads`` seeded workloads (seeds ``seed``, ``seed + 1``...);
+           shrink_progress=None, block_manager=None,
+           out_of_blocks: type[BaseException] | None = None) -> Result:
+    """Check ``target`` on ``workloads`` seeded workloads (seeds ``seed``, ``seed + 1``...),
+    driving the block manager ``block_manager`` (see ``resolve_block_manager``);
     ``progress(done)`` told of the workloads run, ``shrink_progress(tries, requests)`` of the
     shrinking."""
     from kvcheck.models.scheduler.workload import generate
 
     label, factory = resolve(target)
+    bm_label, bm = resolve_block_manager(block_manager, factory, label)
+    check = functools.partial(run_workload, block_manager=bm, out_of_blocks=out_of_blocks)
     start = time.perf_counter()
     steps = 0
     findings: list[Finding] = []
     for i in range(workloads):
         reqs = generate(seed + i, requests, num_blocks, block_size, watermark,
                         arrival_steps=2 * requests)
-        run = run_workload(factory, reqs, num_blocks, block_size, watermark, timeout)
+        run = check(factory, reqs, num_blocks, block_size, watermark, timeout)
         if progress is not None:
             progress(i + 1)
         steps += run.stats.steps
@@ -599,18 +682,20 @@ def verify(target="reference", num_blocks: int = 16, block_size: int = 4, waterm
             continue
         if do_shrink:
             s = shrink(factory, reqs, num_blocks, block_size, watermark, run.violation.key,
-                       timeout, shrink_budget, shrink_progress)
+                       timeout, shrink_budget, shrink_progress, bm, out_of_blocks)
             how = ("1-minimal: dropping any request, shortening any prompt or output, moving any "
                    "arrival earlier, shrinking the pool by a block or halving the whole scope "
                    "stops it failing this way"
                    if s.complete else budget_ran_out(shrink_budget, len(s.requests), "request"))
             return Result("fail", label, i + 1, steps, time.perf_counter() - start,
                           s.run.violation, s.requests, s.num_blocks, s.run.log, how, len(reqs),
-                          findings, s.run.stats)
-        rec = run_workload(factory, reqs, num_blocks, block_size, watermark, timeout, record=True)
+                          findings, s.run.stats, bm_label)
+        rec = check(factory, reqs, num_blocks, block_size, watermark, timeout, record=True)
         return Result("fail", label, i + 1, steps, time.perf_counter() - start, rec.violation,
-                      reqs, num_blocks, rec.log, "not shrunk", len(reqs), findings, rec.stats)
-    return Result("pass", label, workloads, steps, time.perf_counter() - start, findings=findings)
+                      reqs, num_blocks, rec.log, "not shrunk", len(reqs), findings, rec.stats,
+                      bm_label)
+    return Result("pass", label, workloads, steps, time.perf_counter() - start, findings=findings,
+                  block_manager=bm_label)
 
 
 def render(result: Result, block_size: int, watermark: int) -> str:
