@@ -52,12 +52,14 @@ def subject_of(element) -> str | None:
     return getattr(element, "subject", None)
 
 
-class _Domain:
-    """A domain whose elements come tagged."""
+def tagged_domain(dom):
+    """A copy of a spec ``Domain`` (``blocks``, ``seqs``) whose elements come tagged."""
+    import copy as _copy
 
-    def __init__(self, dom, blocks_tag: str = "block", seqs_tag: str = "seq"):
-        self.blocks = [tag(blocks_tag, b) for b in dom.blocks]
-        self.seqs = [tag(seqs_tag, q) for q in dom.seqs]
+    t = _copy.copy(dom)
+    t.blocks = [tag("block", b) for b in dom.blocks]
+    t.seqs = [tag("seq", q) for q in dom.seqs]
+    return t
 
 
 @dataclass
@@ -148,6 +150,14 @@ def for_clauses(clauses, states: dict, log: list) -> Evidence | None:
             readings = own + [r for r in prelude if r not in own]
             return Evidence(name, _plain(element), subject_of(element), values(readings, states))
     return None
+
+
+def for_invariant(inv, L, s, x) -> Evidence:
+    """A state invariant's evidence at element ``x`` (its domain says what ``x`` is)."""
+    log: list = []
+    kind = {"block": "block", "seq": "seq"}.get(inv.domain)
+    inv.holds_for(L, Recorder(s, "state", log), tag(kind, x) if x is not None else None)
+    return Evidence(inv.name, x, kind, values(log, {"state": s}))
 
 
 def values(readings: list[Reading], states: dict) -> list[dict]:

@@ -18,7 +18,7 @@ import html
 
 from kvcheck import __version__
 from kvcheck.check.trace import Trace
-from kvcheck.models.blocks.witness import clause_subject, describe_op
+from kvcheck.models.blocks.witness import describe_op
 from kvcheck.report.text import describe_step, state_line
 
 MAX_STEPS = 300  # steps drawn; around the violation when there are more
@@ -86,16 +86,11 @@ def focus(trace: Trace) -> tuple[int | None, int | None]:
     if v is None or v.element is None and v.kind not in ("crash", "hang", "malformed"):
         return None, None
     op = trace.ops[v.step - 1] if 1 <= v.step <= len(trace.ops) else None
-    if v.kind == "invariant":
-        from kvcheck.spec.invariants import INVARIANTS
-
-        domain = next((i.domain for i in INVARIANTS if i.name == v.name), None)
-        return (v.element, None) if domain == "block" else (None, v.element)
-    if v.kind == "contract":
-        if clause_subject(v.name, v.element) == "block":
+    if v.kind in ("invariant", "contract"):  # the evidence says what the element is
+        if v.subject == "block":
             return v.element, None
-        block = op.block if op is not None and op.kind == "append_slot" else None
-        return block, v.element
+        block = op.block if op is not None and getattr(op, "kind", "") == "append_slot" else None
+        return (block if v.kind == "contract" else None), v.element
     if v.kind == "data":
         return None, v.element
     return None, (op.seq if op is not None else v.element)

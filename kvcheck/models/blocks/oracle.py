@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 from operator import index
 
+from kvcheck.check import evidence
 from kvcheck.check import watchdog as watchdog_module
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, Watchdog, active_watchdog, record_phase
@@ -32,6 +33,7 @@ from kvcheck.errors import what_it_did
 from kvcheck.models.blocks import compiled as compiled_checks
 from kvcheck.models.blocks import witness
 from kvcheck.models.blocks.ghost import After, Ghost
+from kvcheck.models.blocks.model import OPS
 from kvcheck.models.blocks.shadow import ShadowMemory
 from kvcheck.spec import contracts
 from kvcheck.spec.contracts import OK, OOB, Domain, Op
@@ -361,10 +363,21 @@ class Oracle:
     def _check_op(self, pre, post, op: Op, dom: Domain, n: int) -> Violation | None:
         for name, element, holds in contracts.clauses(PY, pre, post, op, dom):
             if not holds:
+                ev = self._evidence(pre, post, op, dom) or evidence.Evidence(name, element, None, [])
                 return Violation(n, "contract", f"{op.kind}: {name}", element,
-                                 witness=witness.for_clause(name, element, pre, post, op),
-                                 doc=" ".join((contracts.CONTRACTS[op.kind].__doc__ or "").split()))
+                                 witness=witness.for_step(ev, pre, post, op),
+                                 doc=" ".join((contracts.CONTRACTS[op.kind].__doc__ or "").split()),
+                                 subject=ev.subject, terms=ev.terms)
         return None
+
+    def _evidence(self, pre, post, op: Op, dom: Domain):
+        """The first failing clause of ``op``'s contract, re-run over recording states:
+        its element's kind and the terms it read (``kvcheck.check.evidence``)."""
+        log: list = []
+        rpre, rpost = evidence.Recorder(pre, "pre", log), evidence.Recorder(post, "post", log)
+        tagged = evidence.tagged_op(op, OPS[op.kind])
+        clauses = contracts.clauses(PY, rpre, rpost, tagged, evidence.tagged_domain(dom))
+        return evidence.for_clauses(clauses, {"pre": pre, "post": post}, log)
 
     def _check_touched(self, post: After, dom: Domain, n: int) -> Violation | None:
         """Every invariant not needing the free list's membership, on what ``op`` touched."""
@@ -396,8 +409,9 @@ class Oracle:
         return None
 
     def _invariant_violation(self, inv, x, s, n: int) -> Violation:
-        return Violation(n, "invariant", inv.name, x, witness=witness.for_invariant(inv.name, x, s),
-                         doc=inv.doc)
+        ev = evidence.for_invariant(inv, PY, s, x)
+        return Violation(n, "invariant", inv.name, x, witness=witness.for_state(ev, s),
+                         doc=inv.doc, subject=ev.subject, terms=ev.terms)
 
     def _check_frame(self, snap) -> Violation | None:
         """Fast mode: what no operation touched must not have changed."""

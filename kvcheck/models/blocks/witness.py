@@ -1,41 +1,18 @@
-"""Plain-English witnesses: the concrete numbers behind a violation.
+"""Plain-English witnesses: the concrete numbers behind a violation, from its evidence.
 
 Reporting is kept apart from checking: the oracle decides *that* a rule broke
-(using only ``kvcheck.spec``); these functions say *how*, in one or two
-sentences, with both sides of the disagreement (e.g. a refcount and the
-number of table entries that name the block).
+(using only ``kvcheck.spec``) and gathers its evidence (``kvcheck.check.evidence``:
+the element, what kind of thing it is, the terms the clause read). These functions
+say *how*, in one or two sentences, with both sides of the disagreement (a refcount
+and the number of table entries naming the block; what an append did to a shared
+tail). They go by what the evidence is about (a block, a sequence, the whole state),
+by the operation and by the terms read, never by a clause's name: a clause added or
+renamed in the spec is explained by the same sentences.
 """
 
 from __future__ import annotations
 
-# Contract clauses whose element is a block id (the others name a sequence).
-BLOCK_CLAUSES = frozenset({
-    "isolation",
-    "refcount unchanged",
-    "free-list membership unchanged",
-    "blocks handed out are distinct",
-    "refcount +1 for each block handed out, others unchanged",
-    "blocks handed out leave the free list, others stay",
-    "refcounts change only as the operation says",
-    "free list changes only as the operation says",
-    "refcount +1 per parent entry, others unchanged",
-    "free list unchanged",
-    "refcount -1 per entry of the freed table",
-    "a block joins the free list exactly when its refcount reaches 0",
-})
-OPS = ("allocate", "append_slot", "fork", "free_seq")
-
-
-def clause_subject(name: str, element) -> str | None:
-    """``"block"`` or ``"seq"``: what a clause's (or a violation's) element names."""
-    if element is None:
-        return None
-    head, _, rest = name.partition(": ")
-    base = rest if head in OPS and rest else name
-    base = base.removeprefix("exception_safety: ")
-    if base in BLOCK_CLAUSES or base.startswith("frame: untouched refcount"):
-        return "block"
-    return "seq"
+from kvcheck.spec.contracts import OOB
 
 
 def _holders(s, b: int) -> list[str]:
@@ -68,49 +45,63 @@ def _seqs(qs) -> str:
     return "sequences " + ", ".join(map(str, qs[:-1])) + f" and {qs[-1]}"
 
 
-def for_invariant(name: str, x, s) -> str:
-    B = s.block_size
-    if name == "refcount_conservation":
+def _read(ev, method: str) -> bool:
+    """Whether the evidence's terms include one of vocabulary ``method``."""
+    return any(t["term"].startswith(method + "(") for t in ev.terms)
+
+
+def _aliasing(s, q: int) -> str:
+    ids = getattr(s, "identities", None) or {}
+    if not ids and hasattr(s, "_idents"):  # the fast mode's post-state view
+        ids = {r: s.ident(r) for r in s.tables}
+    mine = ids.get(q)
+    others = [r for r in s.seqs() if r != q and mine is not None and ids.get(r) == mine]
+    who = _seqs(others) if others else f"{s.sharers(q) - 1} other live sequence(s)"
+    return (f"sequence {q}'s block table is the same list object as that of {who}, so "
+            f"growing or copying one table silently rewrites the other")
+
+
+def _seq_story(s, q: int) -> str:
+    B, n, k = s.block_size, s.length(q), s.nblocks(q)
+    text = (f"sequence {q} holds {n} tokens in {k} block(s) of {B} slots: {_table(s, q)} "
+            f"(ceil({n}/{B}) = {-(-n // B)} needed")
+    if k:
+        text += f", {k * B - n} slots unused, at most {B - 1} may be"
+    bad = [s.table(q, i) for i in s.positions(q) if not 0 <= s.table(q, i) < s.num_blocks]
+    if bad:
+        text += f"; ids outside 0..{s.num_blocks - 1}: {bad}"
+    if s.impl_length(q) != n:
+        text += f"; the allocator counts {s.impl_length(q)} tokens for it"
+    return text + ")"
+
+
+def for_state(ev, s) -> str:
+    """A state invariant's witness: what its element looks like in state ``s``."""
+    x = ev.element
+    if ev.subject == "block":
         who = _holders(s, x)
-        held = ", ".join(who) if who else "none"
-        return (f"block {x} has refcount {s.ref(x)} but {_entries(s.holders(x))} reference it"
-                f" (held by: {held})")
-    if name == "free_list":
-        return (f"block {x} has refcount {s.ref(x)} and is on the free list "
-                f"{s.free_count(x)} time(s); it must be there once iff its refcount is 0")
-    if name == "free_list_size":
-        return (f"the allocator counts {s.num_free()} free blocks but {s.zero_refs()} blocks "
-                f"have refcount 0")
-    if name == "free_list_in_pool":
-        return (f"the free list has {s.free_entries()} entries, of which only "
-                f"{sum(1 for b in s.blocks() if s.free_count(b) >= 1)} distinct pool blocks")
-    if name == "num_free_agrees":
+        text = (f"block {x} has refcount {s.ref(x)} but {_entries(s.holders(x))} reference it"
+                f" (held by: {', '.join(who) if who else 'none'})")
+        if _read(ev, "free_count"):
+            text += (f"; it is on the free list {s.free_count(x)} time(s), and must be there "
+                     f"once iff its refcount is 0")
+        return text
+    if ev.subject == "seq":
+        if _read(ev, "sharers"):
+            return _aliasing(s, x)
+        return _seq_story(s, x)
+    # a whole-state rule: say what it compared, by the terms it read
+    if _read(ev, "free_entries") and _read(ev, "num_free"):
         return (f"the allocator counts {s.num_free()} free blocks (its num_free), but its free "
                 f"list holds {s.free_entries()} entries")
-    if name == "table_length":
-        n = s.length(x)
-        need = -(-n // B)
-        return (f"sequence {x} holds {n} tokens, so it needs ceil({n}/{B}) = {need} blocks, "
-                f"but its table has {s.nblocks(x)}: {_table(s, x)}")
-    if name == "waste_bound":
-        n, k = s.length(x), s.nblocks(x)
-        return (f"sequence {x} holds {n} tokens in {k} blocks of {B} slots ({_table(s, x)}), "
-                f"leaving {k * B - n} slots unused; at most {B - 1} may be")
-    if name == "length_agrees":
-        return (f"the allocator counts {s.impl_length(x)} tokens for sequence {x}, "
-                f"but it was given {s.length(x)}")
-    if name == "no_aliasing":
-        ids = getattr(s, "identities", {})
-        mine = ids.get(x)
-        others = [q for q in s.seqs() if q != x and mine is not None and ids.get(q) == mine]
-        who = _seqs(others) if others else f"{s.sharers(x) - 1} other live sequence(s)"
-        return (f"sequence {x}'s block table is the same list object as that of {who}, so "
-                f"growing or copying one table silently rewrites the other")
-    if name == "valid_block_ids":
-        return f"sequence {x}'s table {_table(s, x)} names ids outside 0..{s.num_blocks - 1}"
-    if name == "empty_start":
-        return "a fresh allocator must start with every block free"
-    return f"{name} fails at {x}"
+    if _read(ev, "free_count"):
+        distinct = sum(1 for b in s.blocks() if s.free_count(b) >= 1)
+        entries = s.free_entries() if hasattr(s, "free_entries") else s.num_free()
+        return f"the free list has {entries} entries, of which only {distinct} distinct pool blocks"
+    if _read(ev, "zero_refs"):
+        return (f"the allocator counts {s.num_free()} free blocks but {s.zero_refs()} blocks have "
+                f"refcount 0")
+    return "; ".join(f"{t['term']} = {t.get('state')}" for t in ev.terms) or "the whole state"
 
 
 def describe_op(op) -> str:
@@ -167,74 +158,60 @@ def _tail_words(pre, q: int) -> str:
     return f"sequence {q}'s last block {tail} was {full} ({used} of {B} slots used) and {share}"
 
 
-def for_clause(name: str, element, pre, post, op) -> str:
-    q = op.seq
+def _append_did(op, pre, post) -> str:
+    """What a successful append did, in words."""
+    q, tail = op.seq, pre.tail(op.seq)
+    others = [r for r in _holder_seqs(post, tail) if r != q]
+    if op.cow_src is not None:
+        return (f"it copied block {op.cow_src} into block {op.block} (cow_src={op.cow_src}) and "
+                f"wrote slot {op.offset} there: sequence {q}'s table went {_table(pre, q)} -> "
+                f"{_table(post, q)} and the free list {pre.num_free()} -> {post.num_free()}")
+    if op.block == tail and pre.length(q) % pre.block_size:
+        where = f", where {_seqs(others)} can still read it" if others else ""
+        return f"it wrote slot {op.offset} of block {tail} in place (cow_src=None){where}"
+    return (f"it returned block {op.block}, offset {op.offset}: sequence {q}'s table went "
+            f"{_table(pre, q)} -> {_table(post, q)}")
+
+
+def for_step(ev, pre, post, op) -> str:
+    """An operation's witness: what the broken clause's element looked like before and
+    after ``op``, and what ``op`` did."""
     head = describe_op(op)
-    base = name.removeprefix("exception_safety: ")
-    if name == "isolation":
-        b = op.block
-        others = [h for h in _holders(post, b) if not h.startswith(f"sequence {q} ")]
-        return (f"{head}: sequence {q} writes slot {op.offset} of block {b}, which "
-                f"{', '.join(others) or 'another table'} can still read "
-                f"(block {b} has {_entries(post.holders(b))}, refcount {post.ref(b)})")
-    if op.kind == "append_slot" and op.outcome == "ok" and name == "a full block is never copied":
-        return (f"{head}: {_tail_words(pre, q)}, so the new token needs just one fresh block; "
-                f"instead append_slot copied block {op.cow_src} (cow_src={op.cow_src}): "
-                f"sequence {q}'s table went {_table(pre, q)} -> {_table(post, q)} and the free "
-                f"list {pre.num_free()} -> {post.num_free()}")
-    if op.kind == "append_slot" and op.outcome == "ok" and name.startswith("a shared partial"):
-        tail = pre.tail(q)
-        others = [r for r in _holder_seqs(post, tail) if r != q]
-        if op.block == tail and op.cow_src is None:
-            did = (f"instead it wrote slot {op.offset} of block {tail} in place (cow_src=None), "
-                   f"where {_seqs(others)} can still read it")
-        else:
-            did = (f"instead it returned block {op.block}, cow_src={op.cow_src}, and sequence "
-                   f"{q}'s table went {_table(pre, q)} -> {_table(post, q)}")
-        return (f"{head}: {_tail_words(pre, q)}, so it must be copied before slot "
-                f"{pre.length(q) % pre.block_size} is written; {did}")
-    if name.startswith("exception_safety:"):
-        what = "must leave everything unchanged"
-        if clause_subject(name, element) == "block":
-            detail = _block_story(element, pre, post)
-        elif element is not None:
-            detail = (f"sequence {element}'s table {_table(pre, element)} -> "
-                      f"{_table(post, element)}, length {pre.length(element)} -> "
-                      f"{post.length(element)}")
-        else:
-            changed = _changed_blocks(pre, post)
-            detail = f"the free list went {pre.num_free()} -> {post.num_free()} entries"
-            if changed:
-                detail += "; " + "; ".join(_block_story(b, pre, post) for b in changed[:3])
-        return f"{head} failed, so it {what}, but '{base}' broke: {detail}"
-    if clause_subject(name, element) == "block":
-        b = element
-        return f"{head} broke '{name}': {_block_story(b, pre, post)}"
-    if name.endswith("its own object") and element is not None:
-        ids = getattr(post, "identities", {})
-        mine = ids.get(element)
-        others = [r for r in post.seqs()
-                  if r != element and mine is not None and ids.get(r) == mine]
-        who = _seqs(others) if others else f"{post.sharers(element) - 1} other sequence(s)"
-        return (f"{head}: sequence {element}'s table {_table(post, element)} is the same list "
-                f"object as the table of {who}, so growing or copying one silently rewrites "
-                f"the other")
-    parts = [f"{head} broke '{name}'"]
-    seqs = (q, op.child) if op.kind == "fork" else (q,)
-    for s in seqs:
-        parts.append(f"sequence {s} table before {_table(pre, s)} after {_table(post, s)}")
-    if element is not None and element not in seqs:
-        parts.append(f"sequence {element} table before {_table(pre, element)} after "
-                     f"{_table(post, element)}")
-    if op.kind == "append_slot" and op.outcome == "ok":
-        parts.append(_tail_words(pre, q))
+    x = ev.element
+    if op.outcome == OOB:
+        lead = f"{head} failed, so it must leave everything unchanged, but '{ev.name}' broke: "
+    else:
+        lead = f"{head} broke '{ev.name}': "
+    if ev.subject == "block":
+        if op.kind == "append_slot" and op.outcome != OOB and x == op.block:
+            others = [h for h in _holders(post, x) if not h.startswith(f"sequence {op.seq} ")]
+            return (f"{lead}sequence {op.seq} writes slot {op.offset} of block {x}, which "
+                    f"{', '.join(others) or 'another table'} can still read (block {x} has "
+                    f"{_entries(post.holders(x))}, refcount {post.ref(x)})")
+        return lead + _block_story(x, pre, post)
+    if ev.subject == "seq":
+        if _read(ev, "sharers") and post.sharers(x) != 1:
+            return lead + _aliasing(post, x)
+        if op.kind == "append_slot" and op.outcome != OOB and x == op.seq:
+            return f"{lead}{_tail_words(pre, x)}; {_append_did(op, pre, post)}"
+        text = (f"sequence {x}'s table {_table(pre, x)} -> {_table(post, x)}, length "
+                f"{pre.length(x)} -> {post.length(x)}")
+        seqs = (op.seq, op.child) if op.kind == "fork" else (op.seq,)
+        for r in seqs:
+            if r != x:
+                text += f"; sequence {r}'s table {_table(pre, r)} -> {_table(post, r)}"
+        if op.kind == "allocate":
+            need = -(-op.n_tokens // pre.block_size)
+            text += f"; it needs ceil({op.n_tokens}/{pre.block_size}) = {need} block(s)"
+        return lead + text
+    detail = f"the free list went {pre.num_free()} -> {post.num_free()} entries"
     if op.kind == "allocate":
         need = -(-op.n_tokens // pre.block_size)
-        parts.append(f"it needs ceil({op.n_tokens}/{pre.block_size}) = {need} block(s)")
-    parts.append(f"free list length {pre.num_free()} -> {post.num_free()}")
-    if element is None:
-        parts += [_block_story(b, pre, post) for b in _changed_blocks(pre, post)[:3]]
-    return "; ".join(parts)
+        detail += f"; it needs ceil({op.n_tokens}/{pre.block_size}) = {need} block(s)"
+    changed = _changed_blocks(pre, post)
+    if changed:
+        detail += "; " + "; ".join(_block_story(b, pre, post) for b in changed[:3])
+    return lead + detail
 
 
 def for_data(q, pos, block, B, read, want, shadow, tables) -> str:
