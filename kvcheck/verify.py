@@ -24,7 +24,8 @@ from kvcheck.models.blocks.model import MODEL as BLOCKS
 from kvcheck.models.blocks.model import BlockScope
 from kvcheck.targets.loading import TargetError, resolve
 
-__all__ = ["HANG_SHRINK_TIMEOUT", "Result", "counterexample", "make_state_machine", "verify"]
+__all__ = ["HANG_SHRINK_TIMEOUT", "Op", "Result", "counterexample", "make_state_machine", "replay_ops",
+           "replay_trace", "verify"]
 
 
 @dataclass
@@ -136,3 +137,40 @@ def make_state_machine(factory, num_blocks: int = 8, block_size: int = 4, out_of
             return head + f"\n(could not render the trace: {type(exc).__name__}: {exc})"
 
     return machine(m, label, fac, scope, options, probe.capabilities, bounds, explain)
+
+
+@dataclass(frozen=True)
+class Op:
+    """A request of any model, as a reproducer writes it: ``Op('allocate', seq=0, n_tokens=3)``
+    (``replay_ops`` turns it into the model's own operation)."""
+
+    kind: str
+    args: dict
+
+    def __init__(self, kind: str, **args):
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "args", args)
+
+
+def replay_ops(model, target, scope: dict, ops: list, timeout: float | None = 10.0,
+               out_of_blocks=None, extra: dict | None = None):
+    """Replay the requests ``ops`` of ``model`` (a model or its name; each an operation of
+    the model or an ``Op``) on ``target`` (a TARGET string or a factory) at ``scope`` (the
+    trace's scope as JSON), in full mode: the ``kvcheck.check.run.Replay`` (its
+    ``violation`` is None when every check held)."""
+    from kvcheck.check.run import replay
+
+    m = model_named(model) if isinstance(model, str) else model
+    ops = [m.make_op(o.kind, **o.args) if isinstance(o, Op) else o for o in ops]
+    with Watchdog(timeout):
+        _, factory = resolve(target)
+    options = Options(mode="full", timeout=timeout, out_of_blocks=out_of_blocks,
+                      extra=dict(extra or {}))
+    return replay(m, factory, m.scope_from_json(scope), ops, options, record=True)
+
+
+def replay_trace(trace: Trace, target=None, timeout: float | None = 10.0, out_of_blocks=None,
+                 extra: dict | None = None):
+    """Replay a loaded trace's operations on ``target`` (default: the recorded one)."""
+    return replay_ops(trace.model, target or trace.target, trace.scope_json(), trace.ops, timeout,
+                      out_of_blocks, extra)

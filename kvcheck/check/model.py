@@ -133,6 +133,10 @@ class Model:
     scope_fields: tuple[ScopeField, ...] = ()
 
     # -- operations -------------------------------------------------------------
+    def make_op(self, kind: str, **args):
+        """A request for operation ``kind`` (``KeyError`` for a kind the model lacks)."""
+        return self.ops[kind].make(kind, **args)
+
     def spec_of(self, op) -> OpSpec:
         return self.ops[op.kind]
 
@@ -225,6 +229,11 @@ class Model:
     def initial_state_json(self, scope) -> dict | None:
         """The state before the first operation, as a trace would record it (None: unknown)."""
         return None
+
+    def pool_of(self, state: dict) -> dict | None:
+        """The pool in a recorded state, to draw (``tables``, ``lens``, ``refs``, ``free``):
+        None if the state has none."""
+        return state if isinstance(state, dict) and "refs" in state and "tables" in state else None
 
     def scope_words(self, scope) -> str:
         """What the scope holds beyond the pool, for a title (``, watermark 1``)."""

@@ -17,9 +17,9 @@ from __future__ import annotations
 import html
 
 from kvcheck import __version__
+from kvcheck.check.model import model_named
 from kvcheck.check.trace import Trace
-from kvcheck.models.blocks.witness import describe_op
-from kvcheck.report.text import describe_step, state_line
+from kvcheck.report.text import terms_line
 
 MAX_STEPS = 300  # steps drawn; around the violation when there are more
 MAX_BLOCKS = 128  # pool cells drawn; beyond it only blocks in use (and the highlighted one)
@@ -54,6 +54,8 @@ main{padding:16px 24px;max-width:1400px}
 .note{color:#78909c;font-size:12px}
 svg text{font-family:ui-monospace,Menlo,Consolas,monospace}
 code{background:#eceff1;padding:0 4px;border-radius:3px}
+table.terms{border-collapse:collapse;margin:6px 0;font-size:13px}
+table.terms td,table.terms th{border:1px solid #cfd8dc;padding:2px 8px;text-align:left}
 """
 
 _JS = """
@@ -175,12 +177,30 @@ def _steps_to_draw(n: int, vstep: int | None) -> list[int]:
     return steps[start:end + 1]
 
 
+def _drawing(m, state, nb: int, bs: int, hl_block, hl_seq) -> str:
+    """The pool drawn, if the model's recorded state has one (``Model.pool_of``)."""
+    pool = m.pool_of(state) if state is not None else None
+    return "" if pool is None else _svg(pool, nb, bs, hl_block, hl_seq)
+
+
+def _terms_table(terms: list[dict]) -> str:
+    """The evidence: each term the broken clause read, with its value in each state."""
+    cols = [c for c in ("pre", "post", "state") if any(c in t for t in terms)]
+    head = "".join(f"<th>{_e({'pre': 'before', 'post': 'after'}.get(c, c))}</th>" for c in cols)
+    rows = "".join("<tr><td><code>" + _e(t["term"]) + "</code></td>"
+                   + "".join(f"<td>{_e(t.get(c, ''))}</td>" for c in cols) + "</tr>"
+                   for t in terms)
+    return (f'<table class="terms"><tr><th>term the rule reads</th>{head}</tr>{rows}</table>'
+            f'<p class="note">{_e(terms_line(terms))}</p>')
+
+
 def render_html(trace: Trace, source: str | None = None) -> str:
-    """The page's full text."""
+    """The page's full text (any model: what its recorded states hold is drawn or listed)."""
     v = trace.violation
+    m = model_named(trace.model)
     hl_block, hl_seq = focus(trace)
     nb, bs = trace.num_blocks, trace.block_size
-    empty = {"tables": {}, "lens": {}, "refs": [0] * nb, "free": list(range(nb))}
+    empty = m.initial_state_json(trace.scope)
     states = trace.states
     title = f"kvcheck counterexample: {trace.target}"
     parts = [
@@ -190,7 +210,8 @@ def render_html(trace: Trace, source: str | None = None) -> str:
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
         "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">",
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
-        f"<header><h1>{_e(title)}</h1><div class=\"meta\">{_n(nb, 'block')} x {_n(bs, 'slot')} · "
+        f"<header><h1>{_e(title)}</h1><div class=\"meta\">{_e(m.title)} · "
+        f"{_n(nb, 'block')} x {_n(bs, 'slot')}{_e(m.scope_words(trace.scope))} · "
         f"{len(trace.ops)} operation(s) · seed {_e(trace.seed)} · recorded with kvcheck "
         f"{_e(trace.kvcheck_version or '?')} · page by kvcheck {_e(__version__)}</div></header>",
         "<main>",
@@ -209,10 +230,12 @@ def render_html(trace: Trace, source: str | None = None) -> str:
             f'<section class="summary" id="summary"><h2>Violation {where} ({_e(v.kind)}): '
             f"{_e(v.name)}</h2>"
             + (f'<p class="witness"><b>What happened:</b> {_e(v.witness)}</p>' if v.witness else "")
+            + (_terms_table(v.terms) if v.terms else "")
             + (f"<p><b>The rule:</b> {_e(v.doc)}</p>" if v.doc else "")
             + (f"<p><b>Highlighted:</b> {', '.join(focus_words)}</p>" if focus_words else "")
-            + (f"<p><b>State after step {v.step}:</b></p>{_svg(vstate, nb, bs, hl_block, hl_seq)}"
-               if vstate is not None else "")
+            + (f"<p><b>State after step {v.step}:</b></p>"
+               f"{_drawing(m, vstate, nb, bs, hl_block, hl_seq)}"
+               f'<p class="state">{_e(m.state_line(vstate))}</p>' if vstate is not None else "")
             + (f"<p><b>Minimal:</b> {_e(trace.minimality)}</p>" if trace.minimality else "")
             + "</section>")
     else:
@@ -242,16 +265,16 @@ def render_html(trace: Trace, source: str | None = None) -> str:
         else:
             op = trace.ops[i - 1]
             badge = '<span class="badge">VIOLATION</span>' if bad else ""
-            parts.append(f"<h3>{i}. {_e(describe_op(op))}{badge}</h3>")
+            parts.append(f"<h3>{i}. {_e(m.describe(op))}{badge}</h3>")
             before = empty if i == 1 else (states[i - 2] if i - 2 < len(states) else None)
             if not (bad and v.kind in ("crash", "hang", "malformed")):
-                parts.append(f'<p class="words">{_e(describe_step(op, before, state, bs))}</p>')
+                parts.append(f'<p class="words">{_e(m.narrate(op, before, state, bs))}</p>')
         if bad:
             parts.append(f'<p class="witness"><b>{_e(v.name)}:</b> {_e(v.witness)}</p>')
         if state is not None:
             hb, hs = (hl_block, hl_seq) if bad else (None, None)
-            parts.append(_svg(state, nb, bs, hb, hs))
-            parts.append(f'<p class="state">{_e(state_line(state))}</p>')
+            parts.append(_drawing(m, state, nb, bs, hb, hs))
+            parts.append(f'<p class="state">{_e(m.state_line(state))}</p>')
         else:
             parts.append('<p class="note">(no state recorded for this step)</p>')
         parts.append("</section>")

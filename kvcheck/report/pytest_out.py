@@ -1,9 +1,10 @@
 """A counterexample as a standalone pytest file.
 
 ``pytest_source(trace, target)`` returns the text of a test module that
-imports kvcheck, embeds the trace's operations as ``Op(...)`` literals (no
-pickles, nothing loaded at run time but the target) and replays them under
-the oracle in full mode. The test fails while the target still breaks the
+imports kvcheck, embeds the trace's operations as ``Op(...)`` literals (the
+trace's model builds them from its operation table; no pickles, nothing loaded
+at run time but the target) and replays them under the model's oracle in full
+mode: the same file for every model. The test fails while the target still breaks the
 spec on those operations and passes once it is fixed. ``KVCHECK_TARGET`` in
 the environment points it at another allocator.
 
@@ -14,6 +15,7 @@ characters, so a hostile trace cannot inject code into the file.
 
 from __future__ import annotations
 
+from kvcheck.check.model import model_named
 from kvcheck.check.trace import Trace
 
 
@@ -39,22 +41,31 @@ def portable_target(target: str) -> str:
     return location(target)
 
 
-def _op_literal(op) -> str:
-    if op.kind == "allocate":
-        return f"Op('allocate', seq={op.seq!r}, n_tokens={op.n_tokens!r})"
-    if op.kind == "fork":
-        return f"Op('fork', seq={op.seq!r}, child={op.child!r})"
-    return f"Op({op.kind!r}, seq={op.seq!r})"
+def _op_literal(model, op) -> str:
+    """``Op('kind', arg=value, ...)``: the request, its values as Python literals."""
+    spec = model.spec_of(op)
+    args = ", ".join(f"{a.name}={_literal(getattr(op, a.name))}" for a in spec.args)
+    return f"Op({op.kind!r}" + (f", {args})" if args else ")")
+
+
+def _literal(v) -> str:
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_literal(x) for x in v) + "]"
+    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
+        return repr(v)
+    return repr(str(v))
 
 
 def pytest_source(trace: Trace, target: str | None = None, timeout: float = 10.0) -> str:
     """The reproducer's source text, checking ``target`` (default: the recorded one)."""
+    model = model_named(trace.model)
     target = portable_target(target or trace.target)
     v = trace.violation
     head = [
         "# Reproducer for a kvcheck counterexample, written by `kvcheck replay --pytest-out`.",
         "#",
         f"# Recorded on: {trace.target!r}, seed {trace.seed!r}, kvcheck {trace.kvcheck_version!r}",
+        f"# Model: {model.name} ({model.title})",
     ]
     if v is not None:
         head.append(f"# Violation at step {v.step!r} ({v.kind}):")
@@ -64,23 +75,22 @@ def pytest_source(trace: Trace, target: str | None = None, timeout: float = 10.0
             head += _comment(v.witness)
     head += [
         "#",
-        "# The test passes when the allocator meets the spec on these operations and fails",
+        "# The test passes when the target meets the spec on these operations and fails",
         "# while the violation reproduces. Run it as:  pytest THIS_FILE",
-        "# or against another allocator:  KVCHECK_TARGET=reference pytest THIS_FILE",
+        "# or against another target:  KVCHECK_TARGET=reference pytest THIS_FILE",
     ]
     head = [line if line.isprintable() else "#" for line in head]
-    ops = "\n".join(f"    {_op_literal(op)}," for op in trace.ops)
+    ops = "\n".join(f"    {_op_literal(model, op)}," for op in trace.ops)
+    scope = {k: int(x) for k, x in trace.scope_json().items()}
     return "\n".join(head) + f'''
 
 import os
 
-from kvcheck.targets.loading import resolve
-from kvcheck.shrink import replay
-from kvcheck.spec.contracts import Op
+from kvcheck.verify import Op, replay_ops
 
+MODEL = {model.name!r}
 TARGET = os.environ.get("KVCHECK_TARGET") or {target!r}
-NUM_BLOCKS = {trace.num_blocks!r}
-BLOCK_SIZE = {trace.block_size!r}
+SCOPE = {scope!r}
 TIMEOUT = {float(timeout)!r}  # seconds one operation may take before it counts as a hang
 OPS = [
 {ops}
@@ -88,8 +98,7 @@ OPS = [
 
 
 def test_kvcheck_counterexample():
-    _, factory = resolve(TARGET)
-    result = replay(factory, NUM_BLOCKS, BLOCK_SIZE, OPS, timeout=TIMEOUT)
+    result = replay_ops(MODEL, TARGET, SCOPE, OPS, timeout=TIMEOUT)
     v = result.violation
     assert v is None, f"{{TARGET}}: step {{v.step}} ({{v.kind}}) {{v.name}}: {{v.witness}}"
 '''

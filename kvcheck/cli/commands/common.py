@@ -97,6 +97,25 @@ def add_trace_out(p, what: str = "the counterexample as a JSON trace") -> None:
                    help=f"write {what} to FILE (default: not written)")
 
 
+def add_junit(p) -> None:
+    p.add_argument("--junit", metavar="FILE",
+                   help="write JUnit XML to FILE: one test case per run, failed with the "
+                        "counterexample when a violation was found (default: not written)")
+
+
+def junit_run(command: str, target: str, scope: str, seconds: float, violation=None,
+              text: str = "") -> str:
+    """JUnit XML for one checked run: one suite, one case, failed with ``text`` (the rendered
+    counterexample) when ``violation`` is set."""
+    from kvcheck.report.junit import Case, Suite, junit_xml
+
+    case = Case(f"kvcheck.{command.replace('-', '_')}", f"{target} [{scope}]", seconds, text=text)
+    if violation is not None:
+        case.failure = f"{violation.kind}: {violation.name}"
+        case.failure_type = violation.kind
+    return junit_xml([Suite(f"kvcheck {command}: {target}", [case])], f"kvcheck {command}")
+
+
 def add_out_of_blocks(p) -> None:
     p.add_argument("--out-of-blocks", metavar="module:Name",
                    help="the exception class the target raises when it is out of blocks "

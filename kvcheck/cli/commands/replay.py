@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from kvcheck.cli.commands.common import (
     add_json,
+    add_junit,
     add_out_of_blocks,
     add_timeout,
     add_trace_out,
     check_outputs,
     emit_json,
     exit_code,
+    junit_run,
     write_output,
 )
 
@@ -38,6 +40,7 @@ def add_parser(sub) -> None:
                    help="also write a standalone pytest reproducer of the trace for the target "
                         "to FILE (default: not written)")
     add_trace_out(p, "the replayed run as a trace")
+    add_junit(p)
     add_json(p)
     p.set_defaults(run=run)
 
@@ -52,7 +55,8 @@ def run(args) -> int:
     from kvcheck.report.text import render
     from kvcheck.targets.loading import TargetError, load_exception, resolve
 
-    check_outputs((args.pytest_out, "--pytest-out"), (args.trace_out, "--trace-out"))
+    check_outputs((args.pytest_out, "--pytest-out"), (args.trace_out, "--trace-out"),
+                  (args.junit, "--junit"))
     trace = Trace.load(args.trace)
     _runnable(trace, args.trace)
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
@@ -90,6 +94,11 @@ def run(args) -> int:
         rerun.minimality = f"replayed from a trace recorded on {trace.target}"
         written &= write_output(args.trace_out, rerun.dumps() + "\n", "--trace-out")
         rerun.minimality = ""
+    if args.junit:
+        scope = f"{len(r.ops)} of {len(trace.ops)} operation(s) of {args.trace}"
+        written &= write_output(args.junit, junit_run("replay", label, scope, 0.0, got,
+                                                      render(rerun, title="Replay")) + "\n",
+                                "--junit")
     if args.json:
         emit_json({"verdict": verdict, "target": label, "ran": len(r.ops), "skipped": skipped,
                    "recorded": None if want is None else want.to_json(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvcheck.cli.commands.common import (
     Progress,
     add_json,
+    add_junit,
     add_out_of_blocks,
     add_pool,
     add_seed,
@@ -15,6 +16,7 @@ from kvcheck.cli.commands.common import (
     check_outputs,
     emit_json,
     exit_code,
+    junit_run,
     positive_int,
     stopped_note,
     write_output,
@@ -33,6 +35,7 @@ def add_parser(sub) -> None:
                    help="operations to run (default: %(default)s)")
     add_seed(p)
     add_trace_out(p)
+    add_junit(p)
     add_json(p)
     add_out_of_blocks(p)
     add_timeout(p)
@@ -49,7 +52,7 @@ def run(args) -> int:
     from kvcheck.verify import verify
 
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
-    check_outputs((args.trace_out, "--trace-out"))
+    check_outputs((args.trace_out, "--trace-out"), (args.junit, "--junit"))
     bar = Progress(args.ops, "verify", "operations") if not args.json else None
     try:
         result = verify(args.target, args.blocks, args.block_size, args.ops, args.seed, oob,
@@ -69,6 +72,12 @@ def report(args, result) -> int:
     written = True
     if args.trace_out and result.trace is not None:
         written = write_output(args.trace_out, result.trace.dumps() + "\n", "--trace-out")
+    if getattr(args, "junit", None):
+        text = "" if result.trace is None else render(result.trace)
+        scope = f"{args.blocks} blocks x {args.block_size} tokens, {result.ops} operations, " \
+                f"seed {args.seed}"
+        written &= write_output(args.junit, junit_run("verify", args.target, scope, result.seconds,
+                                                      result.violation, text) + "\n", "--junit")
     if args.json:
         emit_json(result.to_json())
     elif result.ok:
