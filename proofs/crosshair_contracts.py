@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from kvcheck.models.blocks.model import call
 from kvcheck.models.blocks.oracle import decode_append
 from kvcheck.spec import contracts
 from kvcheck.spec.contracts import OK, OOB, Domain, Op
@@ -44,7 +45,6 @@ from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
 from kvcheck.targets.loading import build, resolve
 from kvcheck.targets.observe import ObservationError, snapshot
-from kvcheck.targets.protocol import call
 
 
 def _crosshair_module_walk_guard() -> None:

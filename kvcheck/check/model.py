@@ -63,15 +63,32 @@ class Arg:
 class OpSpec:
     """One operation of a model, as data.
 
-    ``make(kind, **args)`` builds a request; ``results`` are the attributes a
-    successful call fills in (recorded in traces), with their roles; ``doc`` is the
-    wording of its contract, taken from the spec."""
+    ``make(kind, **args)`` builds a request; the target is called as
+    ``target.<kind>(*args)`` (``call``); ``results`` are the attributes a successful call
+    fills in (recorded in traces), with their roles; ``doc`` is the wording of its
+    contract, taken from the spec."""
 
     kind: str
     make: Callable[..., Any]
     args: tuple[Arg, ...] = ()
     results: tuple[Arg, ...] = ()
     doc: str = ""
+
+    def call(self, target, op):
+        """Run ``op`` on ``target``: its method named ``kind``, with the arguments in the
+        table's order (``fork(parent, child)``, ``allocate(seq, n_tokens)``). Its result."""
+        return getattr(target, self.kind)(*[getattr(op, a.name) for a in self.args])
+
+    def caller(self):
+        """``call`` specialised for this operation (the oracle's hot path)."""
+        kind, names = self.kind, tuple(a.name for a in self.args)
+        if len(names) == 1:
+            (a,) = names
+            return lambda target, op: getattr(target, kind)(getattr(op, a))
+        if len(names) == 2:
+            a, b = names
+            return lambda target, op: getattr(target, kind)(getattr(op, a), getattr(op, b))
+        return self.call
 
     def request(self, op):
         """A fresh copy of ``op``'s call, without any outcome."""

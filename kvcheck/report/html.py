@@ -17,7 +17,7 @@ from __future__ import annotations
 import html
 
 from kvcheck import __version__
-from kvcheck.check.model import model_named
+from kvcheck.check.model import BLOCK, model_named
 from kvcheck.check.trace import Trace
 from kvcheck.report.text import terms_line
 
@@ -82,6 +82,18 @@ def _fill(ref) -> str:
     return FILL.get(ref, SHARED)
 
 
+def _block_returned(trace: Trace, op) -> int | None:
+    """The first block the operation returned (a result whose role is a block), if any."""
+    if op is None:
+        return None
+    spec = model_named(trace.model).ops.get(op.kind)
+    for r in (spec.results if spec is not None else ()):
+        value = getattr(op, r.name, None)
+        if r.role == BLOCK and isinstance(value, int):
+            return value
+    return None
+
+
 def focus(trace: Trace) -> tuple[int | None, int | None]:
     """(block, sequence) the violation is about, whichever are known."""
     v = trace.violation
@@ -91,8 +103,7 @@ def focus(trace: Trace) -> tuple[int | None, int | None]:
     if v.kind in ("invariant", "contract"):  # the evidence says what the element is
         if v.subject == "block":
             return v.element, None
-        block = op.block if op is not None and getattr(op, "kind", "") == "append_slot" else None
-        return (block if v.kind == "contract" else None), v.element
+        return (_block_returned(trace, op) if v.kind == "contract" else None), v.element
     if v.kind == "data":
         return None, v.element
     return None, (op.seq if op is not None else v.element)

@@ -18,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-OPERATIONS = ("allocate", "append_slot", "fork", "free_seq")
+from kvcheck.spec.contracts import CONTRACTS
+
+OPERATIONS = tuple(CONTRACTS)  # the operations the spec has a contract for: a target's methods
 
 
 @runtime_checkable
@@ -75,18 +77,6 @@ class Target(Protocol):
         """Whether ``exc`` is the allocator's out-of-blocks signal."""
 
 
-def call(target, op):
-    """Run operation ``op`` (a ``kvcheck.spec.contracts.Op``) on ``target``; its result."""
-    kind = op.kind
-    if kind == "append_slot":
-        return target.append_slot(op.seq)
-    if kind == "allocate":
-        return target.allocate(op.seq, op.n_tokens)
-    if kind == "fork":
-        return target.fork(op.seq, op.child)
-    return target.free_seq(op.seq)
-
-
 class NotSeedShaped(TypeError):
     """The object lacks what a seed-shaped allocator has (``tables``, ``ref``, ``free``)."""
 
@@ -129,11 +119,8 @@ class SeedAdapter:
         self.block_size = block_size
         self.capabilities = frozenset(op for op in OPERATIONS if callable(getattr(impl, op, None)))
         self._oob = out_of_blocks
-        # Bound methods: the oracle calls these on its hot path.
-        self.allocate = getattr(impl, "allocate", None)
-        self.append_slot = getattr(impl, "append_slot", None)
-        self.fork = getattr(impl, "fork", None)
-        self.free_seq = getattr(impl, "free_seq", None)
+        for name in OPERATIONS:  # bound methods: the oracle calls these on its hot path
+            setattr(self, name, getattr(impl, name, None))
 
     def block_table(self, seq: int) -> Sequence[int]:
         return self.impl.tables[seq]

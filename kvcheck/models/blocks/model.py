@@ -79,6 +79,14 @@ STATE_SCHEMA = {  # a recorded state: every live table, the lengths, refcounts a
 }
 
 
+_CALLERS = {kind: spec.caller() for kind, spec in OPS.items()}
+
+
+def call(target, op):
+    """Run operation ``op`` (a ``kvcheck.spec.contracts.Op``) on ``target``; its result."""
+    return _CALLERS[op.kind](target, op)
+
+
 class BlocksModel(Model):
     name = "blocks"
     title = "paged block manager"

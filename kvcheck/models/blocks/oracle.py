@@ -33,7 +33,7 @@ from kvcheck.errors import what_it_did
 from kvcheck.models.blocks import compiled as compiled_checks
 from kvcheck.models.blocks import witness
 from kvcheck.models.blocks.ghost import After, Ghost
-from kvcheck.models.blocks.model import OPS
+from kvcheck.models.blocks.model import OPS, call
 from kvcheck.models.blocks.shadow import ShadowMemory
 from kvcheck.spec import contracts
 from kvcheck.spec.contracts import OK, OOB, Domain, Op
@@ -41,7 +41,6 @@ from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
 from kvcheck.spec.state import Snapshot
 from kvcheck.targets.observe import ObservationError, snapshot
-from kvcheck.targets.protocol import call
 
 
 def ambient_watchdog(timeout: float | None) -> Watchdog:
