@@ -178,6 +178,12 @@ class Model:
     state_schema: dict = {"type": "object", "maxProperties": 64}  # a recorded state
 
     # -- runs ---------------------------------------------------------------------
+    def resolve(self, spec) -> tuple[str, Any] | None:
+        """``(label, factory)`` for a TARGET of this model (a registered name, module:attr,
+        file.py:attr or a callable); None: the allocators' loader
+        (``kvcheck.targets.loading.resolve``) finds it."""
+        return None
+
     def build(self, factory, scope, options):
         raise NotImplementedError
 
