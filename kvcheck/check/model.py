@@ -215,6 +215,11 @@ class Model:
         """The trace's own scope for a breadth-first search of shorter traces, or None."""
         return None
 
+    def size(self, ops: list) -> int:
+        """How long a run is in the model's own unit (what ``counterexample``'s ``unit``
+        names, e.g. a scheduler's requests): its operations, by default."""
+        return len(ops)
+
     def count_hints(self, scope) -> tuple[int, ...]:
         """Values worth trying when lowering a count (beyond 1, half and one less)."""
         return ()
