@@ -69,6 +69,8 @@ def pytest_source(trace: Trace, target: str | None = None, timeout: float = 10.0
         "# or against another allocator:  KVCHECK_TARGET=reference pytest THIS_FILE",
     ]
     head = [line if line.isprintable() else "#" for line in head]
+    if trace.model != "blocks":
+        return "\n".join(head) + _model_body(trace, target, timeout)
     ops = "\n".join(f"    {_op_literal(op)}," for op in trace.ops)
     return "\n".join(head) + f'''
 
@@ -90,6 +92,56 @@ OPS = [
 def test_kvcheck_counterexample():
     _, factory = resolve(TARGET)
     result = replay(factory, NUM_BLOCKS, BLOCK_SIZE, OPS, timeout=TIMEOUT)
+    v = result.violation
+    assert v is None, f"{{TARGET}}: step {{v.step}} ({{v.kind}}) {{v.name}}: {{v.witness}}"
+'''
+
+
+def _literal(value) -> str:
+    """``value`` (a trace's JSON: ints, strings, lists, objects) as the text of a Python literal."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(str(k))}: {_literal(x)}" for k, x in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_literal(x) for x in value) + "]"
+    if value is None or isinstance(value, (bool, int)):
+        return repr(value)
+    return repr(str(value))
+
+
+def _model_body(trace: Trace, target: str, timeout: float) -> str:
+    """The reproducer of a trace of another model than the block manager's: its requests (the
+    trace's JSON, read back by the model) replayed by ``kvcheck.check.run.replay``."""
+    from kvcheck.check.model import model_named
+
+    m = model_named(trace.model)
+    requests = []
+    for op in trace.ops:
+        d = m.op_to_json(m.request(op))
+        d.pop("result", None)
+        requests.append(d)
+    ops = "\n".join(f"    {_literal(d)}," for d in requests)
+    return f'''
+
+import os
+
+from kvcheck.check.model import Options, model_named
+from kvcheck.check.run import replay
+from kvcheck.targets.loading import resolve
+
+MODEL = model_named({trace.model!r})
+TARGET = os.environ.get("KVCHECK_TARGET") or {target!r}
+SCOPE = {_literal(trace.scope_json())}
+SETTINGS = {_literal(trace.settings)}  # how the target was run (e.g. a scheduler's block manager)
+TIMEOUT = {float(timeout)!r}  # seconds one operation may take before it counts as a hang
+OPS = [
+{ops}
+]
+
+
+def test_kvcheck_counterexample():
+    _, factory = MODEL.resolve(TARGET) or resolve(TARGET)
+    result = replay(MODEL, factory, MODEL.scope_from_json(SCOPE),
+                    [MODEL.op_from_json(d) for d in OPS], Options(timeout=TIMEOUT, extra=SETTINGS))
     v = result.violation
     assert v is None, f"{{TARGET}}: step {{v.step}} ({{v.kind}}) {{v.name}}: {{v.witness}}"
 '''
