@@ -163,7 +163,7 @@ def replay_ops(model, target, scope: dict, ops: list, timeout: float | None = 10
     m = model_named(model) if isinstance(model, str) else model
     ops = [m.make_op(o.kind, **o.args) if isinstance(o, Op) else o for o in ops]
     with Watchdog(timeout):
-        _, factory = resolve(target)
+        _, factory = m.resolve(target) or resolve(target)
     options = Options(mode="full", timeout=timeout, out_of_blocks=out_of_blocks,
                       extra=dict(extra or {}))
     return replay(m, factory, m.scope_from_json(scope), ops, options, record=True)
@@ -173,4 +173,4 @@ def replay_trace(trace: Trace, target=None, timeout: float | None = 10.0, out_of
                  extra: dict | None = None):
     """Replay a loaded trace's operations on ``target`` (default: the recorded one)."""
     return replay_ops(trace.model, target or trace.target, trace.scope_json(), trace.ops, timeout,
-                      out_of_blocks, extra)
+                      out_of_blocks, {**trace.settings, **(extra or {})})

@@ -199,6 +199,12 @@ class Model:
     state_schema: dict = {"type": "object", "maxProperties": 64}  # a recorded state
 
     # -- runs ---------------------------------------------------------------------
+    def resolve(self, spec) -> tuple[str, Any] | None:
+        """``(label, factory)`` for a TARGET of this model (a registered name, module:attr,
+        file.py:attr or a callable); None: the allocators' loader
+        (``kvcheck.targets.loading.resolve``) finds it."""
+        return None
+
     def build(self, factory, scope, options):
         raise NotImplementedError
 
@@ -229,6 +235,11 @@ class Model:
     def exploration_scope(self, ops: list, scope):
         """The trace's own scope for a breadth-first search of shorter traces, or None."""
         return None
+
+    def size(self, ops: list) -> int:
+        """How long a run is in the model's own unit (what ``counterexample``'s ``unit``
+        names, e.g. a scheduler's requests): its operations, by default."""
+        return len(ops)
 
     def count_hints(self, scope) -> tuple[int, ...]:
         """Values worth trying when lowering a count (beyond 1, half and one less)."""

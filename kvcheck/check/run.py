@@ -69,6 +69,7 @@ class Replay:
     violation: object | None
     ops: list  # the operations actually run, with their outcomes
     states: list[dict] = field(default_factory=list)  # observed after each
+    implied: int = 0  # of ``ops``, the last ones the model ran itself to end the run
 
 
 def replay(model: Model, factory, scope, ops, options: Options, record: bool = False) -> Replay:
@@ -97,4 +98,4 @@ def replay(model: Model, factory, scope, ops, options: Options, record: bool = F
             ran.extend(extra)
             if record:
                 states.extend(getattr(state, "implied_states", []))
-        return Replay(v, ran, states)
+        return Replay(v, ran, states, len(extra or ()))

@@ -71,10 +71,10 @@ def shrink(model: Model, factory, scope, ops: list, key: tuple, options: Options
     """The smallest run failing with the same ``key``; None if ``ops`` does not fail so.
 
     ``progress(attempts, length)``, if given, is told of every candidate tried and the
-    length of the smallest failing run so far."""
+    length of the smallest failing run so far (``Model.size``)."""
     deadline = time.monotonic() + budget
     attempts = 0
-    smallest = len(ops)
+    smallest = model.size(ops)
 
     def fails(cand: list, sc) -> Replay | None:
         nonlocal attempts, smallest
@@ -84,7 +84,7 @@ def shrink(model: Model, factory, scope, ops: list, key: tuple, options: Options
         except Exception:  # noqa: BLE001 - a scope the target refuses is just not smaller
             r = None
         if r is not None and r.violation is not None and r.violation.key == key:
-            smallest = min(smallest, len(r.ops))
+            smallest = min(smallest, model.size(r.ops))
         else:
             r = None
         if progress is not None:
@@ -161,7 +161,8 @@ def counterexample(model: Model, label: str, factory, scope, history: list, v, s
             s = shrink(model, factory, scope, history, v.key, options, budget, progress)
             if s is not None:
                 how = ("1-minimal: removing any one operation or lowering any size stops it "
-                       "failing" if s.one_minimal else budget_ran_out(budget, len(s.ops), unit))
+                       "failing" if s.one_minimal else budget_ran_out(budget, model.size(s.ops),
+                                                                       unit))
                 if s.shortest:
                     how += f"; shortest: {s.shortest}"
                 return trace(s.ops, s.scope, s.violation, s.states, how)
@@ -178,11 +179,27 @@ def _cut(ops: list, violation) -> list:
     return ops[:step] if 0 < step <= len(ops) else ops
 
 
-def _greedy(model: Model, fails, cur: list, sc, deadline: float):
-    """Passes 2-5 to a fixpoint; ``settled`` is False if the deadline stopped them first."""
+def _requests(model: Model, ops: list) -> list:
+    """``ops`` as the requests they are (arguments only), to compare runs."""
+    return [model.op_to_json(model.request(o)) for o in ops]
+
+
+def _greedy(model: Model, replays_failing, cur: list, sc, deadline: float):
+    """Passes 2-5 to a fixpoint; ``settled`` is False if the deadline stopped them first.
+
+    A candidate counts only if the run it replays to differs from the current one: a model
+    whose run state ends a run with operations of its own (``implied``: e.g. a scheduler
+    draining its workload) may replay a deletion back to the very same run."""
 
     def live() -> bool:
         return time.monotonic() < deadline
+
+    def same(got, csc) -> bool:
+        return csc == sc and _requests(model, got.ops) == _requests(model, cur)
+
+    def fails(cand: list, csc):
+        got = replays_failing(cand, csc)
+        return None if got is None or same(got, csc) else got
 
     changed = True
     while changed and live():

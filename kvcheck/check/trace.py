@@ -305,6 +305,7 @@ class Trace:
     kvcheck_version: str = __version__
     model: str = "blocks"
     extra: dict = field(default_factory=dict)  # the rest of the scope (e.g. a watermark)
+    settings: dict = field(default_factory=dict)  # how the target was run (strings, per model)
 
     @property
     def scope(self):
@@ -323,6 +324,7 @@ class Trace:
             "kvcheck_version": self.kvcheck_version,
             "target": self.target,
             "scope": self.scope_json(),
+            **({"settings": dict(self.settings)} if self.settings else {}),
             "seed": self.seed,
             "minimality": self.minimality,
             "ops": [m.op_to_json(op) for op in self.ops],
@@ -377,7 +379,7 @@ class Trace:
         extra = {k: x for k, x in scope_data.items() if k not in ("num_blocks", "block_size")}
         return cls(data["target"], scope_data["num_blocks"], scope_data["block_size"], ops,
                    violation, data.get("seed"), states, data.get("minimality", ""),
-                   data.get("kvcheck_version", ""), name, extra)
+                   data.get("kvcheck_version", ""), name, extra, dict(data.get("settings", {})))
 
     @classmethod
     def loads(cls, raw: bytes | str, name: str = "trace") -> Trace:

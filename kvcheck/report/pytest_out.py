@@ -92,13 +92,25 @@ MODEL = {model.name!r}
 TARGET = os.environ.get("KVCHECK_TARGET") or {target!r}
 SCOPE = {scope!r}
 TIMEOUT = {float(timeout)!r}  # seconds one operation may take before it counts as a hang
+SETTINGS = {dict(trace.settings)!r}  # how the target was run beyond its scope (per model)
 OPS = [
 {ops}
 ]
 
 
 def test_kvcheck_counterexample():
-    result = replay_ops(MODEL, TARGET, SCOPE, OPS, timeout=TIMEOUT)
+    result = replay_ops(MODEL, TARGET, SCOPE, OPS, timeout=TIMEOUT, extra=SETTINGS)
     v = result.violation
     assert v is None, f"{{TARGET}}: step {{v.step}} ({{v.kind}}) {{v.name}}: {{v.witness}}"
 '''
+
+
+def _literal(value) -> str:
+    """``value`` (a trace's JSON: ints, strings, lists, objects) as the text of a Python literal."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(str(k))}: {_literal(x)}" for k, x in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_literal(x) for x in value) + "]"
+    if value is None or isinstance(value, (bool, int)):
+        return repr(value)
+    return repr(str(value))

@@ -1,4 +1,4 @@
-"""End-to-end scheduler simulation, checked by the scheduler oracle at every step.
+"""End-to-end scheduler simulation, checked by the scheduler model at every step.
 
 ``simulate`` runs one seeded workload through the reference policy (recompute,
 swap, or the cost model deciding per victim), with the policy spec and the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kvcheck.impl.scheduler import Scheduler
 from kvcheck.impl.swap import SwapScheduler
-from kvcheck.models.scheduler.oracle import Run, run_workload
+from kvcheck.models.scheduler.runs import Run, run_workload
 from kvcheck.models.scheduler.workload import generate
 from kvcheck.tools import costmodel
 
@@ -73,7 +73,7 @@ def simulate(requests: int = 120, num_blocks: int = 200, block_size: int = 16, w
     reqs = generate(seed, requests, num_blocks, block_size, watermark, max_prompt, max_new,
                     arrival_steps)
     run = run_workload(factory_for(mode, cost, host_blocks), reqs, num_blocks, block_size,
-                       watermark, record=True)
+                       watermark, series=True, seed=seed)
     return Simulation(mode, num_blocks, block_size, watermark, seed, run, cost)
 
 

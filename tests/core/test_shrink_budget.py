@@ -22,7 +22,7 @@ SHRINKERS = [
     ("verify-prefix", [f"{TESTS}/prefix/buggy_prefix.py:UnchainedKeys", "--ops", "3000"], 30.0,
      lambda d: d["minimality"]),
     ("verify-scheduler", [f"{TESTS}/scheduler/buggy.py:PreemptCurrent"], 30.0,
-     lambda d: d["minimal"]),
+     lambda d: d["minimality"]),
     ("prove", [f"{TESTS}/corpus/buggy.py:NoCopyOnWrite", "--blocks", "3", "--seqs", "2",
                "--depth", "4", "--no-pairs", "--target-only"], 30.0, lambda d: d["minimality"]),
 ]

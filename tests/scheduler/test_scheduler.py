@@ -7,12 +7,14 @@ from collections import deque
 
 import pytest
 
+from kvcheck.check.trace import Trace
 from kvcheck.cli import main
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.errors import MisuseError, OutOfBlocks
 from kvcheck.impl.scheduler import Scheduler, UnservableRequest
 from kvcheck.impl.swap import SwapScheduler
-from kvcheck.models.scheduler.oracle import run_workload, verify
+from kvcheck.models.scheduler.model import requests_of
+from kvcheck.models.scheduler.runs import run_workload, verify
 from kvcheck.models.scheduler.workload import Request, generate
 from kvcheck.spec import scheduler as policy
 from kvcheck.spec.logic import PY
@@ -264,8 +266,8 @@ def test_cli_verify_scheduler_pass_and_fail(tmp_path, capsys):
     assert main(["verify-scheduler", target, "--trace-out", str(out)]) == 1
     text = capsys.readouterr().out
     assert "VIOLATION" in text and "full length" in text
-    data = json.loads(out.read_text())
-    assert data["verdict"] == "fail" and data["workload"]
+    trace = Trace.load(out)  # the counterexample, as a trace (kvcheck replay, report)
+    assert trace.violation is not None and requests_of(trace.ops)
     assert main(["verify-scheduler", target, "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["violation"]["kind"] == "policy"
 

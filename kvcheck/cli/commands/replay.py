@@ -64,14 +64,15 @@ def run(args) -> int:
     model = model_named(trace.model)
     try:
         with Watchdog(args.timeout):
-            label, factory = resolve(target)
+            label, factory = model.resolve(target) or resolve(target)
     except TargetError as exc:
         if args.target:
             raise
         raise TargetError(f"{exc} (the target recorded in {args.trace}; choose one with "
                           f"--target)") from None
     r = replay(model, factory, trace.scope, trace.ops,
-               Options(timeout=args.timeout, out_of_blocks=oob), record=True)
+               Options(timeout=args.timeout, out_of_blocks=oob, extra=dict(trace.settings)),
+               record=True)
     if r.violation is None and not r.ops:
         raise UsageError(f"none of the {len(trace.ops)} operation(s) of {args.trace} could run on "
                          f"{label}: nothing was checked")
@@ -85,7 +86,7 @@ def run(args) -> int:
     else:
         verdict = "different"
     rerun = Trace(label, trace.num_blocks, trace.block_size, r.ops, got, trace.seed, r.states,
-                  model=trace.model, extra=trace.extra)
+                  model=trace.model, extra=trace.extra, settings=trace.settings)
     written = wrote_pytest = True
     if args.pytest_out:
         written = wrote_pytest = write_output(
@@ -109,7 +110,8 @@ def run(args) -> int:
     note = (f"; {skipped} operation(s) skipped (the target does not offer them, or they no "
             f"longer apply after an earlier step went differently)" if skipped else "")
     if verdict == "pass":
-        ran = f"all {len(r.ops)}" if not skipped else f"{len(r.ops)} of {len(trace.ops)}"
+        done = len(r.ops) - r.implied  # the trace's own operations that ran
+        ran = f"all {done}" if not skipped else f"{done} of {len(trace.ops)}"
         print(f"PASS {label}: {ran} operation(s) of {args.trace} ran on "
               f"{trace.num_blocks} blocks x {trace.block_size} slots and every invariant and "
               f"contract held (recorded: {recorded}){note}")
@@ -138,9 +140,11 @@ def _runnable(trace, name: str) -> None:
 
 
 def _skipped(model, trace, r) -> int:
-    """Requested operations that did not run before the run ended."""
+    """Requested operations that did not run before the run ended (not counting those the
+    model ran itself to end the run)."""
+    own = r.ops[:len(r.ops) - r.implied]
     if r.violation is None:
-        return len(trace.ops) - len(r.ops)
+        return len(trace.ops) - len(own)
 
     def key(op) -> str:
         d = model.op_to_json(model.request(op))
@@ -150,9 +154,9 @@ def _skipped(model, trace, r) -> int:
     # Ran up to the violation: count requests not run before the last one that did.
     wanted = [key(o) for o in trace.ops]
     i = 0
-    for o in r.ops:
+    for o in own:
         k = key(o)
         while i < len(wanted) and wanted[i] != k:
             i += 1
         i += 1
-    return i - len(r.ops)
+    return i - len(own)

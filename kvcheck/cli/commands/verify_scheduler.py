@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from kvcheck.cli.commands.common import (
     Progress,
     add_json,
@@ -30,8 +28,8 @@ def add_parser(sub) -> None:
                                    "block manager (--block-manager, else the BlockManager its "
                                    "module defines, else the reference); check the policy spec "
                                    "and the pool invariants at every step; shrink a failing "
-                                   "workload. Exit 0 when everything held, 1 on a violation, 2 "
-                                   "on bad input.")
+                                   "workload to a replayable trace. Exit 0 when everything "
+                                   "held, 1 on a violation, 2 on bad input.")
     add_target(p, "reference", "scheduler (registered: reference, swap)")
     p.add_argument("--block-manager", metavar="module:Attr",
                    help="the block manager to give the scheduler: reference, module:Attr or "
@@ -51,7 +49,8 @@ def add_parser(sub) -> None:
                         "(default: %(default)s)")
     add_seed(p)
     add_timeout(p, "scheduler step")
-    add_trace_out(p, "the counterexample (the failing workload, step by step) as JSON")
+    add_trace_out(p, "the counterexample (the failing workload, step by step) as a JSON trace "
+                     "(kvcheck replay, kvcheck report)")
     add_json(p)
     add_shrink_seconds(p, 30.0)
     p.set_defaults(run=run)
@@ -59,8 +58,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from kvcheck.errors import UsageError
-    from kvcheck.models.scheduler.oracle import render, verify
+    from kvcheck.models.scheduler.runs import verify
     from kvcheck.models.scheduler.workload import WorkloadError, check_scope
+    from kvcheck.report.text import render
     from kvcheck.targets.loading import load_exception
 
     try:
@@ -68,12 +68,13 @@ def run(args) -> int:
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
     check_outputs((args.trace_out, "--trace-out"))
+    if args.out_of_blocks:
+        load_exception(args.out_of_blocks)  # bad input before anything runs
     bar = Progress(args.workloads, "verify-scheduler", "workloads") if not args.json else None
-    oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
     try:
         result = verify(args.target, args.blocks, args.block_size, args.watermark, args.requests,
                         args.seed, args.workloads, args.timeout, shrink_budget=args.shrink_seconds,
-                        block_manager=args.block_manager, out_of_blocks=oob,
+                        block_manager=args.block_manager, out_of_blocks=args.out_of_blocks,
                         progress=bar, shrink_progress=(
                             (lambda n, k: bar.shrinking(n, k, "requests")) if bar else None))
     finally:
@@ -83,7 +84,7 @@ def run(args) -> int:
     data.update(block_size=args.block_size, watermark=args.watermark)
     written = True
     if args.trace_out and not result.ok:
-        written = write_output(args.trace_out, json.dumps(data, indent=1) + "\n", "--trace-out")
+        written = write_output(args.trace_out, result.trace.dumps() + "\n", "--trace-out")
     if args.json:
         emit_json(data)
     elif result.ok:
@@ -101,7 +102,7 @@ def run(args) -> int:
         print(f"FAIL {result.label}: violation in workload {result.workloads} (seed "
               f"{args.seed + result.workloads - 1}); {result.original_requests} requests shrunk "
               f"to {len(result.workload or [])}{stopped_note(result.minimal)}:")
-        print(render(result, args.block_size, args.watermark))
+        print(render(result.trace, source=args.trace_out if args.trace_out and written else None))
         if args.trace_out and written:
             print(f"counterexample written to {args.trace_out}")
     return exit_code(0 if result.ok else 1, written)

@@ -1,146 +1,69 @@
-"""The scheduler oracle: drive a seed-shaped scheduler over a workload and check it.
+"""The scheduler's run state: one run of a scheduler target, observed and checked whole.
 
-A *seed-shaped* scheduler is built as ``factory(bm, watermark_blocks)`` and has
-``waiting`` (a deque of ``(seq, n_tokens)``), ``running`` (a list, oldest
-first) and ``step() -> decoded seq ids``; ``add(seq, n[, max_new])`` and
-``finish(seq)`` are used when present (else the harness appends to
-``waiting`` and retires finished sequences itself: removes them from
-``running`` and frees their blocks).
+Operations (``kvcheck.models.scheduler.model``): ``add(seq, prompt, max_new)`` (a
+request arrives: the scheduler's ``add``, else appended to ``waiting``) and
+``step()`` (one scheduler step; its result the decoded ids). After a step every
+sequence that has now generated its ``max_new`` tokens is retired (the
+scheduler's ``finish``, else taken out of ``running`` and freed, as an engine
+would): that is part of the step, as are the checks after it.
 
-The block manager it is given is the user's (``block_manager``: a factory
-``(num_blocks, block_size)``), else the module-level ``BlockManager`` of the
-module that defines the scheduler factory (a scheduler written against its
-own block manager, catching its own ``OutOfBlocks``), else the reference. It
-must be seed-shaped (``tables``, ``ref``, ``free``, ``lens``): the harness
-observes it through ``SeedAdapter``, as ``kvcheck verify`` does, and names
-an out-of-blocks exception escaping the scheduler as ``verify`` matches one
-(``out_of_blocks``; default: any exception class named ``OutOfBlocks``).
-After every step the oracle checks, with the PY logic:
-  1. the policy (``kvcheck.spec.scheduler.step``) on the before/after view;
-  2. the block manager's invariants (``kvcheck.spec.invariants``) on a
-     snapshot (``kvcheck.observe.snapshot``), and the host pool's too when
-     the scheduler swaps (``host``), with ``kvcheck.spec.scheduler.swap_state``;
-and after every ``finish`` the finish contract. Liveness within a bound: every
-step that has work decodes a token, so a run of fitting requests must end
-within ``last arrival + sum(max_new) + len(requests)`` steps with everything
-finished and every block free. A sequence preempted again before it decoded a
-token since its last preemption is a *ping-pong* finding (reported, not a
-violation: the policy allows it; it is the thrashing a watermark reduces).
+After every operation the whole scheduler is observed (its queues, the device
+pool through ``kvcheck.targets.observe.snapshot``, the host pool when it swaps)
+and checked, with the spec's text:
+  1. after a step, the policy (``kvcheck.spec.scheduler.step``) on the
+     before/after view, and after each retirement the finish contract;
+  2. the pools' invariants (``kvcheck.spec.invariants``): in fast mode with the
+     spec compiled to one whole-state check (``kvcheck.models.blocks.compiled``),
+     in full mode (and with ``compiled=False``) the spec evaluated clause by
+     clause; the compiled check failing is always named by the evaluated one,
+     so both modes give the same violation at the same step;
+  3. with a host pool, ``kvcheck.spec.scheduler.swap_state``.
 
-Anything the scheduler raises, returns malformed, or a step that hangs is a
+Liveness within a bound: every step that has work decodes a token, so the
+requests added so far finish within ``last arrival + sum(max_new) + requests +
+1`` steps (the arrival counted in steps run before the last ``add``). The
+run's ``sweep`` drains what is left (steps while the scheduler has work,
+recorded as ``implied`` operations so that traces and replays contain them),
+then every request must have finished and every block be free. A sequence
+preempted again before it decoded a token since its last preemption is a
+*ping-pong* finding (reported, not a violation: the policy allows it; it is the
+thrashing a watermark reduces).
+
+Anything the scheduler raises, returns malformed, or a call that hangs is a
 ``Violation``, never a crash of kvcheck.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-import sys
-import time
-from collections import deque
+import copy
 from dataclasses import dataclass, field
 
-from kvcheck.check.shrink import budget_ran_out
+from kvcheck.check import watchdog as watchdog_module
 from kvcheck.check.violation import Violation
-from kvcheck.check.watchdog import Interrupted, OperationTimeout, Watchdog
-from kvcheck.impl.block_manager import BlockManager
+from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, Watchdog, active_watchdog
+from kvcheck.compile.tracer import Untraceable
+from kvcheck.errors import what_it_did
+from kvcheck.models.blocks import compiled as compiled_checks
 from kvcheck.models.scheduler.workload import Request, fits
 from kvcheck.spec import scheduler as policy
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
 from kvcheck.spec.scheduler import SchedState
-from kvcheck.targets.loading import TargetError, _import_attr, location
+from kvcheck.spec.state import Snapshot
 from kvcheck.targets.observe import ObservationError, as_int, read_num_free, snapshot
-from kvcheck.targets.protocol import SeedAdapter
 
-SCHEDULERS: dict[str, tuple[str, str]] = {
-    "reference": ("kvcheck.impl.scheduler:Scheduler", "the reference scheduler (recompute)"),
-    "swap": ("kvcheck.impl.swap:SwapScheduler",
-             "the reference policy, victims swapped to a host pool (4x the device pool)"),
-}
+try:  # compiled once, at import (see kvcheck.models.blocks.oracle)
+    _STATE_INVARIANTS = compiled_checks.state_invariants(Snapshot)
+except Untraceable:  # pragma: no cover - the spec's text is traceable today
+    _STATE_INVARIANTS = None
 
-
-# -- loading -------------------------------------------------------------------------
-def resolve(spec) -> tuple[str, object]:
-    """``(label, factory)`` for a scheduler name, ``module:attr``, ``file.py:attr`` or callable."""
-    if callable(spec):
-        return getattr(spec, "__qualname__", repr(spec)), spec
-    if not isinstance(spec, str) or not spec:
-        raise TargetError(f"scheduler must be a name or module:attr, got {spec!r}")
-    if spec in SCHEDULERS:
-        return spec, _import_attr(SCHEDULERS[spec][0])
-    if ":" not in spec:
-        names = ", ".join(sorted(SCHEDULERS))
-        raise TargetError(f"unknown scheduler {spec!r}: use module:attr, file.py:attr or one of: "
-                          f"{names}")
-    return location(spec), _import_attr(spec)
-
-
-SEED_BM = ("tables", "ref", "free", "lens")  # what the harness reads of a block manager
-
-
-def resolve_block_manager(spec, scheduler=None, label: str = "") -> tuple[str, object]:
-    """``(label, factory)`` of the block manager: ``spec`` (``"reference"``,
-    ``module:Attr``, ``file.py:Attr`` or a callable ``(num_blocks, block_size)``), else
-    (``None``) the module-level ``BlockManager`` of the module defining ``scheduler``
-    (the factory, as ``resolve`` gives it, from the scheduler ``label``), else the
-    reference."""
-    if callable(spec):
-        return getattr(spec, "__qualname__", repr(spec)), spec
-    if spec is not None:
-        if spec == "reference":
-            return spec, BlockManager
-        if not isinstance(spec, str) or ":" not in spec:
-            raise TargetError(f"--block-manager must be reference, module:Attr or file.py:Attr, "
-                              f"got {spec!r}")
-        try:
-            return spec, _import_attr(spec)
-        except TargetError as exc:
-            raise TargetError(f"--block-manager {spec}: {exc}") from None
-    f = scheduler
-    while isinstance(f, functools.partial):
-        f = f.func
-    module = sys.modules.get(getattr(f, "__module__", None) or "")
-    own = getattr(module, "BlockManager", None)
-    if own is None or own is BlockManager or not callable(own):
-        return "reference", BlockManager
-    where = label.rpartition(":")[0] if ":" in label else module.__name__
-    return f"{where}:BlockManager", own
-
-
-def build(factory, num_blocks: int, block_size: int, watermark: int, block_manager=None):
-    """``(scheduler, bm)``; ``TargetError`` if either cannot be built or is not
-    seed-shaped. ``block_manager``: its factory (default: see ``resolve_block_manager``)."""
-    if block_manager is None:
-        block_manager = resolve_block_manager(None, factory)[1]
-    try:
-        bm = block_manager(num_blocks, block_size)
-    except Exception as exc:  # noqa: BLE001 - the block manager refused: bad input
-        raise TargetError(f"cannot build the block manager with num_blocks={num_blocks}, "
-                          f"block_size={block_size}: {type(exc).__name__}: {exc}") from None
-    missing = [a for a in SEED_BM if not hasattr(bm, a)]
-    if missing:
-        raise TargetError(f"{type(bm).__name__} is not a seed-shaped block manager: missing "
-                          f"attribute(s) {', '.join(missing)}")
-    try:
-        sched = factory(bm, watermark)
-    except Exception as exc:  # noqa: BLE001 - the factory refused: bad input
-        raise TargetError(f"cannot build scheduler with watermark_blocks={watermark} on "
-                          f"{num_blocks} blocks of {block_size}: {type(exc).__name__}: {exc}"
-                          ) from None
-    missing = [a for a in ("waiting", "running") if not hasattr(sched, a)]
-    if not callable(getattr(sched, "step", None)):
-        missing.append("step()")
-    if missing:
-        raise TargetError(f"{type(sched).__name__} is not a seed-shaped scheduler: missing "
-                          f"{', '.join(missing)}")
-    return sched, bm
+MAX_SEQ = 2**31 - 1  # the largest sequence id a trace records
 
 
 # -- results ---------------------------------------------------------------------------
 @dataclass
 class Finding:
-    step: int
+    step: int  # the scheduler step (steps run so far), not the operation
     seq: int
     kind: str
     text: str
@@ -165,7 +88,7 @@ class Stats:
     final_free: int = 0
     leaked: int = 0
     peak_running: int = 0
-    # per step, when recorded
+    # per step, when recorded (``Options.extra["series"]``)
     free: list[int] = field(default_factory=list)
     running: list[int] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
@@ -179,111 +102,266 @@ class Stats:
         return d
 
 
-@dataclass
-class Run:
-    violation: Violation | None
-    stats: Stats
-    findings: list[Finding]
-    log: list[dict]  # per step: what happened (for rendering a counterexample)
-
-
-def _show_w(waiting) -> str:
+def show_waiting(waiting) -> str:
     return "[" + ", ".join(f"{q}:{n}" for q, n in waiting) + "]"
 
 
 def describe(s: SchedState) -> str:
-    return (f"running {list(s.running)}, waiting {_show_w(s.waiting)}, free {s.num_free()} "
+    return (f"running {list(s.running)}, waiting {show_waiting(s.waiting)}, free {s.num_free()} "
             f"of {s.num_blocks}")
 
 
-class _Harness:
-    def __init__(self, factory, requests: list[Request], num_blocks: int, block_size: int,
-                 watermark: int, timeout: float | None, record: bool, block_manager=None,
-                 out_of_blocks: type[BaseException] | None = None):
-        self.sched, self.bm = build(factory, num_blocks, block_size, watermark, block_manager)
-        self.view = SeedAdapter(self.bm, num_blocks, block_size, out_of_blocks)
-        self.requests = sorted(requests, key=lambda r: (r.arrival, r.seq))
-        self.nb, self.bs, self.wm = num_blocks, block_size, watermark
-        self.timeout, self.record = timeout, record
-        self.by_seq = {r.seq: r for r in requests}
-        self.generated = dict.fromkeys(self.by_seq, 0)
-        self.stats = Stats(requests=len(requests), peak_free=num_blocks, min_free=num_blocks,
-                           final_free=num_blocks)
+def describe_json(state: dict | None) -> str:
+    """``describe`` of a state as a trace records it."""
+    if state is None:
+        return "(not observed)"
+    free, refs = state.get("free", []), state.get("refs", [])
+    return (f"running {state.get('running', [])}, waiting "
+            f"{show_waiting(state.get('waiting', []))}, free {len(free)} of {len(refs)}")
+
+
+def pool_json(snap: Snapshot) -> dict:
+    """A pool as a trace records it (as the block-manager model does)."""
+    return {"tables": {str(q): list(t) for q, t in snap.tables.items()},
+            "lens": {str(q): snap.length(q) for q in snap.tables},
+            "refs": list(snap.refs), "free": sorted(snap.free.elements())}
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _lens(bm) -> dict[int, int]:
+    """A seed-shaped block manager's own token counts (``lens``), as ints."""
+    try:
+        items = list(bm.lens.items())
+    except CONTROL:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the block manager's fault, reported
+        raise ObservationError(f"lens cannot be read: {what_it_did(exc)}") from None
+    return {as_int(q, "a sequence id in lens"): as_int(n, f"lens[{q!r}]") for q, n in items}
+
+
+class SchedOracle:
+    """A run of a scheduler target (``kvcheck.models.scheduler.loading.SchedTarget``); speaks
+    ``kvcheck.check.model.RunState``."""
+
+    def __init__(self, target, scope, mode: str = "fast", compiled: bool = True,
+                 series: bool = False):
+        if mode not in ("fast", "full"):
+            raise ValueError(f"mode must be 'fast' or 'full', not {mode!r}")
+        self.target, self.scope, self.mode = target, scope, mode
+        self.nb, self.bs, self.wm = target.num_blocks, target.block_size, target.watermark
+        self.check = _STATE_INVARIANTS if compiled and mode == "fast" else None
+        self.series = series
+        self.steps = 0  # operations checked
+        self.violation: Violation | None = None
+        self.requests: dict[int, Request] = {}  # every request added, by id
+        self.generated: dict[int, int] = {}
+        self.unfinished: dict[int, None] = {}  # added, not yet retired (in order)
+        self.last_arrival = 0  # scheduler steps run before the last add
+        self.sum_new = 0
+        self.stats = Stats(peak_free=self.nb, min_free=self.nb, final_free=self.nb)
         self.findings: list[Finding] = []
-        self.log: list[dict] = []
         self.preempted_idle: set[int] = set()  # preempted and not decoded since
         self.ever_admitted: set[int] = set()
-        add = getattr(self.sched, "add", None)
-        self.add = add if callable(add) else None
-        self.add_takes_max = False
-        if self.add is not None:
-            try:
-                self.add_takes_max = len(inspect.signature(self.add).parameters) >= 3
-            except (TypeError, ValueError):
-                self.add_takes_max = False
-        fin = getattr(self.sched, "finish", None)
-        self.finish = fin if callable(fin) else None
-        host = getattr(self.sched, "host", None)  # a swapping scheduler's host pool
-        self.host = None
-        if (isinstance(host, (BlockManager, type(self.bm))) and host is not self.bm
-                and all(hasattr(host, a) for a in (*SEED_BM, "num_blocks", "block_size"))):
-            self.host = SeedAdapter(host, host.num_blocks, host.block_size, out_of_blocks)
-        self._last_host_key = None
-
-    # -- observation -----------------------------------------------------------------
-    def capture(self) -> SchedState:
-        wd = getattr(self, "wd", None)
-        if wd is None:
-            return self._capture()
-        wd.enter()  # reading the scheduler runs its code: one guarded call
+        self.implied: list = []  # steps the sweep ran to drain the workload
+        self.implied_states: list[dict] = []
+        self.post: SchedState | None = None  # the last state observed
+        wd = active_watchdog()
+        if wd is not None:
+            wd.enter()
         try:
-            return self._capture()
+            self.post = self._capture()
+            self.violation = self.check_state(0, self.post)
+        except ObservationError as exc:
+            self.violation = Violation(0, "malformed", "observation", witness=str(exc))
+        except OperationTimeout as exc:
+            self.violation = Violation(0, "hang", "observation",
+                                       witness=f"reading the fresh scheduler's queues {exc}")
         finally:
-            wd.leave()
+            if wd is not None:
+                wd.leave()
 
+    # -- the run state's interface ------------------------------------------------------
+    def clone(self) -> SchedOracle:
+        """An independent copy: the scheduler and its block manager copied together."""
+        return copy.deepcopy(self)
+
+    def has_work(self) -> bool:
+        """Whether the scheduler holds anything to step (as last observed)."""
+        s = self.post
+        return s is not None and bool(s.waiting or s.running)
+
+    def live_seqs(self) -> list[int]:
+        """The requests added and not yet finished."""
+        return list(self.unfinished)
+
+    def valid(self, op) -> bool:
+        if op.kind == "step":
+            return self.has_work()
+        if op.kind == "add":
+            q, p, m = op.seq, op.prompt, op.max_new
+            return (all(type(x) is int for x in (q, p, m)) and 0 <= q <= MAX_SEQ
+                    and q not in self.requests
+                    and fits(Request(q, p, m), self.nb, self.bs, self.wm))
+        return False
+
+    def step(self, op, watchdog: Watchdog | None = None) -> Violation | None:
+        """Run ``op`` and check it (``ValueError`` for one that is not valid now)."""
+        if self.violation is not None:
+            return self.violation
+        if not self.valid(op):
+            raise ValueError(f"{op.kind} is not valid now: {op}")
+        self.steps += 1
+        n = self.steps
+        if watchdog is None:
+            watchdog = active_watchdog()
+        recorder = watchdog_module.RECORDER
+        if recorder is not None:
+            recorder.op(op)
+        if watchdog is not None:
+            watchdog.enter()
+        try:
+            v = self._add(op, n) if op.kind == "add" else self._step(op, n)
+        except ObservationError as exc:
+            v = Violation(n, "malformed", "observation", witness=str(exc))
+        except OperationTimeout as exc:
+            v = Violation(n, "hang", "observation", witness=f"reading the scheduler's queues {exc}")
+        finally:
+            if watchdog is not None:
+                watchdog.leave()
+        if recorder is not None:
+            recorder.outcome(op, v)
+        self.violation = v
+        return v
+
+    def sweep(self, watchdog: Watchdog | None = None) -> Violation | None:
+        """Drain the workload (steps while there is work, each recorded in ``implied``), then:
+        every request finished, every block free."""
+        from kvcheck.models.scheduler.model import SchedOp
+
+        while self.violation is None and self.has_work():
+            op = SchedOp("step")
+            self.implied.append(op)
+            self.step(op, watchdog)
+            self.implied_states.append(self.observed_json())
+        if self.violation is not None:
+            return self.violation
+        n = self.steps
+        if self.unfinished:
+            self.violation = Violation(n, "liveness", "every fitting request finishes within "
+                                       "the bound", witness=(
+                                           f"{len(self.unfinished)} request(s) vanished: neither "
+                                           f"waiting, running nor finished after "
+                                           f"{self.stats.steps} steps"))
+            return self.violation
+        if watchdog is None:
+            watchdog = active_watchdog()
+        if watchdog is not None:
+            watchdog.enter()
+        try:
+            free = read_num_free(self.target.view)
+        except ObservationError as exc:
+            self.violation = Violation(n, "malformed", "observation", witness=str(exc))
+            return self.violation
+        except OperationTimeout as exc:
+            self.violation = Violation(n, "hang", "observation",
+                                       witness=f"reading the free blocks {exc}")
+            return self.violation
+        finally:
+            if watchdog is not None:
+                watchdog.leave()
+        st = self.stats
+        st.final_free, st.leaked = free, self.nb - free
+        if st.leaked:
+            self.violation = Violation(n, "invariant", "no blocks leak at the end", witness=(
+                f"every request finished but {st.leaked} of {self.nb} blocks are not free"))
+        return self.violation
+
+    def observed_json(self) -> dict:
+        """The scheduler as last observed: its queues, the device pool, the host pool."""
+        s = self.post
+        if s is None:
+            return {"running": [], "waiting": [], "tables": {}, "lens": {},
+                    "refs": [0] * self.nb, "free": []}
+        d = {"running": list(s.running), "waiting": [list(w) for w in s.waiting],
+             **pool_json(s.bm)}
+        if s.host is not None:
+            d["host"] = pool_json(s.host)
+        return d
+
+    # -- observation -----------------------------------------------------------------------
     def _capture(self) -> SchedState:
-        s = self.sched
+        s, t = self.target.sched, self.target
         try:
-            waiting = tuple((as_int(q, "a waiting sequence id"), as_int(n, "a waiting length"))
-                            for q, n in list(s.waiting))
-        except (TypeError, ValueError):
-            raise ObservationError(f"waiting must hold (seq, n_tokens) pairs, got "
-                                   f"{list(s.waiting)!r}") from None
+            raw = list(s.waiting)
+        except CONTROL:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the scheduler's fault, reported
+            raise ObservationError(f"waiting cannot be read: {what_it_did(exc)}") from None
+        waiting = []
+        for item in raw:
+            try:
+                q, n = item
+            except CONTROL:
+                raise
+            except BaseException:  # noqa: BLE001 - not a pair
+                raise ObservationError(f"waiting must hold (seq, n_tokens) pairs, got "
+                                       f"{_short(raw)}") from None
+            waiting.append((as_int(q, "a waiting sequence id"), as_int(n, "a waiting length")))
         try:
-            running = tuple(as_int(q, "a running sequence id") for q in list(s.running))
-        except TypeError:
-            raise ObservationError(f"running must be a list of ids, got {s.running!r}") from None
-        bm = snapshot(self.view, _lens(self.bm))
-        host = None if self.host is None else snapshot(self.host, _lens(self.host.impl))
-        return SchedState(self.bs, self.nb, self.wm, waiting, running, bm, host)
+            raw = list(s.running)
+        except CONTROL:
+            raise
+        except BaseException:  # noqa: BLE001 - the scheduler's fault, reported
+            raise ObservationError(f"running must be a list of ids, got "
+                                   f"{_short(getattr(s, 'running', None))}") from None
+        running = tuple(as_int(q, "a running sequence id") for q in raw)
+        bm = snapshot(t.view, _lens(t.bm))
+        host = None if t.host is None else snapshot(t.host, _lens(t.host.impl))
+        return SchedState(self.bs, self.nb, self.wm, tuple(waiting), running, bm, host)
 
-    def _raised(self, what: str, exc: Exception) -> str:
+    def _raised(self, what: str, exc: BaseException) -> str:
         """``what`` raised ``exc``, in words (saying so when it is out-of-blocks)."""
-        text = f"{what} raised {type(exc).__name__}: {exc}"
-        if self.view.is_out_of_blocks(exc):
+        text = f"{what} {what_it_did(exc)}"
+        try:
+            oob = bool(self.target.is_out_of_blocks(exc))
+        except CONTROL:
+            raise
+        except BaseException:  # noqa: BLE001 - only the wording depends on it
+            oob = False
+        if oob:
             text += (" (the block manager's out-of-blocks signal: a scheduler must preempt "
                      "the newest running sequence and retry, not let it escape)")
         return text
 
-    # -- checks ----------------------------------------------------------------------
-    def _clauses(self, step: int, clauses, pre, post, what: str, doc: str) -> Violation | None:
+    # -- checks ------------------------------------------------------------------------------
+    def _clauses(self, n: int, clauses, pre, post, what: str, doc: str,
+                 decoded=None) -> Violation | None:
         for name, element, holds in clauses:
             if not holds:
-                return Violation(step, "policy", name, element, witness=self._witness(
-                    what, name, pre, post), doc=doc)
+                return Violation(n, "policy", name, element,
+                                 witness=self._witness(what, pre, post, decoded is not None),
+                                 doc=doc)
         return None
 
-    def _witness(self, what, name, pre, post) -> str:
+    def _witness(self, what: str, pre, post, a_step: bool) -> str:
         text = f"{what}; before: {describe(pre)}; after: {describe(post)}"
-        if what.startswith("step"):
+        if a_step:
             p = policy.plan(PY, pre)
             want_run = p.order[:p.m]
             want_wait = [(q, p.pre_len[q]) for q in p.order[p.m:]] + list(pre.waiting[p.k:])
             text += (f"; the policy admits {p.k} and keeps running {want_run}, waiting "
-                     f"{_show_w(want_wait)}")
+                     f"{show_waiting(want_wait)}")
         return text
 
-    def _invariants(self, step: int, snap, pool: str) -> Violation | None:
+    def _invariants(self, n: int, snap: Snapshot, pool: str) -> Violation | None:
+        """Every invariant of ``snap``: the compiled check in fast mode, the spec's text
+        naming the first broken one (and deciding, in full mode)."""
+        if self.check is not None and self.check(snap):
+            return None
         for inv in INVARIANTS:
             if inv.domain == "global":
                 elements = (None,)
@@ -291,167 +369,120 @@ class _Harness:
                 elements = snap.blocks() if inv.domain == "block" else snap.seqs()
             for x in elements:
                 if not inv.holds_for(PY, snap, x):
-                    noun = "block" if inv.domain == "block" else "sequence"
-                    what = "" if x is None else f" for {noun} {x}"
-                    return Violation(step, "invariant", f"{pool}: {inv.name}", x,
+                    block = inv.domain == "block"
+                    what = "" if x is None else f" for {'block' if block else 'sequence'} {x}"
+                    return Violation(n, "invariant", f"{pool}: {inv.name}", x,
                                      witness=f"the {pool} pool breaks {inv.name}{what}",
-                                     doc=inv.doc)
+                                     doc=inv.doc,
+                                     subject=None if x is None else "block" if block else "seq")
         return None
 
-    def check_state(self, step: int, post: SchedState) -> Violation | None:
-        v = self._invariants(step, post.bm, "device")
+    def check_state(self, n: int, post: SchedState, what: str = "") -> Violation | None:
+        v = self._invariants(n, post.bm, "device")
         if v is None and post.host is not None:
-            key = (post.host.tables, post.host.num_free())
-            key = (tuple(sorted(key[0].items())), key[1])
-            if key != self._last_host_key:
-                self._last_host_key = key
-                v = self._invariants(step, post.host, "host")
-            if v is None:
-                v = self._clauses(step, policy.swap_state(PY, post), post, post,
-                                  f"after step {step}", policy.DOCS["swap"])
+            v = self._invariants(n, post.host, "host") or self._clauses(
+                n, policy.swap_state(PY, post), post, post, what or "the state",
+                policy.DOCS["swap"])
         return v
 
-    # -- the run ---------------------------------------------------------------------
-    def _call(self, wd: Watchdog, fn, *args):
-        wd.enter()
-        try:
-            return fn(*args)
-        finally:
-            wd.leave()
+    def _bound(self) -> int:
+        return self.last_arrival + self.sum_new + len(self.requests) + 1
 
-    def _arrive(self, r: Request, step: int, wd: Watchdog) -> Violation | None:
+    # -- the operations ------------------------------------------------------------------------
+    def _add(self, op, n: int) -> Violation | None:
+        q, p, m = op.seq, op.prompt, op.max_new
         try:
-            if self.add is None:
-                self.sched.waiting.append((r.seq, r.prompt))
-            elif self.add_takes_max:
-                self._call(wd, self.add, r.seq, r.prompt, r.max_new)
-            else:
-                self._call(wd, self.add, r.seq, r.prompt)
+            self.target.add(q, p, m)
         except OperationTimeout as exc:
-            return Violation(step, "hang", "add", r.seq, witness=f"add({r.seq}) hung: {exc}")
+            return Violation(n, "hang", "add", q, witness=f"add({q}) hung: {exc}")
         except Interrupted:
             raise
         except BaseException as exc:  # noqa: BLE001 - the scheduler's fault
-            return Violation(step, "crash", "add refused a request that fits", r.seq, witness=(
-                f"{self._raised(f'add({r.seq}, {r.prompt})', exc)}, for a request of "
-                f"{r.prompt}+{r.max_new} tokens"))
-        return None
+            return Violation(n, "crash", "add refused a request that fits", q, witness=(
+                f"{self._raised(f'add({q}, {p})', exc)}, for a request of {p}+{m} tokens"))
+        self.requests[q] = Request(q, p, m, self.stats.steps)
+        self.generated[q] = 0
+        self.unfinished[q] = None
+        self.last_arrival = self.stats.steps
+        self.sum_new += m
+        self.stats.requests += 1
+        self.post = self._capture()
+        return self.check_state(n, self.post, f"add({q})")
 
-    def _retire_by_hand(self, q: int) -> None:
-        """Retire ``q`` for a scheduler without ``finish``: what an engine would do."""
-        self.sched.running.remove(q)
-        self.bm.free_seq(q)
-
-    def _retire(self, q: int, step: int, wd: Watchdog) -> Violation | None:
-        pre = self.capture()
-        try:
-            if self.finish is not None:
-                self._call(wd, self.finish, q)
-            else:
-                self._call(wd, self._retire_by_hand, q)
-        except OperationTimeout as exc:
-            return Violation(step, "hang", "finish", q, witness=f"finish({q}) hung: {exc}")
-        except Interrupted:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - the scheduler's fault
-            return Violation(step, "crash", "finish", q,
-                             witness=self._raised(f"finish({q})", exc))
-        post = self.capture()
-        v = self._clauses(step, policy.finish(PY, pre, post, q), pre, post,
-                          f"finish({q}) after step {step}", policy.DOCS["finish"])
-        self.stats.finished += 1
-        return v or self.check_state(step, post)
-
-    def run(self) -> Run:
-        try:
-            with Watchdog(self.timeout) as wd:
-                self.wd = wd
-                v = self._run(wd)
-        except ObservationError as exc:
-            v = Violation(self.stats.steps, "malformed", "observation", witness=str(exc))
-        except OperationTimeout as exc:
-            v = Violation(self.stats.steps, "hang", "observation",
-                          witness=f"reading the scheduler's queues {exc}")
-        return Run(v, self.stats, self.findings, self.log)
-
-    def _run(self, wd: Watchdog) -> Violation | None:
+    def _step(self, op, n: int) -> Violation | None:
         st = self.stats
-        pending = deque(self.requests)
-        last_arrival = self.requests[-1].arrival if self.requests else 0
-        bound = last_arrival + sum(r.max_new for r in self.requests) + len(self.requests) + 1
-        t = 0
-        unfinished = len(self.requests)
-        v = self.check_state(0, self.capture())
-        while v is None and unfinished:
-            while pending and pending[0].arrival <= t:
-                v = self._arrive(pending.popleft(), st.steps, wd)
-                if v is not None:
-                    return v
-            if not self.sched.waiting and not self.sched.running:
-                if not pending:
-                    break
-                t = pending[0].arrival
-                continue
-            if st.steps >= bound:
-                return Violation(st.steps, "liveness", "every fitting request finishes within "
-                                 "the bound", witness=(
-                                     f"{unfinished} of {len(self.requests)} requests unfinished "
-                                     f"after {st.steps} steps (bound: last arrival "
-                                     f"{last_arrival} + sum of max_new + requests + 1)"))
-            st.steps += 1
-            t += 1
-            n = st.steps
-            pre = self.capture()
-            try:
-                decoded = self._call(wd, self.sched.step)
-            except OperationTimeout as exc:
-                return Violation(n, "hang", "step", witness=f"step() hung: {exc}")
-            except Interrupted:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - the scheduler's fault
-                return Violation(n, "crash", "step", witness=(
-                    f"{self._raised('step()', exc)}; before: {describe(pre)}"))
-            try:
-                decoded = [as_int(q, "a decoded id") for q in decoded]
-            except (TypeError, ObservationError):
-                return Violation(n, "malformed", "step result", witness=(
-                    f"step() returned {decoded!r}, expected a list of sequence ids"))
-            post = self.capture()
-            if self.record:
-                self.log.append({"step": n, "before": describe(pre), "decoded": decoded,
-                                 "after": describe(post)})
-            v = self._clauses(n, policy.step(PY, pre, post, decoded), pre, post,
-                              f"step {n} decoded {decoded}", policy.DOCS["step"])
-            v = v or self.check_state(n, post)
-            if v is not None:
-                return v
-            if not decoded:
-                return Violation(n, "liveness", "a step with work decodes at least one token",
-                                 witness=f"step {n} decoded nothing; before: {describe(pre)}")
-            self._account(n, pre, post, decoded)
-            for q in decoded:
+        if st.steps >= self._bound():
+            return Violation(n, "liveness", "every fitting request finishes within the bound",
+                             witness=(f"{len(self.unfinished)} of {len(self.requests)} requests "
+                                      f"unfinished after {st.steps} steps (bound: last arrival "
+                                      f"{self.last_arrival} + sum of max_new + requests + 1)"))
+        st.steps += 1
+        k = st.steps
+        pre = self.post
+        try:
+            result = self.target.step()
+        except OperationTimeout as exc:
+            return Violation(n, "hang", "step", witness=f"step() hung: {exc}")
+        except Interrupted:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the scheduler's fault
+            return Violation(n, "crash", "step", witness=(
+                f"{self._raised('step()', exc)}; before: {describe(pre)}"))
+        try:
+            decoded = [as_int(q, "a decoded id") for q in result]
+        except OperationTimeout as exc:  # iterating over what it returned is its code too
+            return Violation(n, "hang", "step result", witness=f"step()'s result hung: {exc}")
+        except Interrupted:
+            raise
+        except BaseException:  # noqa: BLE001 - not a list of ids
+            return Violation(n, "malformed", "step result", witness=(
+                f"step() returned {_short(result)}, expected a list of sequence ids"))
+        if all(0 <= q <= MAX_SEQ for q in decoded):  # else only the witness can say it
+            op.decoded, op.finished = decoded, []
+        post = self._capture()
+        self.post = post
+        v = self._clauses(n, policy.step(PY, pre, post, decoded), pre, post,
+                          f"step() decoded {decoded}", policy.DOCS["step"], decoded)
+        v = v or self.check_state(n, post, f"step() decoded {decoded}")
+        if v is not None:
+            return v
+        if not decoded:
+            return Violation(n, "liveness", "a step with work decodes at least one token",
+                             witness=f"step() decoded nothing; before: {describe(pre)}")
+        self._account(k, pre, post, decoded)
+        finished = op.finished if op.finished is not None else []
+        for q in decoded:
+            if q in self.generated:
                 self.generated[q] += 1
-            for q in decoded:
-                if self.generated[q] >= self.by_seq[q].max_new:
-                    unfinished -= 1
-                    v = self._retire(q, n, wd)
-                    if v is not None:
-                        return v
-        if v is None and unfinished:
-            return Violation(st.steps, "liveness", "every fitting request finishes within "
-                             "the bound", witness=(
-                                 f"{unfinished} request(s) vanished: neither waiting, running "
-                                 f"nor finished after step {st.steps}"))
-        free = read_num_free(self.view)
-        leaked = self.nb - free
-        st.final_free = free
-        st.leaked = leaked
-        if v is None and leaked:
-            v = Violation(st.steps, "invariant", "no blocks leak at the end", witness=(
-                f"every request finished but {leaked} of {self.nb} blocks are not free"))
+        for q in decoded:
+            r = self.requests.get(q)
+            if r is not None and q in self.unfinished and self.generated[q] >= r.max_new:
+                del self.unfinished[q]
+                finished.append(q)
+                v = self._retire(q, n)
+                if v is not None:
+                    break
         return v
 
-    def _account(self, n: int, pre: SchedState, post: SchedState, decoded: list[int]) -> None:
+    def _retire(self, q: int, n: int) -> Violation | None:
+        pre = self.post
+        try:
+            self.target.finish(q)
+        except OperationTimeout as exc:
+            return Violation(n, "hang", "finish", q, witness=f"finish({q}) hung: {exc}")
+        except Interrupted:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the scheduler's fault
+            return Violation(n, "crash", "finish", q, witness=self._raised(f"finish({q})", exc))
+        post = self._capture()
+        self.post = post
+        what = f"finish({q}) after the step"
+        v = self._clauses(n, policy.finish(PY, pre, post, q), pre, post, what,
+                          policy.DOCS["finish"])
+        self.stats.finished += 1
+        return v or self.check_state(n, post, what)
+
+    def _account(self, k: int, pre: SchedState, post: SchedState, decoded: list[int]) -> None:
         st = self.stats
         p = policy.plan(PY, pre)
         admitted = p.order[len(pre.running):]
@@ -469,8 +500,8 @@ class _Harness:
                 st.swapped_out_tokens += p.pre_len[q]
             if q in self.preempted_idle:
                 st.pingpongs += 1
-                self.findings.append(Finding(n, q, "ping-pong", (
-                    f"sequence {q} was preempted at step {n} before it decoded a token since "
+                self.findings.append(Finding(k, q, "ping-pong", (
+                    f"sequence {q} was preempted at step {k} before it decoded a token since "
                     f"its previous preemption (re-admitted with {p.pre_len[q]} tokens, "
                     f"recomputed for nothing)")))
             self.preempted_idle.add(q)
@@ -481,242 +512,8 @@ class _Harness:
         st.peak_free = max(st.peak_free, free)
         st.min_free = min(st.min_free, free)
         st.peak_running = max(st.peak_running, len(post.running))
-        if self.record:
+        if self.series:
             st.free.append(free)
             st.running.append(len(post.running))
             st.waiting.append(len(post.waiting))
             st.preempted.append(len(victims))
-
-
-def _lens(bm) -> dict[int, int]:
-    """A seed-shaped block manager's own token counts (``lens``), as ints."""
-    try:
-        items = list(bm.lens.items())
-    except Exception as exc:  # noqa: BLE001 - the block manager's fault, reported
-        raise ObservationError(f"lens cannot be read: {type(exc).__name__}: {exc}") from None
-    return {as_int(q, "a sequence id in lens"): as_int(n, f"lens[{q!r}]") for q, n in items}
-
-
-def run_workload(factory, requests: list[Request], num_blocks: int, block_size: int,
-                 watermark: int, timeout: float | None = 10.0, record: bool = False,
-                 block_manager=None, out_of_blocks: type[BaseException] | None = None) -> Run:
-    """One checked run. Raises ``TargetError`` when the scheduler or its block manager
-    (``block_manager``, see ``resolve_block_manager``) cannot be built."""
-    return _Harness(factory, requests, num_blocks, block_size, watermark, timeout, record,
-                    block_manager, out_of_blocks).run()
-
-
-
-# -- shrinking -------------------------------------------------------------------------
-@dataclass
-class Shrunk:
-    requests: list[Request]
-    num_blocks: int
-    run: Run
-    tries: int
-    complete: bool  # False if the budget ran out before a fixpoint
-
-
-def shrink(factory, requests: list[Request], num_blocks: int, block_size: int, watermark: int,
-           key: tuple[str, str], timeout: float | None = 10.0, budget: float = 30.0,
-           progress=None, block_manager=None,
-           out_of_blocks: type[BaseException] | None = None) -> Shrunk:
-    """A smaller workload failing the same way (same violation kind and rule).
-
-    Greedy to a fixpoint: drop chunks of requests (halving down to one), lower
-    each ``max_new`` and ``prompt`` (halving, then by one), move arrivals
-    earlier, lower the pool size, renumber ids from 0. 1-minimal when
-    ``complete``: no single such change still fails the same way.
-    """
-    deadline = time.monotonic() + budget
-    tries = 0
-    best = list(requests)
-    nb = num_blocks
-    best_run: Run | None = None
-    run = functools.partial(run_workload, block_manager=block_manager, out_of_blocks=out_of_blocks)
-
-    def fails(reqs, blocks) -> Run | None:
-        nonlocal tries
-        tries += 1
-        if progress is not None:  # candidates tried, requests in the smallest failing workload
-            progress(tries, len(best))
-        if not reqs or any(not fits(r, blocks, block_size, watermark) for r in reqs) \
-                or watermark >= blocks:
-            return None
-        try:
-            r = run(factory, reqs, blocks, block_size, watermark, timeout)
-        except TargetError:
-            return None
-        return r if r.violation is not None and r.violation.key == key else None
-
-    best_run = fails(best, nb)
-    if best_run is None:  # not reproducible: keep as found
-        r = run(factory, best, nb, block_size, watermark, timeout)
-        return Shrunk(best, nb, r, tries, False)
-
-    def candidates(reqs, blocks):
-        n = len(reqs)
-        size = n // 2 or 1
-        while size >= 1:
-            for i in range(0, n, size):
-                cut = reqs[:i] + reqs[i + size:]
-                if cut:
-                    yield cut, blocks
-            if size == 1:
-                break
-            size //= 2
-        for i, r in enumerate(reqs):
-            for field_ in ("max_new", "prompt", "arrival"):
-                val = getattr(r, field_)
-                low = 0 if field_ == "arrival" else 1
-                for new in dict.fromkeys((low, val // 2, val - 1)):
-                    if low <= new < val:
-                        yield reqs[:i] + [_replace(r, field_, new)] + reqs[i + 1:], blocks
-        first = min(r.arrival for r in reqs)
-        for shift in dict.fromkeys((first, 1)):
-            if shift and first >= shift:
-                yield [_replace(r, "arrival", r.arrival - shift) for r in reqs], blocks
-        if any(r.arrival > 1 for r in reqs):
-            yield [_replace(r, "arrival", r.arrival // 2) for r in reqs], blocks
-        half = max(watermark + 1, blocks // 2)
-        if half < blocks:  # the whole scope at half scale
-            yield [Request(r.seq, -(-r.prompt // 2), -(-r.max_new // 2), r.arrival // 2)
-                   for r in reqs], half
-        for new in dict.fromkeys((blocks // 2, blocks - 1)):
-            if watermark < new < blocks:
-                yield reqs, new
-        ids = {r.seq: i for i, r in enumerate(sorted(reqs, key=lambda r: (r.arrival, r.seq)))}
-        renumbered = [Request(ids[r.seq], r.prompt, r.max_new, r.arrival) for r in reqs]
-        if renumbered != reqs:
-            yield renumbered, blocks
-
-    complete = False
-    while time.monotonic() < deadline:
-        for reqs, blocks in candidates(best, nb):
-            if time.monotonic() >= deadline:
-                break
-            r = fails(reqs, blocks)
-            if r is not None:
-                best, nb, best_run = reqs, blocks, r
-                break
-        else:
-            complete = True
-            break
-    final = run(factory, best, nb, block_size, watermark, timeout, record=True)
-    return Shrunk(best, nb, final, tries, complete)
-
-
-def _replace(r: Request, name: str, value: int) -> Request:
-    d = r.to_json()
-    d[name] = value
-    return Request(**d)
-
-
-# -- verify ----------------------------------------------------------------------------
-@dataclass
-class Result:
-    verdict: str  # "pass" | "fail"
-    label: str
-    workloads: int  # workloads run
-    steps: int
-    seconds: float
-    violation: Violation | None = None
-    workload: list[Request] | None = None  # the (shrunk) failing workload
-    num_blocks: int = 0
-    log: list[dict] = field(default_factory=list)
-    minimal: str = ""
-    original_requests: int = 0
-    findings: list[Finding] = field(default_factory=list)
-    stats: Stats | None = None
-    block_manager: str = "reference"  # the block manager driven (its label)
-
-    @property
-    def ok(self) -> bool:
-        return self.verdict == "pass"
-
-    def to_json(self) -> dict:
-        return {
-            "verdict": self.verdict,
-            "target": self.label,
-            "block_manager": self.block_manager,
-            "workloads": self.workloads,
-            "steps": self.steps,
-            "seconds": round(self.seconds, 3),
-            "violation": None if self.violation is None else self.violation.to_json(),
-            "workload": None if self.workload is None else [r.to_json() for r in self.workload],
-            "num_blocks": self.num_blocks,
-            "minimal": self.minimal,
-            "original_requests": self.original_requests,
-            "steps_log": self.log,
-            "pingpongs": len(self.findings),
-            "findings": [f.to_json() for f in self.findings[:20]],
-        }
-
-
-def verify(target="reference", num_blocks: int = 16, block_size: int = 4, watermark: int = 1,
-           requests: int = 12, seed: int = 0, workloads: int = 20, timeout: float | None = 10.0,
-           do_shrink: bool = True, shrink_budget: float = 30.0, progress=None,
-           shrink_progress=None, block_manager=None,
-           out_of_blocks: type[BaseException] | None = None) -> Result:
-    """Check ``target`` on ``workloads`` seeded workloads (seeds ``seed``, ``seed + 1``...),
-    driving the block manager ``block_manager`` (see ``resolve_block_manager``);
-    ``progress(done)`` told of the workloads run, ``shrink_progress(tries, requests)`` of the
-    shrinking."""
-    from kvcheck.models.scheduler.workload import generate
-
-    label, factory = resolve(target)
-    bm_label, bm = resolve_block_manager(block_manager, factory, label)
-    check = functools.partial(run_workload, block_manager=bm, out_of_blocks=out_of_blocks)
-    start = time.perf_counter()
-    steps = 0
-    findings: list[Finding] = []
-    for i in range(workloads):
-        reqs = generate(seed + i, requests, num_blocks, block_size, watermark,
-                        arrival_steps=2 * requests)
-        run = check(factory, reqs, num_blocks, block_size, watermark, timeout)
-        if progress is not None:
-            progress(i + 1)
-        steps += run.stats.steps
-        findings.extend(run.findings)
-        if run.violation is None:
-            continue
-        if do_shrink:
-            s = shrink(factory, reqs, num_blocks, block_size, watermark, run.violation.key,
-                       timeout, shrink_budget, shrink_progress, bm, out_of_blocks)
-            how = ("1-minimal: dropping any request, shortening any prompt or output, moving any "
-                   "arrival earlier, shrinking the pool by a block or halving the whole scope "
-                   "stops it failing this way"
-                   if s.complete else budget_ran_out(shrink_budget, len(s.requests), "request"))
-            return Result("fail", label, i + 1, steps, time.perf_counter() - start,
-                          s.run.violation, s.requests, s.num_blocks, s.run.log, how, len(reqs),
-                          findings, s.run.stats, bm_label)
-        rec = check(factory, reqs, num_blocks, block_size, watermark, timeout, record=True)
-        return Result("fail", label, i + 1, steps, time.perf_counter() - start, rec.violation,
-                      reqs, num_blocks, rec.log, "not shrunk", len(reqs), findings, rec.stats,
-                      bm_label)
-    return Result("pass", label, workloads, steps, time.perf_counter() - start, findings=findings,
-                  block_manager=bm_label)
-
-
-def render(result: Result, block_size: int, watermark: int) -> str:
-    """A failing result as plain English: the workload, each step, the broken rule."""
-    v = result.violation
-    lines = [f"Counterexample: {result.label} on {result.num_blocks} blocks of {block_size} "
-             f"slots, watermark {watermark}, {len(result.workload or [])} request(s):"]
-    for r in result.workload or []:
-        lines.append(f"  request {r.seq}: prompt {r.prompt}, {r.max_new} new token(s), "
-                     f"arrives before step {r.arrival + 1}")
-    for e in result.log:
-        mark = ">>" if v is not None and e["step"] == v.step else "  "
-        lines.append(f"{mark} step {e['step']}: {e['before']}  -> decoded {e['decoded']} -> "
-                     f"{e['after']}")
-    if v is not None:
-        lines.append(f"VIOLATION at step {v.step} ({v.kind}): {v.name}"
-                     + ("" if v.element is None else f" [{v.element}]"))
-        if v.witness:
-            lines.append(f"  what happened: {v.witness}")
-        if v.doc:
-            lines.append(f"  the rule: {v.doc}")
-    if result.minimal:
-        lines.append(f"  minimal: {result.minimal}")
-    return "\n".join(lines)
