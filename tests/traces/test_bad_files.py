@@ -124,7 +124,7 @@ def test_pytest_out_cannot_be_injected(tmp_path):
     tree = ast.parse(src)
     kinds = [type(node).__name__ for node in tree.body]
     assert kinds == ["Import", "ImportFrom", "Assign", "Assign", "Assign", "Assign", "Assign",
-                     "FunctionDef"]
+                     "Assign", "FunctionDef"]
     assert "pwned" not in "".join(ast.unparse(n) for n in tree.body[:2])
     target = next(n for n in tree.body if isinstance(n, ast.Assign)
                   and n.targets[0].id == "TARGET")
