@@ -49,6 +49,8 @@ def _op_literal(op) -> str:
 
 def pytest_source(trace: Trace, target: str | None = None, timeout: float = 10.0) -> str:
     """The reproducer's source text, checking ``target`` (default: the recorded one)."""
+    if trace.model != "blocks":
+        return _model_source(trace, target, timeout)
     target = portable_target(target or trace.target)
     v = trace.violation
     head = [
@@ -90,6 +92,67 @@ OPS = [
 def test_kvcheck_counterexample():
     _, factory = resolve(TARGET)
     result = replay(factory, NUM_BLOCKS, BLOCK_SIZE, OPS, timeout=TIMEOUT)
+    v = result.violation
+    assert v is None, f"{{TARGET}}: step {{v.step}} ({{v.kind}}) {{v.name}}: {{v.witness}}"
+'''
+
+
+def _model_source(trace: Trace, target: str | None, timeout: float) -> str:
+    """A reproducer for a trace of another model: its operations as the trace records
+    them (Python literals of ints, strings, lists and None), replayed by the checker
+    under that model."""
+    from kvcheck.check.model import model_named
+
+    model = model_named(trace.model)
+    target = portable_target(target or trace.target)
+    v = trace.violation
+    head = [
+        f"# Reproducer for a kvcheck counterexample ({trace.model} model), written by "
+        f"`kvcheck replay --pytest-out`.",
+        "#",
+        f"# Recorded on: {trace.target!r}, seed {trace.seed!r}, kvcheck {trace.kvcheck_version!r}",
+    ]
+    if v is not None:
+        head.append(f"# Violation at step {v.step!r} ({v.kind}):")
+        head += _comment(v.name)
+        if v.witness:
+            head.append("# What happened:")
+            head += _comment(v.witness)
+    head += [
+        "#",
+        "# The test passes when the target meets the spec on these operations and fails",
+        "# while the violation reproduces. Run it as:  pytest THIS_FILE",
+        "# or against another target:  KVCHECK_TARGET=module:attr pytest THIS_FILE",
+    ]
+    head = [line if line.isprintable() else "#" for line in head]
+    requests = []
+    for op in trace.ops:
+        d = model.op_to_json(model.request(op))
+        d.pop("result", None)
+        requests.append(d)
+    ops = "\n".join(f"    {d!r}," for d in requests)
+    return "\n".join(head) + f'''
+
+import os
+
+from kvcheck.check.model import Options, model_named
+from kvcheck.check.run import replay
+from kvcheck.targets.loading import resolve
+
+TARGET = os.environ.get("KVCHECK_TARGET") or {target!r}
+MODEL = {trace.model!r}
+SCOPE = {trace.scope_json()!r}
+TIMEOUT = {float(timeout)!r}  # seconds one operation may take before it counts as a hang
+OPS = [
+{ops}
+]
+
+
+def test_kvcheck_counterexample():
+    _, factory = resolve(TARGET)
+    model = model_named(MODEL)
+    ops = [model.op_from_json(d) for d in OPS]
+    result = replay(model, factory, model.scope_from_json(SCOPE), ops, Options(timeout=TIMEOUT))
     v = result.violation
     assert v is None, f"{{TARGET}}: step {{v.step}} ({{v.kind}}) {{v.name}}: {{v.witness}}"
 '''
