@@ -196,6 +196,7 @@ class DataOracle:
         elif op.kind == "append_slot":
             kv = self._random_kv(op.seq, self.oracle.lengths[op.seq], 1)
         shared = self._shared_tails([op.seq] if op.kind == "append_slot" else [], wd)
+        self._phase(op)
         self.feed.kv = kv
         try:
             v = self.oracle.step(op, wd)
@@ -220,6 +221,7 @@ class DataOracle:
         shared = self._shared_tails(seqs, wd)
         reserved, rows, results = [], [], []
         op.reserved = results
+        self._phase(op)
         self.feed.reserve_only = True
         try:
             for q in seqs:
@@ -298,8 +300,7 @@ class DataOracle:
         device; a hang or an exception raises ``_Failed`` with the violation."""
         if wd is None:
             wd = active_watchdog()
-        if self._rec is not None:
-            self._rec.phase(f"{what} (the data of operation {self.steps})")
+        self._phase(f"{what} (the data of operation {self.steps})")
         if wd is not None:
             wd.enter()
         try:
@@ -316,6 +317,16 @@ class DataOracle:
         finally:
             if wd is not None:
                 wd.leave()
+
+    def _phase(self, what) -> None:
+        """Tell the supervisor's recording re-run (if this is one) what runs now: an
+        operation (the structural calls) or a data call."""
+        if self._rec is not None:
+            if not isinstance(what, str):
+                from kvcheck.models.device.model import MODEL
+
+                what = f"operation {self.steps}: {MODEL.describe(MODEL.request(what))}"
+            self._rec.phase(what)
 
     def _block(self, block: int, wd) -> tuple[torch.Tensor, torch.Tensor]:
         """Block ``block``'s raw K/V through ``block_data``, checked for its shape."""
@@ -404,7 +415,7 @@ class DataOracle:
             return Violation(self.steps, "data", "read-back", q, subject="seq", witness=(
                 f"sequence {q} read back K/V of shape {tuple(gk.shape)} and {tuple(gv.shape)} "
                 f"({gk.dtype}, {gv.dtype}), expected {tuple(ek.shape)} ({ek.dtype}: {n} "
-                f"tokens)"))
+                f"token{'' if n == 1 else 's'})"))
         pos = next(p for p in range(n)
                    if not (same(gk[:, p], ek[:, p]) and same(gv[:, p], ev[:, p])))
         block = table[pos // bs] if pos // bs < len(table) else None
