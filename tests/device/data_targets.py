@@ -104,3 +104,18 @@ class AbortInRunStep(_Small):
 
             os.abort()
         super().run_step(reserved, k, v)
+
+
+class MetaGather(_Small):
+    """gather_many returns tensors on the meta device (no data at all)."""
+
+    def gather_many(self, seqs):
+        return [(k.to("meta"), v.to("meta")) for k, v in super().gather_many(seqs)]
+
+
+class SparseBlockData(_Small):
+    """block_data returns sparse tensors."""
+
+    def block_data(self, block):
+        k, v = super().block_data(block)
+        return k.float().to_sparse(), v.float().to_sparse()

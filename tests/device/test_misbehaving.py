@@ -19,6 +19,8 @@ CASES = [
     (dt.HangingRunStep, "hang", "run_step", "did not return within"),
     (dt.BadKvShape, "malformed", "kv_shape", "kv_shape(1) returned (1,)"),
     (dt.BadBlockData, "malformed", "block_data", "expected (k, v)"),
+    (dt.MetaGather, "malformed", "gather", "not a dense tensor kvcheck can read"),
+    (dt.SparseBlockData, "malformed", "block_data", "each a dense tensor"),
 ]
 
 

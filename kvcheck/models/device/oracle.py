@@ -334,10 +334,14 @@ class DataOracle:
         L, H, D = self._shape
         want = (L, self.block_size, H, D)
         pair = _pair(got)
-        if pair is None or tuple(pair[0].shape) != want or tuple(pair[1].shape) != want:
-            raise _Failed(Violation(self.steps, "malformed", "block_data", block, witness=(
-                f"block_data({block}) returned {_short(got)}, expected (k, v), each a tensor "
-                f"of shape {want}")))
+        if pair is not None:
+            pair = _plain(pair[0], self.device), _plain(pair[1], self.device)
+        if pair is None or any(t is None or tuple(t.shape) != want or t.dtype != self.dtype
+                               for t in pair):
+            raise _Failed(Violation(self.steps, "malformed", "block_data", block,
+                                    subject="block", witness=(
+                f"block_data({block}) returned {_short(got)}, expected (k, v), each a dense "
+                f"tensor of shape {want} and dtype {self.dtype}")))
         return pair
 
     # -- checks -------------------------------------------------------------------------------
@@ -398,10 +402,12 @@ class DataOracle:
                 return Violation(self.steps, "malformed", "gather", q, subject="seq", witness=(
                     f"gather_many returned {_short(item)} for sequence {q}, expected (k, v) "
                     f"tensors"))
-            gk, gv = pair
             ek, ev = self.expected[q]
-            if gk.device != ek.device or gv.device != ev.device:
-                gk, gv = gk.to(ek.device), gv.to(ev.device)
+            gk, gv = _plain(pair[0], ek.device), _plain(pair[1], ev.device)
+            if gk is None or gv is None:
+                return Violation(self.steps, "malformed", "gather", q, subject="seq", witness=(
+                    f"gather_many returned K/V for sequence {q} that is not a dense tensor "
+                    f"kvcheck can read on {ek.device}: {_short(pair[0])}, {_short(pair[1])}"))
             if same(gk, ek) and same(gv, ev):
                 continue
             return self._mismatch(q, gk, gv, ek, ev)
@@ -443,6 +449,16 @@ def _pair(x) -> tuple[torch.Tensor, torch.Tensor] | None:
     if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
         return k, v
     return None
+
+
+def _plain(t: torch.Tensor, device) -> torch.Tensor | None:
+    """``t`` as a dense tensor on ``device`` whose bits kvcheck can compare, or None."""
+    try:
+        if t.layout != torch.strided or t.element_size() not in _WIDTH:
+            return None
+        return t if t.device == device else t.to(device)
+    except Exception:  # noqa: BLE001 - a tensor that cannot be moved (meta, a broken subclass)
+        return None
 
 
 def _short(x) -> str:
