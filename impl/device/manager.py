@@ -172,8 +172,10 @@ class DeviceBlockManager(BlockManager):
         return isinstance(exc, OutOfBlocks)
 
 
-def make(num_blocks: int, block_size: int) -> DeviceBlockManager:
+def make(num_blocks: int, block_size: int, *, num_layers: int = 2, num_kv_heads: int = 2,
+         head_dim: int = 4) -> DeviceBlockManager:
     """The registered ``device`` target: small K/V (2 layers, 2 heads, head_dim 4,
-    float16) on ``cuda`` if present else ``cpu``, Triton where it can run."""
-    return DeviceBlockManager(num_blocks, block_size, num_layers=2, num_kv_heads=2,
-                              head_dim=4, dtype="float16")
+    float16) on ``cuda`` if present else ``cpu``, Triton where it can run. The store's
+    shape may be given (``kvcheck verify-device --layers --kv-heads --head-dim``)."""
+    return DeviceBlockManager(num_blocks, block_size, num_layers=num_layers,
+                              num_kv_heads=num_kv_heads, head_dim=head_dim, dtype="float16")

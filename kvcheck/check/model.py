@@ -44,12 +44,16 @@ ROLES = (SEQ, NEW_SEQ, COUNT, TOKENS, SEQS, BLOCK, VALUE)
 @dataclass(frozen=True)
 class Arg:
     """One argument of an operation: the attribute holding it, its role, its name in a
-    trace (``key``, default the attribute's name) and the least value a count may take."""
+    trace (``key``, default the attribute's name) and the least value a count may take.
+
+    ``schema``, for a ``VALUE`` that is not a scalar (e.g. a list of per-sequence
+    results), is the JSON Schema a trace holds it to (default: the role's)."""
 
     name: str
     role: str
     key: str | None = None
     low: int = 1
+    schema: dict | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         assert self.role in ROLES, self.role

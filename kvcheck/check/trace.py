@@ -66,6 +66,8 @@ _ANY_VALUE = {"type": ["integer", "string", "boolean", "null"], "maxLength": 409
 
 
 def _arg_schema(arg, result: bool = False) -> dict:
+    if arg.schema is not None:  # the model's own (a structured value)
+        return arg.schema
     if arg.role == COUNT:
         return {"type": "integer", "minimum": 0 if result else arg.low, "maximum": 2147483647}
     if result and arg.role == SEQS:

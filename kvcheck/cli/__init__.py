@@ -23,6 +23,7 @@ COMMANDS = [
     "verify-scheduler",
     "simulate",
     "verify-prefix",
+    "verify-device",
     "plan",
     "replay",
     "report",

@@ -105,8 +105,8 @@ def focus(trace: Trace) -> tuple[int | None, int | None]:
             return v.element, None
         return (_block_returned(trace, op) if v.kind == "contract" else None), v.element
     if v.kind == "data":
-        return None, v.element
-    return None, (op.seq if op is not None else v.element)
+        return (v.element, None) if v.subject == "block" else (None, v.element)
+    return None, (getattr(op, "seq", None) if op is not None else v.element)
 
 
 def _svg(state: dict, num_blocks: int, block_size: int, hl_block, hl_seq) -> str:

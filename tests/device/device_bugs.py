@@ -73,14 +73,17 @@ class CopyFullBlock(DeviceBlockManager):
 
 
 @triton.jit
-def _off_by_one_write(kc_ptr, vc_ptr, k_ptr, v_ptr, slots_ptr, n_tokens,
+def _off_by_one_write(kc_ptr, vc_ptr, k_ptr, v_ptr, slots_ptr, n_tokens, n_slots,
                       cache_layer_stride, new_layer_stride, row,
                       TOK: tl.constexpr, ROW: tl.constexpr):
     layer = tl.program_id(1).to(tl.int64)
     toks = tl.program_id(0) * TOK + tl.arange(0, TOK)
     tmask = toks < n_tokens
     slots = tl.load(slots_ptr + toks, mask=tmask, other=-1).to(tl.int64)
-    tmask = tmask & (slots >= 0)
+    # (still masked to the cache: the wrong slot, never memory outside the tensor, which
+    # under the interpreter would corrupt the test process once a shrunk pool makes the
+    # last slot of the last block the one written)
+    tmask = tmask & (slots >= 0) & (slots + 1 < n_slots)
     cols = tl.arange(0, ROW)
     mask = tmask[:, None] & (cols < row)[None, :]
     src = layer * new_layer_stride + toks.to(tl.int64)[:, None] * row + cols[None, :]
@@ -106,8 +109,8 @@ class OffByOneSlotKernel(DeviceBlockManager):
                              device=st.device)
         tok = _pow2(n)
         _off_by_one_write[(triton.cdiv(n, tok), L)](
-            st.key, st.value, k.contiguous(), v.contiguous(), slots, n, nb * bs * row, n * row,
-            row, TOK=tok, ROW=_pow2(row))
+            st.key, st.value, k.contiguous(), v.contiguous(), slots, n, nb * bs,
+            nb * bs * row, n * row, row, TOK=tok, ROW=_pow2(row))
 
 
 BUGS = [SwappedCopy, StaleCopySource, WriteBeforeCopy, WriteIntoShared, CopyFullBlock,

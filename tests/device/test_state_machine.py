@@ -1,4 +1,6 @@
-"""A Hypothesis state machine over the device store, checked by the data oracle."""
+"""Hypothesis state machines over the device store, checked by the device model's run state:
+one written by hand, and the one ``kvcheck.make_state_machine(..., model="device")`` makes
+from the model's operation table."""
 
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ from hypothesis.stateful import (
 )
 
 from kvcheck.impl.device import DeviceBlockManager
+from kvcheck.models.device import DecodeStep
 from kvcheck.models.device.oracle import DataOracle
 from kvcheck.spec.contracts import Op
+from kvcheck.verify import make_state_machine
 
 BLOCKS, BS = 8, 2
 
@@ -66,7 +70,7 @@ def machine(factory):
         def decode_step(self, picks):
             live = self.d.live()
             seqs = list(dict.fromkeys(live[p % len(live)] for p in picks))
-            v = self.d.batch(seqs)
+            v = self.d.step(DecodeStep(seqs=seqs))
             assert v is None, f"{v.kind} {v.name}: {v.witness}"
 
         @invariant()
@@ -99,3 +103,29 @@ def test_finds_a_device_bug(bug):
     with pytest.raises(AssertionError, match="data read-back"):
         _run(partial(bug, device=DEVICE, backend="torch", **SHAPE), 100, 30,
              phases=(Phase.generate,))
+
+
+# -- the machine kvcheck makes from the device model ------------------------------------------
+def _run_generated(factory, examples, steps, mode="full"):
+    cls = make_state_machine(factory, num_blocks=BLOCKS, block_size=BS, mode=mode, model="device")
+    assert hasattr(cls, "decode_step") and hasattr(cls, "allocate")  # one rule per operation
+    run_state_machine_as_test(cls, settings=settings(
+        max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
+        derandomize=True, suppress_health_check=list(HealthCheck), phases=(Phase.generate,),
+        report_multiple_bugs=False))
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_generated_machine_passes_the_torch_backend(mode):
+    _run_generated(partial(DeviceBlockManager, device=DEVICE, backend="torch", **SHAPE), 15, 25,
+                   mode)
+
+
+@pytest.mark.parametrize("bug", [bugs.WriteBeforeCopy, bugs.SwappedCopy],
+                         ids=lambda b: b.__name__)
+def test_generated_machine_finds_a_device_bug(bug):
+    with pytest.raises(AssertionError) as info:
+        _run_generated(partial(bug, device=DEVICE, backend="torch", **SHAPE), 200, 30)
+    text = str(info.value)
+    assert "data violation" in text, text
+    assert "Counterexample" in text and "VIOLATION" in text  # the run, explained

@@ -1,59 +1,50 @@
-"""The oracle's data mode: real K/V through a device-backed allocator.
+"""The device model's run state: the block manager's oracle for the structure, plus the data.
 
-The structural ``Oracle`` (contracts, invariants, shadow read-back of token
-ids) drives the target as usual; this module wraps it and adds the data:
+``DataOracle`` speaks the checker's ``RunState`` (``kvcheck.check.model``): the one
+driving loop, replay, shrinker and explorer (``kvcheck.check``) run it. The structural
+``Oracle`` (contracts, invariants, shadow read-back of token ids, fast and full modes)
+drives the target through ``DataTarget``; this adds the data:
 
-* every allocated or appended token carries random K/V (seeded);
-* after every step every live sequence is read back *through the
-  implementation* (``gather_many``, one launch) and compared, bit for bit,
-  with the K/V that sequence was given (float16 / bfloat16 included);
-* a write may only land in a slot the step reserved: a block that was
-  shared (refcount > 1) when a step began must read back unchanged after it
-  except at the slots that step legitimately wrote ("shared block written");
-* the batched decode step is supported: every sequence's slot is reserved
-  through the structural oracle (each reservation checked against
-  ``append_slot``'s contract), then the data moves in one copy launch and one
-  write launch (``run_step``), then everything is read back.
+* every allocated or appended token carries random K/V (seeded: ``Options.seed``);
+* after every step every live sequence is read back *through the implementation*
+  (``gather_many``, one launch) and compared, bit for bit, with the K/V that sequence
+  was given (float16 / bfloat16 included): "read-back";
+* a write may only land in a slot the step reserved: a block that was shared
+  (refcount > 1) when a step began must read back unchanged after it except at the
+  slots that step wrote: "shared block written";
+* the batched decode step (``decode_step``): every sequence's slot is reserved through
+  the structural oracle (each reservation checked against ``append_slot``'s contract),
+  then the data moves in one copy launch and one write launch (``run_step``), then
+  everything is read back.
 
-A *data target* is a ``Target`` that also offers::
-
-    allocate(seq, n, k, v)        append_slot(seq, k, v)
-    reserve_slot(seq) -> (block, offset, cow_src)     (bookkeeping only)
-    run_step(reserved, k, v)      (copies, then writes)
-    gather_many(seqs) -> [(k, v)] each [L, len, H, D]
-    block_data(block) -> (k, v)   each [L, block_size, H, D] (raw, no table)
-    kv_shape(n) -> (L, n, H, D)   and attribute ``store.dtype`` / ``store.device``
-
-``kvcheck.impl.device.DeviceBlockManager`` is one. ``data_verify`` drives a
-data target with the seeded ``RandomDriver`` and shrinks a failure to a short
-replayable trace.
+The data check is whole after every step in both modes; the modes differ only in the
+structural checks. Every call into the target (the data calls included) runs under the
+run's watchdog: a hang, an exception or a result of the wrong shape is a violation,
+never raised. On a GPU each call waits for the device, so that an asynchronous kernel
+fault is reported as the call's own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import copy
+from collections.abc import Sequence
 
 import torch
 
+from kvcheck.check import watchdog as watchdog_module
 from kvcheck.check.violation import Violation
-from kvcheck.check.watchdog import CONTROL
+from kvcheck.check.watchdog import Interrupted, OperationTimeout, Watchdog, active_watchdog
 from kvcheck.errors import what_it_did
-from kvcheck.models.blocks.driver import RandomDriver
 from kvcheck.models.blocks.oracle import Oracle
-from kvcheck.spec.contracts import OK, Op
+from kvcheck.models.device.datatarget import DECODE, DataTarget, NotDataTarget
+from kvcheck.spec.contracts import OK, OOB, Op
 
-DATA_METHODS = ("reserve_slot", "run_step", "gather_many", "block_data", "kv_shape")
-
-
-def is_data_target(obj: object) -> bool:
-    return all(callable(getattr(obj, m, None)) for m in DATA_METHODS)
+_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """``t`` reinterpreted as integers of its width: exact comparison, NaN included."""
-    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    return t.contiguous().view(width)
+    return t.contiguous().view(_WIDTH[t.element_size()])
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -61,198 +52,233 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
 
 
-class _Feed:
-    """What the structural oracle drives: the target, with the step's K/V attached."""
+class _Failed(Exception):
+    """A data call went wrong: carries the violation."""
 
-    def __init__(self, target):
-        self.t = target
-        self.num_blocks, self.block_size = target.num_blocks, target.block_size
-        self.capabilities = target.capabilities
-        self.kv = None  # (k, v) for the next allocate / append_slot
-        self.reserve_only = False  # inside a batched step: bookkeeping only
-        for name in ("fork", "free_seq", "block_table", "refcount", "free_blocks", "num_free",
-                     "table_identity", "seq_len", "is_out_of_blocks"):
-            setattr(self, name, getattr(target, name))
-
-    def allocate(self, seq, n_tokens):
-        return self.t.allocate(seq, n_tokens, *self.kv)
-
-    def append_slot(self, seq):
-        if self.reserve_only:
-            return self.t.reserve_slot(seq)
-        return self.t.append_slot(seq, *self.kv)
-
-
-@dataclass
-class Step:
-    """One step of a data trace: an operation or a batched decode step."""
-
-    kind: str  # allocate | append_slot | fork | free_seq | batch
-    seq: int = 0
-    child: int = 0
-    n_tokens: int = 0
-    seqs: list[int] = field(default_factory=list)  # batch: the sequences, in order
-    outcome: str = ""  # ok / oob (batch: per sequence, joined)
-    result: object = None  # append_slot: (block, offset, cow_src); batch: list of them
-
-    def request(self) -> Step:
-        return Step(self.kind, self.seq, self.child, self.n_tokens, list(self.seqs))
-
-    def describe(self) -> str:
-        if self.kind == "allocate":
-            call = f"allocate(seq={self.seq}, n={self.n_tokens})"
-        elif self.kind == "fork":
-            call = f"fork({self.seq} -> {self.child})"
-        elif self.kind == "batch":
-            call = f"decode_step(seqs={self.seqs})"
-        else:
-            call = f"{self.kind}(seq={self.seq})"
-        if self.kind in ("append_slot", "batch") and self.result is not None:
-            return f"{call} -> {_show_result(self.result)}"
-        return f"{call} -> {self.outcome or 'not run'}"
-
-
-def _show_result(result) -> str:
-    def one(r):
-        if r is None:
-            return "out of blocks"
-        block, off, src = r
-        return f"block {block} slot {off}" + (f" (copy of block {src})" if src is not None else "")
-    if isinstance(result, list):
-        return "[" + "; ".join(one(r) for r in result) + "]"
-    return one(result)
+    def __init__(self, violation: Violation):
+        super().__init__(violation.name)
+        self.violation = violation
 
 
 class DataOracle:
-    """Structural ``Oracle`` + the data comparison, one step at a time."""
+    """Structural ``Oracle`` + the data comparison, one step at a time (a ``RunState``).
 
-    def __init__(self, target, mode: str = "fast", seed: int = 0, timeout: float | None = None):
-        if not is_data_target(target):
-            missing = [m for m in DATA_METHODS if not callable(getattr(target, m, None))]
-            raise TypeError(f"{type(target).__name__} is not a data target: missing "
-                            f"{', '.join(missing)}")
-        self.target = target
-        self.feed = _Feed(target)
-        self.oracle = Oracle(self.feed, mode=mode, timeout=timeout)
-        self.block_size = target.block_size
+    ``target`` is a data target (``kvcheck.models.device.datatarget``), as built or as
+    ``DeviceModel.build`` wraps it; anything else is ``NotDataTarget``."""
+
+    def __init__(self, target, mode: str = "fast", seed: int = 0, timeout: float | None = None,
+                 compiled: bool = True):
+        feed = target if isinstance(target, DataTarget) else DataTarget(target)
+        store = getattr(feed.t, "store", None)
+        dtype, device = getattr(store, "dtype", None), getattr(store, "device", None)
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point
+                and isinstance(device, torch.device)):
+            raise NotDataTarget(f"{type(feed.t).__name__}.store must have a floating-point "
+                                f"torch dtype and a torch device (got dtype {dtype!r}, device "
+                                f"{device!r})")
+        self.feed, self.target = feed, feed.t
+        self.dtype, self.device = dtype, device
+        feed.cuda = device.type == "cuda"
+        self.oracle = Oracle(feed, mode=mode, timeout=timeout, compiled=compiled)
+        self.mode = mode
+        self.block_size = feed.block_size
         self.gen = torch.Generator().manual_seed(seed)
-        store = target.store
-        self.dtype, self.device = store.dtype, store.device
         self.expected: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.names: dict[bytes, tuple[int, int]] = {}  # a token's K/V bytes -> (seq, position)
-        self.history: list[Step] = []
+        self.steps = 0
+        self.stats = {"decode_steps": 0, "copies": 0, "tokens": 0, "read_backs": 0}
+        self._rec = None  # the supervisor's recorder, during a step of a recording re-run
         self.violation: Violation | None = self.oracle.violation
+        self._shape = (1, 1, 1)
+        if self.violation is None:
+            try:
+                self._shape = self._token_shape()
+            except _Failed as exc:
+                self.violation = exc.violation
 
-    # -- the oracle's view ---------------------------------------------------------
+    # -- the checker's view (RunState) -------------------------------------------------
+    def live_seqs(self) -> list[int]:
+        return self.oracle.live_seqs()
+
     def live(self) -> list[int]:
-        return self.oracle.live()
+        """The live sequences, in order."""
+        return sorted(self.oracle.lengths)
 
     def num_free(self) -> int:
         return self.oracle._state().num_free()
 
-    def valid(self, op: Op) -> bool:
-        return self.oracle.valid(op)
+    def observed_json(self) -> dict:
+        return self.oracle.observed_json()
 
-    # -- K/V -----------------------------------------------------------------------
+    def valid(self, op) -> bool:
+        if op.kind != DECODE:
+            return self.oracle.valid(op)
+        return DECODE in self.feed.capabilities and self._decode_problem(op.seqs) is None
+
+    def _decode_problem(self, seqs) -> str | None:
+        if not seqs:
+            return "a decode step takes at least one sequence"
+        if len(set(seqs)) != len(seqs):
+            return "a decode step takes each sequence at most once"
+        dead = [q for q in seqs if q not in self.oracle.lengths]
+        if dead:
+            return f"decode step on sequence {dead[0]}, which is not live"
+        return None
+
+    def clone(self) -> DataOracle:
+        """An independent copy: the target (its store included) deep-copied."""
+        new = copy.copy(self)
+        new.oracle = self.oracle.clone()
+        new.feed = new.oracle.target
+        new.target = new.feed.t
+        new.gen = torch.Generator()
+        new.gen.set_state(self.gen.get_state())
+        new.expected = dict(self.expected)
+        new.names = dict(self.names)
+        new.stats = dict(self.stats)
+        return new
+
+    # -- steps ------------------------------------------------------------------------------
+    def step(self, op, watchdog: Watchdog | None = None) -> Violation | None:
+        """Run ``op`` (one of the four, or a ``DecodeStep``) with data and check it; the
+        violation, if any. Raises ValueError for an op whose precondition fails."""
+        if self.violation is not None:
+            return self.violation
+        if op.kind == DECODE:
+            problem = self._decode_problem(op.seqs)
+            if problem:
+                raise ValueError(problem)
+        elif not self.oracle.valid(op):
+            raise ValueError(f"precondition of {op.kind} fails (or the target lacks it): {op}")
+        if watchdog is None:
+            watchdog = active_watchdog()
+        self.steps += 1
+        rec = watchdog_module.RECORDER
+        if rec is not None:  # this step is the recorded one; the structural steps inside are not
+            rec.op(op)
+            watchdog_module.RECORDER, self._rec = None, rec
+        v = None
+        try:
+            v = self._decode(op, watchdog) if op.kind == DECODE else self._single(op, watchdog)
+        except _Failed as exc:
+            v = exc.violation
+        finally:
+            if rec is not None:
+                watchdog_module.RECORDER, self._rec = rec, None
+                rec.outcome(op, v)
+        if v is not None:
+            v.step = self.steps
+        self.violation = v
+        return v
+
+    def sweep(self, watchdog: Watchdog | None = None) -> Violation | None:
+        """The structural oracle's sweep (fast mode: everything the steps did not
+        audit), then every live sequence read back once more."""
+        if self.violation is not None:
+            return self.violation
+        if watchdog is None:
+            watchdog = active_watchdog()
+        v = self.oracle.sweep(watchdog)
+        if v is None:
+            try:
+                v = self.check(watchdog)
+            except _Failed as exc:
+                v = exc.violation
+        if v is not None:
+            v.step = self.steps
+        self.violation = v
+        return v
+
+    def _single(self, op: Op, wd) -> Violation | None:
+        kv = None
+        if op.kind == "allocate":
+            kv = self._random_kv(op.seq, 0, op.n_tokens)
+        elif op.kind == "append_slot":
+            kv = self._random_kv(op.seq, self.oracle.lengths[op.seq], 1)
+        shared = self._shared_tails([op.seq] if op.kind == "append_slot" else [], wd)
+        self._phase(op)
+        self.feed.kv = kv
+        try:
+            v = self.oracle.step(op, wd)
+        finally:
+            self.feed.kv = None
+        if v is not None:
+            return v
+        written = []
+        if op.outcome == OK:
+            self._record(op, kv)
+            if op.kind == "append_slot":
+                written.append((op.block, op.offset))
+                self.stats["copies"] += op.cow_src is not None
+        return self._check_shared(shared, written, wd) or self.check(wd)
+
+    def _decode(self, op, wd) -> Violation | None:
+        """Each slot reserved through the structural oracle (a sequence the pool cannot
+        serve gets no token this step, as an engine would preempt it), then ``run_step``
+        moves the data: every copy in one launch, then every write in one launch."""
+        seqs = list(op.seqs)
+        self.stats["decode_steps"] += 1
+        shared = self._shared_tails(seqs, wd)
+        reserved, rows, results = [], [], []
+        op.reserved = results
+        self._phase(op)
+        self.feed.reserve_only = True
+        try:
+            for q in seqs:
+                sub = Op("append_slot", seq=q)
+                v = self.oracle.step(sub, wd)
+                if sub.outcome == OK and sub.block is not None:
+                    reserved.append((sub.block, sub.offset, sub.cow_src))
+                    rows.append(q)
+                    results.append(reserved[-1])
+                else:
+                    results.append(None)
+                if v is not None:
+                    op.outcome = OK if reserved else OOB
+                    return v
+        finally:
+            self.feed.reserve_only = False
+        op.outcome = OK if reserved else OOB
+        if reserved:
+            parts = [self._random_kv(q, self.oracle.lengths[q] - 1, 1) for q in rows]
+            k = torch.cat([p[0] for p in parts], dim=1)
+            v = torch.cat([p[1] for p in parts], dim=1)
+            self._call("run_step", wd, self.target.run_step, list(reserved), k, v)
+            for i, q in enumerate(rows):
+                self._append_expected(q, k[:, i : i + 1], v[:, i : i + 1])
+            self.stats["copies"] += sum(src is not None for _, _, src in reserved)
+        written = [(b, o) for b, o, _ in reserved]
+        return self._check_shared(shared, written, wd) or self.check(wd)
+
+    # -- K/V --------------------------------------------------------------------------------
+    def _token_shape(self) -> tuple[int, int, int]:
+        """(L, H, D) from the target's ``kv_shape(1)``, once."""
+        got = self._call("kv_shape", None, self.target.kv_shape, 1)
+        try:
+            shape = tuple(got)
+            ok = len(shape) == 4 and all(type(x) is int and x >= 1 for x in shape) \
+                and shape[1] == 1
+        except TypeError:
+            ok = False
+        if not ok:
+            raise _Failed(Violation(0, "malformed", "kv_shape", witness=(
+                f"kv_shape(1) returned {_short(got)}, expected (layers, 1, heads, head_dim) "
+                f"of positive integers")))
+        return shape[0], shape[2], shape[3]
+
     def _random_kv(self, seq: int, first: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = self.target.kv_shape(n)
+        L, H, D = self._shape
+        shape = (L, n, H, D)
         k = torch.randn(shape, generator=self.gen).to(self.dtype)
         v = torch.randn(shape, generator=self.gen).to(self.dtype)
         for i in range(n):
             self.names[self._key(k[:, i], v[:, i])] = (seq, first + i)
+        self.stats["tokens"] += n
         return k.to(self.device), v.to(self.device)
 
     @staticmethod
     def _key(k: torch.Tensor, v: torch.Tensor) -> bytes:
         return _bits(k).cpu().numpy().tobytes() + _bits(v).cpu().numpy().tobytes()
-
-    # -- steps ---------------------------------------------------------------------
-    def step(self, op: Op) -> Violation | None:
-        """One operation with data. Raises ValueError for an invalid ``op``."""
-        if self.violation is not None:
-            return self.violation
-        rec = Step(op.kind, op.seq, op.child, op.n_tokens)
-        self.history.append(rec)
-        kv = None
-        if op.kind == "allocate":
-            kv = self._random_kv(op.seq, 0, op.n_tokens)
-        elif op.kind == "append_slot":
-            kv = self._random_kv(op.seq, self.oracle.lengths.get(op.seq, 0), 1)
-        shared = self._shared_tails([op.seq] if op.kind == "append_slot" else [])
-        self.feed.kv = kv
-        try:
-            v = self.oracle.step(op)
-        except ValueError:
-            self.history.pop()
-            raise
-        finally:
-            self.feed.kv = None
-        rec.outcome = op.outcome
-        if op.kind == "append_slot" and op.outcome == OK:
-            rec.result = (op.block, op.offset, op.cow_src)
-        if v is None and op.outcome == OK:
-            self._record(op, kv)
-        written = [(op.block, op.offset)] if rec.result is not None else []
-        v = v or self._check_shared(shared, written) or self.check()
-        self.violation = v
-        return v
-
-    def batch(self, seqs: Sequence[int]) -> Violation | None:
-        """A batched decode step: one new token for each of ``seqs`` (distinct, live).
-
-        Each slot is reserved through the structural oracle (an out-of-blocks
-        sequence gets no token this step, as an engine would preempt it),
-        then ``run_step`` moves the data: every copy in one launch, then
-        every write in one launch.
-        """
-        if self.violation is not None:
-            return self.violation
-        seqs = list(seqs)
-        if len(set(seqs)) != len(seqs):
-            raise ValueError("a decode step takes each sequence at most once")
-        for q in seqs:
-            if q not in self.oracle.lengths:
-                raise ValueError(f"decode step on sequence {q}, which is not live")
-        rec = Step("batch", seqs=seqs, result=[])
-        self.history.append(rec)
-        shared = self._shared_tails(seqs)
-        reserved, rows, outcomes = [], [], []
-        self.feed.reserve_only = True
-        try:
-            for q in seqs:
-                op = Op("append_slot", seq=q)
-                v = self.oracle.step(op)
-                outcomes.append(op.outcome)
-                if op.outcome == OK and op.block is not None:
-                    reserved.append((op.block, op.offset, op.cow_src))
-                    rows.append(q)
-                    rec.result.append(reserved[-1])
-                else:
-                    rec.result.append(None)
-                if v is not None:
-                    self.violation = v
-                    rec.outcome = ",".join(outcomes)
-                    return v
-        finally:
-            self.feed.reserve_only = False
-        rec.outcome = ",".join(outcomes)
-        if reserved:
-            parts = [self._random_kv(q, self.oracle.lengths[q] - 1, 1) for q in rows]
-            k = torch.cat([p[0] for p in parts], dim=1)
-            v = torch.cat([p[1] for p in parts], dim=1)
-            try:
-                self.target.run_step(reserved, k, v)
-            except CONTROL:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - the implementation's fault
-                self.violation = Violation(self.oracle.steps, "crash", "run_step",
-                                           witness=f"run_step {what_it_did(exc)}")
-                return self.violation
-            for i, q in enumerate(rows):
-                self._append_expected(q, k[:, i : i + 1], v[:, i : i + 1])
-        written = [(b, o) for b, o, _ in reserved]
-        self.violation = self._check_shared(shared, written) or self.check()
-        return self.violation
 
     def _record(self, op: Op, kv) -> None:
         if op.kind == "allocate":
@@ -268,56 +294,120 @@ class DataOracle:
         ek, ev = self.expected[seq]
         self.expected[seq] = (torch.cat((ek, k), dim=1), torch.cat((ev, v), dim=1))
 
-    # -- checks ----------------------------------------------------------------------
-    def _shared_tails(self, seqs: Sequence[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """The partial tail blocks of ``seqs`` that are shared now, with their contents."""
+    # -- calls into the target ----------------------------------------------------------------
+    def _call(self, what: str, wd, fn, *args):
+        """``fn(*args)`` as one call into the target, under the watchdog, waiting for the
+        device; a hang or an exception raises ``_Failed`` with the violation."""
+        if wd is None:
+            wd = active_watchdog()
+        self._phase(f"{what} (the data of operation {self.steps})")
+        if wd is not None:
+            wd.enter()
+        try:
+            result = fn(*args)
+            self.feed.sync()
+            return result
+        except OperationTimeout as exc:
+            raise _Failed(Violation(self.steps, "hang", what, witness=f"{what} {exc}")) from None
+        except Interrupted:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the implementation's fault
+            raise _Failed(Violation(self.steps, "crash", what,
+                                    witness=f"{what} {what_it_did(exc)}")) from None
+        finally:
+            if wd is not None:
+                wd.leave()
+
+    def _phase(self, what) -> None:
+        """Tell the supervisor's recording re-run (if this is one) what runs now: an
+        operation (the structural calls) or a data call."""
+        if self._rec is not None:
+            if not isinstance(what, str):
+                from kvcheck.models.device.model import MODEL
+
+                what = f"operation {self.steps}: {MODEL.describe(MODEL.request(what))}"
+            self._rec.phase(what)
+
+    def _block(self, block: int, wd) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block ``block``'s raw K/V through ``block_data``, checked for its shape."""
+        got = self._call("block_data", wd, self.target.block_data, block)
+        L, H, D = self._shape
+        want = (L, self.block_size, H, D)
+        pair = _pair(got)
+        if pair is not None:
+            pair = _plain(pair[0], self.device), _plain(pair[1], self.device)
+        if pair is None or any(t is None or tuple(t.shape) != want or t.dtype != self.dtype
+                               for t in pair):
+            raise _Failed(Violation(self.steps, "malformed", "block_data", block,
+                                    subject="block", witness=(
+                f"block_data({block}) returned {_short(got)}, expected (k, v), each a dense "
+                f"tensor of shape {want} and dtype {self.dtype}")))
+        return pair
+
+    # -- checks -------------------------------------------------------------------------------
+    def _shared_tails(self, seqs: Sequence[int], wd) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """The partial tail blocks of ``seqs`` that are shared now (as the structural
+        oracle observed them), with their contents."""
         out = {}
-        t, bs = self.target, self.block_size
+        s, bs = self.oracle._state(), self.block_size
         for q in seqs:
             n = self.oracle.lengths.get(q)
             if not n or n % bs == 0:
                 continue
-            tail = list(t.block_table(q))[-1]
-            if tail not in out and t.refcount(tail) > 1:
-                k, v = t.block_data(tail)
+            tail = s.table_tuple(q)[-1]
+            if tail not in out and s.ref(tail) > 1:
+                k, v = self._block(tail, wd)
                 out[tail] = (k.clone(), v.clone())
         return out
 
-    def _check_shared(self, shared: dict, written: list[tuple[int, int]]) -> Violation | None:
+    def _check_shared(self, shared: dict, written: list[tuple[int, int]], wd) -> Violation | None:
         """A block shared when the step began changed only at slots the step wrote."""
         for block, (k0, v0) in shared.items():
-            k1, v1 = self.target.block_data(block)
+            k1, v1 = self._block(block, wd)
             for off in range(self.block_size):
                 if (block, off) in written:
                     continue
                 if not (same(k0[:, off], k1[:, off]) and same(v0[:, off], v1[:, off])):
-                    holders = [q for q in self.oracle.lengths
-                               if block in list(self.target.block_table(q))]
-                    return Violation(self.oracle.steps, "data", "shared block written", block,
-                                     witness=(
+                    s = self.oracle._state()
+                    holders = [q for q in sorted(self.oracle.lengths) if block in s.table_tuple(q)]
+                    return Violation(self.steps, "data", "shared block written", block,
+                                     subject="block", witness=(
                         f"block {block} was shared (refcount > 1) when the step began, yet its "
                         f"slot {off} changed from {self._name(k0[:, off], v0[:, off])} to "
                         f"{self._name(k1[:, off], v1[:, off])} though the step wrote no such "
-                        f"slot; sequences holding it now: {holders}"))
+                        f"slot; sequences holding it now: {holders}"), details={"slot": off})
         return None
 
-    def check(self) -> Violation | None:
+    def check(self, watchdog: Watchdog | None = None) -> Violation | None:
         """Read back every live sequence through the implementation; compare exactly."""
         seqs = sorted(self.expected)
         if not seqs:
             return None
         try:
-            got = self.target.gather_many(seqs)
-        except CONTROL:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - the implementation's fault
-            return Violation(self.oracle.steps, "crash", "gather",
-                             witness=f"gather_many {what_it_did(exc)}")
-        if len(got) != len(seqs):
-            return Violation(self.oracle.steps, "malformed", "gather", witness=(
-                f"gather_many of {len(seqs)} sequences returned {len(got)} results"))
-        for q, (gk, gv) in zip(seqs, got, strict=True):
+            got = self._call("gather_many", watchdog, self.target.gather_many, seqs)
+        except _Failed as exc:
+            return exc.violation
+        try:
+            got = list(got)
+        except Exception:  # noqa: BLE001 - not a sequence at all
+            got = None
+        if got is None or len(got) != len(seqs):
+            return Violation(self.steps, "malformed", "gather", witness=(
+                f"gather_many of {len(seqs)} sequences returned "
+                f"{_short(got) if got is None else f'{len(got)} results'}"))
+        self.stats["read_backs"] += 1
+        for q, item in zip(seqs, got, strict=True):
+            pair = _pair(item)
+            if pair is None:
+                return Violation(self.steps, "malformed", "gather", q, subject="seq", witness=(
+                    f"gather_many returned {_short(item)} for sequence {q}, expected (k, v) "
+                    f"tensors"))
             ek, ev = self.expected[q]
+            gk, gv = _plain(pair[0], ek.device), _plain(pair[1], ev.device)
+            if gk is None or gv is None:
+                return Violation(self.steps, "malformed", "gather", q, subject="seq", witness=(
+                    f"gather_many returned K/V for sequence {q} that is not a dense tensor "
+                    f"kvcheck can read on {ek.device}: {_short(pair[0])}, {_short(pair[1])}"))
             if same(gk, ek) and same(gv, ev):
                 continue
             return self._mismatch(q, gk, gv, ek, ev)
@@ -325,15 +415,17 @@ class DataOracle:
 
     def _mismatch(self, q, gk, gv, ek, ev) -> Violation:
         n, bs = ek.shape[1], self.block_size
-        table = list(self.target.block_table(q))
-        if gk.shape != ek.shape or gv.shape != ev.shape:
-            return Violation(self.oracle.steps, "data", "read-back", q, witness=(
-                f"sequence {q} read back K/V of shape {tuple(gk.shape)}, expected "
-                f"{tuple(ek.shape)} ({n} tokens)"))
+        table = list(self.oracle._state().table_tuple(q))
+        if gk.shape != ek.shape or gv.shape != ev.shape or gk.dtype != ek.dtype \
+                or gv.dtype != ev.dtype:
+            return Violation(self.steps, "data", "read-back", q, subject="seq", witness=(
+                f"sequence {q} read back K/V of shape {tuple(gk.shape)} and {tuple(gv.shape)} "
+                f"({gk.dtype}, {gv.dtype}), expected {tuple(ek.shape)} ({ek.dtype}: {n} "
+                f"token{'' if n == 1 else 's'})"))
         pos = next(p for p in range(n)
                    if not (same(gk[:, p], ek[:, p]) and same(gv[:, p], ev[:, p])))
         block = table[pos // bs] if pos // bs < len(table) else None
-        return Violation(self.oracle.steps, "data", "read-back", q, witness=(
+        return Violation(self.steps, "data", "read-back", q, subject="seq", witness=(
             f"sequence {q} (table {table}) position {pos} (block {block} slot {pos % bs}) "
             f"reads {self._name(gk[:, pos], gv[:, pos])}, expected its own token "
             f"{pos} ({self._name(ek[:, pos], ev[:, pos])})"), details={"position": pos})
@@ -348,114 +440,30 @@ class DataOracle:
         return "K/V that no sequence was given"
 
 
-# -- driving, replay, shrinking ---------------------------------------------------------
-@dataclass
-class DataResult:
-    verdict: str  # pass | fail
-    steps: int
-    violation: Violation | None
-    trace: list[Step]  # the (shrunk) failing steps
-    original_length: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.verdict == "pass"
-
-    def render(self) -> str:
-        if self.violation is None:
-            return f"PASS: {self.steps} steps"
-        lines = [f"{i + 1:3d}. {s.describe()}" for i, s in enumerate(self.trace)]
-        v = self.violation
-        lines.append(f"VIOLATION ({v.kind}: {v.name}): {v.witness}")
-        return "\n".join(lines)
+def _pair(x) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``x`` as a (k, v) pair of tensors, or None."""
+    try:
+        k, v = x
+    except Exception:  # noqa: BLE001 - not a pair
+        return None
+    if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
+        return k, v
+    return None
 
 
-def _build(factory, num_blocks: int, block_size: int):
-    return factory(num_blocks, block_size)
+def _plain(t: torch.Tensor, device) -> torch.Tensor | None:
+    """``t`` as a dense tensor on ``device`` whose bits kvcheck can compare, or None."""
+    try:
+        if t.layout != torch.strided or t.element_size() not in _WIDTH:
+            return None
+        return t if t.device == device else t.to(device)
+    except Exception:  # noqa: BLE001 - a tensor that cannot be moved (meta, a broken subclass)
+        return None
 
 
-def run_steps(factory: Callable, num_blocks: int, block_size: int, steps: Sequence[Step],
-              seed: int = 0, mode: str = "fast") -> tuple[Violation | None, list[Step]]:
-    """Replay requests on a fresh target; steps whose precondition fails are skipped."""
-    d = DataOracle(_build(factory, num_blocks, block_size), mode=mode, seed=seed)
-    if d.violation is not None:
-        return d.violation, []
-    for s in steps:
-        if s.kind == "batch":
-            seqs = [q for q in s.seqs if q in d.oracle.lengths]
-            if not seqs:
-                continue
-            v = d.batch(seqs)
-        else:
-            op = Op(s.kind, seq=s.seq, child=s.child, n_tokens=s.n_tokens)
-            if not d.valid(op):
-                continue
-            v = d.step(op)
-        if v is not None:
-            return v, d.history
-    v = d.oracle.sweep() if mode == "fast" else None
-    return v, d.history
-
-
-def shrink_steps(factory, num_blocks, block_size, steps: list[Step], key, seed: int = 0,
-                 max_replays: int = 300) -> tuple[Violation | None, list[Step]]:
-    """Greedy chunk deletion (halving to single steps, to a fixpoint) while the
-    same violation (kind, name) still occurs; at most ``max_replays`` replays."""
-    best_v, best = run_steps(factory, num_blocks, block_size, steps, seed)
-    if best_v is None or best_v.key != key:
-        return None, steps
-    replays = 1
-    reqs = [s.request() for s in best]
-    chunk = max(1, len(reqs) // 2)
-    while chunk >= 1 and replays < max_replays:
-        i, changed = 0, False
-        while i < len(reqs) and replays < max_replays:
-            cand = reqs[:i] + reqs[i + chunk :]
-            v, ran = run_steps(factory, num_blocks, block_size, cand, seed)
-            replays += 1
-            if v is not None and v.key == key:
-                best_v, best, reqs, changed = v, ran, [s.request() for s in ran], True
-            else:
-                i += chunk
-        if not changed:
-            chunk //= 2
-    return best_v, best
-
-
-def data_verify(factory: Callable, num_blocks: int = 16, block_size: int = 4, ops: int = 300,
-                seed: int = 0, batch_prob: float = 0.3, mode: str = "fast",
-                do_shrink: bool = True) -> DataResult:
-    """Drive a data target with the seeded ``RandomDriver``; on a violation, shrink it.
-
-    Where the driver asks for an ``append_slot``, with probability
-    ``batch_prob`` a batched decode step over a random subset of the live
-    sequences runs instead (drawn from the driver's own seeded generator).
-    """
-    target = _build(factory, num_blocks, block_size)
-    d = DataOracle(target, mode=mode, seed=seed)
-    driver = RandomDriver(seed, num_blocks, block_size, target.capabilities)
-    rng = driver.rng
-    v = d.violation
-    for _ in range(ops):
-        if v is not None:
-            break
-        op = driver.next_op(d.live(), d.num_free())
-        if op.kind == "append_slot" and rng.random() < batch_prob:
-            live = d.live()
-            v = d.batch(rng.sample(live, rng.randint(1, len(live))))
-            continue
-        if not d.valid(op):
-            continue
-        v = d.step(op)
-    if v is None and mode == "fast":
-        v = d.oracle.sweep() or d.check()
-    if v is None:
-        return DataResult("pass", len(d.history), None, [])
-    history = d.history
-    trace = history
-    if do_shrink:
-        sv, strace = shrink_steps(factory, num_blocks, block_size,
-                                  [s.request() for s in history], v.key, seed)
-        if sv is not None:
-            v, trace = sv, strace
-    return DataResult("fail", len(history), v, trace, len(history))
+def _short(x) -> str:
+    try:
+        text = repr(x) if not isinstance(x, torch.Tensor) else f"a tensor of shape {tuple(x.shape)}"
+    except Exception:  # noqa: BLE001 - an unprintable object
+        text = f"a {type(x).__name__}"
+    return text if len(text) <= 80 else text[:77] + "..."
