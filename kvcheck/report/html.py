@@ -17,8 +17,9 @@ from __future__ import annotations
 import html
 
 from kvcheck import __version__
+from kvcheck.check.model import model_named
 from kvcheck.check.trace import Trace
-from kvcheck.models.blocks.witness import clause_subject, describe_op
+from kvcheck.models.blocks.witness import clause_subject
 from kvcheck.report.text import describe_step, state_line
 
 MAX_STEPS = 300  # steps drawn; around the violation when there are more
@@ -85,6 +86,8 @@ def focus(trace: Trace) -> tuple[int | None, int | None]:
     v = trace.violation
     if v is None or v.element is None and v.kind not in ("crash", "hang", "malformed"):
         return None, None
+    if v.subject in ("block", "seq"):  # the violation says what its element names
+        return (v.element, None) if v.subject == "block" else (None, v.element)
     op = trace.ops[v.step - 1] if 1 <= v.step <= len(trace.ops) else None
     if v.kind == "invariant":
         from kvcheck.spec.invariants import INVARIANTS
@@ -247,16 +250,16 @@ def render_html(trace: Trace, source: str | None = None) -> str:
         else:
             op = trace.ops[i - 1]
             badge = '<span class="badge">VIOLATION</span>' if bad else ""
-            parts.append(f"<h3>{i}. {_e(describe_op(op))}{badge}</h3>")
+            parts.append(f"<h3>{i}. {_e(model_named(trace.model).describe(op))}{badge}</h3>")
             before = empty if i == 1 else (states[i - 2] if i - 2 < len(states) else None)
             if not (bad and v.kind in ("crash", "hang", "malformed")):
-                parts.append(f'<p class="words">{_e(describe_step(op, before, state, bs))}</p>')
+                parts.append(f'<p class="words">{_e(describe_step(op, before, state, bs, trace.model))}</p>')
         if bad:
             parts.append(f'<p class="witness"><b>{_e(v.name)}:</b> {_e(v.witness)}</p>')
         if state is not None:
             hb, hs = (hl_block, hl_seq) if bad else (None, None)
             parts.append(_svg(state, nb, bs, hb, hs))
-            parts.append(f'<p class="state">{_e(state_line(state))}</p>')
+            parts.append(f'<p class="state">{_e(state_line(state, trace.model))}</p>')
         else:
             parts.append('<p class="note">(no state recorded for this step)</p>')
         parts.append("</section>")

@@ -69,6 +69,8 @@ def pytest_source(trace: Trace, target: str | None = None, timeout: float = 10.0
         "# or against another allocator:  KVCHECK_TARGET=reference pytest THIS_FILE",
     ]
     head = [line if line.isprintable() else "#" for line in head]
+    if trace.model != "blocks":
+        return "\n".join(head) + _model_body(trace, target, timeout)
     ops = "\n".join(f"    {_op_literal(op)}," for op in trace.ops)
     return "\n".join(head) + f'''
 
@@ -90,6 +92,43 @@ OPS = [
 def test_kvcheck_counterexample():
     _, factory = resolve(TARGET)
     result = replay(factory, NUM_BLOCKS, BLOCK_SIZE, OPS, timeout=TIMEOUT)
+    v = result.violation
+    assert v is None, f"{{TARGET}}: step {{v.step}} ({{v.kind}}) {{v.name}}: {{v.witness}}"
+'''
+
+
+def _model_body(trace: Trace, target: str, timeout: float) -> str:
+    """The test for a trace of any model: its operations as the trace's JSON (literals of
+    ints, strings and lists, from a validated trace), replayed by ``kvcheck.check.run``."""
+    from kvcheck.check.model import model_named
+
+    model = model_named(trace.model)
+    requests = []
+    for op in trace.ops:
+        d = model.op_to_json(model.request(op))
+        d.pop("result", None)
+        requests.append(f"    {d!r},")
+    ops = "\n".join(requests)
+    return f'''
+
+import os
+
+from kvcheck.check.model import Options, model_named
+from kvcheck.check.run import replay
+from kvcheck.targets.loading import resolve
+
+TARGET = os.environ.get("KVCHECK_TARGET") or {target!r}
+MODEL = model_named({trace.model!r})
+SCOPE = MODEL.scope_from_json({trace.scope_json()!r})
+TIMEOUT = {float(timeout)!r}  # seconds one operation may take before it counts as a hang
+OPS = [MODEL.op_from_json(op) for op in [
+{ops}
+]]
+
+
+def test_kvcheck_counterexample():
+    _, factory = resolve(TARGET)
+    result = replay(MODEL, factory, SCOPE, OPS, Options(timeout=TIMEOUT))
     v = result.violation
     assert v is None, f"{{TARGET}}: step {{v.step}} ({{v.kind}}) {{v.name}}: {{v.witness}}"
 '''
