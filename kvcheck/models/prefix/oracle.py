@@ -489,7 +489,7 @@ class PrefixOracle:
         partial = set()
         for q in st.seqs():
             partial.update(st.table_tuple(q)[st.length(q) // bs:])
-        refs = [st.ref(b) for b in range(self.target.num_blocks)]
+        refs = st.refs  # (a list of every block's refcount, in either mode; copied below)
         return P.PrefixSnapshot(self.target.num_blocks, bs, refs, view.free_list(),
                                 view.evictable(), entries, {k: meanings[k] for k, _ in entries},
                                 partial, g.filled, g.content, view.free_list_len(),
