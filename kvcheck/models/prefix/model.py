@@ -184,17 +184,17 @@ class PrefixModel(Model):
         return (scope.block_size,)
 
     def shrink_candidates(self, ops: list, scope: BlockScope):
-        # fold an append into its sequence's prompt (allocate t, append u ~ allocate t + [u])
-        for i in range(len(ops)):
-            cand = _fold_append(self, ops, i)
-            if cand is not None:
-                yield cand, scope
         # drop an allocation together with the pool space it held
         bs, nb = scope.block_size, scope.num_blocks
         for i, op in enumerate(ops):
             held = -(-op.n_tokens // bs) if op.kind == "allocate" else 0
             if 0 < held < nb:
                 yield [self.request(o) for o in ops[:i] + ops[i + 1:]], BlockScope(nb - held, bs)
+        # fold an append into its sequence's prompt (allocate t, append u ~ allocate t + [u])
+        for i in range(len(ops)):
+            cand = _fold_append(self, ops, i)
+            if cand is not None:
+                yield cand, scope
         # token ids renamed 0, 1, 2 ... in order of first use (only equality matters to a
         # cache keyed by content; small ids read better)
         cand = _renamed_tokens(self, ops)
