@@ -261,6 +261,16 @@ def test_a_bad_prefix_state_in_a_trace_is_refused(tmp_path):
     data["ops"][0]["tokens"] = []
     with pytest.raises(TraceError, match="at least one token"):
         Trace.from_json(data)
+    # an append's token is a token id like a prompt's: no larger than an allocator can hold
+    ops = [MODEL.ops["allocate"].make("allocate", seq=0, tokens=[1]),
+           MODEL.ops["append_slot"].make("append_slot", seq=0, token=2)]
+    data = Trace("prefix", 4, 2, ops, model="prefix").to_json()
+    for bad in (2**63, True, "2", None):
+        data["ops"][1]["token"] = bad
+        with pytest.raises(TraceError, match=r"trace.ops\[1\].token: expected a token id"):
+            Trace.from_json(data)
+    data["ops"][1]["token"] = -(2**63)
+    assert Trace.from_json(data).ops[1].token == -(2**63)
 
 
 @pytest.mark.parametrize("name,cls,rule", [

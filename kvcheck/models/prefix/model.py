@@ -146,8 +146,10 @@ class PrefixModel(Model):
             raise TraceError(f"{where}: a sequence cannot fork into itself")
         if d["op"] == "allocate" and not d["tokens"]:
             raise TraceError(f"{where}.tokens: a prompt has at least one token")
-        if d["op"] == "append_slot" and type(d["token"]) is not int:
-            raise TraceError(f"{where}.token: expected an integer token id, got {d['token']!r:.40}")
+        if d["op"] == "append_slot" and (type(d["token"]) is not int
+                                         or not -(2**63) <= d["token"] < 2**63):
+            raise TraceError(f"{where}.token: expected a token id (a 64-bit integer, as in a "
+                             f"prompt), got {d['token']!r:.40}")
         result = d.get("result", {})
         if d["op"] == "append_slot" and "block" in result and "offset" not in result:
             raise TraceError(f"{where}.result: 'block' given without 'offset'")
