@@ -61,6 +61,10 @@ _REAL_EXIT = os._exit
 # the stream kvcheck writes its own output to, so that target prints are redirected).
 HEARTBEAT = None
 _HEARTBEAT = struct.Struct("<qb")  # calls started, busy
+# Outermost calls started in this process, over every session: what the heartbeat counts,
+# so that a call of a new session (each replay while shrinking has its own) never reads as
+# one call of the last session still in flight.
+_CALLS = [0]
 _ACTIVE: list[Watchdog] = []  # innermost last; only it reports to the heartbeat
 
 # Set by the supervisor's recording re-run (``kvcheck.supervise.PipeRecorder``): told of
@@ -104,6 +108,7 @@ class Watchdog:
         self.depth += 1
         if self.depth == 1:
             self.started += 1
+            _CALLS[0] += 1
             self.busy = True
             if self.swap:
                 self._own_stdout = sys.stdout
@@ -151,7 +156,7 @@ class Watchdog:
             self.depth = 1
             self.leave()
         if HEARTBEAT is not None and not _ACTIVE:
-            _HEARTBEAT.pack_into(HEARTBEAT, 0, self.started, 0)
+            _HEARTBEAT.pack_into(HEARTBEAT, 0, _CALLS[0], 0)
 
     def _trap_exit(self, code=0):
         if self.busy and threading.get_ident() == self._thread:
@@ -171,7 +176,7 @@ class Watchdog:
         step = max(self.timeout / 4, 0.01)
         while not self._stop.wait(step):
             if HEARTBEAT is not None and _ACTIVE and _ACTIVE[-1] is self:
-                _HEARTBEAT.pack_into(HEARTBEAT, 0, self.started, self.busy)
+                _HEARTBEAT.pack_into(HEARTBEAT, 0, _CALLS[0], self.busy)
             now = _now()
             if not self.busy or self.started != seen:
                 seen, since = self.started, now
