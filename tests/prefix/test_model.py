@@ -366,3 +366,27 @@ def test_read_back_witness_names_no_writer():
     (it used to call the oracle itself there)."""
     state = PrefixOracle(MODEL.build(PrefixCachingBlockManager, BlockScope(4, 2), Options()))
     assert state.s.shadow.owner(3) is None and state.s.shadow.oracle is state
+
+
+class HangsOnItsThirdSequence(PrefixCachingBlockManager):
+    """Its cache read never returns once three sequences are live: every shrinking
+    candidate that still hangs does so at about the same call."""
+
+    def cache_entries(self):
+        if len(self.tables) > 2:
+            while True:
+                pass
+        return super().cache_entries()
+
+
+def test_a_hang_is_shrunk_under_the_supervisor():
+    """The hang is interrupted each time; the supervisor must not take one hanging
+    candidate after another, each at the same call number of its own replay, for one call
+    that never returns (the heartbeat counts calls over every session)."""
+    p = subprocess.run([sys.executable, "-c", "import sys; from kvcheck.cli import main; "
+                        "sys.exit(main())", "verify-prefix", f"{__file__}:HangsOnItsThirdSequence",
+                        "--ops", "200", "--timeout", "1", "--shrink-seconds", "12"],
+                       capture_output=True, text=True)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "could not be interrupted" not in p.stdout and "shrunk to" in p.stdout, p.stdout
+    assert "(hang): allocate" in p.stdout or "(hang): prefix observation" in p.stdout, p.stdout
