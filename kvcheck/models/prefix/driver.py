@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from kvcheck.models.prefix.oracle import PrefixOp
+from kvcheck.models.prefix.model import PrefixOp
 
 
 class PrefixDriver:

@@ -20,6 +20,7 @@ moves below) are what minimises its traces.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from kvcheck.check.model import (
     BLOCK,
@@ -37,9 +38,23 @@ from kvcheck.check.model import (
 )
 from kvcheck.models.blocks.model import STATE_SCHEMA as BLOCKS_STATE
 from kvcheck.models.blocks.model import BlockScope
-from kvcheck.models.prefix.oracle import PrefixOp
 from kvcheck.spec import contracts
 from kvcheck.spec import prefix as P
+from kvcheck.spec.contracts import Op
+
+
+@dataclass
+class PrefixOp(Op):
+    """An operation with its token ids (allocate: the prompt; append_slot: its one token)
+    and, for a successful allocate, ``hits``: how many leading blocks came from the cache."""
+
+    tokens: tuple = ()
+    hits: int | None = None
+
+    @property
+    def token(self):
+        """append_slot's token."""
+        return self.tokens[0] if self.tokens else None
 
 
 def _make(kind: str, **args) -> PrefixOp:

@@ -59,24 +59,11 @@ from kvcheck.errors import what_it_did
 from kvcheck.models.blocks.oracle import Oracle
 from kvcheck.models.blocks.shadow import ShadowMemory
 from kvcheck.models.prefix import compiled as compiled_checks
+from kvcheck.models.prefix.model import PrefixOp, cache_json
 from kvcheck.spec import prefix as P
-from kvcheck.spec.contracts import OK, OOB, Op
+from kvcheck.spec.contracts import OK, OOB
 from kvcheck.spec.logic import PY
 from kvcheck.targets.loading import TargetError
-
-
-@dataclass
-class PrefixOp(Op):
-    """An operation with its token ids (allocate: the prompt; append_slot: its one token)
-    and, for a successful allocate, ``hits``: how many leading blocks came from the cache."""
-
-    tokens: tuple = ()
-    hits: int | None = None
-
-    @property
-    def token(self):
-        """append_slot's token."""
-        return self.tokens[0] if self.tokens else None
 
 
 # -- reading a target's cache --------------------------------------------------------
@@ -458,8 +445,6 @@ class PrefixOracle:
         """The state observed after the last step, as a trace records it: the structural
         state (full mode: the allocator's; fast mode: the verified ghost's, with the free
         list as the cache's two lists) and the cache."""
-        from kvcheck.models.prefix.model import cache_json
-
         c = self.observed
         if self.mode == "full" and self.s.observed is not None:
             from kvcheck.models.blocks.runs import state_json
