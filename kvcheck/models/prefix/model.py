@@ -246,13 +246,13 @@ class PrefixModel(Model):
             plain = [b for b in back if b not in evictable]
             words = [f"sequence {op.seq} is freed"]
             if plain:
-                words.append(f"{_blocks(plain)} return to the free list")
+                words.append(f"block(s) {_blocks(plain)} return to the free list")
             if keyed:
-                words.append(f"{_blocks(keyed)} become evictable (still cached)")
+                words.append(f"block(s) {_blocks(keyed)} become evictable (still cached)")
             if not back:
                 words.append("no block returns to the pool")
         if op.kind == "allocate" and op.hits:
-            words.append(f"the first {_plural(op.hits, 'block')} from the cache")
+            words.append(f"{_plural(op.hits, 'block')} from the cache")
         if before is not None and after is not None:
             ev0, ev1 = before.get("evictable", []), after.get("evictable", [])
             keyed0, keyed1 = set(before.get("cache", {}).values()), set(after.get("cache", {}).values())
@@ -262,18 +262,18 @@ class PrefixModel(Model):
                 table = after.get("tables", {}).get(str(op.seq), [])
                 revived = [b for b in left if b in table[: op.hits]]
                 if revived:
-                    words.append(f"evictable {_blocks(revived)} revived")
+                    words.append(f"evictable block(s) {_blocks(revived)} revived")
                 left = [b for b in left if b not in revived]
             if left:
-                words.append(f"evictable {_blocks(left)} evicted for new content")
+                words.append(f"evictable block(s) {_blocks(left)} evicted for new content")
             if joined and op.kind != "free_seq":  # (said above for a free)
-                words.append(f"{_blocks(joined)} now evictable (still cached)")
+                words.append(f"block(s) {_blocks(joined)} now evictable (still cached)")
             new = sorted(keyed1 - keyed0, key=_order)
             gone = sorted(keyed0 - keyed1 - set(left), key=_order)
             if new:
-                words.append(f"{_blocks(new)} now cached")
+                words.append(f"block(s) {_blocks(new)} now cached")
             if gone:
-                words.append(f"{_blocks(gone)} no longer cached")
+                words.append(f"block(s) {_blocks(gone)} no longer cached")
         return "; ".join(words)
 
     def initial_state_json(self, scope) -> dict:

@@ -54,7 +54,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvcheck.check.violation import Violation
-from kvcheck.check.watchdog import CONTROL, OperationTimeout, active_watchdog
+from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, active_watchdog
 from kvcheck.errors import what_it_did
 from kvcheck.models.blocks.oracle import Oracle
 from kvcheck.models.blocks.shadow import ShadowMemory
@@ -413,6 +413,8 @@ class PrefixOracle:
                 if v is None:
                     self._count(op, post)
                     self.pre = post
+            elif v.kind in ("contract", "invariant", "data"):
+                self._observe_for_the_record()
         except OperationTimeout as exc:
             v = Violation(self.s.steps, "hang", "prefix observation",
                           witness=f"reading the prefix cache after {op.kind} {exc}")
@@ -479,6 +481,16 @@ class PrefixOracle:
                                 view.evictable(), entries, {k: meanings[k] for k, _ in entries},
                                 partial, g.filled, g.content, view.free_list_len(),
                                 view.evictable_len())
+
+    def _observe_for_the_record(self) -> None:
+        """After a structural violation (the call returned): the cache as it is now, for
+        the trace's last state only; if it cannot be read, the state before stands."""
+        try:
+            self.observed = self._observe()
+        except Interrupted:
+            raise
+        except BaseException:  # noqa: BLE001 - a hang included: the violation found stands
+            pass
 
     def _observe_and_check(self, n: int, op):
         try:
