@@ -277,6 +277,12 @@ class Model:
     def scope_from_json(self, data: dict):
         raise NotImplementedError
 
+    def legacy_trace(self, data: dict) -> dict | None:
+        """A trace in this model's own format from before version 2 (``"format":
+        "kvcheck.<model>-trace"``) as a version 2 trace's JSON, or None if the model never
+        had one; raise ``TraceError`` for one it cannot read."""
+        return None
+
 
 def _value(arg: Arg, v):
     return list(v) if arg.role in (TOKENS, SEQS) else v

@@ -133,7 +133,9 @@ def counterexample(model: Model, label: str, factory, scope, history: list, v, s
                    options: Options, do_shrink: bool = True, budget: float = 60.0,
                    progress: Callable[[int, int], None] | None = None, unit: str = "operation"):
     """A replayable trace (``kvcheck.check.trace.Trace``) for violation ``v`` found after
-    ``history``: shrunk if asked, else replayed as found.
+    ``history``: shrunk if asked, else replayed as found. Shrinking replays in full mode;
+    where that names the violation otherwise than the run did (a fast mode sees less of
+    the state at each step), it shrinks what the full mode found.
 
     A hang is replayed with a per-operation limit of at most ``HANG_SHRINK_TIMEOUT``
     (the trace says so): the run already paid one full timeout to find it."""
@@ -159,6 +161,10 @@ def counterexample(model: Model, label: str, factory, scope, history: list, v, s
     with Watchdog(options.timeout):  # for the steps the shrinker's search runs without one
         if do_shrink:
             s = shrink(model, factory, scope, history, v.key, options, budget, progress)
+            if s is None:  # a fast mode's finding the full mode names otherwise (it sees more)
+                full = replay(model, factory, scope, history, options).violation
+                if full is not None and full.key != v.key:
+                    s = shrink(model, factory, scope, history, full.key, options, budget, progress)
             if s is not None:
                 how = ("1-minimal: removing any one operation or lowering any size stops it "
                        "failing" if s.one_minimal else budget_ran_out(budget, model.size(s.ops),

@@ -16,7 +16,9 @@ strict JSON (no NaN/Infinity, no duplicate keys), validates against that
 schema and then checks what a schema cannot say (the model's own rules: ids
 within the pool, a state per step at most). It never executes anything from
 the file: every failure is a one-line ``TraceError``. Version 1 traces (the
-block manager's, before there were models) load as model ``blocks``.
+block manager's, before there were models) load as model ``blocks``; a model's
+own format from before there was one (``"format": "kvcheck.<model>-trace"``)
+loads converted by that model (``Model.legacy_trace``).
 """
 
 from __future__ import annotations
@@ -291,6 +293,22 @@ def parse(text: str) -> dict:
         raise TraceError(f"not valid JSON: {msg}") from None
 
 
+def _upgraded(data):
+    """A model's own trace format from before version 2 (``kvcheck.<model>-trace``), as
+    version 2 JSON (``Model.legacy_trace``); anything else as it is."""
+    fmt = data.get("format") if isinstance(data, dict) else None
+    legacy = re.fullmatch(r"kvcheck\.([a-z][a-z_]{0,31})-trace", fmt) if isinstance(fmt, str) else None
+    if legacy is None:
+        return data
+    try:
+        converted = model_named(legacy.group(1)).legacy_trace(data)
+    except KeyError:
+        converted = None
+    if converted is None:
+        raise TraceError(f"not a kvcheck trace (expected \"format\": \"{FORMAT}\")")
+    return converted
+
+
 @dataclass
 class Trace:
     """A run of ``model``: its operations (the model's operation objects), the states
@@ -342,6 +360,7 @@ class Trace:
 
     @classmethod
     def from_json(cls, data) -> Trace:
+        data = _upgraded(data)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise TraceError(f"not a kvcheck trace (expected \"format\": \"{FORMAT}\")")
         if data.get("version") not in READS or type(data.get("version")) is not int:

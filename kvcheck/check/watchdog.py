@@ -61,6 +61,10 @@ _REAL_EXIT = os._exit
 # the stream kvcheck writes its own output to, so that target prints are redirected).
 HEARTBEAT = None
 _HEARTBEAT = struct.Struct("<qb")  # calls started, busy
+# Sessions started in this process. The heartbeat's count is the session's number (high
+# bits) and its calls started (low bits), so that a call of a new session (each replay
+# while shrinking has its own) never reads as a call of the last one still in flight.
+_SESSIONS = [0]
 _ACTIVE: list[Watchdog] = []  # innermost last; only it reports to the heartbeat
 
 # Set by the supervisor's recording re-run (``kvcheck.supervise.PipeRecorder``): told of
@@ -90,6 +94,7 @@ class Watchdog:
     def __init__(self, timeout: float | None):
         self.timeout = timeout
         self.started = 0  # outermost calls started
+        self.serial = 0  # this session's number in the heartbeat (see _SESSIONS)
         self.busy = False
         self.depth = 0
         self.swap = False  # redirect the target's stdout to stderr while busy
@@ -120,6 +125,8 @@ class Watchdog:
     def __enter__(self) -> Watchdog:
         main = threading.current_thread() is threading.main_thread()
         self.swap = HEARTBEAT is not None
+        _SESSIONS[0] += 1
+        self.serial = _SESSIONS[0] << 32
         self._thread = threading.get_ident()
         self._saved = [os._exit]
         os._exit = self._trap_exit
@@ -151,7 +158,7 @@ class Watchdog:
             self.depth = 1
             self.leave()
         if HEARTBEAT is not None and not _ACTIVE:
-            _HEARTBEAT.pack_into(HEARTBEAT, 0, self.started, 0)
+            _HEARTBEAT.pack_into(HEARTBEAT, 0, self.serial + self.started, 0)
 
     def _trap_exit(self, code=0):
         if self.busy and threading.get_ident() == self._thread:
@@ -171,7 +178,7 @@ class Watchdog:
         step = max(self.timeout / 4, 0.01)
         while not self._stop.wait(step):
             if HEARTBEAT is not None and _ACTIVE and _ACTIVE[-1] is self:
-                _HEARTBEAT.pack_into(HEARTBEAT, 0, self.started, self.busy)
+                _HEARTBEAT.pack_into(HEARTBEAT, 0, self.serial + self.started, self.busy)
             now = _now()
             if not self.busy or self.started != seen:
                 seen, since = self.started, now

@@ -48,14 +48,6 @@ def _op_literal(model, op) -> str:
     return f"Op({op.kind!r}" + (f", {args})" if args else ")")
 
 
-def _literal(v) -> str:
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_literal(x) for x in v) + "]"
-    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
-        return repr(v)
-    return repr(str(v))
-
-
 def pytest_source(trace: Trace, target: str | None = None, timeout: float = 10.0) -> str:
     """The reproducer's source text, checking ``target`` (default: the recorded one)."""
     model = model_named(trace.model)

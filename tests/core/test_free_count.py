@@ -9,9 +9,13 @@ import pytest
 from kvcheck.cli import main
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.prefix_cache import PrefixCachingBlockManager
-from kvcheck.models.prefix.oracle import verify_prefix
 from kvcheck.targets.protocol import SeedAdapter
 from kvcheck.verify import verify
+
+
+def verify_prefix(target, num_blocks, block_size, ops, seed, **kw):
+    """``kvcheck verify-prefix --full``'s check."""
+    return verify(target, num_blocks, block_size, ops, seed, mode="full", model="prefix", **kw)
 
 
 class CountsTableEntries(SeedAdapter):

@@ -11,7 +11,7 @@ import pytest
 from kvcheck.cli import main
 from kvcheck.impl.errors import MisuseError, OutOfBlocks
 from kvcheck.impl.prefix_cache import PrefixCachingBlockManager
-from kvcheck.models.prefix.oracle import render, verify_prefix
+from kvcheck.report.text import render
 from kvcheck.verify import verify
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -19,6 +19,11 @@ from buggy_prefix import CORPUS  # noqa: E402
 
 HERE = Path(__file__).parent
 ENTRY = "import sys; from kvcheck.cli import main; sys.exit(main())"
+
+
+def verify_prefix(target, num_blocks, block_size, ops, seed, mode="full", **kw):
+    """``kvcheck verify-prefix``'s check (full mode, as these tests always ran it)."""
+    return verify(target, num_blocks, block_size, ops, seed, mode=mode, model="prefix", **kw)
 
 
 def test_hits_share_blocks_and_evictable_is_revived():
@@ -49,8 +54,8 @@ def test_taking_an_evictable_block_drops_its_key_first():
 @pytest.mark.parametrize("nb,bs,seed", [(16, 4, 0), (8, 2, 1), (5, 1, 2), (12, 3, 3)])
 def test_reference_passes_prefix_oracle(nb, bs, seed):
     r = verify_prefix("prefix", nb, bs, 1500, seed)
-    assert r.ok, render(r)
-    st = r.stats
+    assert r.ok, render(r.trace)
+    st = r.state.stats
     assert st.hit_allocations and st.revived and st.evicted and st.oob
 
 
@@ -68,8 +73,8 @@ def test_corpus_bug_is_caught_with_a_minimal_trace(name):
         if not r.ok:
             break
     assert not r.ok, f"{name} not caught"
-    assert r.violation.name in names, render(r)
-    assert len(r.trace) <= longest, render(r)
+    assert r.violation.name in names, render(r.trace)
+    assert len(r.trace.ops) <= longest, render(r.trace)
 
 
 def test_cli_pass_fail_and_bad_input(tmp_path, capsys):
@@ -78,8 +83,8 @@ def test_cli_pass_fail_and_bad_input(tmp_path, capsys):
     target = f"{HERE / 'buggy_prefix.py'}:PartialBlockCached"
     assert main(["verify-prefix", target, "--ops", "300", "--trace-out", str(out)]) == 1
     trace = json.loads(out.read_text())
-    assert trace["format"] == "kvcheck.prefix-trace" and trace["violation"]["name"] == (
-        "no_partial_cached")
+    assert (trace["format"], trace["model"]) == ("kvcheck.trace", "prefix")
+    assert trace["violation"]["name"] == "no_partial_cached"
     capsys.readouterr()
     assert main(["verify-prefix", "--ops", "200", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == "pass"

@@ -17,11 +17,21 @@ from __future__ import annotations
 
 import pytest
 
+from kvcheck.check.model import Options
+from kvcheck.check.run import replay as run_replay
 from kvcheck.cli import main as kvcheck
 from kvcheck.impl.thirdparty import vllm_v0
-from kvcheck.models.prefix.oracle import PrefixOp, VllmV0View, replay
+from kvcheck.models.blocks import BlockScope
+from kvcheck.models.prefix import MODEL
+from kvcheck.models.prefix.oracle import PrefixOp, VllmV0View
 
 GUARDED = vllm_v0.make_prefix_guarded
+
+
+def replay(factory, num_blocks, block_size, ops):
+    """``ops`` on a fresh target under the prefix model, in full mode: (violation, ops run)."""
+    r = run_replay(MODEL, factory, BlockScope(num_blocks, block_size), ops, Options())
+    return r.violation, r.ops
 
 
 def _op(kind, seq, tokens=(), child=0):

@@ -1,21 +1,31 @@
 """The prefix-cache oracle: structural checks plus cache checks at the data level.
 
-``PrefixOracle(target)`` drives an allocator with real token ids
-(``allocate(seq, n, token_ids=...)``, ``append_slot(seq, token_id)``) and,
-after every operation, checks:
+``PrefixOracle(target)`` is the prefix model's run state (``kvcheck.check.model.RunState``).
+It drives an allocator with real token ids (``allocate(seq, n, token_ids=...)``,
+``append_slot(seq, token_id)``) and, after every operation, checks:
 
-1. the structural spec through ``kvcheck.oracle.Oracle`` (every state
-   invariant, the append/fork/free contracts, read-back through the shadow
-   memory), with ``allocate``'s contract replaced by
-   ``spec.prefix.allocate_with_hits`` because a hit shares a block in use;
+1. the structural spec through the block manager's oracle
+   (``kvcheck.models.blocks.oracle.Oracle``: every state invariant, the
+   append/fork/free contracts, read-back through the shadow memory), with
+   ``allocate``'s contract replaced by ``spec.prefix.allocate_with_hits``
+   because a hit shares a block in use;
 2. the cache-hit contract ``spec.prefix.cache_hits``: every block an
    allocation served from the cache held, before it, exactly the requested
    prefix (its ghost *prefix id*, see below), so a hit can never return an
    evicted or reused block;
 3. every invariant of ``spec.prefix.PREFIX_INVARIANTS`` on a
    ``PrefixSnapshot`` built from the allocator's cache, free and evictable
-   lists and the oracle's ghost contents;
+   lists and the oracle's ghost contents (compiled from the spec's text,
+   ``kvcheck.models.prefix.compiled``; the spec itself names what broke);
 4. after an out-of-blocks failure: the cache and evictable list unchanged.
+
+Two modes, the same verdicts. ``full``: the structural part snapshots the whole
+allocator before and after each operation. ``fast``: the structural part is the
+block manager's fast mode (what the operation touched, everything in a sweep
+every ``max(1024, 2 x blocks)`` operations and at the end); the cache is still
+read whole after every operation (its entries, both lists), the refcounts and
+tables the prefix invariants read come from the structural oracle's verified
+ghost, so 2-4 are exactly the full mode's checks.
 
 Ghost contents. The oracle plays the engine: it writes each token into the
 slot the allocator names (skipping blocks served from the cache, which an
@@ -34,37 +44,26 @@ block evicted but left in the hash map counts as a hit and is caught by 2.)
 Targets expose their cache either through methods (``cache_entries()`` ->
 (key, block) pairs, ``evictable_blocks()``, ``free_list_blocks()``, optional
 ``num_evictable()``; the bundled ``prefix`` target has them) or are one of the
-third-party adapters read by ``_view_for`` (vLLM v1, nano-vllm).
+third-party adapters read by ``view_for`` (vLLM v1, vLLM v0, nano-vllm).
 """
 
 from __future__ import annotations
 
-import random
-import time
-from dataclasses import dataclass, field
+import copy
+import dataclasses
+from dataclasses import dataclass
 
-from kvcheck.check.shrink import budget_ran_out
 from kvcheck.check.violation import Violation
-from kvcheck.check.watchdog import CONTROL, OperationTimeout, Watchdog, active_watchdog
+from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, active_watchdog
 from kvcheck.errors import what_it_did
 from kvcheck.models.blocks.oracle import Oracle
 from kvcheck.models.blocks.shadow import ShadowMemory
+from kvcheck.models.prefix import compiled as compiled_checks
+from kvcheck.models.prefix.model import PrefixOp, cache_json
 from kvcheck.spec import prefix as P
-from kvcheck.spec.contracts import OK, OOB, Op
+from kvcheck.spec.contracts import OK, OOB
 from kvcheck.spec.logic import PY
-from kvcheck.targets.loading import TargetError, build, resolve
-
-
-@dataclass
-class PrefixOp(Op):
-    """An operation with its token ids (allocate: the prompt; append_slot: one token)."""
-
-    tokens: tuple = ()
-
-
-def request(op: Op) -> PrefixOp:
-    return PrefixOp(op.kind, seq=op.seq, child=op.child, n_tokens=op.n_tokens,
-                    tokens=tuple(getattr(op, "tokens", ())))
+from kvcheck.targets.loading import TargetError
 
 
 # -- reading a target's cache --------------------------------------------------------
@@ -168,6 +167,17 @@ class VllmV0View:
         return len(self.gpu._hashless_allocator._free_block_indices)
 
 
+def view_for(target):
+    """How to read ``target``'s cache; ``TargetError`` if it shows none kvcheck can read."""
+    try:
+        return _view_for(target)
+    except (*CONTROL, TargetError):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - looking at the target ran its code
+        raise TargetError(f"cannot read the prefix cache of {type(target).__name__}: looking "
+                          f"for it {what_it_did(exc)}") from None
+
+
 def _view_for(target):
     obj = getattr(target, "impl", target)
     if all(callable(getattr(obj, m, None))
@@ -231,21 +241,15 @@ class Ghost:
 class PrefixShadow(ShadowMemory):
     """Shadow memory writing the real token ids, skipping blocks served from the cache."""
 
-    def __init__(self, block_size: int, owner: PrefixOracle):
+    def __init__(self, block_size: int, oracle: PrefixOracle):
         super().__init__(block_size)
-        self.owner = owner
-
-    def clone(self):  # pragma: no cover - the prefix oracle never clones
-        raise NotImplementedError
-
-    def owner_of(self, token):
-        return None
+        self.oracle = oracle
 
     def owner(self, token):  # token ids are shared between sequences: no single writer
         return None
 
     def allocate(self, seq, n_tokens, table):
-        o, g, bs = self.owner, self.owner.ghost, self.block_size
+        o, g, bs = self.oracle, self.oracle.ghost, self.block_size
         toks = list(o.pending.tokens)
         self.expect(seq, toks)
         chain = g.chain(toks)
@@ -258,7 +262,7 @@ class PrefixShadow(ShadowMemory):
             g.content[b] = chain[i] if len(chunk) == bs else -1
 
     def append(self, seq, block, offset, cow_src):
-        o, g, bs = self.owner, self.owner.ghost, self.block_size
+        o, g, bs = self.oracle, self.oracle.ghost, self.block_size
         tok = o.pending.tokens[0]
         if cow_src is not None:
             self.copy(cow_src, block)
@@ -275,21 +279,25 @@ class PrefixShadow(ShadowMemory):
 
     def fork(self, parent, child):
         super().fork(parent, child)
-        g = self.owner.ghost
+        g = self.oracle.ghost
         g.chains[child] = list(g.chains[parent])
 
     def free(self, seq):
         super().free(seq)
-        self.owner.ghost.chains.pop(seq, None)
+        self.oracle.ghost.chains.pop(seq, None)
 
 
 class _Structural(Oracle):
     """The structural oracle, calling with token ids and judging allocate with hits."""
 
-    def __init__(self, target, owner: PrefixOracle, mode: str, timeout):
-        self.owner = owner
-        super().__init__(target, mode=mode, timeout=timeout)
-        self.shadow = PrefixShadow(target.block_size, owner)
+    def __init__(self, target, oracle: PrefixOracle, mode: str, timeout, compiled: bool):
+        self.oracle = oracle
+        super().__init__(target, mode=mode, timeout=timeout, compiled=compiled)
+        # The block manager's compiled spec judges every operation but allocate (whose
+        # contract here is allocate_with_hits, see _step_fast); the sweeps' and the full
+        # mode's state invariants too.
+        self.compiled = compiled
+        self.shadow = PrefixShadow(target.block_size, oracle)
 
     def _call(self, op):
         t = self.target
@@ -299,10 +307,19 @@ class _Structural(Oracle):
             return t.append_slot(op.seq, op.tokens[0])
         return super()._call(op)
 
+    def _step_fast(self, op, delta):
+        if op.kind != "allocate" or not self.compiled:
+            return super()._step_fast(op, delta)
+        self.compiled = False  # the compiled allocate contract knows no cache hits
+        try:
+            return super()._step_fast(op, delta)
+        finally:
+            self.compiled = True
+
     def _check_op(self, pre, post, op, dom, n):
         if op.kind != "allocate":
             return super()._check_op(pre, post, op, dom, n)
-        return self.owner._check_allocate(pre, post, op, dom, n)
+        return self.oracle._check_allocate(pre, post, op, dom, n)
 
 
 # -- the oracle --------------------------------------------------------------------------
@@ -318,31 +335,67 @@ class Stats:
     def to_json(self) -> dict:
         return dict(self.__dict__)
 
+    # The classes of cache behaviour a run should have exercised, by the count showing it.
+    CLASSES = (("hit", "hit_allocations", "an allocation served from the cache"),
+               ("revived", "revived", "an evictable block revived by a cache hit"),
+               ("evicted", "evicted", "an evictable block evicted for new content"),
+               ("out_of_blocks", "oob", "an operation out of blocks"))
+
+    def coverage(self) -> dict:
+        """Which of ``CLASSES`` the run exercised, and the ones it missed."""
+        seen = {name: getattr(self, count) > 0 for name, count, _ in self.CLASSES}
+        return {**seen, "missed": [name for name, hit in seen.items() if not hit]}
+
 
 class PrefixOracle:
-    def __init__(self, target, mode: str = "full", timeout: float | None = 10.0):
+    """The prefix model's run state: see the module docstring."""
+
+    def __init__(self, target, mode: str = "fast", timeout: float | None = 10.0,
+                 compiled: bool = True):
         self.target = target
-        self.view = _view_for(target)
+        self.view = view_for(target)
+        self.mode = mode
+        self.compiled = compiled and compiled_checks.invariants is not None
         self.block_size = target.block_size
         self.ghost = Ghost(target.block_size)
         self.meanings: dict = {}
         self.stats = Stats()
         self.pending: PrefixOp | None = None
         self.pending_hits = 0
-        self.s = _Structural(target, self, mode, timeout)
+        self.s = _Structural(target, self, mode, timeout, compiled)
         self.violation = self.s.violation
         self.steps = 0
-        self.pre: P.PrefixSnapshot | None = None
+        self.pre: P.PrefixSnapshot | None = None  # the last verified cache state
+        self.observed: P.PrefixSnapshot | None = None  # the cache state after the last step
         if self.violation is None:
-            self.pre, self.violation = self._observe_and_check(0, None)
+            wd = active_watchdog()
+            if wd is not None:
+                wd.enter()
+            try:
+                self.pre, self.violation = self._observe_and_check(0, None)
+            except OperationTimeout as exc:
+                self.violation = Violation(0, "hang", "prefix observation",
+                                           witness=f"reading the fresh allocator's prefix cache {exc}")
+            finally:
+                if wd is not None:
+                    wd.leave()
+
+    # -- RunState -----------------------------------------------------------------------
+    def live_seqs(self) -> list[int]:
+        return self.s.live_seqs()
 
     def live(self) -> list[int]:
+        """The live sequences in the order they were allocated (the driver's choices)."""
         return self.s.live()
 
     def num_free(self) -> int:
         return self.s._state().num_free()
 
-    def valid(self, op: Op) -> bool:
+    def valid(self, op: PrefixOp) -> bool:
+        if op.kind == "allocate" and len(op.tokens) != op.n_tokens:
+            return False
+        if op.kind == "append_slot" and len(op.tokens) != 1:
+            return False
         return self.s.valid(op)
 
     def step(self, op: PrefixOp, watchdog=None) -> Violation | None:
@@ -353,42 +406,91 @@ class PrefixOracle:
         if wd is not None:
             wd.enter()  # the operation and the cache observation after it: one guarded call
         try:
-            return self._step(op, wd)
+            v = self.s.step(op, wd)
+            self.steps = self.s.steps
+            if v is None:
+                post, v = self._observe_and_check(self.steps, op)
+                if v is None:
+                    self._count(op, post)
+                    self.pre = post
+            elif v.kind in ("contract", "invariant", "data"):
+                self._observe_for_the_record()
         except OperationTimeout as exc:
-            self.violation = Violation(self.s.steps, "hang", "prefix observation",
-                                       witness=f"reading the prefix cache after {op.kind} {exc}")
-            return self.violation
+            v = Violation(self.s.steps, "hang", "prefix observation",
+                          witness=f"reading the prefix cache after {op.kind} {exc}")
         finally:
             if wd is not None:
                 wd.leave()
-
-    def _step(self, op: PrefixOp, watchdog) -> Violation | None:
-        v = self.s.step(op, watchdog)
-        self.steps = self.s.steps
-        if v is None:
-            post, v = self._observe_and_check(self.steps, op)
-            if v is None:
-                self._count(op, post)
-                self.pre = post
         self.violation = v
         return v
+
+    def sweep(self, watchdog=None) -> Violation | None:
+        """The structural sweep (the cache is checked whole after every step already)."""
+        if self.violation is None:
+            self.violation = self.s.sweep(watchdog)
+        return self.violation
+
+    def clone(self) -> PrefixOracle:
+        """An independent copy, the target deep-copied (exploration)."""
+        new = copy.copy(self)
+        new.s = self.s.clone()
+        new.s.oracle = new
+        new.s.shadow.oracle = new
+        new.target = new.s.target
+        new.view = view_for(new.target)
+        new.ghost = copy.deepcopy(self.ghost)
+        new.meanings = dict(self.meanings)
+        new.stats = dataclasses.replace(self.stats)
+        return new
+
+    def observed_json(self) -> dict:
+        """The state observed after the last step, as a trace records it: the structural
+        state (full mode: the allocator's; fast mode: the verified ghost's, with the free
+        list as the cache's two lists) and the cache."""
+        c = self.observed
+        if self.mode == "full" and self.s.observed is not None:
+            from kvcheck.models.blocks.runs import state_json
+
+            out = state_json(self.s.observed)
+        else:
+            g = self.s._state()
+            out = {"tables": {str(q): list(g.table_tuple(q)) for q in g.seqs()},
+                   "lens": {str(q): g.length(q) for q in g.seqs()},
+                   "refs": [g.ref(b) for b in range(self.target.num_blocks)],
+                   "free": sorted([*c.free_list.elements(), *c.evictable.elements()])
+                   if c is not None else []}
+        if c is None:
+            return {**out, "free_list": [], "evictable": [], "cache": {}}
+        return {**out, "free_list": list(c.free_list.elements()),
+                "evictable": list(c.evictable.elements()), "cache": cache_json(c.entries)}
 
     # -- observation --------------------------------------------------------------------
     def _observe(self) -> P.PrefixSnapshot:
         view, g, st = self.view, self.ghost, self.s._state()
         entries = view.entries()
+        meanings, bs = self.meanings, self.block_size
         for key, b in entries:
-            if key not in self.meanings:
-                ok = g.filled.get(b, 0) == self.block_size
-                self.meanings[key] = g.content.get(b, -1) if ok else -1
-        bs, partial = self.block_size, set()
+            if key not in meanings:
+                ok = g.filled.get(b, 0) == bs
+                meanings[key] = g.content.get(b, -1) if ok else -1
+        partial = set()
         for q in st.seqs():
-            full = st.length(q) // bs
-            partial.update(st.table_tuple(q)[full:])
-        refs = [st.ref(b) for b in range(self.target.num_blocks)]
+            partial.update(st.table_tuple(q)[st.length(q) // bs:])
+        refs = st.refs  # (a list of every block's refcount, in either mode; copied below)
         return P.PrefixSnapshot(self.target.num_blocks, bs, refs, view.free_list(),
-                                view.evictable(), entries, self.meanings, partial,
-                                g.filled, g.content, view.free_list_len(), view.evictable_len())
+                                view.evictable(), entries, {k: meanings[k] for k, _ in entries},
+                                partial, g.filled, g.content, view.free_list_len(),
+                                view.evictable_len())
+
+    def _observe_for_the_record(self) -> None:
+        """After a structural violation (the call returned): the cache as it is now, for
+        the trace's last state only; if it cannot be read, the state before stands."""
+        try:
+            self.observed = self._observe()
+        except Interrupted:
+            raise
+        except BaseException:  # noqa: BLE001 - a hang included: the violation found stands
+            pass
 
     def _observe_and_check(self, n: int, op):
         try:
@@ -398,21 +500,26 @@ class PrefixOracle:
         except BaseException as exc:  # noqa: BLE001 - the allocator's fault
             why = f"reading the prefix cache {what_it_did(exc)}"
             return None, Violation(n, "malformed", "prefix observation", witness=why)
+        self.observed = post
         if op is not None and op.outcome == OOB and self.pre is not None:
             if sorted(map(repr, post.entries)) != sorted(map(repr, self.pre.entries)) or \
                     post.evictable != self.pre.evictable:
                 name = f"{op.kind}: exception_safety: cache unchanged"
-                return post, Violation(n, "contract", name, op.seq, witness=(
+                return post, Violation(n, "contract", name, op.seq, subject="seq", witness=(
                     f"{op.kind} ran out of blocks but changed the prefix cache or the evictable "
                     f"list (evictable {sorted(self.pre.evictable.elements())} -> "
                     f"{sorted(post.evictable.elements())}, {len(self.pre.entries)} -> "
                     f"{len(post.entries)} cache entries)"))
+        if self.compiled and compiled_checks.invariants(post):
+            return post, None
         for inv in P.PREFIX_INVARIANTS:
             elements = (None,) if inv.domain == "global" else post.blocks()
             for b in elements:
                 if not inv.holds_for(PY, post, b):
                     return post, Violation(n, "invariant", inv.name, b, doc=inv.doc,
+                                           subject=None if b is None else "block",
                                            witness=self._explain(post, b))
+        assert not self.compiled, "the compiled prefix invariants disagree with the spec"
         return post, None
 
     def _explain(self, s: P.PrefixSnapshot, b) -> str:
@@ -445,12 +552,12 @@ class PrefixOracle:
                 if not any((repr(k), b) in now for k in before.keys_of(b)):
                     break
                 hits += 1
-            self.pending_hits = hits
+            self.pending_hits = op.hits = hits
             wants = self.ghost.chain(op.tokens)[:hits]
             for name, i, holds in P.cache_hits(PY, before, table[:hits], wants):
                 if not holds:
                     b = table[i]
-                    return Violation(n, "contract", f"allocate: {name}", b, witness=(
+                    return Violation(n, "contract", f"allocate: {name}", b, subject="block", witness=(
                         f"sequence {op.seq} was given block {b} at position {i} from the cache for "
                         f"{self.ghost.show(wants[i])}, but before the call block {b} "
                         f"{'was cached and ' if before.cached(b) else 'was not cached and '}"
@@ -484,261 +591,3 @@ class PrefixOracle:
                     st.revived += 1
                 else:
                     st.evicted += 1
-
-
-# -- workloads ------------------------------------------------------------------------------
-class PrefixDriver:
-    """Seeded workload with shared prefixes: a few "system prompts" with random
-    suffixes from a tiny vocabulary, decode tokens from the same vocabulary,
-    and pool pressure, so hits, evictions, revivals and duplicates all happen."""
-
-    def __init__(self, seed: int, num_blocks: int, block_size: int, capabilities):
-        self.rng = random.Random(seed)
-        self.num_blocks, self.bs, self.caps = num_blocks, block_size, capabilities
-        rng = self.rng
-        self.bases = [[rng.randrange(100, 200) for _ in range(block_size * rng.randint(1, 3))]
-                      for _ in range(3)]
-        self.next_id = 0
-
-    def _new_id(self) -> int:
-        self.next_id += 1
-        return self.next_id - 1
-
-    def _prompt(self) -> list[int]:
-        rng, bs = self.rng, self.bs
-        base = rng.choice(self.bases)
-        cut = rng.choice((len(base), len(base), rng.randint(0, len(base))))
-        toks = base[:cut] + [rng.randrange(3) for _ in range(rng.randint(0, 2 * bs))]
-        return toks or [rng.randrange(3)]
-
-    def next_op(self, live: list[int], free_blocks: int) -> PrefixOp:
-        rng, caps = self.rng, self.caps
-        fullness = 1.0 - free_blocks / self.num_blocks if self.num_blocks else 1.0
-        if not live or rng.random() < 0.3 * (1.0 - fullness) + 0.05:
-            toks = self._prompt()
-            return PrefixOp("allocate", seq=self._new_id(), n_tokens=len(toks), tokens=tuple(toks))
-        r = rng.random()
-        if r < 0.1 and "fork" in caps:
-            return PrefixOp("fork", seq=rng.choice(live), child=self._new_id())
-        if r < 0.1 + 0.3 * fullness + 0.05:
-            return PrefixOp("free_seq", seq=rng.choice(live))
-        return PrefixOp("append_slot", seq=rng.choice(live), tokens=(rng.randrange(3),))
-
-
-# -- verify, replay, shrink --------------------------------------------------------------------
-@dataclass
-class PrefixResult:
-    verdict: str
-    ops: int
-    seconds: float
-    stats: Stats
-    violation: Violation | None = None
-    trace: list[PrefixOp] = field(default_factory=list)
-    num_blocks: int = 0
-    block_size: int = 0
-    original_length: int = 0
-    target: str = ""
-    seed: int = 0
-    minimality: str = "not shrunk"
-
-    @property
-    def ok(self) -> bool:
-        return self.verdict == "pass"
-
-    def trace_json(self) -> dict | None:
-        if self.violation is None:
-            return None
-        return {
-            "format": "kvcheck.prefix-trace", "version": 1, "target": self.target,
-            "seed": self.seed, "minimality": self.minimality,
-            "scope": {"num_blocks": self.num_blocks, "block_size": self.block_size},
-            "ops": [op_json(op) for op in self.trace],
-            "violation": self.violation.to_json(),
-        }
-
-    def to_json(self) -> dict:
-        return {"verdict": self.verdict, "ops": self.ops, "seconds": round(self.seconds, 3),
-                "stats": self.stats.to_json(), "original_length": self.original_length,
-                "violation": self.trace_json()}
-
-
-def op_json(op: Op) -> dict:
-    d: dict = {"op": op.kind}
-    if op.kind == "fork":
-        d.update(parent=op.seq, child=op.child)
-    else:
-        d["seq"] = op.seq
-    if op.kind in ("allocate", "append_slot"):
-        d["tokens"] = list(getattr(op, "tokens", ()))
-    d["outcome"] = op.outcome
-    return d
-
-
-def describe(op: Op) -> str:
-    toks = list(getattr(op, "tokens", ()))
-    if op.kind == "allocate":
-        oob = " -> out of blocks" if op.outcome == OOB else ""
-        return f"allocate(seq {op.seq}, tokens {toks}){oob}"
-    if op.kind == "append_slot":
-        res = (f" -> block {op.block}, offset {op.offset}" if op.outcome == OK
-               else " -> out of blocks")
-        cow = f", copy of block {op.cow_src}" if op.cow_src is not None else ""
-        return f"append_slot(seq {op.seq}, token {toks[0]}){res}{cow}"
-    if op.kind == "fork":
-        return f"fork(seq {op.seq} -> seq {op.child})"
-    return f"free_seq(seq {op.seq})"
-
-
-def render(r: PrefixResult) -> str:
-    lines = [f"Counterexample: {r.target} with {r.num_blocks} blocks of {r.block_size} slots, "
-             f"{len(r.trace)} operation(s)"]
-    v = r.violation
-    for i, op in enumerate(r.trace, 1):
-        mark = ">>" if v is not None and i == v.step else "  "
-        lines.append(f"{mark}{i:3d}. {describe(op)}")
-    if v is not None:
-        lines.append(f"VIOLATION at step {v.step} ({v.kind}): {v.name}")
-        if v.witness:
-            lines.append(f"  what happened: {v.witness}")
-        if v.doc:
-            lines.append(f"  the rule: {v.doc}")
-    if r.minimality:
-        lines.append(f"  minimal: {r.minimality}")
-    return "\n".join(lines)
-
-
-def replay(factory, num_blocks, block_size, ops, timeout=10.0):
-    """Run ``ops`` on a fresh target (full mode); (violation, ops run)."""
-    target = build(factory, num_blocks, block_size)
-    oracle = PrefixOracle(target, mode="full", timeout=timeout)
-    ran: list[PrefixOp] = []
-    if oracle.violation is not None:
-        return oracle.violation, ran
-    with Watchdog(timeout) as wd:
-        for req in ops:
-            op = request(req)
-            if op.kind == "allocate" and len(op.tokens) != op.n_tokens:
-                continue
-            if not oracle.valid(op):
-                continue
-            v = oracle.step(op, wd)
-            ran.append(op)
-            if v is not None:
-                return v, ran
-    return None, ran
-
-
-def shrink(factory, num_blocks, block_size, ops, key, timeout=10.0, budget=30.0, progress=None):
-    """Greedy shrinking to a trace failing the same way: cut the tail, delete chunks,
-    shorten prompts, lower the pool size; then renumber sequences. ``(violation, ops,
-    num_blocks, settled)``; ``settled`` is False when the budget stopped it first.
-    ``progress(attempts, length)`` is told of every candidate tried."""
-    deadline = time.monotonic() + budget
-    attempts, smallest = 0, len(ops)
-
-    def fails(cand, nb):
-        nonlocal attempts, smallest
-        attempts += 1
-        try:
-            v, ran = replay(factory, nb, block_size, cand, timeout)
-        except Exception:  # noqa: BLE001 - a scope the target refuses is not smaller
-            v = ran = None
-        got = (v, ran) if v is not None and v.key == key else None
-        if got is not None:
-            smallest = min(smallest, len(ran))
-        if progress is not None:
-            progress(attempts, smallest)
-        return got
-
-    got = fails(ops, num_blocks)
-    if got is None:
-        return None
-    nb, cur = num_blocks, got[1]
-    changed = True
-    while changed and time.monotonic() < deadline:
-        changed = False
-        size = max(1, len(cur) // 2)
-        while size >= 1 and time.monotonic() < deadline:
-            i = 0
-            while i < len(cur) and time.monotonic() < deadline:
-                r = fails(cur[:i] + cur[i + size:], nb)
-                if r is not None:
-                    cur, changed = r[1], True
-                else:
-                    i += size
-            size //= 2
-        for i, op in enumerate(cur):
-            if op.kind != "allocate" or time.monotonic() >= deadline:
-                continue
-            for m in sorted({1, block_size, op.n_tokens - block_size, op.n_tokens - 1}):
-                if 1 <= m < op.n_tokens:
-                    cand = [request(o) for o in cur]
-                    cand[i].tokens, cand[i].n_tokens = cand[i].tokens[:m], m
-                    r = fails(cand, nb)
-                    if r is not None:
-                        cur, changed = r[1], True
-                        break
-        for smaller in range(1, nb):
-            if time.monotonic() >= deadline:
-                break
-            r = fails(cur, smaller)
-            if r is not None:
-                cur, nb, changed = r[1], smaller, True
-                break
-    ids: dict[int, int] = {}
-
-    def new(q):
-        return ids.setdefault(q, len(ids))
-
-    renamed = []
-    for op in cur:
-        r = request(op)
-        r.seq = new(op.seq)
-        if op.kind == "fork":
-            r.child = new(op.child)
-        renamed.append(r)
-    final = fails(renamed, nb) or fails(cur, nb)
-    return final[0], final[1], nb, not changed
-
-
-def verify_prefix(target="prefix", num_blocks: int = 16, block_size: int = 4, ops: int = 5000,
-                  seed: int = 0, mode: str = "full", do_shrink: bool = True,
-                  shrink_budget: float = 30.0, timeout: float | None = 10.0,
-                  progress=None, shrink_progress=None) -> PrefixResult:
-    """Drive ``target`` with shared-prefix workloads under the prefix oracle
-    (``progress(done)`` told of the operations run, ``shrink_progress(attempts, length)`` of
-    the shrinking)."""
-    start = time.perf_counter()
-    with Watchdog(timeout) as wd:  # importing, building, every step and every observation
-        label, factory = resolve(target)
-        t = build(factory, num_blocks, block_size)
-        oracle = PrefixOracle(t, mode=mode, timeout=timeout)
-        driver = PrefixDriver(seed, num_blocks, block_size, t.capabilities)
-        history: list[PrefixOp] = []
-        v = oracle.violation
-        for i in range(ops):
-            if v is not None:
-                break
-            if progress is not None and i % 256 == 0:
-                progress(i)
-            op = driver.next_op(oracle.live(), oracle.num_free())
-            if not oracle.valid(op):
-                continue
-            history.append(op)
-            v = oracle.step(op, wd)
-    seconds = time.perf_counter() - start
-    res = PrefixResult("pass" if v is None else "fail", oracle.steps, seconds, oracle.stats, v,
-                       [], num_blocks, block_size, len(history), label, seed)
-    if v is None:
-        return res
-    res.trace = history
-    if do_shrink and v.step > 0:
-        s = shrink(factory, num_blocks, block_size, history[: v.step], v.key, timeout,
-                   shrink_budget, shrink_progress)
-        if s is not None:
-            res.violation, res.trace, res.num_blocks, settled = s
-            res.minimality = ("1-minimal: removing any one operation, shortening any prompt or "
-                              "lowering the pool size stops it failing" if settled else
-                              budget_ran_out(shrink_budget, len(res.trace), "operation"))
-    res.seconds = time.perf_counter() - start
-    return res

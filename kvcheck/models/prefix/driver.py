@@ -1,0 +1,45 @@
+"""The prefix model's seeded workload: shared prefixes under pool pressure."""
+
+from __future__ import annotations
+
+import random
+
+from kvcheck.models.prefix.model import PrefixOp
+
+
+class PrefixDriver:
+    """Seeded workload with shared prefixes: a few "system prompts" with random
+    suffixes from a tiny vocabulary, decode tokens from the same vocabulary,
+    and pool pressure, so hits, evictions, revivals and duplicates all happen."""
+
+    def __init__(self, seed: int, num_blocks: int, block_size: int, capabilities):
+        self.rng = random.Random(seed)
+        self.num_blocks, self.bs, self.caps = num_blocks, block_size, capabilities
+        rng = self.rng
+        self.bases = [[rng.randrange(100, 200) for _ in range(block_size * rng.randint(1, 3))]
+                      for _ in range(3)]
+        self.next_id = 0
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+    def _prompt(self) -> list[int]:
+        rng, bs = self.rng, self.bs
+        base = rng.choice(self.bases)
+        cut = rng.choice((len(base), len(base), rng.randint(0, len(base))))
+        toks = base[:cut] + [rng.randrange(3) for _ in range(rng.randint(0, 2 * bs))]
+        return toks or [rng.randrange(3)]
+
+    def next_op(self, live: list[int], free_blocks: int) -> PrefixOp:
+        rng, caps = self.rng, self.caps
+        fullness = 1.0 - free_blocks / self.num_blocks if self.num_blocks else 1.0
+        if not live or rng.random() < 0.3 * (1.0 - fullness) + 0.05:
+            toks = self._prompt()
+            return PrefixOp("allocate", seq=self._new_id(), n_tokens=len(toks), tokens=tuple(toks))
+        r = rng.random()
+        if r < 0.1 and "fork" in caps:
+            return PrefixOp("fork", seq=rng.choice(live), child=self._new_id())
+        if r < 0.1 + 0.3 * fullness + 0.05:
+            return PrefixOp("free_seq", seq=rng.choice(live))
+        return PrefixOp("append_slot", seq=rng.choice(live), tokens=(rng.randrange(3),))
