@@ -79,3 +79,27 @@ def test_replay_writes_junit(tmp_path):
     assert ET.parse(out).getroot().get("failures") == "1"
     assert main(["replay", str(t), "--target", "reference", "--junit", str(out)]) == 0
     assert ET.parse(out).getroot().get("failures") == "0"
+
+
+TESTS = __import__("pathlib").Path(__file__).resolve().parents[1]
+JUNIT_RUNS = {  # command: (arguments of a failing run, of a passing run)
+    "verify-prefix": ([f"{TESTS}/prefix/buggy_prefix.py:StaleKeyAfterReuse", "--blocks", "8",
+                       "--block-size", "2"], ["prefix", "--ops", "300"]),
+    "verify-scheduler": ([f"{TESTS}/scheduler/buggy.py:SkipAhead"],
+                         ["reference", "--workloads", "2"]),
+    "verify-device": (None, ["device", "--blocks", "8", "--block-size", "2", "--ops", "40"]),
+}
+
+
+def test_every_verify_command_writes_junit(tmp_path):
+    for command, (failing, passing) in JUNIT_RUNS.items():
+        ok = tmp_path / f"{command}-ok.xml"
+        assert main([command, *passing, "--junit", str(ok)]) == 0, command
+        root = ET.parse(ok).getroot()
+        assert root.get("tests") == "1" and root.get("failures") == "0", command
+        if failing is None:
+            continue
+        bad = tmp_path / f"{command}-bad.xml"
+        assert main([command, *failing, "--junit", str(bad)]) == 1, command
+        failure = ET.parse(bad).find(".//failure")
+        assert failure is not None and failure.get("message") and "Counterexample" in failure.text

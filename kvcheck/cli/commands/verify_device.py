@@ -7,6 +7,7 @@ import argparse
 from kvcheck.cli.commands.common import (
     Progress,
     add_json,
+    add_junit,
     add_pool,
     add_seed,
     add_shrink_seconds,
@@ -16,6 +17,7 @@ from kvcheck.cli.commands.common import (
     check_outputs,
     emit_json,
     exit_code,
+    junit_run,
     positive_int,
     stopped_note,
     write_output,
@@ -74,6 +76,7 @@ def add_parser(sub) -> None:
                         "(default: the factory's own)")
     add_trace_out(p)
     add_json(p)
+    add_junit(p)
     add_timeout(p)
     p.add_argument("--full", action="store_true",
                    help="check the whole structure after every operation: slower, exact "
@@ -88,7 +91,7 @@ def run(args) -> int:
     from kvcheck.models.device import DeviceScope
     from kvcheck.verify import verify
 
-    check_outputs((args.trace_out, "--trace-out"))
+    check_outputs((args.trace_out, "--trace-out"), (args.junit, "--junit"))
     scope = DeviceScope(args.blocks, args.block_size, args.layers, args.kv_heads, args.head_dim)
     bar = Progress(args.ops, "verify-device", "operations") if not args.json else None
     try:
@@ -110,6 +113,14 @@ def report(args, result, scope) -> int:
     written = True
     if args.trace_out and result.trace is not None:
         written = write_output(args.trace_out, result.trace.dumps() + "\n", "--trace-out")
+    if args.junit:
+        from kvcheck.report.text import render as _render
+
+        text = "" if result.trace is None else _render(result.trace)
+        where = (f"{args.blocks} blocks x {args.block_size} tokens, "
+                 f"{result.ops} operations, seed {args.seed}")
+        written &= write_output(args.junit, junit_run('verify-device', args.target, where, result.seconds,
+                                                      result.violation, text) + "\n", "--junit")
     stats = dict(getattr(result.state, "stats", None) or {})
     if args.json:
         emit_json({**result.to_json(), "model": "device", "stats": stats})

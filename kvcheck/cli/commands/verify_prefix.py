@@ -10,6 +10,7 @@ from __future__ import annotations
 from kvcheck.cli.commands.common import (
     Progress,
     add_json,
+    add_junit,
     add_pool,
     add_seed,
     add_shrink_seconds,
@@ -19,6 +20,7 @@ from kvcheck.cli.commands.common import (
     check_outputs,
     emit_json,
     exit_code,
+    junit_run,
     positive_int,
     stopped_note,
     write_output,
@@ -38,6 +40,7 @@ def add_parser(sub) -> None:
     add_seed(p)
     add_trace_out(p)
     add_json(p)
+    add_junit(p)
     add_timeout(p)
     p.add_argument("--full", action="store_true",
                    help="check the whole allocator after every operation: slower, the same "
@@ -53,7 +56,7 @@ def run(args) -> int:
     from kvcheck.report.text import render
     from kvcheck.verify import verify
 
-    check_outputs((args.trace_out, "--trace-out"))
+    check_outputs((args.trace_out, "--trace-out"), (args.junit, "--junit"))
     bar = Progress(args.ops, "verify-prefix", "operations") if not args.json else None
     try:
         r = verify(args.target, args.blocks, args.block_size, args.ops, args.seed,
@@ -67,6 +70,14 @@ def run(args) -> int:
     written = True
     if args.trace_out and r.trace is not None:
         written = write_output(args.trace_out, r.trace.dumps() + "\n", "--trace-out")
+    if args.junit:
+        from kvcheck.report.text import render as _render
+
+        text = "" if r.trace is None else _render(r.trace)
+        where = (f"{args.blocks} blocks x {args.block_size} tokens, {r.ops} operations, "
+                 f"seed {args.seed}")
+        written &= write_output(args.junit, junit_run('verify-prefix', args.target, where, r.seconds,
+                                                      r.violation, text) + "\n", "--junit")
     if args.json:
         emit_json({**r.to_json(), "stats": stats.to_json(), "coverage": stats.coverage(),
                    "original_length": r.original_length if not r.ok else r.ops})

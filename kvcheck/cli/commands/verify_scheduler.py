@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvcheck.cli.commands.common import (
     Progress,
     add_json,
+    add_junit,
     add_pool,
     add_seed,
     add_shrink_seconds,
@@ -14,6 +15,7 @@ from kvcheck.cli.commands.common import (
     check_outputs,
     emit_json,
     exit_code,
+    junit_run,
     nonneg_int,
     positive_int,
     stopped_note,
@@ -51,6 +53,7 @@ def add_parser(sub) -> None:
     add_timeout(p, "scheduler step")
     add_trace_out(p, "the counterexample (the failing workload, step by step) as a JSON trace "
                      "(kvcheck replay, kvcheck report)")
+    add_junit(p)
     add_json(p)
     add_shrink_seconds(p, 30.0)
     p.set_defaults(run=run)
@@ -67,7 +70,7 @@ def run(args) -> int:
         check_scope(args.blocks, args.block_size, args.watermark)
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
-    check_outputs((args.trace_out, "--trace-out"))
+    check_outputs((args.trace_out, "--trace-out"), (args.junit, "--junit"))
     if args.out_of_blocks:
         load_exception(args.out_of_blocks)  # bad input before anything runs
     bar = Progress(args.workloads, "verify-scheduler", "workloads") if not args.json else None
@@ -85,6 +88,16 @@ def run(args) -> int:
     written = True
     if args.trace_out and not result.ok:
         written = write_output(args.trace_out, result.trace.dumps() + "\n", "--trace-out")
+    if args.junit:
+        from kvcheck.report.text import render as _render
+
+        text = "" if result.trace is None else _render(result.trace)
+        where = (f"{args.blocks} blocks x {args.block_size} tokens, "
+                 f"watermark {args.watermark}, "
+                 f"{result.workloads} workload(s) of {args.requests} requests, "
+                 f"seed {args.seed}")
+        written &= write_output(args.junit, junit_run('verify-scheduler', result.label, where, result.seconds,
+                                                      result.violation, text) + "\n", "--junit")
     if args.json:
         emit_json(data)
     elif result.ok:
