@@ -53,6 +53,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
+from kvcheck.check import evidence
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, active_watchdog
 from kvcheck.errors import what_it_did
@@ -516,8 +517,9 @@ class PrefixOracle:
             elements = (None,) if inv.domain == "global" else post.blocks()
             for b in elements:
                 if not inv.holds_for(PY, post, b):
+                    ev = evidence.for_invariant(inv, PY, post, b)
                     return post, Violation(n, "invariant", inv.name, b, doc=inv.doc,
-                                           subject=None if b is None else "block",
+                                           subject=ev.subject, terms=ev.terms,
                                            witness=self._explain(post, b))
         assert not self.compiled, "the compiled prefix invariants disagree with the spec"
         return post, None

@@ -38,12 +38,14 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
+from kvcheck.check import evidence
 from kvcheck.check import watchdog as watchdog_module
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, Watchdog, active_watchdog
 from kvcheck.compile.tracer import Untraceable
 from kvcheck.errors import what_it_did
 from kvcheck.models.blocks import compiled as compiled_checks
+from kvcheck.models.blocks import witness
 from kvcheck.models.scheduler.workload import Request, fits
 from kvcheck.spec import scheduler as policy
 from kvcheck.spec.invariants import INVARIANTS
@@ -342,10 +344,27 @@ class SchedOracle:
                  decoded=None) -> Violation | None:
         for name, element, holds in clauses:
             if not holds:
+                ev = self._evidence(name, element, pre, post, decoded)
                 return Violation(n, "policy", name, element,
                                  witness=self._witness(what, pre, post, decoded is not None),
-                                 doc=doc)
+                                 doc=doc, subject=None if element is None else "seq",
+                                 terms=ev.terms if ev is not None else [])
         return None
+
+    def _evidence(self, name, element, pre, post, decoded):
+        """The terms the policy's failing clause read (re-run over recording states)."""
+        log: list = []
+        rpre, rpost = evidence.Recorder(pre, "pre", log), evidence.Recorder(post, "post", log)
+        if decoded is not None:
+            clauses = policy.step(PY, rpre, rpost, decoded)
+        elif element is not None and name.startswith("finish"):
+            clauses = policy.finish(PY, rpre, rpost, element)
+        else:
+            return None
+        try:
+            return evidence.for_clauses(clauses, {"pre": pre, "post": post}, log)
+        except Exception:  # noqa: BLE001 - evidence is a help, the violation stands without it
+            return None
 
     def _witness(self, what: str, pre, post, a_step: bool) -> str:
         text = f"{what}; before: {describe(pre)}; after: {describe(post)}"
@@ -369,12 +388,10 @@ class SchedOracle:
                 elements = snap.blocks() if inv.domain == "block" else snap.seqs()
             for x in elements:
                 if not inv.holds_for(PY, snap, x):
-                    block = inv.domain == "block"
-                    what = "" if x is None else f" for {'block' if block else 'sequence'} {x}"
+                    ev = evidence.for_invariant(inv, PY, snap, x)
                     return Violation(n, "invariant", f"{pool}: {inv.name}", x,
-                                     witness=f"the {pool} pool breaks {inv.name}{what}",
-                                     doc=inv.doc,
-                                     subject=None if x is None else "block" if block else "seq")
+                                     witness=f"the {pool} pool: {witness.for_state(ev, snap)}",
+                                     doc=inv.doc, subject=ev.subject, terms=ev.terms)
         return None
 
     def check_state(self, n: int, post: SchedState, what: str = "") -> Violation | None:
