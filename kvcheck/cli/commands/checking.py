@@ -1,0 +1,108 @@
+"""What the commands that check a model with random operations share (``verify``,
+``verify-prefix``, ``verify-device``): their flags, the run through ``kvcheck.verify``,
+and the one way a result is written (``--trace-out``, ``--junit``) and printed (text or
+``--json``). A command only says which model, its defaults, its own flags and how a
+pass reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvcheck.cli.commands.common import (
+    Progress,
+    add_json,
+    add_junit,
+    add_out_of_blocks,
+    add_pool,
+    add_seed,
+    add_shrink_seconds,
+    add_target,
+    add_timeout,
+    add_trace_out,
+    check_outputs,
+    emit_json,
+    exit_code,
+    junit_run,
+    positive_int,
+    stopped_note,
+    write_output,
+)
+
+FULL_HELP = ("check the whole state after every operation: slower, exact (default: off: check "
+             "what each operation touched, and everything in a sweep every max(1024, 2 x "
+             "blocks) operations and at the end)")
+
+
+def add_run_flags(p, target: str, what: str, blocks: int, block_size: int, ops: int,
+                  shrink_seconds: float, full_help: str = FULL_HELP, ops_help: str = "",
+                  out_of_blocks: bool = True, extra: Callable | None = None) -> None:
+    """The flags of a checking command, in the order ``--help`` shows them; ``extra(p)``
+    adds the command's own after the seed."""
+    add_target(p, target, what)
+    add_pool(p, blocks, block_size)
+    p.add_argument("--ops", type=positive_int, default=ops, metavar="N",
+                   help=f"operations to run{ops_help} (default: %(default)s)")
+    add_seed(p)
+    if extra is not None:
+        extra(p)
+    add_trace_out(p)
+    add_junit(p)
+    add_json(p)
+    if out_of_blocks:
+        add_out_of_blocks(p)
+    add_timeout(p)
+    p.add_argument("--full", action="store_true", help=full_help)
+    add_shrink_seconds(p, shrink_seconds)
+
+
+def run(args, command: str, model: str, **verify_kwargs):
+    """Check the model with the parsed ``args``: the ``kvcheck.verify.Result``."""
+    from kvcheck.targets.loading import load_exception
+    from kvcheck.verify import verify
+
+    oob = load_exception(args.out_of_blocks) if getattr(args, "out_of_blocks", None) else None
+    check_outputs((args.trace_out, "--trace-out"), (args.junit, "--junit"))
+    bar = Progress(args.ops, command, "operations") if not args.json else None
+    try:
+        return verify(args.target, args.blocks, args.block_size, args.ops, args.seed, oob,
+                      args.timeout, mode="full" if args.full else "fast", progress=bar,
+                      shrink_budget=args.shrink_seconds,
+                      shrink_progress=bar.shrinking if bar else None, model=model,
+                      **verify_kwargs)
+    finally:
+        if bar:
+            bar.close()
+
+
+def report(args, result, command: str, passed: Callable[[object], str] | None = None,
+           json_extra: Callable[[object], dict] | None = None) -> int:
+    """Write ``--trace-out`` and ``--junit``, print ``result`` (text or ``--json``); the exit
+    code. ``passed(result)`` words a pass after ``PASS TARGET: ``."""
+    from kvcheck.report.text import render
+
+    written = True
+    if args.trace_out and result.trace is not None:
+        written = write_output(args.trace_out, result.trace.dumps() + "\n", "--trace-out")
+    if args.junit:
+        text = "" if result.trace is None else render(result.trace)
+        where = (f"{args.blocks} blocks x {args.block_size} tokens, {result.ops} operations, "
+                 f"seed {args.seed}")
+        written &= write_output(args.junit, junit_run(command, args.target, where, result.seconds,
+                                                      result.violation, text) + "\n", "--junit")
+    if args.json:
+        emit_json({**result.to_json(), **(json_extra(result) if json_extra else {})})
+    elif result.ok:
+        words = passed(result) if passed else (
+            f"{result.ops} operations on {args.blocks} blocks x {args.block_size} slots "
+            f"(seed {args.seed}), every invariant and contract held")
+        print(f"PASS {args.target}: {words} [{result.seconds:.2f} s, "
+              f"{result.ops / max(result.seconds, 1e-9):,.0f} ops/s]")
+    else:
+        shrunk = ("not shrunk" if result.trace.minimality.startswith("not shrunk")
+                  else f"shrunk to {len(result.trace.ops)}")
+        print(f"FAIL {args.target}: violation after {result.original_length} operations "
+              f"(seed {args.seed}); {shrunk}{stopped_note(result.trace.minimality)}:")
+        print(render(result.trace, source=args.trace_out if written else None))
+        if args.trace_out and written:
+            print(f"trace written to {args.trace_out}")
+    return exit_code(0 if result.ok else 1, written)
