@@ -9,6 +9,14 @@ State, readable by anyone:
 Every public method either succeeds or raises (``OutOfBlocks`` / ``MisuseError``)
 with every structure unchanged: validation and allocation happen before any
 release or mutation.
+
+``BlockManager`` has the seed's four operations. ``EngineBlockManager`` adds the
+ones engines use beyond them: ``append_slots`` (multi-token reservation with
+lookahead, as chunked prefill and speculative decoding use), ``rollback`` (drop
+rejected speculative tokens; the reference keeps their blocks as reservation),
+``rebase`` (re-point a live sequence at another's history: beam search) and
+``preempt`` (free for recompute). ``EagerForkBlockManager`` forks eagerly (a
+partial last block copied at fork time), the other legal way.
 """
 
 from collections import deque
@@ -70,28 +78,30 @@ class BlockManager:
     def append_slot(self, seq: int) -> tuple[int, int, int | None]:
         """Reserve the slot for one more token: ``(block, offset, cow_src)``.
 
-        A fresh block only when the last block is full; copy-on-write only when
-        the last block is partial and shared (the caller copies ``cow_src`` into
-        ``block`` before writing). Allocates before releasing, so
-        ``OutOfBlocks`` leaves everything untouched.
+        A fresh block only when the slot lies past the last block; copy-on-write
+        only when the block it lies in is shared (the caller copies ``cow_src`` into
+        ``block`` before writing; a shared block not yet holding any of the
+        sequence's tokens is replaced without a copy). Allocates before releasing,
+        so ``OutOfBlocks`` leaves everything untouched.
         """
         table = self._live(seq)
         n = self.lens[seq]
-        offset = n % self.block_size
+        k, offset = divmod(n, self.block_size)
         cow_src = None
-        if offset == 0:
+        if k == len(table):
             if not self.free:
                 raise OutOfBlocks("no free block for a new tail block")
             table.append(self._take())
-        elif self.ref[table[-1]] > 1:
+        elif self.ref[table[k]] > 1:
             if not self.free:
                 raise OutOfBlocks("no free block for copy-on-write")
             new = self._take()
-            cow_src = table[-1]
-            self._release(cow_src)
-            table[-1] = new
+            old = table[k]
+            self._release(old)
+            table[k] = new
+            cow_src = old if offset else None
         self.lens[seq] = n + 1
-        return table[-1], offset, cow_src
+        return table[k], offset, cow_src
 
     def fork(self, parent: int, child: int) -> None:
         """``child`` shares every block of ``parent`` (refcount +1 each), own table."""
@@ -111,3 +121,114 @@ class BlockManager:
         del self.lens[seq]
         for block in table:
             self._release(block)
+
+class EngineBlockManager(BlockManager):
+    """The reference with the operations real engines use beyond the seed's four:
+    multi-token reservation with lookahead (chunked prefill, speculative decoding),
+    rollback of rejected tokens (their blocks kept as reservation), rebase (beam search)
+    and preemption for recompute. A table may hold blocks beyond its tokens:
+    ``len(tables[seq]) == ceil((lens[seq] + reserved) / block_size)``."""
+
+    def append_slots(self, seq: int, n_tokens: int, lookahead: int = 0) -> list[tuple[int, int]]:
+        """Reserve the slots of ``n_tokens`` more tokens and ``lookahead`` slots beyond them,
+        all or nothing: the ``(src, dst)`` copies the caller makes before writing.
+
+        New blocks for the slots past the last block; a shared block a new token lands
+        in is replaced by a fresh one (copied first if it already holds tokens of the
+        sequence); blocks the sequence holds alone are written in place."""
+        table = self._live(seq)
+        _check_size("n_tokens", n_tokens)
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
+            raise MisuseError(f"lookahead must be a non-negative integer, got {lookahead!r}")
+        n, bs = self.lens[seq], self.block_size
+        first, last = n // bs, (n + n_tokens - 1) // bs
+        grow = max(0, -(-(n + n_tokens + lookahead) // bs) - len(table))
+        shared = [i for i in range(first, min(last, len(table) - 1) + 1) if self.ref[table[i]] > 1]
+        if grow + len(shared) > len(self.free):
+            raise OutOfBlocks(f"need {grow + len(shared)} blocks, {len(self.free)} free")
+        fresh = [self._take() for _ in range(grow + len(shared))]  # allocate before releasing
+        copies = []
+        for i, new in zip(shared, fresh, strict=False):
+            old = table[i]
+            self._release(old)
+            table[i] = new
+            if i == first and n % bs:
+                copies.append((old, new))
+        table.extend(fresh[len(shared):])
+        self.lens[seq] = n + n_tokens
+        return copies
+
+    def rollback(self, seq: int, n_tokens: int) -> None:
+        """Drop the last ``n_tokens`` tokens (at least one stays); their blocks are kept as
+        reservation, as an engine keeps the slots of rejected speculative tokens."""
+        self._live(seq)
+        _check_size("n_tokens", n_tokens)
+        if n_tokens >= self.lens[seq]:
+            raise MisuseError(f"rollback of {n_tokens} tokens leaves sequence {seq!r} none")
+        self.lens[seq] -= n_tokens
+
+    def rebase(self, source: int, child: int) -> None:
+        """Re-point live ``child`` at ``source``'s history: it drops its own blocks and
+        shares every block of ``source`` (refcount +1 each), with ``source``'s length."""
+        table = self._live(source)
+        old = self._live(child)
+        if child == source:
+            raise MisuseError(f"sequence {child!r} cannot be rebased onto itself")
+        ref = self.ref
+        for block in table:  # take the new references before dropping the old
+            ref[block] += 1
+        for block in old:
+            self._release(block)
+        self.tables[child] = list(table)
+        self.lens[child] = self.lens[source]
+
+    def preempt(self, seq: int) -> None:
+        """Preempt ``seq`` for recompute: everything it holds is released, as by free_seq."""
+        self.free_seq(seq)
+
+
+class EagerForkBlockManager(EngineBlockManager):
+    """The reference, but a fork (or rebase) copies a partial block holding the parent's
+    last token at once instead of sharing it: the legal eager copy-on-write. Such a fork
+    takes a block, so it may run out of blocks, and then changes nothing."""
+
+    def _copy_tail(self, source: int) -> list[tuple[int, int]] | None:
+        """The source's table with a partial last-token block copied, and the copy made."""
+        table, n, bs = self.tables[source], self.lens[source], self.block_size
+        if n % bs == 0:
+            return None
+        if not self.free:
+            raise OutOfBlocks("no free block to copy a partial block at fork time")
+        return [(table[(n - 1) // bs], self._take())]
+
+    def _share(self, source: int, child: int) -> list[tuple[int, int]]:
+        table, n, bs = self.tables[source], self.lens[source], self.block_size
+        copies = self._copy_tail(source) or []
+        new = list(table)
+        for _src, dst in copies:
+            new[(n - 1) // bs] = dst
+        for i, block in enumerate(new):
+            if not copies or i != (n - 1) // bs:
+                self.ref[block] += 1
+        return new, copies
+
+    def fork(self, parent: int, child: int) -> list[tuple[int, int]]:
+        self._live(parent)
+        if child in self.tables:
+            raise MisuseError(f"sequence {child!r} already exists")
+        table, copies = self._share(parent, child)
+        self.tables[child] = table
+        self.lens[child] = self.lens[parent]
+        return copies
+
+    def rebase(self, source: int, child: int) -> list[tuple[int, int]]:
+        self._live(source)
+        old = self._live(child)
+        if child == source:
+            raise MisuseError(f"sequence {child!r} cannot be rebased onto itself")
+        table, copies = self._share(source, child)
+        for block in old:
+            self._release(block)
+        self.tables[child] = table
+        self.lens[child] = self.lens[source]
+        return copies

@@ -90,7 +90,8 @@ def _canonical(s) -> list:
     for q in s.seqs():
         for i in s.positions(q):
             out.append(z3.Implies(z3.Not(z3.And(s.live(q), i < s.nblocks(q))), s._tab[q][i] == 0))
-        out.append(z3.Implies(z3.Not(s.live(q)), z3.And(s.nblocks(q) == 0, s.length(q) == 0)))
+        out.append(z3.Implies(z3.Not(s.live(q)), z3.And(s.nblocks(q) == 0, s.length(q) == 0,
+                                                        s.reserved(q) == 0)))
     return out
 
 
@@ -324,7 +325,7 @@ def _state_vars(s) -> list:
     out = [*s._ref, *s._free, *s._live, *s._len, *s._nb]
     for row in s._tab:
         out += row
-    return out
+    return out + [*s._res]
 
 
 def _value(x) -> int | bool:
@@ -338,8 +339,9 @@ def _abstract_key(vals: list, scope: SymScope) -> tuple:
     live, length = vals[2 * N:2 * N + S], vals[2 * N + S:2 * N + 2 * S]
     nb = vals[2 * N + 2 * S:2 * N + 3 * S]
     tab = [vals[2 * N + 3 * S + q * T:2 * N + 3 * S + (q + 1) * T] for q in range(S)]
-    rows, label = canonical_tables({q: (length[q], tab[q][:nb[q]]) for q in range(S) if live[q]},
-                                   ref.__getitem__)
+    res = vals[2 * N + 3 * S + S * T:2 * N + 4 * S + S * T]
+    rows, label = canonical_tables({q: ((length[q], res[q]), tab[q][:nb[q]]) for q in range(S)
+                                    if live[q]}, ref.__getitem__)
     named = tuple(sorted((label[b], ref[b], free[b]) for b in label))
     rest = tuple(sorted((ref[b], free[b]) for b in range(N) if b not in label))
     return rows, named, rest

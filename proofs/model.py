@@ -24,8 +24,8 @@ from kvcheck.spec.symbolic import SymScope, SymState
 
 
 def scope_bound(L, s, q):
-    """(Scope) a live sequence holds at most max_tokens tokens."""
-    return s.length(q) <= s.scope.max_tokens
+    """(Scope) a live sequence holds at most max_tokens tokens and reserved slots together."""
+    return s.length(q) + s.reserved(q) <= s.scope.max_tokens
 
 
 SCOPE_BOUND = Invariant("scope_bound", "seq", scope_bound)

@@ -20,16 +20,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-OK, OOB = "ok", "oob"
+OK, OOB, REFUSED = "ok", "oob", "refused"
 
 
 @dataclass(slots=True)
 class Op:
     """One operation and what it returned.
 
-    ``seq`` is the subject (the parent for ``fork``), ``child`` the fork
-    target. For ``append_slot`` the result is ``(block, offset, cow_src)``
-    with ``has_cow`` true iff ``cow_src`` is not None.
+    ``seq`` is the subject (the parent for ``fork``, the source for
+    ``rebase``), ``child`` the fork or rebase target. ``n_tokens`` is
+    allocate's prompt, append_slots' new tokens and rollback's dropped ones;
+    ``lookahead`` append_slots' reserved slots. For ``append_slot`` the result
+    is ``(block, offset, cow_src)`` with ``has_cow`` true iff ``cow_src`` is not
+    None; for ``append_slots``, ``fork`` and ``rebase`` it is ``copies``, the
+    ``(src, dst)`` block copies the caller must make before it writes (none
+    for a lazy fork).
     """
 
     kind: str
@@ -41,6 +46,8 @@ class Op:
     offset: Any = None
     cow_src: Any = None
     has_cow: Any = False
+    lookahead: Any = 0
+    copies: Any = None
 
 
 @dataclass
@@ -52,12 +59,44 @@ class Domain:
 
 
 def precondition(L, s, op: Op):
-    """When an operation may be called at all (else it is caller misuse)."""
-    if op.kind == "allocate":
+    """When an operation may be called at all (else it is caller misuse). A single-slot
+    append needs a sequence with nothing reserved (its reserved slots are written by
+    append_slots); a rollback keeps at least one token."""
+    kind = op.kind
+    if kind == "allocate":
         return L.and_(L.not_(s.live(op.seq)), op.n_tokens >= 1)
-    if op.kind == "fork":
+    if kind == "fork":
         return L.and_(s.live(op.seq), L.not_(s.live(op.child)), op.seq != op.child)
+    if kind == "rebase":
+        return L.and_(s.live(op.seq), s.live(op.child), op.seq != op.child)
+    if kind == "append_slot":
+        return L.and_(s.live(op.seq), s.reserved(op.seq) == 0)
+    if kind == "append_slots":
+        return L.and_(s.live(op.seq), op.n_tokens >= 1, op.lookahead >= 0)
+    if kind == "rollback":
+        return L.and_(s.live(op.seq), op.n_tokens >= 1, op.n_tokens < s.length(op.seq))
     return s.live(op.seq)
+
+
+def reserved_after(L, pre, op: Op, nblocks_after):
+    """The slots ``op``'s sequence (a fork's or rebase's child) holds reserved beyond its
+    tokens afterwards, given its table's length then: what append_slots asked for ahead
+    (at least its lookahead, at least what was reserved and not written); after a
+    rollback, whatever of the old reservation and the dropped tokens' slots the kept
+    blocks still hold; a fork or rebase child reserves what its source does; nothing
+    after an allocation or a single-slot append."""
+    B = pre.block_size
+    if op.kind == "append_slots":
+        left = pre.reserved(op.seq) - op.n_tokens
+        return L.ite(left > op.lookahead, left, op.lookahead)
+    if op.kind == "rollback":
+        q = op.seq
+        capacity = pre.length(q) + pre.reserved(q)
+        kept = nblocks_after * B
+        return L.ite(capacity < kept, capacity, kept) - (pre.length(q) - op.n_tokens)
+    if op.kind in ("fork", "rebase"):
+        return pre.reserved(op.seq)
+    return 0
 
 
 # -- step invariants -----------------------------------------------------------
@@ -81,6 +120,7 @@ def exception_safety(L, pre, post, op: Op, dom: Domain):
         yield "exception_safety: block table unchanged", q, L.and_(
             post.live(q) == pre.live(q),
             post.length(q) == pre.length(q),
+            post.reserved(q) == pre.reserved(q),
             post.same_table(q, pre, q),
         )
 
@@ -92,6 +132,7 @@ def unchanged_others(L, pre, post, dom: Domain, changed: tuple):
             yield "other sequences untouched", q, L.and_(
                 post.live(q) == pre.live(q),
                 post.length(q) == pre.length(q),
+                post.reserved(q) == pre.reserved(q),
                 post.same_table(q, pre, q),
             )
 
@@ -121,6 +162,7 @@ def allocate(L, pre, post, op: Op, dom: Domain):
         yield from exception_safety(L, pre, post, op, dom)
         return
     yield "sequence is live with n tokens", q, L.and_(post.live(q), post.length(q) == n)
+    yield "nothing is reserved", q, post.reserved(q) == reserved_after(L, pre, op, need)
     yield "holds exactly ceil(n/B) blocks", q, post.nblocks(q) == need
     yield "the table is its own object", q, post.sharers(q) == 1
     for i in post.positions(q):
@@ -165,6 +207,7 @@ def append_slot(L, pre, post, op: Op, dom: Domain):
     yield "returns the sequence's last block", q, op.block == new
     yield "returns the slot of token len: offset = len % block_size", q, op.offset == offset
     yield "the sequence stays live, one token longer", q, L.and_(post.live(q), post.length(q) == n + 1)
+    yield "nothing is reserved", q, post.reserved(q) == reserved_after(L, pre, op, post.nblocks(q))
     yield "a full block is never copied", q, L.implies(boundary, L.not_(op.has_cow))
     yield "a new block only at a block boundary", q, L.ite(
         boundary,
@@ -197,26 +240,167 @@ def append_slot(L, pre, post, op: Op, dom: Domain):
     yield from unchanged_others(L, pre, post, dom, (q,))
 
 
-def fork(L, pre, post, op: Op, dom: Domain):
-    """fork(parent, child): child gets its own table listing exactly the
-    parent's blocks, each block's refcount grows by one per entry; nothing is
-    allocated or copied, the parent is unchanged."""
-    p, c = op.seq, op.child
-    yield "child is live with the parent's length", c, L.and_(
-        post.live(c), post.length(c) == pre.length(p)
-    )
-    yield "child's table lists exactly the parent's blocks", c, post.same_table(c, pre, p)
-    yield "child's table is its own object", c, post.sharers(c) == 1
-    yield "parent unchanged", p, L.and_(
-        post.live(p), post.length(p) == pre.length(p), post.same_table(p, pre, p)
-    )
-    yield "free list unchanged", None, post.num_free() == pre.num_free()
+def _last_token_block(L, pre, q):
+    """(index of the block holding q's last token, whether that block is partial)."""
+    n = pre.length(q)
+    return L.ceil_div(n, pre.block_size) - 1, L.mod(n, pre.block_size) != 0
+
+
+def _shares(L, pre, post, op: Op, dom: Domain, source, target, released: bool):
+    """What a fork or a rebase does to ``target`` (the child): it holds ``source``'s
+    blocks, each shared, except that a partial block holding the source's last token may
+    be a copy made now (a fresh block; an eager fork). With ``released``, the child's
+    old references go first (a rebase). The clauses both operations share."""
+    k = pre.nblocks(source)
+    t, partial = _last_token_block(L, pre, source)
+    eager = L.and_(post.nblocks(target) == k, post.table(target, t) != pre.table(source, t))
+    yield "child is live with the source's length", target, L.and_(
+        post.live(target), post.length(target) == pre.length(source))
+    yield "child's table lists the source's blocks, a partial last block possibly a copy", \
+        target, L.and_(post.nblocks(target) == k, L.all_(
+            L.implies(L.and_(i < k, i != t), post.table(target, i) == pre.table(source, i))
+            for i in post.positions(target)))
+    yield "only a partial last block is copied at fork time (a full block never)", target, (
+        L.implies(eager, partial))
+    yield "a block copied at fork time was free", target, L.implies(
+        eager, pre.free_count(post.table(target, t)) >= 1)
+    yield "child's table is its own object", target, post.sharers(target) == 1
+    yield "child reserves what the source reserves", target, (
+        post.reserved(target) == reserved_after(L, pre, op, post.nblocks(target)))
+    yield "source unchanged", source, L.and_(
+        post.live(source), post.length(source) == pre.length(source),
+        post.reserved(source) == pre.reserved(source), post.same_table(source, pre, source))
+    back = []
     for b in dom.blocks:
-        yield "refcount +1 per parent entry, others unchanged", b, (
-            post.ref(b) == pre.ref(b) + pre.occurrences(p, b)
-        )
-        yield "free list unchanged", b, post.free_count(b) == pre.free_count(b)
-    yield from unchanged_others(L, pre, post, dom, (p, c))
+        old = pre.occurrences(target, b) if released else 0
+        freed = L.and_(pre.ref(b) > 0, post.ref(b) == 0)
+        taken = L.and_(pre.ref(b) == 0, post.ref(b) > 0)
+        back.append(freed)
+        yield "refcount +1 per entry of the child's table, -1 per entry it had", b, (
+            post.ref(b) == pre.ref(b) + post.occurrences(target, b) - old)
+        yield "free list changes only as the operation says", b, (
+            post.free_count(b) == pre.free_count(b) + L.ite(freed, 1, 0) - L.ite(taken, 1, 0))
+    yield "free list changes by the blocks released and the copy taken", None, (
+        post.num_free() == pre.num_free() + L.count(back) - L.ite(eager, 1, 0))
+    yield from unchanged_others(L, pre, post, dom, (source, target))
+
+
+def fork(L, pre, post, op: Op, dom: Domain):
+    """fork(parent, child): child gets its own table listing the parent's blocks,
+    the parent unchanged. Lazily (the seed's way) every block is shared: its
+    refcount grows by one per entry, nothing is allocated or copied. Eagerly, a
+    partial block holding the parent's last token is copied at fork time (the
+    child's is a fresh block: copies names it; the parent's keeps its refcount),
+    every other block shared. Both are legal. A full block is never copied. An
+    eager fork may run out of blocks (only then: a partial last block and no
+    free block), and then nothing changed."""
+    if op.outcome == OOB:
+        t, partial = _last_token_block(L, pre, op.seq)
+        yield "out-of-blocks only when a partial last block needs a copy and none is free", \
+            None, L.and_(partial, pre.num_free() == 0)
+        yield from exception_safety(L, pre, post, op, dom)
+        return
+    yield from _shares(L, pre, post, op, dom, op.seq, op.child, released=False)
+
+
+def rebase(L, pre, post, op: Op, dom: Domain):
+    """rebase(source, child): beam search re-points a live child at another beam's
+    history. The child's old references are released (each block loses one per
+    entry, joining the free list when that was its last), then it holds the
+    source's blocks as a fork would (full blocks shared, a partial last block
+    shared or copied now), with the source's length; the source is unchanged.
+    An eager copy may run out of blocks, and then nothing changed."""
+    if op.outcome == OOB:
+        t, partial = _last_token_block(L, pre, op.seq)
+        yield "out-of-blocks only when a partial last block needs a copy and none is free", \
+            None, L.and_(partial, pre.num_free() == 0)
+        yield from exception_safety(L, pre, post, op, dom)
+        return
+    yield from _shares(L, pre, post, op, dom, op.seq, op.child, released=True)
+
+
+def append_slots(L, pre, post, op: Op, dom: Domain):
+    """append_slots(seq, n, lookahead) -> copies: reserve the slots of the next n
+    tokens (which the caller then writes) and lookahead more slots beyond them
+    (reserved, not written), all or nothing, as chunked prefill and speculative
+    decoding do. New blocks exactly for the slots past the table's last block.
+    Every block a new token lands in is the sequence's alone afterwards: a shared
+    one is replaced by a fresh block (its first writer copies a partial one, and
+    copies names the copy), a block the sequence holds alone is written in
+    place, a block holding only earlier tokens is never copied or replaced.
+    Out-of-blocks is allowed only when the fresh blocks it needs outnumber the
+    free ones, and then nothing changed."""
+    q, n, B = op.seq, op.n_tokens, pre.block_size
+    length, k = pre.length(q), pre.nblocks(q)
+    first = L.ceil_div(length + 1, B) - 1  # the block the first new token lands in
+    last = L.ceil_div(length + n, B) - 1  # ... and the last one
+    need = L.ceil_div(length + n + op.lookahead, B)
+    grown = L.ite(need > k, need - k, 0)
+    replaced = [L.and_(first <= i, i <= last, i < k, pre.ref(pre.table(q, i)) > 1)
+                for i in pre.positions(q)]
+    fresh = L.count(replaced) + grown
+    if op.outcome == OOB:
+        yield "out-of-blocks only when more fresh blocks are needed than are free", q, (
+            fresh > pre.num_free())
+        yield from exception_safety(L, pre, post, op, dom)
+        return
+    yield "the sequence stays live, n tokens longer", q, L.and_(
+        post.live(q), post.length(q) == length + n)
+    yield "new blocks exactly for the slots past the last block", q, post.nblocks(q) == k + grown
+    yield "the reservation is what was asked ahead", q, (
+        post.reserved(q) == reserved_after(L, pre, op, post.nblocks(q)))
+    for i in post.positions(q):
+        old, new = pre.table(q, i), post.table(q, i)
+        written = L.and_(first <= i, i <= last)
+        yield "a block holding only earlier tokens is never copied or replaced", q, L.implies(
+            L.and_(i < first, i < k), new == old)
+        yield "a block the sequence holds alone is written in place", q, L.implies(
+            L.and_(i < k, pre.ref(old) == 1), new == old)
+        yield "every block a new token lands in is the sequence's alone", q, L.implies(
+            L.and_(written, i < post.nblocks(q)), post.holders(new) == 1)
+        yield "a block not written stays as it was", q, L.implies(
+            L.and_(last < i, i < k), new == old)
+        yield "a new or replacing block was free", q, L.implies(
+            L.and_(i < post.nblocks(q), L.or_(k <= i, new != old)), pre.free_count(new) >= 1)
+    yield "free list shrinks by the fresh blocks taken", None, (
+        post.num_free() == pre.num_free() - fresh)
+    for b in dom.blocks:
+        taken = L.and_(pre.ref(b) == 0, post.ref(b) > 0)
+        yield "refcounts change only as the sequence's table does", b, (
+            post.ref(b) == pre.ref(b) + post.occurrences(q, b) - pre.occurrences(q, b))
+        yield "free list changes only as the operation says", b, (
+            post.free_count(b) == pre.free_count(b) - L.ite(taken, 1, 0))
+    yield from unchanged_others(L, pre, post, dom, (q,))
+
+
+def rollback(L, pre, post, op: Op, dom: Domain):
+    """rollback(seq, k): the last k tokens are dropped (speculative tokens that
+    verification rejected); at least one stays. Blocks past the new last token
+    may be freed (each loses its reference, joining the free list when that was
+    its last) or kept as reservation: both are legal. The table keeps its first
+    blocks (a prefix of the old one, never longer, still holding every token),
+    and a rolled-back slot is written again only through append_slots, which
+    replaces a shared block before its write."""
+    q, B = op.seq, pre.block_size
+    left = pre.length(q) - op.n_tokens
+    yield "the sequence stays live, k tokens shorter", q, L.and_(
+        post.live(q), post.length(q) == left)
+    yield "the table keeps its first blocks (a prefix of the old one)", q, L.and_(
+        post.nblocks(q) <= pre.nblocks(q), post.same_table(q, pre, q, post.nblocks(q)))
+    yield "the table still holds every token left", q, post.nblocks(q) >= L.ceil_div(left, B)
+    yield "the reservation is what the kept blocks hold", q, (
+        post.reserved(q) == reserved_after(L, pre, op, post.nblocks(q)))
+    back = []
+    for b in dom.blocks:
+        dropped = pre.occurrences(q, b) - post.occurrences(q, b)
+        freed = L.and_(dropped > 0, post.ref(b) == 0)
+        back.append(freed)
+        yield "refcount -1 per entry dropped from the table", b, post.ref(b) == pre.ref(b) - dropped
+        yield "a block joins the free list exactly when its refcount reaches 0", b, (
+            post.free_count(b) == pre.free_count(b) + L.ite(freed, 1, 0))
+    yield "free list grows by the blocks released", None, (
+        post.num_free() == pre.num_free() + L.count(back))
+    yield from unchanged_others(L, pre, post, dom, (q,))
 
 
 def free_seq(L, pre, post, op: Op, dom: Domain):
@@ -239,11 +423,32 @@ def free_seq(L, pre, post, op: Op, dom: Domain):
     yield from unchanged_others(L, pre, post, dom, (q,))
 
 
-CONTRACTS = {"allocate": allocate, "append_slot": append_slot, "fork": fork, "free_seq": free_seq}
+def preempt(L, pre, post, op: Op, dom: Domain):
+    """preempt(seq): a running sequence is preempted for recompute: everything it
+    holds is released exactly as free_seq releases it; the engine re-admits it
+    later with its prompt plus everything it generated (an allocation of the same
+    sequence, which prefix caching may serve from its own freed blocks)."""
+    yield from free_seq(L, pre, post, op, dom)
+
+
+CONTRACTS = {"allocate": allocate, "append_slot": append_slot, "fork": fork, "free_seq": free_seq,
+             "append_slots": append_slots, "rollback": rollback, "rebase": rebase,
+             "preempt": preempt}
+# The seed's four operations: what a seed-shaped allocator offers at the least.
+SEED_OPERATIONS = ("allocate", "append_slot", "fork", "free_seq")
 
 STEP_INVARIANTS = {"isolation": isolation.__doc__, "exception_safety": exception_safety.__doc__}
 
 
+def refused(L, pre, post, op: Op, dom: Domain):
+    """A deliberate refusal (a policy the target declares: a watermark, blocks held
+    back for sibling beams, a lookahead cap) may come although blocks are free, but
+    like out-of-blocks it leaves every observable structure unchanged."""
+    yield from exception_safety(L, pre, post, op, dom)
+
+
 def clauses(L, pre, post, op: Op, dom: Domain):
     """Every clause the operation must satisfy."""
+    if op.outcome == REFUSED:
+        return refused(L, pre, post, op, dom)
     return CONTRACTS[op.kind](L, pre, post, op, dom)

@@ -109,17 +109,21 @@ def free_list_size(L, s):
 
 @invariant("seq")
 def table_length(L, s, q):
-    """A sequence of len tokens holds exactly ceil(len / block_size) blocks."""
-    return L.and_(s.length(q) >= 1, s.nblocks(q) == L.ceil_div(s.length(q), s.block_size))
+    """A sequence of len tokens with res slots reserved beyond them holds
+    exactly ceil((len + res) / block_size) blocks (with nothing reserved, the
+    seed's ceil(len / block_size)): a block is taken only for a slot that
+    crosses a block boundary, whether it holds a token or is reserved for one."""
+    return L.and_(s.length(q) >= 1, s.reserved(q) >= 0,
+                  s.nblocks(q) == L.ceil_div(s.length(q) + s.reserved(q), s.block_size))
 
 
 @invariant("seq")
 def waste_bound(L, s, q):
     """Paging wastes at most block_size - 1 token slots per sequence: every
-    block but the last is full, so the unused slots of a table all sit in its
-    one partial tail (per branch under forks, since each fork owns its own
-    tail)."""
-    return s.nblocks(q) * s.block_size - s.length(q) <= s.block_size - 1
+    block but the last is full of tokens or reserved slots, so the unused
+    slots of a table all sit in its one partial tail (per branch under forks,
+    since each fork owns its own tail)."""
+    return s.nblocks(q) * s.block_size - s.length(q) - s.reserved(q) <= s.block_size - 1
 
 
 @invariant("seq")

@@ -10,6 +10,9 @@ Abstract state of a paged block manager (pool of ``num_blocks`` blocks of
                       ``Target``'s ``num_free()``; a seed-shaped one's ``len(free)``)
     live(q)           sequence q exists
     length(q)         tokens sequence q holds (the oracle's count, not the allocator's)
+    reserved(q)       slots q's table holds for it beyond its tokens: lookahead slots a
+                      multi-token reservation asked for, or slots a rollback kept (the
+                      oracle's count, like length; 0 unless an operation reserved some)
     impl_length(q)    the allocator's own count for q (== length(q) if it keeps none)
     nblocks(q)        entries in q's block table
     table(q, i)       block id at position i of q's table
@@ -80,6 +83,7 @@ class Snapshot(TableTerms):
         impl_lengths: Mapping[int, int | None] | None = None,
         identities: Mapping[int, object] | None = None,
         num_free: int | None = None,
+        reserved: Mapping[int, int] | None = None,
     ):
         """``num_free``: the allocator's own count of free blocks (None: the free
         list's length, for a state that has no separate count)."""
@@ -87,6 +91,7 @@ class Snapshot(TableTerms):
         self.block_size = block_size
         self.tables = {q: tuple(t) for q, t in tables.items()}
         self.lengths = dict(lengths)
+        self.reservations = {q: r for q, r in (reserved or {}).items() if r}
         self.refs = list(refs)
         self.free = Counter(free)
         self._free_entries = sum(self.free.values())
@@ -127,6 +132,9 @@ class Snapshot(TableTerms):
     def impl_length(self, q: int) -> int:
         n = self.impl_lengths.get(q)
         return self.length(q) if n is None else n
+
+    def reserved(self, q: int) -> int:
+        return self.reservations.get(q, 0)
 
     # -- defined terms ---------------------------------------------------------
     def holders(self, b: int) -> int:

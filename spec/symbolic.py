@@ -57,6 +57,7 @@ class SymState:
         self._free = [L.var(f"{name}.free{b}") for b in range(N)]
         self._live = [z3.Bool(f"{name}.live{q}") for q in range(S)]
         self._len = [L.var(f"{name}.len{q}") for q in range(S)]
+        self._res = [L.var(f"{name}.res{q}") for q in range(S)]
         self._nb = [L.var(f"{name}.nb{q}") for q in range(S)]
         self._tab = [[L.var(f"{name}.t{q}_{i}") for i in range(T)] for q in range(S)]
         self._ident = [L.var(f"{name}.id{q}") for q in range(S)] if observed else None
@@ -88,6 +89,9 @@ class SymState:
 
     def impl_length(self, q):
         return self._len[q] if self._ilen is None else self._ilen[q]
+
+    def reserved(self, q):
+        return self._res[q]
 
     def nblocks(self, q):
         return self._nb[q]
@@ -151,7 +155,8 @@ class SymState:
             if not live:
                 continue
             t = [snap.table(q, i) for i in snap.positions(q)]
-            out += [self._len[slot] == snap.length(q), self._nb[slot] == len(t)]
+            out += [self._len[slot] == snap.length(q), self._nb[slot] == len(t),
+                    self._res[slot] == snap.reserved(q)]
             out += [self._tab[slot][i] == b for i, b in enumerate(t)]
             if self._ilen is not None:
                 out.append(self._ilen[slot] == snap.impl_length(q))

@@ -67,6 +67,8 @@ def explore(model: Model, factory, scope, options: Options, budget: float | None
             if progress is not None:
                 progress(level, res.distinct, res.explored)
             for op in model.moves(state, scope):
+                if not state.valid(op):  # (a move the state's preconditions rule out)
+                    continue
                 if budget is not None and time.perf_counter() - start > budget:
                     res.complete = False
                     res.seconds = time.perf_counter() - start
@@ -107,7 +109,7 @@ def _copyable(model: Model, root, scope, fresh, steps: int = 60) -> bool:
         a, b = fresh(), root.clone()
         rng = random.Random(12345)
         for _ in range(steps):
-            options = model.moves(a, scope)
+            options = [op for op in model.moves(a, scope) if a.valid(op)]
             if not options:
                 break
             op = rng.choice(options)

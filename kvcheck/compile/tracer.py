@@ -126,6 +126,9 @@ class TState:
     def impl_length(self, q):
         return self._call("impl_length", q)
 
+    def reserved(self, q):
+        return self._call("reserved", q)
+
     def nblocks(self, q):
         return self._call("nblocks", q)
 

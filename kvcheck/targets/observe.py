@@ -210,11 +210,13 @@ def read_len(target, seq: int) -> int | None:
     return as_int(n, spelled(target, "seq_len", seq))
 
 
-def snapshot(target, lengths: dict[int, int], also: tuple = ()) -> Snapshot:
+def snapshot(target, lengths: dict[int, int], also: tuple = (),
+             reserved: dict[int, int] | None = None) -> Snapshot:
     """A complete snapshot of ``target`` for the sequences in ``lengths``
     (the live ones, with the oracle's token counts) and ``also`` (sequences
     that should be gone: if the allocator still has them they appear live
-    with length 0). A sequence the allocator lost is absent (not live).
+    with length 0). A sequence the allocator lost is absent (not live). ``reserved``: the
+    oracle's count of slots each sequence has reserved beyond its tokens.
     """
     n = target.num_blocks
     tables, impl_lengths, idents = {}, {}, {}
@@ -227,4 +229,4 @@ def snapshot(target, lengths: dict[int, int], also: tuple = ()) -> Snapshot:
         idents[q] = read_identity(target, q)
     refs = read_refs(target, n)
     return Snapshot(n, target.block_size, tables, lengths, refs, read_free(target), impl_lengths,
-                    idents, read_num_free(target))
+                    idents, read_num_free(target), reserved)

@@ -6,7 +6,12 @@ Each entry maps a short name to ``module:attr`` of a factory called as
 
 TARGETS: dict[str, tuple[str, str]] = {
     # name: ("module:attr", one-line description)
-    "reference": ("kvcheck.impl.block_manager:BlockManager", "the bundled reference block manager"),
+    "reference": ("kvcheck.impl.block_manager:BlockManager",
+                  "the bundled reference block manager (the seed's four operations)"),
+    "reference-engine": ("kvcheck.impl.block_manager:EngineBlockManager",
+                         "the reference with append_slots (lookahead), rollback, rebase, preempt"),
+    "reference-eager": ("kvcheck.impl.block_manager:EagerForkBlockManager",
+                        "reference-engine with eager copy-on-write at fork and rebase"),
     "vllm-v1": ("kvcheck.impl.thirdparty.vllm_v1:make",
                 "vLLM 0.33.0 v1 KVCacheManager/BlockPool, prefix caching (no fork)"),
     "vllm-v0": ("kvcheck.impl.thirdparty.vllm_v0:make",

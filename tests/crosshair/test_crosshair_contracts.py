@@ -49,9 +49,9 @@ def test_contract_functions_report_the_specs_verdict(monkeypatch):
     state = cc.Reached([0])
     step = cc.fork(state, 0, 1)
     assert not step.holds()
-    assert any(c.startswith("refcount +1 per parent entry") for c in step.contract)
+    assert any(c.startswith("refcount +1 per entry of the child's table") for c in step.contract)
     assert "refcount_conservation" in step.invariants
-    assert "refcount +1 per parent entry" in repr(step)
+    assert "refcount +1 per entry of the child's table" in repr(step)
 
 
 def test_preconditions_come_from_the_spec():
@@ -99,7 +99,7 @@ def test_crosshair_finds_fork_without_refcount():
     [res] = cr.run_crosshair(ForkWithoutRefcount, budget_seconds=100, per_condition_timeout=60,
                              properties=["fork"], scope=TINY)
     assert res["result"] == cr.COUNTEREXAMPLE, res
-    assert "refcount +1 per parent entry" in res["message"]
+    assert "refcount +1 per entry of the child's table" in res["message"]
     assert res["target"] == "corpus.buggy:ForkWithoutRefcount"
     assert res["counterexample"].startswith("fork(")
 

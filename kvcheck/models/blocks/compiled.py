@@ -18,8 +18,10 @@ Each returns True iff every clause holds. To read the generated code:
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 
+from kvcheck.check.model import NEW_SEQ, SEQ
 from kvcheck.compile.emit import function_source
 from kvcheck.compile.terms import Term
 from kvcheck.compile.tracer import TL, TDomain, TState, trace
@@ -28,9 +30,8 @@ from kvcheck.spec.contracts import Domain
 from kvcheck.spec.invariants import INVARIANTS
 
 # Where each traced input comes from in the compiled function.
-SYMS = {
-    "seq": "op.seq", "child": "op.child", "n_tokens": "op.n_tokens", "outcome": "op.outcome",
-    "block": "op.block", "offset": "op.offset", "cow_src": "op.cow_src", "has_cow": "op.has_cow",
+SYMS = {  # every field of an operation, and the names the emitted code binds
+    **{f.name: f"op.{f.name}" for f in dataclasses.fields(contracts.Op) if f.name != "kind"},
     "blocks": "blocks", "live": "live", "pre": "pre", "post": "post",
     "all_blocks": "range(post.num_blocks)", "all_seqs": "post.seqs()",
 }
@@ -43,13 +44,17 @@ class _TOp:
 
     def __init__(self, kind: str):
         self.kind = kind
-        for f in ("seq", "child", "n_tokens", "outcome", "block", "offset", "cow_src", "has_cow"):
-            setattr(self, f, Term("sym", f))
+        for f in dataclasses.fields(contracts.Op):
+            if f.name != "kind":
+                setattr(self, f.name, Term("sym", f.name))
 
 
 def _op_seqs(op: _TOp) -> tuple:
-    """The sequences an operation touches: the fast mode's frame domain."""
-    return (op.seq, op.child) if op.kind == "fork" else (op.seq,)
+    """The sequences an operation touches (its sequence arguments in the op table): the
+    fast mode's frame domain."""
+    from kvcheck.models.blocks.model import OPS
+
+    return tuple(getattr(op, a.name) for a in OPS[op.kind].args if a.role in (SEQ, NEW_SEQ))
 
 
 def _sizes(state_param: str) -> dict[str, str]:

@@ -3,6 +3,13 @@
 Deterministic from the seed (replayable). The mix keeps the pool under
 pressure so out-of-blocks, copy-on-write and shared frees all happen: the
 fuller the pool, the more it frees; the emptier, the more it allocates.
+
+The operations beyond the seed's four are mixed in only when the target offers
+them (``capabilities``): multi-token reservations with lookahead, rollbacks of
+rejected tokens, rebases of one live sequence onto another, and preemptions,
+each preempted sequence re-admitted later with everything it had (an
+allocation of the same id and length: a recompute). A target with only the
+seed's four operations sees exactly the stream it always did.
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ from __future__ import annotations
 import random
 
 from kvcheck.spec.contracts import Op
+
+_EXTRA = ("append_slots", "rollback", "rebase", "preempt")
 
 
 class RandomDriver:
@@ -20,14 +29,23 @@ class RandomDriver:
         self.caps = capabilities
         self.next_id = 0
         self.max_prompt = 3 * block_size
-        self._can = {k: k in capabilities for k in ("allocate", "append_slot", "fork", "free_seq")}
+        self._can = {k: k in capabilities for k in ("allocate", "append_slot", "fork", "free_seq",
+                                                    *_EXTRA)}
+        self._extra = any(self._can[k] for k in _EXTRA)
+        self.preempted: dict[int, int] = {}  # preempted seq -> its length, to re-admit
 
     def _new_id(self) -> int:
         self.next_id += 1
         return self.next_id - 1
 
-    def next_op(self, live: list[int], free_blocks: int) -> Op:
+    def next_op(self, live: list[int], free_blocks: int, state=None) -> Op:
+        """The next operation; ``state`` (the oracle: ``lengths``, ``reserved``) lets the
+        operations beyond the seed's four be drawn."""
         rand, can = self.rng.random, self._can
+        if self._extra and state is not None:
+            op = self._extra_op(live, state)
+            if op is not None:
+                return op
         fullness = 1.0 - free_blocks / self.num_blocks if self.num_blocks else 1.0
         if not live or (rand() < 0.25 * (1.0 - fullness) + 0.03 and can["allocate"]):
             return Op("allocate", self._new_id(), 0, 1 + int(rand() * self.max_prompt))
@@ -38,5 +56,33 @@ class RandomDriver:
         if r < 0.12 + 0.2 * fullness + 0.02 and can["free_seq"]:
             return Op("free_seq", seq)
         if can["append_slot"]:
+            if state is not None and state.reserved.get(seq) and can["append_slots"]:
+                return Op("append_slots", seq, n_tokens=1)  # its reserved slots come first
             return Op("append_slot", seq)
         return Op("allocate", self._new_id(), 0, 1 + int(rand() * self.max_prompt))
+
+    def _extra_op(self, live: list[int], state) -> Op | None:
+        """One of the operations beyond the seed's four, about one time in five."""
+        rng, can, bs = self.rng, self._can, self.block_size
+        r = rng.random()
+        if r >= 0.22:
+            return None
+        if self.preempted and r < 0.04 and can["allocate"]:  # re-admit for recompute
+            seq = rng.choice(sorted(self.preempted))
+            return Op("allocate", seq, 0, self.preempted.pop(seq))
+        if not live:
+            return None
+        seq = live[int(rng.random() * len(live))]
+        if r < 0.12 and can["append_slots"]:
+            return Op("append_slots", seq, n_tokens=1 + int(rng.random() * 2 * bs),
+                      lookahead=int(rng.random() * (bs + 1)))
+        n = state.lengths.get(seq, 0)
+        if r < 0.17 and can["rollback"] and n >= 2:
+            return Op("rollback", seq, n_tokens=1 + int(rng.random() * min(n - 1, bs + 1)))
+        if r < 0.20 and can["rebase"] and len(live) >= 2:
+            child = rng.choice([q for q in live if q != seq])
+            return Op("rebase", seq, child)
+        if can["preempt"] and r >= 0.20:
+            self.preempted[seq] = n
+            return Op("preempt", seq)
+        return None

@@ -37,6 +37,7 @@ class Ghost(TableTerms):
         self.refs = refs
         self.tables: dict[int, tuple[int, ...]] = {}
         self.lengths: dict[int, int] = {}
+        self.reservations: dict[int, int] = {}  # seq -> slots reserved beyond its tokens (if any)
         self.identities: dict[int, object] = {}
         self.impl_lengths: dict[int, int | None] = {}
         self.holders_count: dict[int, int] = {}  # block -> table entries naming it
@@ -51,6 +52,8 @@ class Ghost(TableTerms):
         for q, t in snap.tables.items():
             g.tables[q] = t
             g.lengths[q] = snap.lengths[q]
+            if snap.reserved(q):
+                g.reservations[q] = snap.reserved(q)
             g.identities[q] = snap.identities.get(q)
             g.impl_lengths[q] = snap.impl_lengths.get(q)
         g.holders_count = dict(Counter(b for t in g.tables.values() for b in t))
@@ -81,6 +84,9 @@ class Ghost(TableTerms):
 
     def length(self, q):
         return self.lengths.get(q, 0)
+
+    def reserved(self, q):
+        return self.reservations.get(q, 0)
 
     def impl_length(self, q):
         n = self.impl_lengths.get(q)
@@ -115,9 +121,15 @@ class Ghost(TableTerms):
                 tables.pop(q, None)
                 lengths.pop(q, None)
                 impl_lengths.pop(q, None)
+                self.reservations.pop(q, None)
             else:
                 tables[q] = table
                 lengths[q] = after.lengths[q]
+                r = after.reservations.get(q, 0)
+                if r:
+                    self.reservations[q] = r
+                else:
+                    self.reservations.pop(q, None)
                 impl_lengths[q] = after._impl_lens[q]
                 ident = identities[q] = after._idents[q]
                 if ident is not None:
@@ -171,6 +183,10 @@ class After(TableTerms):
         self.block_size = ghost.block_size
         self.touched = seqs
         self.lengths = lengths
+        # touched seq -> slots reserved after the operation: as before, until the oracle
+        # sets what the operation changed (``Oracle._reserve``)
+        gr = ghost.reservations
+        self.reservations: dict[int, int] = {q: gr[q] for q in seqs if q in gr} if gr else {}
         self._num_free: int | None = None
         self._zero: int | None = None
         self._occ: dict[int, Counter] = {}
@@ -263,6 +279,11 @@ class After(TableTerms):
         if q in self.tables:
             return self.lengths.get(q, 0)
         return self.ghost.lengths.get(q, 0)
+
+    def reserved(self, q):
+        if q in self.tables:
+            return self.reservations.get(q, 0)
+        return self.ghost.reservations.get(q, 0)
 
     def impl_len(self, q):
         """The allocator's own length of touched ``q`` (None if it keeps none)."""

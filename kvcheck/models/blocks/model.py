@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kvcheck.check.model import BLOCK, COUNT, NEW_SEQ, SEQ, VALUE, Arg, Model, OpSpec, Options, ScopeField, register
 from kvcheck.spec import contracts
-from kvcheck.spec.contracts import Op
+from kvcheck.spec.contracts import SEED_OPERATIONS, Op
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,11 @@ def _doc(kind: str) -> str:
     return " ".join((contracts.CONTRACTS[kind].__doc__ or "").split())
 
 
+# The copies a caller must make before it writes: (src, dst) block pairs.
+COPIES = {"type": "array", "maxItems": 65536,
+          "items": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/block"}}}
+_COPIES = Arg("copies", VALUE, schema=COPIES)
+
 OPS = {
     "allocate": OpSpec("allocate", _make, (Arg("seq", NEW_SEQ), Arg("n_tokens", COUNT)),
                        doc=_doc("allocate")),
@@ -59,8 +64,16 @@ OPS = {
                           results=(Arg("block", BLOCK), Arg("offset", VALUE), Arg("cow_src", BLOCK)),
                           doc=_doc("append_slot")),
     "fork": OpSpec("fork", _make, (Arg("seq", SEQ, key="parent"), Arg("child", NEW_SEQ)),
-                   doc=_doc("fork")),
+                   results=(_COPIES,), doc=_doc("fork")),
     "free_seq": OpSpec("free_seq", _make, (Arg("seq", SEQ),), doc=_doc("free_seq")),
+    "append_slots": OpSpec("append_slots", _make,
+                           (Arg("seq", SEQ), Arg("n_tokens", COUNT), Arg("lookahead", COUNT, low=0)),
+                           results=(_COPIES,), doc=_doc("append_slots")),
+    "rollback": OpSpec("rollback", _make, (Arg("seq", SEQ), Arg("n_tokens", COUNT)),
+                       doc=_doc("rollback")),
+    "rebase": OpSpec("rebase", _make, (Arg("seq", SEQ, key="source"), Arg("child", SEQ)),
+                     results=(_COPIES,), doc=_doc("rebase")),
+    "preempt": OpSpec("preempt", _make, (Arg("seq", SEQ),), doc=_doc("preempt")),
 }
 
 
@@ -101,6 +114,8 @@ class BlocksModel(Model):
         return describe_op(op)
 
     def op_to_json(self, op) -> dict:
+        if op.kind not in SEED_OPERATIONS:
+            return super().op_to_json(op)
         d: dict = {"op": op.kind}
         if op.kind == "fork":
             d.update(parent=op.seq, child=op.child)
@@ -111,12 +126,16 @@ class BlocksModel(Model):
         result: dict = {"outcome": op.outcome}
         if op.kind == "append_slot" and op.outcome == "ok" and op.block is not None:
             result.update(block=op.block, offset=op.offset, cow_src=op.cow_src)
+        if op.kind == "fork" and op.outcome == "ok" and op.copies:  # an eager fork's copy
+            result["copies"] = [list(c) for c in op.copies]
         d["result"] = result
         return d
 
     def op_from_json(self, d: dict):
         op = super().op_from_json(d)
         op.has_cow = op.cow_src is not None
+        if op.copies is not None:
+            op.copies = [tuple(c) for c in op.copies]
         return op
 
     def check_op_json(self, d: dict, where: str) -> None:
@@ -160,6 +179,7 @@ class BlocksModel(Model):
         out: list = []
         if fresh is not None and "allocate" in caps:
             out += [Op("allocate", seq=fresh, n_tokens=n) for n in range(1, scope.max_tokens + 1)]
+        bs = scope.block_size
         for q in live:
             if "append_slot" in caps:
                 out.append(Op("append_slot", seq=q))
@@ -167,6 +187,16 @@ class BlocksModel(Model):
                 out.append(Op("fork", seq=q, child=fresh))
             if "free_seq" in caps:
                 out.append(Op("free_seq", seq=q))
+            if "append_slots" in caps:  # one token or a block's worth, with or without lookahead
+                out += [Op("append_slots", seq=q, n_tokens=n, lookahead=look)
+                        for n in sorted({1, bs}) for look in sorted({0, bs})]
+            n = state.lengths[q]
+            if "rollback" in caps and n >= 2:
+                out += [Op("rollback", seq=q, n_tokens=k) for k in sorted({1, n - 1})]
+            if "rebase" in caps:
+                out += [Op("rebase", seq=q, child=r) for r in live if r != q]
+            if "preempt" in caps:
+                out.append(Op("preempt", seq=q))
         return out
 
     def canonical(self, state) -> tuple:
@@ -245,7 +275,7 @@ class _Driving:
         self.rng = driver.rng
 
     def next_op(self, state):
-        return self.driver.next_op(state.live_seqs(), state._state().num_free())
+        return self.driver.next_op(state.live_seqs(), state._state().num_free(), state)
 
 
 def _fold_append(ops: list, i: int) -> list | None:

@@ -36,7 +36,7 @@ from kvcheck.models.blocks.ghost import After, Ghost
 from kvcheck.models.blocks.model import OPS, call
 from kvcheck.models.blocks.shadow import ShadowMemory
 from kvcheck.spec import contracts
-from kvcheck.spec.contracts import OK, OOB, Domain, Op
+from kvcheck.spec.contracts import OK, OOB, REFUSED, Domain, Op
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
 from kvcheck.spec.state import Snapshot
@@ -84,6 +84,7 @@ class Oracle:
         self.timeout = timeout
         self.steps = 0
         self.lengths: dict[int, int] = {}
+        self.reserved: dict[int, int] = {}  # seq -> slots reserved beyond its tokens (if any)
         self._order: list[int] = []  # live sequences, in no particular order (O(1) pick)
         self._pos: dict[int, int] = {}  # seq -> its index in _order
         self.shadow = ShadowMemory(target.block_size)
@@ -126,6 +127,7 @@ class Oracle:
         new = copy.copy(self)
         new.target = copy.deepcopy(self.target)
         new.lengths = dict(self.lengths)
+        new.reserved = dict(self.reserved)
         new._order = list(self._order)
         new._pos = dict(self._pos)
         new.shadow = self.shadow.clone()
@@ -205,7 +207,7 @@ class Oracle:
         if watchdog is not None:
             watchdog.enter()
         try:
-            snap = snapshot(self.target, dict(self.lengths))
+            snap = snapshot(self.target, dict(self.lengths), (), self.reserved)
         except ObservationError as exc:
             return self._malformed(exc)
         except OperationTimeout as exc:
@@ -243,16 +245,34 @@ class Oracle:
         except Interrupted:
             raise
         except BaseException as exc:  # noqa: BLE001 - judged here: the target's exception
-            if not self._out_of_blocks(exc):
-                return Violation(self.steps, "crash", kind, witness=(
-                    f"{kind} {what_it_did(exc)}"))
-            op.outcome = OOB
-            return None
+            if self._out_of_blocks(exc):
+                op.outcome = OOB
+                return None
+            if self._refusal(exc):
+                op.outcome = REFUSED
+                return None
+            return Violation(self.steps, "crash", kind, witness=f"{kind} {what_it_did(exc)}")
         if kind == "append_slot":
             bad = decode_append(op, result)
             if bad:
                 return Violation(self.steps, "malformed", "append_slot result", op.seq, witness=bad)
+        elif kind in COPYING:
+            bad = decode_copies(op, result)
+            if bad:
+                return Violation(self.steps, "malformed", f"{kind} result", op.seq, witness=bad)
         return None
+
+    def _refusal(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a deliberate refusal the target declares (``is_refusal``)."""
+        test = getattr(self.target, "is_refusal", None)
+        if test is None:
+            return False
+        try:
+            return bool(test(exc))
+        except CONTROL:
+            raise
+        except BaseException:  # noqa: BLE001 - a broken is_refusal: not a refusal
+            return False
 
     def _out_of_blocks(self, exc: BaseException) -> bool:
         """Whether ``exc`` is the target's out-of-blocks signal (its own test may fail too)."""
@@ -274,11 +294,12 @@ class Oracle:
         lengths = {**self.lengths, **delta}
         lengths = {q: m for q, m in lengths.items() if m is not None}
         try:
-            post = snapshot(self.target, lengths, seqs)
+            post = snapshot(self.target, lengths, seqs, self.reserved)
         except ObservationError as exc:
             return self._malformed(exc)
-        self.observed = post
         pre = self.snap
+        self._reserve(op, pre, post, post.reservations)
+        self.observed = post
         dom = Domain(range(self.target.num_blocks), sorted(set(pre.seqs()) | set(post.seqs())))
         v = self._check_op(pre, post, op, dom, n) or self._check_state(post, n)
         if v is not None:
@@ -293,9 +314,17 @@ class Oracle:
         only when that fails, the spec itself, to name and explain the clause."""
         n, g, seqs = self.steps, self.ghost, tuple(delta)
         try:
-            extra = (op.block, op.cow_src) if op.kind == "append_slot" else ()
+            kind = op.kind
+            if kind == "append_slot":
+                extra = (op.block, op.cow_src)
+            elif op.copies:
+                extra = [b for pair in op.copies for b in pair]
+            else:
+                extra = ()
             post = After(self.target, g, seqs, {q: m for q, m in delta.items() if m is not None},
                          extra)
+            if kind not in _SINGLE:
+                self._reserve(op, g, post, post.reservations)
             blocks = post.blocks
             live = [q for q in seqs if post.tables[q] is not None]
             check = _STEPS[op.kind] if self.compiled else None
@@ -307,27 +336,63 @@ class Oracle:
                     return v
         except ObservationError as exc:
             return self._malformed(exc)
+        first = self.lengths.get(op.seq, 0) if kind == "append_slots" else 0
         self._record(op, delta, post)
         lengths = self.lengths
-        if op.kind == "append_slot" and op.outcome == OK:  # only the written block changed
+        if kind == "append_slot" and op.outcome == OK:  # only the written block changed
             v = self._check_data({op.seq: post.tables[op.seq]}, lengths, n, lengths[op.seq] - 1)
+        elif first:  # a reservation wrote from the old length on
+            v = self._check_data({op.seq: post.tables[op.seq]}, lengths, n, first)
         else:
             v = self._check_data({q: post.tables[q] for q in live}, lengths, n)
         g.commit(post)
         return v
 
+    def _reserve(self, op: Op, pre, post, into: dict) -> None:
+        """Set ``into`` (the post state's reservations) for the sequences ``op`` touched,
+        as ``spec.contracts.reserved_after`` says, from the tables observed."""
+        if op.outcome != OK:
+            return
+        kind = op.kind
+        q = op.child if kind in ("fork", "rebase") else op.seq
+        if kind in ("free_seq", "preempt"):
+            into.pop(q, None)
+            return
+        r = contracts.reserved_after(PY, pre, op, post.nblocks(q))
+        if r:
+            into[q] = r
+        else:
+            into.pop(q, None)
+
     def _record(self, op: Op, delta: dict, post) -> None:
-        """Play the caller (write the tokens into the shadow) and track lengths."""
+        """Play the caller (make the copies the target asks for, write the tokens into the
+        shadow) and track lengths and reservations."""
         if op.outcome == OK:
-            sh = self.shadow
-            if op.kind == "append_slot":
+            sh, kind = self.shadow, op.kind
+            if kind == "append_slot":
                 sh.append(op.seq, op.block, op.offset, op.cow_src)
-            elif op.kind == "allocate":
+            elif kind == "allocate":
                 sh.allocate(op.seq, op.n_tokens, post.table_tuple(op.seq))
-            elif op.kind == "fork":
-                sh.fork(op.seq, op.child)
-            else:
+            elif kind in ("free_seq", "preempt"):
                 sh.free(op.seq)
+            else:
+                for src, dst in op.copies or ():
+                    sh.copy(src, dst)
+                if kind == "append_slots":
+                    sh.extend(op.seq, op.n_tokens, post.table_tuple(op.seq))
+                elif kind == "rollback":
+                    sh.truncate(op.seq, self.lengths[op.seq] - op.n_tokens)
+                else:  # fork, rebase: the child reads what the source reads
+                    sh.free(op.child)
+                    sh.fork(op.seq, op.child)
+            if kind not in _SINGLE:  # (a single-slot append reserves nothing, before or after)
+                reserved = post.reservations
+                for q in delta:
+                    r = reserved.get(q, 0)
+                    if r:
+                        self.reserved[q] = r
+                    else:
+                        self.reserved.pop(q, None)
         lengths, order, pos = self.lengths, self._order, self._pos
         for q, m in delta.items():
             if m is None:
@@ -345,17 +410,24 @@ class Oracle:
 
     def _length_delta(self, op: Op) -> dict[int, int | None]:
         """The touched sequences and their token counts after ``op``."""
-        lengths = self.lengths
-        if op.kind == "fork":
+        lengths, kind = self.lengths, op.kind
+        if kind == "fork":
             p = lengths[op.seq]
             return {op.seq: p, op.child: p if op.outcome == OK else None}
+        if kind == "rebase":
+            p = lengths[op.seq]
+            return {op.seq: p, op.child: p if op.outcome == OK else lengths[op.child]}
         now = lengths.get(op.seq)
         if op.outcome != OK:
             return {op.seq: now}
-        if op.kind == "allocate":
-            return {op.seq: op.n_tokens}
-        if op.kind == "append_slot":
+        if kind == "append_slot":
             return {op.seq: now + 1}
+        if kind == "allocate":
+            return {op.seq: op.n_tokens}
+        if kind == "append_slots":
+            return {op.seq: now + op.n_tokens}
+        if kind == "rollback":
+            return {op.seq: now - op.n_tokens}
         return {op.seq: None}
 
     # -- checks ------------------------------------------------------------------
@@ -455,6 +527,26 @@ class Oracle:
 
 def _show(table) -> str:
     return "missing" if table is None else str(list(table))
+
+
+# Operations whose result is the list of copies the caller must make first.
+COPYING = frozenset({"append_slots", "fork", "rebase"})
+# Operations that reserve nothing and whose sequence then reserves nothing.
+_SINGLE = frozenset({"append_slot"})
+
+
+def decode_copies(op: Op, result) -> str | None:
+    """Fill ``op.copies`` from a result that lists ``(src, dst)`` block copies (None: none);
+    a message if it has the wrong shape."""
+    if result is None:
+        op.copies = []
+        return None
+    try:
+        op.copies = [(index(src), index(dst)) for src, dst in result]
+    except (TypeError, ValueError):
+        op.copies = None
+        return f"{op.kind} returned {result!r:.80}, expected a list of (src, dst) block copies"
+    return None
 
 
 def decode_append(op: Op, result) -> str | None:

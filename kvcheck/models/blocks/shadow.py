@@ -273,6 +273,44 @@ class ShadowMemory:
         if top == e[-1]:  # (share the tuple, so the next token takes the way above)
             e[-1] = top
 
+    def extend(self, seq: int, n: int, table: Sequence[int]) -> None:
+        """The caller writes ``n`` fresh tokens after ``seq``'s last one, through ``table``
+        (a multi-token reservation): one run per block written, whatever ``n``."""
+        bs, e = self.block_size, self.expected[seq]
+        start = self.length(seq)
+        tok = self._fresh(seq, n)
+        pos, end = start, start + n
+        while pos < end:
+            k, off = divmod(pos, bs)
+            count = min(end, (k + 1) * bs) - pos
+            run = (off, tok + (pos - start), count)
+            top = self._write(table[k], off, run) if k < len(table) else ()
+            if k < len(e):
+                last = e[k]
+                if last and last[-3] + last[-1] == off and last[-2] + last[-1] == run[1]:
+                    want = last[:-1] + (last[-1] + count,)
+                else:
+                    want = last + run
+                e[k] = top if top == want else want
+            else:
+                e.append(top if top == run else run)
+            pos += count
+
+    def truncate(self, seq: int, n: int) -> None:
+        """``seq`` keeps only its first ``n`` tokens (a rollback)."""
+        bs, e = self.block_size, self.expected[seq]
+        keep = -(-n // bs)
+        del e[keep:]
+        cut = n - (keep - 1) * bs
+        if e and cut < bs:
+            runs, out = e[-1], ()
+            for i in range(0, len(runs), 3):
+                a, t, c = runs[i : i + 3]
+                if a >= cut:
+                    break
+                out += (a, t, min(c, cut - a))
+            e[-1] = out
+
     def fork(self, parent: int, child: int) -> None:
         self.expected[child] = list(self.expected[parent])
 

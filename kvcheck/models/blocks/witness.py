@@ -106,18 +106,29 @@ def for_state(ev, s) -> str:
 
 def describe_op(op) -> str:
     """An operation and its outcome, in words."""
-    if op.kind == "allocate":
+    kind = op.kind
+    if kind == "allocate":
         head = f"allocate(seq={op.seq}, n_tokens={op.n_tokens})"
-    elif op.kind == "append_slot":
-        head = f"append_slot(seq={op.seq})"
-    elif op.kind == "fork":
+    elif kind in ("append_slot", "free_seq", "preempt"):
+        head = f"{kind}(seq={op.seq})"
+    elif kind == "fork":
         head = f"fork(parent={op.seq}, child={op.child})"
+    elif kind == "append_slots":
+        head = f"append_slots(seq={op.seq}, n_tokens={op.n_tokens}, lookahead={op.lookahead})"
+    elif kind == "rollback":
+        head = f"rollback(seq={op.seq}, n_tokens={op.n_tokens})"
+    elif kind == "rebase":
+        head = f"rebase(source={op.seq}, child={op.child})"
     else:
-        head = f"free_seq(seq={op.seq})"
+        head = f"{kind}(seq={op.seq})"
     if op.outcome == "oob":
         return f"{head} -> OutOfBlocks"
-    if op.kind == "append_slot" and op.block is not None:
+    if op.outcome == "refused":
+        return f"{head} -> refused"
+    if kind == "append_slot" and op.block is not None:
         return f"{head} -> (block={op.block}, offset={op.offset}, cow_src={op.cow_src})"
+    if op.copies:
+        return f"{head} -> copies {[list(c) for c in op.copies]}"
     return head
 
 
@@ -252,6 +263,26 @@ def narrate(op, before: dict | None, after: dict | None, block_size: int) -> str
     free0 = set(before.get("free", [])) if before is not None else None
     free1 = set(after.get("free", [])) if after is not None else None
     table1 = (after or {}).get("tables", {}).get(str(op.child if op.kind == "fork" else q))
+    if op.outcome == "refused":
+        return "refused by the target's own policy; nothing may change"
+    if op.kind == "append_slots":
+        grown = f" in {table1}" if table1 is not None else ""
+        if op.outcome == "oob":
+            return "out of blocks; nothing may change"
+        copies = f", after copying {[list(c) for c in op.copies]}" if op.copies else ""
+        return (f"sequence {q} is given {_plural(op.n_tokens, 'more token')} and reserves "
+                f"{_plural(op.lookahead, 'slot')} beyond them{grown}{copies}")
+    if op.kind == "rollback":
+        return f"sequence {q} drops its last {_plural(op.n_tokens, 'token')}" + (
+            f"; its table is {table1}" if table1 is not None else "")
+    if op.kind == "rebase":
+        t2 = (after or {}).get("tables", {}).get(str(op.child))
+        if op.outcome == "oob":
+            return "out of blocks; nothing may change"
+        return (f"sequence {op.child} drops its blocks and continues sequence {q}'s history"
+                + (f", sharing blocks {t2}" if t2 is not None else ""))
+    if op.kind == "preempt":
+        return f"sequence {q} is preempted for recompute; its blocks are released"
     if op.outcome == "oob":
         if op.kind == "allocate":
             need = -(-op.n_tokens // block_size)
@@ -264,7 +295,8 @@ def narrate(op, before: dict | None, after: dict | None, block_size: int) -> str
         return f"sequence {q} is given {_plural(op.n_tokens, 'token')}{where}"
     if op.kind == "fork":
         where = f", sharing blocks {table1}" if table1 is not None else ""
-        return f"sequence {op.child} starts as a copy of sequence {q}{where}"
+        copied = f" (copied at fork time: {[list(c) for c in op.copies]})" if op.copies else ""
+        return f"sequence {op.child} starts as a copy of sequence {q}{where}{copied}"
     if op.kind == "free_seq":
         if free0 is not None and free1 is not None:
             back = sorted(free1 - free0)

@@ -25,6 +25,7 @@ from kvcheck.models.blocks.model import MODEL as BLOCKS
 from kvcheck.models.blocks.model import STATE_SCHEMA
 from kvcheck.models.device.datatarget import DECODE
 from kvcheck.spec import contracts
+from kvcheck.spec.contracts import SEED_OPERATIONS
 
 SHAPE = ("num_layers", "num_kv_heads", "head_dim")  # the store's sizes a scope may fix
 _SHAPE_WORDS = {"num_layers": "layer", "num_kv_heads": "KV head", "head_dim": "head dim"}
@@ -111,8 +112,8 @@ _RESERVED = {  # a decode step's result: per sequence, its reservation or null (
         "items": {"oneOf": [{"type": "null"}, {"$ref": "#/$defs/block"}]}}]},
 }
 
-OPS = {
-    **BLOCKS.ops,
+OPS = {  # the seed's operations (the device oracle writes K/V one token at a time) and a step
+    **{kind: BLOCKS.ops[kind] for kind in SEED_OPERATIONS},
     DECODE: OpSpec(DECODE, _make_decode, (Arg("seqs", SEQS),),
                    results=(Arg("reserved", VALUE, schema=_RESERVED),),
                    doc=("one token for each listed sequence, in order, as an engine's batched "
