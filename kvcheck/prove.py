@@ -31,12 +31,14 @@ from kvcheck.proofs.bmc import bmc_bfs, witnesses
 from kvcheck.proofs.induction import prove_invariants
 from kvcheck.proofs.prefix_induction import prove_prefix_invariants
 from kvcheck.proofs.prefix_model import PrefixModelScope
+from kvcheck.spec.contracts import REFUSED
 from kvcheck.spec.logic import PY
 from kvcheck.spec.outcomes import OUTCOMES, classify
 from kvcheck.spec.symbolic import SymScope
 from kvcheck.targets.loading import build, resolve
 
 SPEC, TARGET = "spec", "target"  # Row.group: proved about the spec / checked on the target
+REFERENCES = ("reference", "reference-engine", "reference-eager")  # CrossHair checks these
 NOT_APPLICABLE = "not applicable"  # a class that cannot occur at the scope (see bmc.witnesses)
 
 
@@ -264,8 +266,12 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=N
     no_pair = sum(1 for w in pairs if not w.depth and not w.impossible and w.searched)
     unsearched = sum(1 for w in pairs if not w.depth and not w.impossible and not w.searched)
     na = [w.name for w in ws if " -> " not in w.name and w.not_applicable]
-    applicable = [c for c in OUTCOMES if c not in na]
-    missing = [c for c in applicable if c not in seen_classes]
+    offered = build(factory, st.num_blocks, st.block_size, out_of_blocks).capabilities
+    absent = [c for c in OUTCOMES if OUTCOMES[c][0] not in offered]
+    # a refusal is a policy a target may have, never one it must have
+    optional = [c for c in OUTCOMES if OUTCOMES[c][1] == REFUSED]
+    applicable = [c for c in OUTCOMES if c not in na and c not in absent]
+    missing = [c for c in applicable if c not in seen_classes and c not in optional]
     detail = (f"{ran} operations from {sum(1 for w in ws if w.depth)} witness runs; "
               f"{len(seen_classes & set(applicable))}/{len(applicable)} "
               f"{'applicable ' if na else ''}outcome classes and "
@@ -275,6 +281,9 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=N
               f"{st.depth}, {unsearched} were not searched within the budget)")
     if na:
         detail += f"; not applicable at this scope: {', '.join(na)}"
+    if absent:
+        kinds = sorted({OUTCOMES[c][0] for c in absent})
+        detail += f"; operations the target does not offer: {', '.join(kinds)}"
     if missing:
         detail += f"; never shown by the target: {', '.join(missing)}"
     report.rows.append(Row("exploration", "z3 witness runs pass the oracle", _scope(st), "holds",
@@ -339,13 +348,16 @@ def prove(target="reference", st: Settings | None = None, progress=None,
             f"{ex.explored} operations explored, {ex.distinct} distinct states, depth {ex.depth}"
             + ("" if ex.complete else " (stopped by the time budget)"), TARGET))
 
-    if st.crosshair and label == "reference":
-        say("crosshair: contracts of the reference")
+    if st.crosshair and label in REFERENCES:
+        say(f"crosshair: contracts of {label}")
+        from kvcheck.proofs.crosshair_contracts import offered_by
         from kvcheck.proofs.crosshair_run import run_crosshair
 
         left = max(10.0, deadline - time.monotonic())
-        for r in run_crosshair(None, budget_seconds=left, per_condition_timeout=left / 4,
-                               scope="2,1,2,2,1"):
+        results = run_crosshair(None if label == "reference" else label,
+                                budget_seconds=left, per_condition_timeout=left / 4,
+                                properties=offered_by(factory) or None, scope="2,1,2,2,1")
+        for r in results:
             result = {"proved-within-bound": "holds", "counterexample": "violated"}.get(
                 r["result"], "unknown")
             report.rows.append(Row("crosshair", f"contract of {r['property']}",

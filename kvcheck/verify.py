@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvcheck.check import shrink as _shrink
 from kvcheck.check.model import Options, model_named
@@ -37,6 +37,7 @@ class Result:
     trace: Trace | None  # the (shrunk) counterexample
     original_length: int = 0  # operations up to the violation, before shrinking
     state: object = None  # the model's run state at the end (statistics, coverage)
+    deviations: list = field(default_factory=list)  # allowed ones (``allow``), in order
 
     @property
     def ok(self) -> bool:
@@ -49,7 +50,17 @@ class Result:
             "seconds": round(self.seconds, 3),
             "violation": None if self.trace is None else self.trace.to_json(),
             "original_length": self.original_length,
+            "deviations": deviation_summary(self.deviations),
         }
+
+
+def deviation_summary(deviations: list) -> dict:
+    """Allowed deviations per clause: how many, and the first (its step and operation)."""
+    out: dict = {}
+    for d in deviations:
+        entry = out.setdefault(d.clause, {"count": 0, "first": d.to_json()})
+        entry["count"] += 1
+    return out
 
 
 def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: int = 10_000,
@@ -57,20 +68,22 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
            mode: str = "fast", do_shrink: bool = True, shrink_budget: float = 60.0,
            progress: Callable[[int], None] | None = None, compiled: bool = True,
            shrink_progress=None, model: str = "blocks", scope=None, extra: dict | None = None,
-           deadline: float | None = None) -> Result:
+           deadline: float | None = None, allow: frozenset = frozenset()) -> Result:
     """Check ``target`` for ``ops`` random operations. Raises ``TargetError`` on bad input.
 
     ``compiled=False`` evaluates the spec itself for every operation instead of
     its compiled form (same verdicts, slower; for comparison). ``progress(done)`` is told
     of the operations run, ``shrink_progress(attempts, length)`` of the shrinking.
-    ``model`` names another model (its ``scope`` defaults to the pool given)."""
+    ``model`` names another model (its ``scope`` defaults to the pool given). ``allow``:
+    clauses whose violations are documented deviations of the target, counted in
+    ``Result.deviations`` and checked past (``kvcheck.check.run.allowed``)."""
     if mode not in ("fast", "full"):
         raise ValueError(f"mode must be 'fast' or 'full', not {mode!r}")
     m = BLOCKS if model == "blocks" else model_named(model)
     scope = scope or (BlockScope(num_blocks, block_size) if m is BLOCKS
                       else m.scope_from_json({"num_blocks": num_blocks, "block_size": block_size}))
     options = Options(mode=mode, timeout=timeout, out_of_blocks=out_of_blocks, compiled=compiled,
-                      seed=seed, extra=dict(extra or {}))
+                      seed=seed, extra=dict(extra or {}), allow=frozenset(allow))
     start = time.perf_counter()
     with Watchdog(timeout):  # importing the target is target code too
         label, factory = resolve(target)
@@ -79,11 +92,13 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
         raise TargetError(f"no operation ran on {label} ({ops} requested): nothing was checked")
     if run.violation is None:
         return Result("pass", run.steps, time.perf_counter() - start, None, None,
-                      state=run.state)
+                      state=run.state, deviations=run.deviations)
     trace = _shrink.counterexample(m, label, factory, scope, run.history, run.violation, seed,
                                    options, do_shrink, shrink_budget, shrink_progress)
+    if options.allow:  # a replay allows what this run allowed (one name per line)
+        trace.settings["allow"] = "\n".join(sorted(options.allow))
     return Result("fail", run.steps, time.perf_counter() - start, trace.violation, trace,
-                  len(run.history), run.state)
+                  len(run.history), run.state, run.deviations)
 
 
 def counterexample(label, factory, num_blocks, block_size, history, v: Violation, seed,
@@ -164,8 +179,10 @@ def replay_ops(model, target, scope: dict, ops: list, timeout: float | None = 10
     ops = [m.make_op(o.kind, **o.args) if isinstance(o, Op) else o for o in ops]
     with Watchdog(timeout):
         _, factory = m.resolve(target) or resolve(target)
-    options = Options(mode="full", timeout=timeout, out_of_blocks=out_of_blocks,
-                      extra=dict(extra or {}))
+    extra = dict(extra or {})
+    allow = frozenset(n for n in extra.pop("allow", "").split("\n") if n)
+    options = Options(mode="full", timeout=timeout, out_of_blocks=out_of_blocks, extra=extra,
+                      allow=allow)
     return replay(m, factory, m.scope_from_json(scope), ops, options, record=True)
 
 

@@ -191,10 +191,11 @@ class Witness:
 
 
 def grown(scope: SymScope) -> SymScope:
-    """The scope made large enough for every outcome class: two blocks of two tokens, two
-    sequence slots, three blocks' worth of tokens (never smaller than ``scope``)."""
+    """The scope made large enough for every outcome class: two blocks of two tokens, three
+    sequence slots (a fork out of blocks needs two sequences holding the pool and a slot
+    for the child), three blocks' worth of tokens (never smaller than ``scope``)."""
     bs = max(scope.block_size, 2)
-    return SymScope(max(scope.num_blocks, 2), bs, max(scope.seqs, 2),
+    return SymScope(max(scope.num_blocks, 2), bs, max(scope.seqs, 3),
                     max(scope.max_tokens, 3 * bs))
 
 

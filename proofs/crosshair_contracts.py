@@ -38,7 +38,8 @@ import os
 from dataclasses import dataclass
 
 from kvcheck.models.blocks.model import call
-from kvcheck.models.blocks.oracle import decode_append
+from kvcheck.models.blocks.oracle import COPYING, decode_append, decode_copies, length_delta, reserve_after
+from kvcheck.models.blocks.witness import describe_op
 from kvcheck.spec import contracts
 from kvcheck.spec.contracts import OK, OOB, Domain, Op
 from kvcheck.spec.invariants import INVARIANTS
@@ -102,7 +103,17 @@ def _load_allocator():
 
 ALLOCATOR = _load_allocator()
 SCOPE = Scope.parse(os.environ[SCOPE_ENV]) if os.environ.get(SCOPE_ENV) else Scope()
-KINDS = ("allocate", "append_slot", "fork", "free_seq")
+KINDS = tuple(contracts.CONTRACTS)  # of which a prefix uses those the allocator offers
+_TWO_SEQS = ("fork", "rebase")
+
+
+def offered_by(allocator) -> tuple[str, ...]:
+    """The operations ``allocator`` (a class or factory) offers, in the spec's order."""
+    return tuple(k for k in KINDS if callable(getattr(allocator, k, None)))
+
+
+def _offered() -> tuple[str, ...]:
+    return offered_by(ALLOCATOR)
 
 
 def decode(code: int, live: list[int], scope: Scope = SCOPE) -> Op | None:
@@ -119,8 +130,9 @@ def decode(code: int, live: list[int], scope: Scope = SCOPE) -> Op | None:
     concrete prefixes keep the solver's path condition small.
     """
     fresh = next((q for q in range(scope.seqs) if q not in live), None)
-    kinds = [k for k in KINDS if (k != "allocate" or fresh is not None)
-             and (k == "allocate" or live) and (k != "fork" or fresh is not None)]
+    possible = {"allocate": fresh is not None, "fork": bool(live) and fresh is not None,
+                "rebase": len(live) >= 2}
+    kinds = [k for k in _offered() if possible.get(k, bool(live))]
     if not kinds:
         return None
     k = kinds[_realize(code % len(kinds))]
@@ -128,8 +140,17 @@ def decode(code: int, live: list[int], scope: Scope = SCOPE) -> Op | None:
     if k == "allocate":
         return Op(k, seq=fresh, n_tokens=1 + _realize(rest % scope.max_tokens))
     seq = live[_realize(rest % len(live))]
+    rest //= len(live)
     if k == "fork":
         return Op(k, seq=seq, child=fresh)
+    if k == "rebase":
+        others = [q for q in live if q != seq]
+        return Op(k, seq=seq, child=others[_realize(rest % len(others))])
+    if k == "append_slots":
+        return Op(k, seq=seq, n_tokens=1 + _realize(rest % scope.max_tokens),
+                  lookahead=_realize((rest // scope.max_tokens) % (scope.max_tokens + 1)))
+    if k == "rollback":
+        return Op(k, seq=seq, n_tokens=1 + _realize(rest % scope.max_tokens))
     return Op(k, seq=seq)
 
 
@@ -157,6 +178,7 @@ class Reached:
     def __init__(self, prefix: list[int]):
         self.target = build(ALLOCATOR, SCOPE.num_blocks, SCOPE.block_size)
         self.lengths: dict[int, int] = {}
+        self.reserved: dict[int, int] = {}
         self.ops: list[Op] = []
         self.broken: str | None = None
         self.snap = self._observe()
@@ -173,10 +195,15 @@ class Reached:
 
     def _observe(self, also: tuple = ()):
         try:
-            return _concretely(snapshot, self.target, dict(self.lengths), also)
+            return _concretely(snapshot, self.target, dict(self.lengths), also,
+                               dict(self.reserved))
         except ObservationError as exc:
             self.broken = f"cannot observe: {exc}"
             return None
+
+    def fresh(self) -> int:
+        """The smallest sequence id not live (the scope's last one if every id is)."""
+        return next((q for q in range(SCOPE.seqs) if q not in self.lengths), SCOPE.seqs - 1)
 
     def allows(self, op: Op) -> bool:
         """The spec's precondition of ``op`` in this state."""
@@ -210,21 +237,23 @@ class Step:
                 self.crash = f"{op.kind} raised {type(exc).__name__}: {exc}"
         if self.crash is None and op.outcome == OK and op.kind == "append_slot":
             self.crash = decode_append(op, result)
+        elif self.crash is None and op.outcome == OK and op.kind in COPYING:
+            self.crash = decode_copies(op, result)
         self.post = post = None
         if self.crash is None:
-            if op.outcome == OK:
-                if op.kind == "allocate":
-                    state.lengths[op.seq] = op.n_tokens
-                elif op.kind == "append_slot":
-                    state.lengths[op.seq] += 1
-                elif op.kind == "fork":
-                    state.lengths[op.child] = state.lengths[op.seq]
+            delta = length_delta(state.lengths, op)
+            for q, m in delta.items():
+                if m is None:
+                    state.lengths.pop(q, None)
                 else:
-                    del state.lengths[op.seq]
-            also = (op.seq, op.child) if op.kind == "fork" else (op.seq,)
+                    state.lengths[q] = m
+            also = tuple(delta)
             state.snap = self.post = post = state._observe(also)
             if post is None:
                 self.crash = state.broken
+            else:
+                reserve_after(op, pre, post, post.reservations)
+                state.reserved = dict(post.reservations)
         self.contract: list[str] = []
         self.invariants: list[str] = []
         if judge and post is not None:
@@ -285,11 +314,8 @@ def failed_clauses(pre, post, op: Op) -> list[str]:
 
 
 def _show_op(op: Op) -> str:
-    if op.kind == "allocate":
-        return f"allocate({op.seq}, {op.n_tokens})"
-    if op.kind == "fork":
-        return f"fork({op.seq}, {op.child})"
-    return f"{op.kind}({op.seq})"
+    return describe_op(Op(op.kind, seq=op.seq, child=op.child, n_tokens=op.n_tokens,
+                          lookahead=op.lookahead)).split(" -> ")[0]
 
 
 def op_result(op: Op) -> str:
@@ -297,6 +323,8 @@ def op_result(op: Op) -> str:
         return "out-of-blocks"
     if op.kind == "append_slot" and op.block is not None:
         return f"({op.block}, {op.offset}, {op.cow_src})"
+    if op.copies:
+        return f"copies {[list(c) for c in op.copies]}"
     return "ok"
 
 
@@ -358,4 +386,89 @@ def free_seq(state: Reached, seq: int) -> Step:
     return Step(state, free_seq_op(seq))
 
 
-PROPERTIES = ("allocate", "append_slot", "fork", "free_seq")
+def append_slots_op(seq: int, n_tokens: int, lookahead: int) -> Op:
+    return Op("append_slots", seq=seq % SCOPE.seqs, n_tokens=1 + n_tokens % SCOPE.max_tokens,
+              lookahead=lookahead % (SCOPE.max_tokens + 1))
+
+
+def rollback_op(seq: int, n_tokens: int) -> Op:
+    return Op("rollback", seq=seq % SCOPE.seqs, n_tokens=1 + n_tokens % SCOPE.max_tokens)
+
+
+def rebase_op(source: int, child: int) -> Op:
+    return Op("rebase", seq=source % SCOPE.seqs, child=child % SCOPE.seqs)
+
+
+def preempt_op(seq: int) -> Op:
+    return Op("preempt", seq=seq % SCOPE.seqs)
+
+
+def append_slots(state: Reached, seq: int, n_tokens: int, lookahead: int) -> Step:
+    """append_slots(seq, n_tokens, lookahead) from any reached state satisfying the invariants.
+
+    pre: state.invariants_hold()
+    pre: state.allows(append_slots_op(seq, n_tokens, lookahead))
+    post: __return__.holds()
+    """
+    return Step(state, append_slots_op(seq, n_tokens, lookahead))
+
+
+def rollback(state: Reached, seq: int, n_tokens: int) -> Step:
+    """rollback(seq, n_tokens) from any reached state satisfying the invariants.
+
+    pre: state.invariants_hold()
+    pre: state.allows(rollback_op(seq, n_tokens))
+    post: __return__.holds()
+    """
+    return Step(state, rollback_op(seq, n_tokens))
+
+
+class Skipped:
+    """A rebase whose setup could not make its child (the pool ran out): nothing to check."""
+
+    contract: list = []
+    invariants: list = []
+
+    def holds(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "<rebase not reached: its child could not be made>"
+
+
+def rebase(state: Reached, source: int, how: int) -> Step | Skipped:
+    """rebase(source, child) from any reached state satisfying the invariants, onto a child
+    made just before: allocated with its own blocks (``how`` even, 1 + how // 2 tokens) or
+    forked from the source (``how`` odd), the two ways a beam's sibling exists. (A prefix
+    of two arbitrary operations would reach the same states; CrossHair's paths grow too
+    fast with it.)
+
+    pre: state.invariants_hold()
+    pre: state.allows(fork_op(source, state.fresh()))
+    post: __return__.holds()
+    """
+    src = source % SCOPE.seqs
+    child = state.fresh()
+    if _realize(how % 2) == 0:
+        make = Op("allocate", seq=child, n_tokens=1 + _realize((how // 2) % SCOPE.max_tokens))
+    else:
+        make = Op("fork", seq=src, child=child)
+    state.ops.append(make)
+    setup = Step(state, make, judge=False)
+    if setup.crash is not None or make.outcome != OK or not setup.post:
+        return Skipped() if setup.crash is None else setup
+    return Step(state, Op("rebase", seq=src, child=child))
+
+
+def preempt(state: Reached, seq: int) -> Step:
+    """preempt(seq) from any reached state satisfying the invariants.
+
+    pre: state.invariants_hold()
+    pre: state.allows(preempt_op(seq))
+    post: __return__.holds()
+    """
+    return Step(state, preempt_op(seq))
+
+
+# The operations the allocator under check offers (the seed's four at the least).
+PROPERTIES = _offered()

@@ -92,7 +92,7 @@ def run_crosshair(
     """
     module, target = _contracts_module_and_target(target_class_or_module)
     if properties is None:
-        properties = _properties_of(module)
+        properties = _properties_of(module, target)
     scope_text = _scope_text(scope)
     env = dict(os.environ)
     env[SCOPE_ENV] = scope_text
@@ -220,9 +220,16 @@ def _scope_text(scope) -> str:
     return Scope.parse(str(scope)).text()
 
 
-def _properties_of(module: str) -> tuple[str, ...]:
+def _properties_of(module: str, target: str | None = None) -> tuple[str, ...]:
     if module == CONTRACTS_MODULE:
-        return PROPERTIES
+        if target is None:
+            return PROPERTIES
+        from kvcheck.targets.loading import resolve
+
+        try:
+            return _contracts.offered_by(resolve(target)[1]) or PROPERTIES
+        except Exception:  # noqa: BLE001 - unloadable here: the subprocess reports it
+            return PROPERTIES
     return tuple(importlib.import_module(module).PROPERTIES)
 
 

@@ -109,7 +109,7 @@ def _portfolio(encodings, build, timeout_ms, key=None):
     return r
 
 
-KINDS = ("allocate", "append_slot", "fork", "free_seq")
+KINDS = tuple(spec_contracts.CONTRACTS)  # every operation the spec has a contract for
 
 
 def prove_invariants(scope: SymScope, contracts=None, invariants=None,

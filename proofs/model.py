@@ -17,15 +17,17 @@ from dataclasses import dataclass
 import z3
 
 from kvcheck.spec import contracts as spec_contracts
-from kvcheck.spec.contracts import OK, OOB, Domain, Op
+from kvcheck.spec.contracts import OK, OOB, REFUSED, Domain, Op
 from kvcheck.spec.invariants import INVARIANTS, Invariant
 from kvcheck.spec.logic import Z3Logic
 from kvcheck.spec.symbolic import SymScope, SymState
 
 
 def scope_bound(L, s, q):
-    """(Scope) a live sequence holds at most max_tokens tokens and reserved slots together."""
-    return s.length(q) + s.reserved(q) <= s.scope.max_tokens
+    """(Scope) a live sequence holds at most max_tokens tokens and reserved slots together
+    (each bounded on its own too, so the sum cannot wrap in a bit-vector encoding)."""
+    mt = s.scope.max_tokens
+    return L.and_(s.length(q) <= mt, s.reserved(q) <= mt, s.length(q) + s.reserved(q) <= mt)
 
 
 SCOPE_BOUND = Invariant("scope_bound", "seq", scope_bound)
@@ -38,6 +40,16 @@ class Choice:
     selector: z3.BoolRef
     op: Op
     n_var: z3.ExprRef | None
+    lookahead_var: z3.ExprRef | None = None
+
+
+# What each operation may end in, in the symbolic model: out-of-blocks wherever a
+# contract allows it, and a deliberate refusal (which leaves everything unchanged)
+# where engines refuse: an admission (a watermark) and a reservation (a lookahead cap).
+OUTCOMES_OF = {"allocate": (OK, OOB, REFUSED), "append_slot": (OK, OOB), "fork": (OK, OOB),
+               "free_seq": (OK,), "append_slots": (OK, OOB, REFUSED), "rollback": (OK,),
+               "rebase": (OK, OOB), "preempt": (OK,)}
+_TWO_SEQS = ("fork", "rebase")  # operations naming a second sequence (the child)
 
 
 class Model:
@@ -69,31 +81,46 @@ class Model:
                       SCOPE_BOUND.formula(L, s))
 
     def ops(self, tag: str, symmetric: bool = False):
-        """Every (operation, slot(s), outcome) with fresh result variables.
+        """Every (operation, slot(s), outcome) with fresh argument and result variables.
 
         ``symmetric``: sequence slots are interchangeable (the spec never names
         a slot), so when the state before is arbitrary it suffices to let the
-        operation act on slot 0 (and fork into slot 1).
+        operation act on slot 0 (and fork or rebase into slot 1).
         """
         L, sc = self.L, self.scope
-        kinds = [k for k in ("allocate", "append_slot", "fork", "free_seq") if k in self.contracts]
-        for kind in kinds:
+        for kind in (k for k in spec_contracts.CONTRACTS if k in self.contracts):
             for q in ([0] if symmetric else range(sc.seqs)):
-                children = [c for c in range(sc.seqs) if c != q] if kind == "fork" else [0]
-                if symmetric and kind == "fork":
-                    children = [1]
-                outcomes = (OK, OOB) if kind in ("allocate", "append_slot") else (OK,)
+                children = [0]
+                if kind in _TWO_SEQS:
+                    children = [1] if symmetric else [c for c in range(sc.seqs) if c != q]
                 for c in children:
-                    for outcome in outcomes:
+                    for outcome in OUTCOMES_OF[kind]:
                         t = f"{tag}.{kind}.{q}.{c}.{outcome}"
                         op = Op(kind, seq=q, child=c, outcome=outcome)
-                        n_var = None
-                        if kind == "allocate":
+                        n_var = la_var = None
+                        if kind in ("allocate", "append_slots", "rollback"):
                             n_var = op.n_tokens = L.var(f"{t}.n")
+                        if kind == "append_slots":
+                            la_var = op.lookahead = L.var(f"{t}.la")
                         if kind == "append_slot":
                             op.block, op.offset = L.var(f"{t}.blk"), L.var(f"{t}.off")
                             op.cow_src, op.has_cow = L.var(f"{t}.cow"), z3.Bool(f"{t}.hascow")
-                        yield op, n_var
+                        yield op, n_var, la_var
+
+    def _in_scope(self, s: SymState, op: Op) -> list:
+        """The scope's bound on what an operation asks for: no sequence grows past
+        max_tokens tokens and reserved slots together."""
+        mt = self.scope.max_tokens
+        if op.kind == "allocate":
+            return [op.n_tokens >= 1, op.n_tokens <= mt]
+        if op.kind == "append_slot":
+            return [s.length(op.seq) < mt]
+        if op.kind == "append_slots":
+            return [op.n_tokens >= 1, op.n_tokens <= mt, op.lookahead >= 0, op.lookahead <= mt,
+                    s.length(op.seq) + op.n_tokens + op.lookahead <= mt]
+        if op.kind == "rollback":
+            return [op.n_tokens >= 1, op.n_tokens <= mt]
+        return []
 
     def step(self, s: SymState, s2: SymState, tag: str, kinds=None,
              symmetric: bool = False) -> tuple[z3.BoolRef, list[Choice]]:
@@ -101,19 +128,16 @@ class Model:
         L, sc = self.L, self.scope
         dom = Domain(range(sc.num_blocks), range(sc.seqs))
         choices, bodies = [], []
-        for op, n_var in self.ops(tag, symmetric):
+        for op, n_var, la_var in self.ops(tag, symmetric):
             if kinds is not None and op.kind not in kinds:
                 continue
             sel = z3.Bool(f"{tag}.sel.{op.kind}.{op.seq}.{op.child}.{op.outcome}")
-            parts = [spec_contracts.precondition(L, s, op)]
-            if n_var is not None:
-                parts += [n_var >= 1, n_var <= sc.max_tokens]
-            if op.kind == "append_slot":
-                parts.append(s.length(op.seq) < sc.max_tokens)
-            parts += [f for name, _, f in self.contracts[op.kind](L, s, s2, op, dom)
+            parts = [spec_contracts.precondition(L, s, op), *self._in_scope(s, op)]
+            parts += [f for name, _, f in spec_contracts.clauses(L, s, s2, op, dom,
+                                                                  self.contracts)
                       if not any(name.startswith(o) for o in self.omit)]
             bodies.append(z3.Implies(sel, L.and_(*parts)))
-            choices.append(Choice(sel, op, n_var))
+            choices.append(Choice(sel, op, n_var, la_var))
         return z3.And(*bodies, z3.Or([c.selector for c in choices])), choices
 
 
@@ -123,7 +147,13 @@ def decode(model: z3.ModelRef, choices: list[Choice]) -> Op:
         if z3.is_true(model.eval(c.selector, model_completion=True)):
             op = Op(c.op.kind, seq=c.op.seq, child=c.op.child, outcome=c.op.outcome)
             if c.n_var is not None:
-                v = model.eval(c.n_var, model_completion=True)
-                op.n_tokens = v.as_long() if z3.is_int_value(v) else v.as_signed_long()
+                op.n_tokens = _number(model, c.n_var)
+            if c.lookahead_var is not None:
+                op.lookahead = _number(model, c.lookahead_var)
             return op
     raise ValueError("no operation selected in the model")
+
+
+def _number(model: z3.ModelRef, var) -> int:
+    v = model.eval(var, model_completion=True)
+    return v.as_long() if z3.is_int_value(v) else v.as_signed_long()

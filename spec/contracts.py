@@ -362,14 +362,17 @@ def append_slots(L, pre, post, op: Op, dom: Domain):
             L.and_(last < i, i < k), new == old)
         yield "a new or replacing block was free", q, L.implies(
             L.and_(i < post.nblocks(q), L.or_(k <= i, new != old)), pre.free_count(new) >= 1)
-    yield "free list shrinks by the fresh blocks taken", None, (
-        post.num_free() == pre.num_free() - fresh)
+    back = []
     for b in dom.blocks:
         taken = L.and_(pre.ref(b) == 0, post.ref(b) > 0)
+        freed = L.and_(pre.ref(b) > 0, post.ref(b) == 0)  # replaced, and it was its last holder
+        back.append(freed)
         yield "refcounts change only as the sequence's table does", b, (
             post.ref(b) == pre.ref(b) + post.occurrences(q, b) - pre.occurrences(q, b))
         yield "free list changes only as the operation says", b, (
-            post.free_count(b) == pre.free_count(b) - L.ite(taken, 1, 0))
+            post.free_count(b) == pre.free_count(b) + L.ite(freed, 1, 0) - L.ite(taken, 1, 0))
+    yield "free list shrinks by the fresh blocks taken, grows by the blocks released", None, (
+        post.num_free() == pre.num_free() - fresh + L.count(back))
     yield from unchanged_others(L, pre, post, dom, (q,))
 
 
@@ -447,8 +450,30 @@ def refused(L, pre, post, op: Op, dom: Domain):
     yield from exception_safety(L, pre, post, op, dom)
 
 
-def clauses(L, pre, post, op: Op, dom: Domain):
-    """Every clause the operation must satisfy."""
+def clauses(L, pre, post, op: Op, dom: Domain, contracts=None):
+    """Every clause the operation must satisfy (``contracts``: a stand-in table, for
+    proofs of a modified spec; the spec's own by default)."""
     if op.outcome == REFUSED:
         return refused(L, pre, post, op, dom)
-    return CONTRACTS[op.kind](L, pre, post, op, dom)
+    return (contracts or CONTRACTS)[op.kind](L, pre, post, op, dom)
+
+
+def clause_names() -> dict[str, str]:
+    """Every clause the contracts can name, as a violation names it (``kind: clause``),
+    mapped to its operation; with the step invariants. What ``verify --allow`` accepts."""
+    from .logic import Z3Logic
+    from .symbolic import SymScope, SymState
+
+    L = Z3Logic(None, max_quotient=3)
+    scope = SymScope(2, 2, 2, 4)
+    pre, post = SymState(L, scope, "pre"), SymState(L, scope, "post")
+    dom = Domain(range(2), range(2))
+    out: dict[str, str] = {}
+    for kind in CONTRACTS:
+        for outcome in (OK, OOB, REFUSED):
+            op = Op(kind, seq=0, child=1, outcome=outcome, n_tokens=L.var("n"),
+                    lookahead=L.var("la"), block=L.var("b"), offset=L.var("o"),
+                    cow_src=L.var("c"), has_cow=L.z3.Bool("h"))
+            for name, _, _ in clauses(L, pre, post, op, dom):
+                out.setdefault(f"{kind}: {name}", kind)
+    return out

@@ -8,7 +8,7 @@ operation with its outcome, in the logic layer.
 
 from __future__ import annotations
 
-from .contracts import OK, OOB
+from .contracts import OK, OOB, REFUSED, _last_token_block
 
 
 def _append_case(L, pre, op):
@@ -28,6 +28,32 @@ def _released(L, pre, post, op):
     return L.any_(L.and_(pre.occurrences(q, b) > 0, post.ref(b) == 0) for b in pre.blocks())
 
 
+def _copied_tail(L, pre, post, op):
+    """A fork or rebase child's last block is not its source's: copied at fork time."""
+    t, _ = _last_token_block(L, pre, op.seq)
+    return post.table(op.child, t) != pre.table(op.seq, t)
+
+
+def _reserve_case(L, pre, op):
+    """(blocks appended past the table's end, some written block is shared) for append_slots."""
+    q, B = op.seq, pre.block_size
+    length, k = pre.length(q), pre.nblocks(q)
+    first = L.ceil_div(length + 1, B) - 1
+    last = L.ceil_div(length + op.n_tokens, B) - 1
+    grows = L.ceil_div(length + op.n_tokens + op.lookahead, B) > k
+    shared = L.any_(L.and_(first <= i, i <= last, i < k, pre.ref(pre.table(q, i)) > 1)
+                    for i in pre.positions(q))
+    return grows, shared
+
+
+def _rollback_frees(L, pre, post, op):
+    return post.nblocks(op.seq) < pre.nblocks(op.seq)
+
+
+def _always(L, pre, post, op):
+    return True
+
+
 # name -> (operation, outcome, predicate(L, pre, post, op) refining it)
 OUTCOMES = {
     "allocate/ok": ("allocate", OK, lambda L, pre, post, op: True),
@@ -39,10 +65,32 @@ OUTCOMES = {
                                          lambda L, pre, post, op: _append_case(L, pre, op)[0]),
     "append/out-of-blocks-in-copy-on-write": ("append_slot", OOB,
                                               lambda L, pre, post, op: _append_case(L, pre, op)[1]),
-    "fork/ok": ("fork", OK, lambda L, pre, post, op: True),
+    "fork/ok": ("fork", OK, lambda L, pre, post, op: L.not_(_copied_tail(L, pre, post, op))),
+    "fork/copies-partial-tail": ("fork", OK, _copied_tail),
+    "fork/out-of-blocks": ("fork", OOB, _always),
     "free/returns-blocks": ("free_seq", OK, _released),
     "free/only-drops-references": ("free_seq", OK,
                                    lambda L, pre, post, op: L.not_(_released(L, pre, post, op))),
+    "allocate/refused": ("allocate", REFUSED, _always),
+    "reserve/within-the-table": ("append_slots", OK, lambda L, pre, post, op: L.not_(
+        L.or_(*_reserve_case(L, pre, op)))),
+    "reserve/fresh-blocks": ("append_slots", OK, lambda L, pre, post, op: L.and_(
+        _reserve_case(L, pre, op)[0], L.not_(_reserve_case(L, pre, op)[1]))),
+    "reserve/copy-on-write": ("append_slots", OK, lambda L, pre, post, op: (
+        _reserve_case(L, pre, op)[1])),
+    "reserve/out-of-blocks": ("append_slots", OOB, _always),
+    "reserve/refused": ("append_slots", REFUSED, _always),
+    "rollback/frees-blocks": ("rollback", OK, _rollback_frees),
+    "rollback/keeps-blocks-reserved": ("rollback", OK, lambda L, pre, post, op: L.not_(
+        _rollback_frees(L, pre, post, op))),
+    "rebase/shares": ("rebase", OK, lambda L, pre, post, op: L.not_(
+        _copied_tail(L, pre, post, op))),
+    "rebase/copies-partial-tail": ("rebase", OK, _copied_tail),
+    "rebase/out-of-blocks": ("rebase", OOB, _always),
+    "preempt/returns-blocks": ("preempt", OK, _released),
+    "preempt/only-drops-references": ("preempt", OK,
+                                      lambda L, pre, post, op: L.not_(
+                                          _released(L, pre, post, op))),
 }
 
 

@@ -308,6 +308,9 @@ class Options:
     compiled: bool = True
     seed: int = 0
     extra: dict = dataclasses.field(default_factory=dict)
+    # clauses whose violation is a documented, deliberate deviation of the target: counted
+    # and reported, the run resynchronised to what the target did and checked on
+    allow: frozenset = frozenset()
 
     def full(self) -> Options:
         return dataclasses.replace(self, mode="full")

@@ -30,6 +30,7 @@ class Drive:
     steps: int
     seconds: float
     state: object = None  # the model's run state at the end (statistics, coverage)
+    deviations: list = field(default_factory=list)  # allowed ones (see ``allowed``)
 
 
 def drive(model: Model, factory, scope, options: Options, seed: int, ops: int,
@@ -42,8 +43,10 @@ def drive(model: Model, factory, scope, options: Options, seed: int, ops: int,
         state = model.start(target, scope, options)
         driver = model.driver(seed, scope, target, options)
         history: list = []
+        deviations: list = []
         v = state.violation
         next_op, valid, step = driver.next_op, state.valid, state.step
+        allow = options.allow
         for i in range(ops):
             if v is not None:
                 break
@@ -54,6 +57,8 @@ def drive(model: Model, factory, scope, options: Options, seed: int, ops: int,
                 continue
             history.append(op)
             v = step(op, wd)
+            if v is not None and allow:
+                v = allowed(model, state, op, v, allow, len(history), deviations)
             if i % 1024 == 0:
                 if progress is not None:
                     progress(i)
@@ -61,7 +66,40 @@ def drive(model: Model, factory, scope, options: Options, seed: int, ops: int,
                     break
         if v is None:
             v = state.sweep(wd)
-    return Drive(v, history, state.steps, time.perf_counter() - start, state)
+    return Drive(v, history, state.steps, time.perf_counter() - start, state, deviations)
+
+
+@dataclass
+class Deviation:
+    """A violation of a clause the user allows (``Options.allow``): what and where."""
+
+    step: int  # 1-based, in the run's operations
+    clause: str
+    operation: str
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "clause": self.clause, "operation": self.operation}
+
+
+def matches(v, allow: frozenset) -> bool:
+    """Whether violation ``v`` is of an allowed clause: its full name (``fork: child is
+    live with the source's length``), the clause alone, or an invariant's name."""
+    name = v.name
+    return name in allow or name.split(": ", 1)[-1] in allow
+
+
+def allowed(model: Model, state, op, v, allow: frozenset, step: int, into: list | None):
+    """``v`` if it must stop the run; None when it is an allowed deviation the run state
+    could resynchronise past (``state.resync``: take what the target did as the new
+    state), recorded in ``into``."""
+    resync = getattr(state, "resync", None)
+    if v.kind not in ("contract", "invariant") or not matches(v, allow) or resync is None:
+        return v
+    if not resync(op):
+        return v
+    if into is not None:
+        into.append(Deviation(step, v.name, model.describe(op)))
+    return None
 
 
 @dataclass
@@ -88,6 +126,8 @@ def replay(model: Model, factory, scope, ops, options: Options, record: bool = F
                 continue
             v = state.step(op, wd)
             ran.append(op)
+            if v is not None and options.allow:
+                v = allowed(model, state, op, v, options.allow, len(ran), None)
             if record:
                 states.append(state.observed_json())
             if v is not None:

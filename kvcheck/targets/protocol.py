@@ -1,6 +1,7 @@
 """The adapter protocol: what the oracle needs from any allocator.
 
-An allocator under test is driven through four operations and observed
+An allocator under test is driven through the operations it offers (the seed's
+four at the least: ``kvcheck.spec.contracts.CONTRACTS`` lists every one) and observed
 through a handful of read-only queries. The oracle never trusts what it
 observes; it only compares it against the spec.
 
@@ -29,7 +30,10 @@ class Target(Protocol):
 
     ``capabilities`` names the operations it supports (a subset of
     ``OPERATIONS``); the oracle only issues those. ``append_slot`` returns
-    ``(block, offset, cow_src)``. Out-of-blocks is signalled by raising an
+    ``(block, offset, cow_src)``; ``append_slots(seq, n_tokens, lookahead)``, ``fork`` and
+    ``rebase(source, child)`` return the ``(src, dst)`` block copies the caller makes
+    before writing (``None`` or empty: none); ``rollback(seq, n_tokens)`` and
+    ``preempt(seq)`` return nothing. Out-of-blocks is signalled by raising an
     exception for which ``is_out_of_blocks`` is true.
     """
 
@@ -76,6 +80,12 @@ class Target(Protocol):
     def is_out_of_blocks(self, exc: BaseException) -> bool:
         """Whether ``exc`` is the allocator's out-of-blocks signal."""
 
+    # Optional: ``is_refusal(exc) -> bool``, whether ``exc`` is a deliberate refusal under
+    # a policy the allocator declares (a watermark, blocks held back for sibling beams, a
+    # lookahead cap): allowed although blocks are free, but it must change nothing (the
+    # ``refused`` contract), and the run goes on. ``SeedAdapter``: an exception whose class
+    # is named ``Refused``.
+
 
 class NotSeedShaped(TypeError):
     """The object lacks what a seed-shaped allocator has (``tables``, ``ref``, ``free``)."""
@@ -87,6 +97,11 @@ def is_value(obj: object) -> bool:
     convention (a hash must not change) such an object is immutable."""
     cls = type(obj)
     return cls.__eq__ is not object.__eq__ and cls.__hash__ is not None
+
+
+def named_refusal(exc: BaseException) -> bool:
+    """Default refusal: any exception whose class (or a base) is named ``Refused``."""
+    return any(cls.__name__ == "Refused" for cls in type(exc).__mro__)
 
 
 def named_out_of_blocks(exc: BaseException) -> bool:
@@ -164,6 +179,9 @@ class SeedAdapter:
     def seq_len(self, seq: int) -> int | None:
         lens = getattr(self.impl, "lens", None)
         return None if lens is None else lens[seq]
+
+    def is_refusal(self, exc: BaseException) -> bool:
+        return named_refusal(exc)
 
     def is_out_of_blocks(self, exc: BaseException) -> bool:
         if self._oob is not None:

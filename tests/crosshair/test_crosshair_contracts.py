@@ -32,7 +32,7 @@ def test_decode_always_yields_an_allowed_operation():
                 assert new not in live and new == min(set(range(cc.SCOPE.seqs)) - set(live))
             if op.kind != "allocate":
                 assert op.seq in live
-    assert {cc.decode(c, [0]).kind for c in range(8)} == set(cc.KINDS)
+    assert {cc.decode(c, [0]).kind for c in range(8)} == set(cc.PROPERTIES)
 
 
 def test_reference_steps_hold_and_prefixes_replay():

@@ -91,10 +91,14 @@ def report(args, result, command: str, passed: Callable[[object], str] | None = 
                                                       result.violation, text) + "\n", "--junit")
     if args.json:
         emit_json({**result.to_json(), **(json_extra(result) if json_extra else {})})
-    elif result.ok:
+        return exit_code(0 if result.ok else 1, written)
+    _print_deviations(result)
+    if result.ok:
         words = passed(result) if passed else (
             f"{result.ops} operations on {args.blocks} blocks x {args.block_size} slots "
             f"(seed {args.seed}), every invariant and contract held")
+        if getattr(result, "deviations", None):
+            words += (f" except the {len(result.deviations)} allowed deviations listed above")
         print(f"PASS {args.target}: {words} [{result.seconds:.2f} s, "
               f"{result.ops / max(result.seconds, 1e-9):,.0f} ops/s]")
     else:
@@ -106,3 +110,13 @@ def report(args, result, command: str, passed: Callable[[object], str] | None = 
         if args.trace_out and written:
             print(f"trace written to {args.trace_out}")
     return exit_code(0 if result.ok else 1, written)
+
+
+def _print_deviations(result) -> None:
+    """Allowed deviations are never silent: one line per clause, with its first occurrence."""
+    from kvcheck.verify import deviation_summary
+
+    for clause, d in deviation_summary(getattr(result, "deviations", [])).items():
+        first = d["first"]
+        print(f"ALLOWED {d['count']} x {clause} (first at operation {first['step']}: "
+              f"{first['operation']})")

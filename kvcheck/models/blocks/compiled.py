@@ -95,10 +95,9 @@ def step_source(kind: str, inline: dict) -> str:
     op = _TOp(kind)
     pre, post = TState("pre"), TState("post")
     dom = Domain(TDomain(Term("sym", "blocks")), _op_seqs(op))
-    rule = contracts.CONTRACTS[kind]
 
-    def clauses():
-        yield from (f for _, _, f in rule(TL, pre, post, op, dom))
+    def clauses():  # (a refusal's contract too: ``clauses`` branches on the outcome)
+        yield from (f for _, _, f in contracts.clauses(TL, pre, post, op, dom))
         yield from _invariant_clauses(post, every=False)
 
     return function_source(f"step_{kind}", ["pre", "post", "op", "blocks", "live"],

@@ -106,6 +106,7 @@ class BlocksModel(Model):
     ops = OPS
     scope_fields = (ScopeField("num_blocks"), ScopeField("block_size"))
     state_schema = STATE_SCHEMA
+    outcomes = ("ok", "oob", "refused")  # a refusal: a policy the target declares
 
     # -- operations ----------------------------------------------------------------
     def describe(self, op) -> str:

@@ -198,6 +198,29 @@ class Oracle:
         self.violation = v
         return v
 
+    def resync(self, op: Op) -> bool:
+        """After a violation by ``op`` that the user allows (a documented deviation), take
+        what the target did as the state to check on from: its whole state observed, the
+        caller's bookkeeping (lengths, reservations, shadow writes) done as for a passing
+        step. False (the run must stop) if the state cannot be observed or ``op`` did not
+        end as an operation can (it crashed, hung or returned something malformed)."""
+        v = self.violation
+        if v is None or v.kind not in ("contract", "invariant") or op.outcome is None:
+            return False
+        try:
+            delta = length_delta(self.lengths, op)
+            lengths = {q: m for q, m in {**self.lengths, **delta}.items() if m is not None}
+            post = snapshot(self.target, lengths, tuple(delta), self.reserved)
+            reserve_after(op, self._state(), post, post.reservations)
+            self._record(op, delta, post)
+        except (ObservationError, KeyError, TypeError, ValueError, IndexError):
+            return False
+        self.snap = self.observed = post
+        if self.mode == "fast":
+            self.ghost = Ghost.from_snapshot(post)
+        self.violation = None
+        return True
+
     def sweep(self, watchdog: Watchdog | None = None) -> Violation | None:
         """Audit the whole allocator: every invariant, the frame, every sequence's data."""
         if self.violation is not None:
@@ -349,20 +372,7 @@ class Oracle:
         return v
 
     def _reserve(self, op: Op, pre, post, into: dict) -> None:
-        """Set ``into`` (the post state's reservations) for the sequences ``op`` touched,
-        as ``spec.contracts.reserved_after`` says, from the tables observed."""
-        if op.outcome != OK:
-            return
-        kind = op.kind
-        q = op.child if kind in ("fork", "rebase") else op.seq
-        if kind in ("free_seq", "preempt"):
-            into.pop(q, None)
-            return
-        r = contracts.reserved_after(PY, pre, op, post.nblocks(q))
-        if r:
-            into[q] = r
-        else:
-            into.pop(q, None)
+        reserve_after(op, pre, post, into)
 
     def _record(self, op: Op, delta: dict, post) -> None:
         """Play the caller (make the copies the target asks for, write the tokens into the
@@ -409,26 +419,7 @@ class Oracle:
                 lengths[q] = m
 
     def _length_delta(self, op: Op) -> dict[int, int | None]:
-        """The touched sequences and their token counts after ``op``."""
-        lengths, kind = self.lengths, op.kind
-        if kind == "fork":
-            p = lengths[op.seq]
-            return {op.seq: p, op.child: p if op.outcome == OK else None}
-        if kind == "rebase":
-            p = lengths[op.seq]
-            return {op.seq: p, op.child: p if op.outcome == OK else lengths[op.child]}
-        now = lengths.get(op.seq)
-        if op.outcome != OK:
-            return {op.seq: now}
-        if kind == "append_slot":
-            return {op.seq: now + 1}
-        if kind == "allocate":
-            return {op.seq: op.n_tokens}
-        if kind == "append_slots":
-            return {op.seq: now + op.n_tokens}
-        if kind == "rollback":
-            return {op.seq: now - op.n_tokens}
-        return {op.seq: None}
+        return length_delta(self.lengths, op)
 
     # -- checks ------------------------------------------------------------------
     def _check_op(self, pre, post, op: Op, dom: Domain, n: int) -> Violation | None:
@@ -437,7 +428,7 @@ class Oracle:
                 ev = self._evidence(pre, post, op, dom) or evidence.Evidence(name, element, None, [])
                 return Violation(n, "contract", f"{op.kind}: {name}", element,
                                  witness=witness.for_step(ev, pre, post, op),
-                                 doc=" ".join((contracts.CONTRACTS[op.kind].__doc__ or "").split()),
+                                 doc=" ".join((_rule(op).__doc__ or "").split()),
                                  subject=ev.subject, terms=ev.terms)
         return None
 
@@ -559,3 +550,49 @@ def decode_append(op: Op, result) -> str | None:
         return f"append_slot returned {result!r}, expected (block, offset, cow_src)"
     op.has_cow = op.cow_src is not None
     return None
+
+
+def reserve_after(op: Op, pre, post, into: dict) -> None:
+    """Set ``into`` (the post state's reservations) for the sequences ``op`` touched,
+    as ``spec.contracts.reserved_after`` says, from the tables observed."""
+    if op.outcome != OK:
+        return
+    kind = op.kind
+    q = op.child if kind in ("fork", "rebase") else op.seq
+    if kind in ("free_seq", "preempt"):
+        into.pop(q, None)
+        return
+    r = contracts.reserved_after(PY, pre, op, post.nblocks(q))
+    if r:
+        into[q] = r
+    else:
+        into.pop(q, None)
+
+
+def length_delta(lengths: dict, op: Op) -> dict[int, int | None]:
+    """The sequences ``op`` touched and their token counts after it (None: gone), given
+    ``lengths`` before it: what a caller of the allocator knows without looking."""
+    kind = op.kind
+    if kind == "fork":
+        p = lengths[op.seq]
+        return {op.seq: p, op.child: p if op.outcome == OK else None}
+    if kind == "rebase":
+        p = lengths[op.seq]
+        return {op.seq: p, op.child: p if op.outcome == OK else lengths[op.child]}
+    now = lengths.get(op.seq)
+    if op.outcome != OK:
+        return {op.seq: now}
+    if kind == "append_slot":
+        return {op.seq: now + 1}
+    if kind == "allocate":
+        return {op.seq: op.n_tokens}
+    if kind == "append_slots":
+        return {op.seq: now + op.n_tokens}
+    if kind == "rollback":
+        return {op.seq: now - op.n_tokens}
+    return {op.seq: None}
+
+
+def _rule(op: Op):
+    """The contract that judged ``op``: a refusal's, or its operation's."""
+    return contracts.refused if op.outcome == REFUSED else contracts.CONTRACTS[op.kind]
