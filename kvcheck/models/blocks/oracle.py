@@ -129,6 +129,7 @@ class Oracle:
         """
         new = copy.copy(self)
         new.target = copy.deepcopy(self.target)
+        new._admits = getattr(new.target, "admits", None)  # the copy's own, not the original's
         new.lengths = dict(self.lengths)
         new.reserved = dict(self.reserved)
         new._order = list(self._order)
