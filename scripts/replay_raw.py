@@ -83,6 +83,8 @@ def raw_ops(trace: Trace) -> list[tuple]:
             out.append(("allocate", op.seq, op.n_tokens))
         elif op.kind == "fork":
             out.append(("fork", op.seq, op.child))
+        elif op.kind == "append_slots":
+            out.append(("append_slots", op.seq, op.n_tokens, op.lookahead))
         else:
             out.append((op.kind, op.seq))
     return out
@@ -194,15 +196,19 @@ def deviations(family: str, records: list[dict], ops: list[tuple], block_size: i
     """Per step, the deviations from the seed semantics visible in the raw state."""
     out: list[list[str]] = []
     prev = None
+    ahead: dict[int, int] = {}  # seq -> the most lookahead slots a successful append_slots asked
     for i, rec in enumerate(records):
         v = _view(family, rec, block_size)
         found: list[str] = []
         entries: dict[int, list[int]] = {}
+        if ops[i][0] == "append_slots" and _failed(family, rec["result"]) is None:
+            ahead[ops[i][1]] = max(ahead.get(ops[i][1], 0), ops[i][3])
         for seq, table in v["tables"].items():
             for b in table:
                 entries.setdefault(b, []).append(seq)
             length = v["lens"].get(seq)
-            if length is not None and len(table) != -(-length // block_size):
+            most = -(-(length + ahead.get(seq, 0)) // block_size) if length is not None else 0
+            if length is not None and not (-(-length // block_size) <= len(table) <= most):
                 found.append(f"seq {seq}: {length} tokens in {len(table)} block(s) "
                              f"(ceil({length}/{block_size}) = {-(-length // block_size)})")
         free = list(v["free"])
@@ -293,6 +299,8 @@ def _fmt_op(op: tuple) -> str:
         return f"allocate(seq={op[1]}, n_tokens={op[2]})"
     if op[0] == "fork":
         return f"fork(parent={op[1]}, child={op[2]})"
+    if op[0] == "append_slots":
+        return f"append_slots(seq={op[1]}, n_tokens={op[2]}, lookahead={op[3]})"
     return f"{op[0]}(seq={op[1]})"
 
 
