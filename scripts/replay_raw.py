@@ -96,7 +96,8 @@ def replay_vllm_v0_guarded(ops: list[tuple], num_blocks: int, block_size: int,
     """``raw.replay_vllm_v0`` with ``SelfAttnBlockSpaceManager``'s capacity checks first.
 
     The checks use vLLM's own functions: ``BlockTable.get_num_required_blocks``
-    (allocate) and ``BlockTable.get_num_blocks_touched_by_append_slots`` (append),
+    (allocate) and ``BlockTable.get_num_blocks_touched_by_append_slots`` (append_slot,
+    append_slots with its lookahead),
     each against ``allocator.get_num_free_blocks(GPU)``, watermark 0. A refused
     step calls nothing and is recorded as ``refused by the engine guard``.
     """
@@ -145,6 +146,18 @@ def replay_vllm_v0_guarded(ops: list[tuple], num_blocks: int, block_size: int,
                               f"{free} free")
                 else:
                     table.append_token_ids([tok])
+                    result = {"cows": allocator.clear_copy_on_writes()}
+            elif op[0] == "append_slots":  # SelfAttnBlockSpaceManager.can_append_slots first
+                _, seq, n, lookahead = op
+                table = tables[seq]
+                toks = [next(tokens) for _ in range(n)]
+                touched = table.get_num_blocks_touched_by_append_slots(toks, lookahead)
+                if touched > free:
+                    result = (f"refused by the engine guard: {touched} block(s) touched > "
+                              f"{free} free")
+                else:
+                    table.append_token_ids(toks, num_lookahead_slots=lookahead,
+                                           num_computed_slots=table.num_full_slots)
                     result = {"cows": allocator.clear_copy_on_writes()}
             elif op[0] == "fork":
                 tables[op[2]] = tables[op[1]].fork()
@@ -244,7 +257,8 @@ def deviations(family: str, records: list[dict], ops: list[tuple], block_size: i
                 u = unguarded[i]
                 ok = _failed("vllm-v0", u["result"]) is None
                 same_table = u["tables"].get(ops[i][1]) == rec["tables"].get(ops[i][1])
-                if ok and same_table and ops[i][0] == "append_slot" and not u["result"]["cows"]:
+                appends = ops[i][0] in ("append_slot", "append_slots")
+                if ok and same_table and appends and not u["result"]["cows"]:
                     found.append(f"refused, but unguarded vLLM writes the token in place "
                                  f"(table {u['tables'][ops[i][1]]}, no copy-on-write, "
                                  f"no new block)")
