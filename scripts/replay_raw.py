@@ -83,6 +83,8 @@ def raw_ops(trace: Trace) -> list[tuple]:
             out.append(("allocate", op.seq, op.n_tokens))
         elif op.kind == "fork":
             out.append(("fork", op.seq, op.child))
+        elif op.kind == "append_slots":
+            out.append(("append_slots", op.seq, op.n_tokens, op.lookahead))
         else:
             out.append((op.kind, op.seq))
     return out
@@ -94,7 +96,8 @@ def replay_vllm_v0_guarded(ops: list[tuple], num_blocks: int, block_size: int,
     """``raw.replay_vllm_v0`` with ``SelfAttnBlockSpaceManager``'s capacity checks first.
 
     The checks use vLLM's own functions: ``BlockTable.get_num_required_blocks``
-    (allocate) and ``BlockTable.get_num_blocks_touched_by_append_slots`` (append),
+    (allocate) and ``BlockTable.get_num_blocks_touched_by_append_slots`` (append_slot,
+    append_slots with its lookahead),
     each against ``allocator.get_num_free_blocks(GPU)``, watermark 0. A refused
     step calls nothing and is recorded as ``refused by the engine guard``.
     """
@@ -143,6 +146,18 @@ def replay_vllm_v0_guarded(ops: list[tuple], num_blocks: int, block_size: int,
                               f"{free} free")
                 else:
                     table.append_token_ids([tok])
+                    result = {"cows": allocator.clear_copy_on_writes()}
+            elif op[0] == "append_slots":  # SelfAttnBlockSpaceManager.can_append_slots first
+                _, seq, n, lookahead = op
+                table = tables[seq]
+                toks = [next(tokens) for _ in range(n)]
+                touched = table.get_num_blocks_touched_by_append_slots(toks, lookahead)
+                if touched > free:
+                    result = (f"refused by the engine guard: {touched} block(s) touched > "
+                              f"{free} free")
+                else:
+                    table.append_token_ids(toks, num_lookahead_slots=lookahead,
+                                           num_computed_slots=table.num_full_slots)
                     result = {"cows": allocator.clear_copy_on_writes()}
             elif op[0] == "fork":
                 tables[op[2]] = tables[op[1]].fork()
@@ -194,15 +209,19 @@ def deviations(family: str, records: list[dict], ops: list[tuple], block_size: i
     """Per step, the deviations from the seed semantics visible in the raw state."""
     out: list[list[str]] = []
     prev = None
+    ahead: dict[int, int] = {}  # seq -> the most lookahead slots a successful append_slots asked
     for i, rec in enumerate(records):
         v = _view(family, rec, block_size)
         found: list[str] = []
         entries: dict[int, list[int]] = {}
+        if ops[i][0] == "append_slots" and _failed(family, rec["result"]) is None:
+            ahead[ops[i][1]] = max(ahead.get(ops[i][1], 0), ops[i][3])
         for seq, table in v["tables"].items():
             for b in table:
                 entries.setdefault(b, []).append(seq)
             length = v["lens"].get(seq)
-            if length is not None and len(table) != -(-length // block_size):
+            most = -(-(length + ahead.get(seq, 0)) // block_size) if length is not None else 0
+            if length is not None and not (-(-length // block_size) <= len(table) <= most):
                 found.append(f"seq {seq}: {length} tokens in {len(table)} block(s) "
                              f"(ceil({length}/{block_size}) = {-(-length // block_size)})")
         free = list(v["free"])
@@ -238,7 +257,8 @@ def deviations(family: str, records: list[dict], ops: list[tuple], block_size: i
                 u = unguarded[i]
                 ok = _failed("vllm-v0", u["result"]) is None
                 same_table = u["tables"].get(ops[i][1]) == rec["tables"].get(ops[i][1])
-                if ok and same_table and ops[i][0] == "append_slot" and not u["result"]["cows"]:
+                appends = ops[i][0] in ("append_slot", "append_slots")
+                if ok and same_table and appends and not u["result"]["cows"]:
                     found.append(f"refused, but unguarded vLLM writes the token in place "
                                  f"(table {u['tables'][ops[i][1]]}, no copy-on-write, "
                                  f"no new block)")
@@ -293,6 +313,8 @@ def _fmt_op(op: tuple) -> str:
         return f"allocate(seq={op[1]}, n_tokens={op[2]})"
     if op[0] == "fork":
         return f"fork(parent={op[1]}, child={op[2]})"
+    if op[0] == "append_slots":
+        return f"append_slots(seq={op[1]}, n_tokens={op[2]}, lookahead={op[3]})"
     return f"{op[0]}(seq={op[1]})"
 
 

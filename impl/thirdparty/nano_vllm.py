@@ -33,8 +33,19 @@ Operations, as nano-vllm's ``Scheduler`` drives the block manager:
     shared prefix blocks are full, so never written).
 ``free_seq(seq)``
     ``deallocate(seq)``.
-``fork``
-    not supported (nano-vllm has no fork); ``capabilities`` excludes it.
+``preempt(seq)``
+    ``Scheduler.preempt``: status WAITING, ``deallocate(seq)``; the ``Sequence``
+    is kept (its token ids: prompt plus everything generated). Re-admission is
+    ``allocate(seq, n)`` of the same sequence with ``n == len(seq)``: the same
+    ``Sequence`` through ``can_allocate`` / ``allocate``, as the scheduler
+    re-admits it from the waiting queue (its prefix-cache entries were dropped by
+    ``deallocate`` when their refcount reached 0, so it recomputes everything).
+    (An ``allocate`` of that id with another ``n`` is a new sequence.)
+``fork``, ``append_slots``, ``rollback``, ``rebase``
+    not supported: nano-vllm has no fork, reserves one slot per step
+    (``can_append`` / ``may_append`` for the token just sampled: no chunked
+    decode, no lookahead, no speculative decoding) and never drops tokens.
+    ``capabilities`` excludes them.
 
 Block size: ``Sequence.block_size`` is a *class* attribute (256) in nano-vllm;
 the adapter sets it on each ``Sequence`` instance, so targets with different
@@ -106,7 +117,7 @@ def pop_token(seq: Any) -> None:
 class NanoVllmTarget:
     """``Target`` over a real nano-vllm ``BlockManager`` (see module docstring)."""
 
-    capabilities = frozenset({"allocate", "append_slot", "free_seq"})
+    capabilities = frozenset({"allocate", "append_slot", "free_seq", "preempt"})
 
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 1 or block_size < 1:
@@ -117,6 +128,7 @@ class NanoVllmTarget:
             num_blocks, block_size
         )
         self.seqs: dict[int, Any] = {}
+        self.preempted: dict[int, Any] = {}  # preempted seq -> its Sequence, to re-admit
         self._tokens = itertools.count(1)
 
     def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> None:
@@ -124,15 +136,19 @@ class NanoVllmTarget:
             raise MisuseError(f"sequence {seq!r} already exists")
         if n_tokens < 1:
             raise MisuseError(f"n_tokens must be positive, got {n_tokens!r}")
-        tokens = list(token_ids) if token_ids is not None else [
-            next(self._tokens) for _ in range(n_tokens)
-        ]
-        if len(tokens) != n_tokens:
-            raise MisuseError("len(token_ids) != n_tokens")
-        s = new_sequence(tokens, self.block_size)
+        s = self.preempted.get(seq)
+        if s is None or token_ids is not None or len(s) != n_tokens:
+            tokens = list(token_ids) if token_ids is not None else [
+                next(self._tokens) for _ in range(n_tokens)
+            ]
+            if len(tokens) != n_tokens:
+                raise MisuseError("len(token_ids) != n_tokens")
+            s = new_sequence(tokens, self.block_size)
         if not self.manager.can_allocate(s):
             raise OutOfBlocks(f"nano-vllm can_allocate is False for {n_tokens} tokens")
         self.manager.allocate(s)
+        self.preempted.pop(seq, None)
+        s.status = load()["nanovllm.engine.sequence"].SequenceStatus.RUNNING
         self.seqs[seq] = s
 
     def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
@@ -152,6 +168,14 @@ class NanoVllmTarget:
         s = self._live(seq)
         self.manager.deallocate(s)
         del self.seqs[seq]
+
+    def preempt(self, seq: int) -> None:
+        """``Scheduler.preempt``: WAITING, ``deallocate``; the Sequence kept to re-admit."""
+        s = self._live(seq)
+        s.status = load()["nanovllm.engine.sequence"].SequenceStatus.WAITING
+        self.manager.deallocate(s)
+        del self.seqs[seq]
+        self.preempted[seq] = s
 
     def _live(self, seq: int) -> Any:
         s = self.seqs.get(seq)

@@ -3,7 +3,7 @@
 Each ``replay_*`` function takes a list of operations
 
     ("allocate", seq, n_tokens) | ("append_slot", seq) | ("fork", parent, child)
-    | ("free_seq", seq)
+    | ("free_seq", seq) | ("append_slots", seq, n_tokens, lookahead)  (vLLM v0 only)
 
 builds the third-party object itself (through ``_loader`` and the adapter
 module's *stand-ins* only -- none of the ``*Target`` classes), performs each
@@ -140,6 +140,13 @@ def replay_vllm_v0(ops: list[Op], num_blocks: int, block_size: int,
                 result = None
             elif op[0] == "append_slot":
                 tables[op[1]].append_token_ids([next(tokens)])
+                result = {"cows": allocator.clear_copy_on_writes()}
+            elif op[0] == "append_slots":  # SelfAttnBlockSpaceManager.append_slots
+                _, seq, n, lookahead = op
+                table = tables[seq]
+                table.append_token_ids([next(tokens) for _ in range(n)],
+                                       num_lookahead_slots=lookahead,
+                                       num_computed_slots=table.num_full_slots)
                 result = {"cows": allocator.clear_copy_on_writes()}
             elif op[0] == "fork":
                 _, parent, child = op

@@ -38,10 +38,34 @@ Operations, as ``SelfAttnBlockSpaceManager`` drives the tables:
     of ``(src, dst)`` pairs that the engine hands to the cache engine as
     ``blocks_to_copy``. The slot of token ``L`` is ``(table[L // bs], L % bs)``;
     ``cow_src`` is the ``src`` of the recorded pair (at most one per append).
+``append_slots(seq, n, lookahead)``
+    ``SelfAttnBlockSpaceManager.append_slots(seq, num_lookahead_slots)`` on a
+    sequence with ``n`` unseen tokens (a chunk of a chunked prefill, or the
+    tokens a multi-step / speculative step produced):
+    ``BlockTable.append_token_ids(tokens, num_lookahead_slots=lookahead,
+    num_computed_slots=...)`` then ``allocator.clear_copy_on_writes()``, whose
+    ``(src, dst)`` pairs are returned as the copies (the engine's
+    ``blocks_to_copy``). Lookahead slots stay empty in the table's last blocks
+    (the tokens of the next append land in them).
 ``fork(parent, child)``
-    ``BlockTable.fork()``.
+    ``BlockTable.fork()``: lazy, every block shared (``copies`` = ``[]``); the
+    first write into a shared block copies it (``CopyOnWriteTracker``).
 ``free_seq(seq)``
     ``BlockTable.free()``.
+``preempt(seq)``
+    preemption by recompute (``Scheduler._preempt_by_recompute``):
+    ``free_seq`` of the sequence (``BlockTable.free()``), its token ids kept;
+    re-admission is ``allocate(seq, n)`` of the same sequence with ``n`` its
+    token count, which re-allocates exactly those token ids (the prefix-caching
+    allocator may serve them from its own freed, evictable blocks). v0 preempts
+    by recompute only a group with one running sequence (a group of several is
+    swapped out), so the adapter ``admits`` a preemption only of a sequence with
+    no live fork relative (parent, child or sibling).
+``rollback``, ``rebase``
+    not supported: v0's ``BlockTable`` has no way to drop tokens (speculative
+    decoding keeps drafts in lookahead slots, which are not tokens, and appends
+    only the accepted ones), and 0.8.5 has no beam search in the engine (it runs
+    as separate requests in the frontend). ``capabilities`` excludes them.
 
 Out-of-blocks. The allocators raise ``BlockAllocator.NoFreeBlocksError``; the
 adapter re-raises it as ``OutOfBlocks`` and does *not* pre-check: the capacity
@@ -161,7 +185,8 @@ def free_block_ids(gpu: Any) -> list[int]:
 class VllmV0Target:
     """``Target`` over vLLM v0 ``BlockTable``s on a real allocator (see module docstring)."""
 
-    capabilities = frozenset({"allocate", "append_slot", "fork", "free_seq"})
+    capabilities = frozenset({"allocate", "append_slot", "fork", "free_seq", "append_slots",
+                              "preempt"})
 
     def __init__(self, num_blocks: int, block_size: int, allocator_type: str = "naive",
                  guard: str | None = None):
@@ -178,6 +203,9 @@ class VllmV0Target:
         self.allocator = build_allocator(num_blocks, block_size, allocator_type)
         self.gpu = gpu_allocator(self.allocator)
         self.tables: dict[int, Any] = {}
+        self.tokens: dict[int, list[int]] = {}  # seq -> its token ids
+        self.group: dict[int, int] = {}  # seq -> its sequence group (fork relatives share one)
+        self.preempted: dict[int, list[int]] = {}  # preempted seq -> its token ids
         self._tokens = itertools.count(1)
         self._caching = allocator_type == "prefix_caching"
         self._clock = 0.0  # logical time for the engine's access marks (deterministic)
@@ -188,6 +216,9 @@ class VllmV0Target:
             raise MisuseError(f"sequence {seq!r} already exists")
         if n_tokens < 1:
             raise MisuseError(f"n_tokens must be positive, got {n_tokens!r}")
+        again = self.preempted.get(seq)
+        if token_ids is None and again is not None and len(again) == n_tokens:
+            token_ids = again  # re-admitted for recompute: prompt plus everything generated
         tokens = list(token_ids) if token_ids is not None else [
             next(self._tokens) for _ in range(n_tokens)
         ]
@@ -202,7 +233,10 @@ class VllmV0Target:
             table.allocate(tokens)
         except self._NoFree as exc:
             raise OutOfBlocks(f"vLLM v0 NoFreeBlocksError allocating {n_tokens} tokens") from exc
+        self.preempted.pop(seq, None)
         self.tables[seq] = table
+        self.tokens[seq] = tokens
+        self.group[seq] = seq
         self._engine_step()
 
     def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
@@ -220,24 +254,66 @@ class VllmV0Target:
         finally:
             cows = self.allocator.clear_copy_on_writes()
         assert len(cows) <= 1, cows
+        self.tokens[seq].append(tok)
         ids = table.physical_block_ids
         self._engine_step()
         return ids[length // self.block_size], length % self.block_size, (
             cows[0][0] if cows else None
         )
 
+    def append_slots(self, seq: int, n_tokens: int, lookahead: int = 0) -> list[tuple[int, int]]:
+        """``SelfAttnBlockSpaceManager.append_slots`` with ``n_tokens`` unseen tokens."""
+        table = self._live(seq)
+        if n_tokens < 1 or lookahead < 0:
+            raise MisuseError(f"append_slots({n_tokens}, {lookahead}): bad counts")
+        toks = [next(self._tokens) for _ in range(n_tokens)]
+        if self.guard == "engine":  # SelfAttnBlockSpaceManager.can_append_slots
+            touched = table.get_num_blocks_touched_by_append_slots(toks, lookahead)
+            if touched > self.allocator.get_num_free_blocks(self._gpu_device()):
+                raise OutOfBlocks(f"engine guard: {touched} blocks touched")
+        try:
+            table.append_token_ids(toks, num_lookahead_slots=lookahead,
+                                   num_computed_slots=table.num_full_slots)
+        except self._NoFree as exc:
+            raise OutOfBlocks(f"vLLM v0 NoFreeBlocksError appending {n_tokens} tokens and "
+                              f"{lookahead} lookahead slots") from exc
+        finally:
+            cows = self.allocator.clear_copy_on_writes()
+        self.tokens[seq].extend(toks)
+        self._engine_step()
+        return [(src, dst) for src, dst in cows]
+
     def fork(self, parent: int, child: int) -> None:
         table = self._live(parent)
         if child in self.tables:
             raise MisuseError(f"sequence {child!r} already exists")
         self.tables[child] = table.fork()
+        self.tokens[child] = list(self.tokens[parent])
+        self.group[child] = self.group[parent]
         self._engine_step()
 
     def free_seq(self, seq: int) -> None:
         table = self._live(seq)
         table.free()
         del self.tables[seq]
+        del self.group[seq]
+        self.tokens.pop(seq)
         self._engine_step()
+
+    def admits(self, op) -> bool:
+        """A preemption by recompute only of a sequence alone in its group (v0 swaps a
+        group of several out instead); every other operation its precondition allows."""
+        if op.kind == "preempt":
+            g = self.group.get(op.seq)
+            return sum(1 for h in self.group.values() if h == g) == 1
+        return True
+
+    def preempt(self, seq: int) -> None:
+        """Preemption by recompute: the sequence is freed, its token ids kept to re-admit."""
+        self._live(seq)
+        tokens = self.tokens[seq]
+        self.free_seq(seq)
+        self.preempted[seq] = tokens
 
     def _engine_step(self) -> None:
         """The prefix-caching bookkeeping v0's engine does every scheduler step

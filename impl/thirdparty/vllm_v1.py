@@ -75,12 +75,45 @@ Operations, as vLLM's v1 scheduler drives the manager:
     ``cow_src`` is always ``None``: v1 shares only full, hashed blocks through
     the prefix cache and never writes into a block it does not own alone (the
     block a prompt fully hits is recomputed, ``max_cache_hit_length = n - 1``).
+``append_slots(seq, n, lookahead)``
+    one scheduler step of speculative decoding (or, with ``n == 1``, a decode step
+    with lookahead slots): the token sampled last step is appended
+    (``append_output_token_ids``), ``n - 1`` fresh draft tokens become the
+    request's ``spec_token_ids`` (not in its token ids: vLLM never hashes or
+    caches a draft), then ``allocate_slots(req, n, num_lookahead_tokens=
+    lookahead)``, as ``Scheduler.schedule`` calls it for a running request with
+    ``num_new_tokens = 1 + len(spec_token_ids)``; ``None`` -> ``OutOfBlocks``
+    with the token popped again. On success ``num_computed_tokens += n`` (as
+    ``_update_after_schedule``) and the drafts stay *pending* until the step's
+    verification (below). Returns ``[]``: v1 never copies a block.
+``rollback(seq, k)``
+    the step's verification rejecting the last ``k`` drafts, as
+    ``Scheduler.update_from_output`` does: ``num_computed_tokens -= k``, the
+    accepted drafts are appended to the request's output
+    (``append_output_token_ids``, which hashes a block they complete), then
+    ``cache_blocks(req, num_computed_tokens)``. The blocks are kept (v1 frees
+    nothing on a rejection): they are reservation for the next step. v1 rolls
+    back only the pending drafts of the request's last step, so the adapter
+    ``admits`` a rollback of at most that many tokens and no other: a rollback
+    of verified tokens has no v1 equivalent and is never issued. Any other
+    operation on the request first verifies its pending drafts as all accepted.
+``preempt(seq)``
+    ``Scheduler._preempt_request``: pending drafts verified (all accepted), then
+    ``KVCacheManager.free(req)``, status PREEMPTED, ``num_computed_tokens = 0``,
+    ``spec_token_ids`` cleared, ``num_preemptions += 1``; the request is kept.
+    Re-admission is ``allocate(seq, n)`` of the same sequence with ``n`` its
+    prompt plus output tokens: the same ``Request`` goes through
+    ``get_computed_blocks`` (prefix caching may serve its own freed, still cached
+    blocks) and ``allocate_slots``, as the scheduler resumes a preempted request
+    from the waiting queue. (An ``allocate`` of that id with another ``n`` is a
+    new request.)
 ``free_seq(seq)``
     ``KVCacheManager.free(req)`` (blocks return in reverse order; hashed ones
     stay in the cache as eviction candidates at the free queue's tail).
-``fork``
-    not supported: v1 has no fork (parallel sampling runs independent
-    requests sharing a prefix-cache hit). ``capabilities`` excludes it.
+``fork``, ``rebase``
+    not supported: v1 has no fork and no copy-on-write (parallel sampling runs
+    independent requests sharing a prefix-cache hit; beam search runs outside
+    the KV-cache manager). ``capabilities`` excludes them.
 
 Observation: ``block_table`` = the request's block ids (minus one);
 ``refcount`` = ``KVCacheBlock.ref_cnt``; ``free_blocks`` walks the doubly linked
@@ -162,6 +195,7 @@ class Request:
         self.shared_prefix_boundary = 0
         self.skip_reading_prefix_cache = False
         self.block_hashes: list = []
+        self.spec_token_ids: list[int] = []
         self._block_hasher = block_hasher
         self.update_block_hashes()
 
@@ -341,7 +375,8 @@ def build_manager(num_blocks: int, block_size: int, enable_caching: bool = True)
 class VllmV1Target:
     """``Target`` over a real vLLM v1 ``KVCacheManager`` (see module docstring)."""
 
-    capabilities = frozenset({"allocate", "append_slot", "free_seq"})
+    capabilities = frozenset({"allocate", "append_slot", "free_seq", "append_slots", "rollback",
+                              "preempt"})
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
         if num_blocks < 1 or block_size < 1:
@@ -351,33 +386,46 @@ class VllmV1Target:
         self.manager, self._hasher = build_manager(num_blocks, block_size, enable_caching)
         self.pool = self.manager.block_pool
         self.requests: dict[int, Request] = {}
+        self.preempted: dict[int, Request] = {}  # preempted requests, waiting to resume
+        self.drafts: dict[int, list[int]] = {}  # seq -> its last step's unverified drafts
         self._tokens = itertools.count(1)
 
     # -- operations ---------------------------------------------------------
     def _fresh_tokens(self, n: int) -> list[int]:
         return [next(self._tokens) for _ in range(n)]
 
+    def admits(self, op) -> bool:
+        """A rollback only of the pending drafts of the request's last step (v1 rolls
+        back nothing else); every other operation its precondition allows."""
+        if op.kind == "rollback":
+            return op.n_tokens <= len(self.drafts.get(op.seq, ()))
+        return True
+
     def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> None:
         if seq in self.requests:
             raise MisuseError(f"sequence {seq!r} already exists")
         if n_tokens < 1:
             raise MisuseError(f"n_tokens must be positive, got {n_tokens!r}")
-        tokens = list(token_ids) if token_ids is not None else self._fresh_tokens(n_tokens)
-        if len(tokens) != n_tokens:
-            raise MisuseError("len(token_ids) != n_tokens")
-        req = Request(str(seq), tokens, self._hasher)
+        req = self.preempted.get(seq)
+        if req is None or token_ids is not None or req.num_tokens != n_tokens:
+            tokens = list(token_ids) if token_ids is not None else self._fresh_tokens(n_tokens)
+            if len(tokens) != n_tokens:
+                raise MisuseError("len(token_ids) != n_tokens")
+            req = Request(str(seq), tokens, self._hasher)
         computed, num_computed, _ = self.manager.get_computed_blocks(req)
         new = self.manager.allocate_slots(
             req, n_tokens - num_computed, num_computed, computed
         )
         if new is None:
             raise OutOfBlocks(f"vLLM allocate_slots returned None for {n_tokens} tokens")
+        self.preempted.pop(seq, None)
         req.num_computed_tokens = n_tokens
         req.status = RequestStatus.RUNNING
         self.requests[seq] = req
 
     def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
         req = self._live(seq)
+        self._verify(seq, req, 0)
         length = req.num_computed_tokens
         hashes_before = len(req.block_hashes)
         req.append_output_token_ids(next(self._tokens) if token_id is None else token_id)
@@ -390,11 +438,67 @@ class VllmV1Target:
         blocks = self.manager.coordinator.single_type_managers[0].req_to_blocks[req.request_id]
         return blocks[length // self.block_size].block_id - 1, length % self.block_size, None
 
+    def append_slots(self, seq: int, n_tokens: int, lookahead: int = 0) -> list[tuple[int, int]]:
+        """One step with ``n_tokens - 1`` drafts (see module docstring); no copies."""
+        req = self._live(seq)
+        if n_tokens < 1 or lookahead < 0:
+            raise MisuseError(f"append_slots({n_tokens}, {lookahead}): bad counts")
+        self._verify(seq, req, 0)
+        length = req.num_computed_tokens
+        hashes_before = len(req.block_hashes)
+        req.append_output_token_ids(next(self._tokens))  # sampled last step
+        req.spec_token_ids = self._fresh_tokens(n_tokens - 1)
+        if self.manager.allocate_slots(req, n_tokens, num_lookahead_tokens=lookahead) is None:
+            req._all_token_ids.pop()
+            req._output_token_ids.pop()
+            del req.block_hashes[hashes_before:]
+            req.spec_token_ids = []
+            raise OutOfBlocks(f"vLLM allocate_slots returned None for {n_tokens} new and "
+                              f"{lookahead} lookahead tokens")
+        req.num_computed_tokens = length + n_tokens
+        if req.spec_token_ids:
+            self.drafts[seq] = req.spec_token_ids
+        return []
+
+    def rollback(self, seq: int, n_tokens: int) -> None:
+        """Verification rejects the last ``n_tokens`` pending drafts (see module docstring)."""
+        req = self._live(seq)
+        if not 1 <= n_tokens <= len(self.drafts.get(seq, ())):
+            raise MisuseError(f"vLLM v1 rolls back only pending drafts, not {n_tokens} tokens")
+        self._verify(seq, req, n_tokens)
+
+    def _verify(self, seq: int, req: Request, rejected: int) -> None:
+        """The step's verification, as ``update_from_output``: the last ``rejected``
+        pending drafts roll ``num_computed_tokens`` back, the others join the output,
+        and the verified tokens' full blocks are cached. Blocks are kept."""
+        drafts = self.drafts.pop(seq, None)
+        if drafts is None:
+            return
+        req.num_computed_tokens -= rejected
+        accepted = drafts[: len(drafts) - rejected]
+        if accepted:
+            req.append_output_token_ids(accepted)
+        req.spec_token_ids = []
+        self.manager.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
+
+    def preempt(self, seq: int) -> None:
+        """``Scheduler._preempt_request``: free the request, keep it to resume."""
+        req = self._live(seq)
+        self._verify(seq, req, 0)
+        self.manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.num_preemptions += 1
+        del self.requests[seq]
+        self.preempted[seq] = req
+
     def fork(self, parent: int, child: int) -> None:
         raise NotImplementedError("vLLM v1 has no fork")
 
     def free_seq(self, seq: int) -> None:
         req = self._live(seq)
+        self._verify(seq, req, 0)
         req.status = RequestStatus.FINISHED_STOPPED
         self.manager.free(req)
         del self.requests[seq]

@@ -58,7 +58,11 @@ class Target(Protocol):
     # Optional: ``refcounts() -> Sequence[int]``, every block's refcount in block
     # order, for a cheaper full snapshot (else ``refcount`` is asked per block);
     # ``spelling(method, arg) -> str``, how the allocator's own code names the read
-    # ``method(arg)``, for messages (``SeedAdapter``: ``ref[3]`` for ``refcount(3)``).
+    # ``method(arg)``, for messages (``SeedAdapter``: ``ref[3]`` for ``refcount(3)``);
+    # ``admits(op) -> bool``, where an engine can express only part of an operation's
+    # precondition (vLLM v1 rolls back only the draft tokens of its last step): an
+    # operation it does not admit is never issued (drawn, replayed or explored), so
+    # it narrows what is checked and must say so in the adapter's documentation.
 
     def num_free(self) -> int:
         """The allocator's own count of free blocks (cheap). The spec holds it to

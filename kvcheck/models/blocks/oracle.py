@@ -89,6 +89,9 @@ class Oracle:
         self._pos: dict[int, int] = {}  # seq -> its index in _order
         self.shadow = ShadowMemory(target.block_size)
         self.violation: Violation | None = None
+        # A target may narrow an operation's precondition to the calls its engine can
+        # express (``Target.admits``): an operation it does not admit is never issued.
+        self._admits = getattr(target, "admits", None)
         # The compiled spec stands in for the spec's own contracts only where a
         # subclass does not judge operations its own way.
         self.compiled = compiled and type(self)._check_op is Oracle._check_op
@@ -126,6 +129,7 @@ class Oracle:
         """
         new = copy.copy(self)
         new.target = copy.deepcopy(self.target)
+        new._admits = getattr(new.target, "admits", None)  # the copy's own, not the original's
         new.lengths = dict(self.lengths)
         new.reserved = dict(self.reserved)
         new._order = list(self._order)
@@ -149,8 +153,12 @@ class Oracle:
         return self._order
 
     def valid(self, op: Op) -> bool:
-        """Whether ``op`` meets its precondition now and the target supports it."""
-        return op.kind in self.target.capabilities and self._precondition(op)
+        """Whether ``op`` meets its precondition now and the target supports it (and,
+        where the target narrows what it accepts, admits it: ``Target.admits``)."""
+        if op.kind not in self.target.capabilities or not self._precondition(op):
+            return False
+        admits = self._admits
+        return admits is None or bool(admits(op))
 
     def _precondition(self, op: Op) -> bool:
         if self.mode == "fast":
