@@ -284,7 +284,7 @@ def test_faults_are_found():
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_compiled_and_interpreted_agree_on_the_corpus(name):
     for seed in range(3):
-        assert _run_lockstep(CORPUS[name][0], 12, 3, 1500, seed) is not None
+        assert _run_lockstep(CORPUS[name][0], 12, 3, 3000, seed) is not None
 
 
 def test_spec_text_the_tracer_cannot_represent_is_checked_directly(monkeypatch):
