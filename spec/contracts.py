@@ -250,10 +250,13 @@ def _shares(L, pre, post, op: Op, dom: Domain, source, target, released: bool):
     """What a fork or a rebase does to ``target`` (the child): it holds ``source``'s
     blocks, each shared, except that a partial block holding the source's last token may
     be a copy made now (a fresh block; an eager fork). With ``released``, the child's
-    old references go first (a rebase). The clauses both operations share."""
+    old references go first (a rebase), so the copy may also land in a block only the
+    child held, released by then. The clauses both operations share."""
     k = pre.nblocks(source)
     t, partial = _last_token_block(L, pre, source)
-    eager = L.and_(post.nblocks(target) == k, post.table(target, t) != pre.table(source, t))
+    copy = post.table(target, t)
+    eager = L.and_(post.nblocks(target) == k, copy != pre.table(source, t))
+    fresh = L.and_(eager, pre.free_count(copy) >= 1)  # the copy taken from the free list
     yield "child is live with the source's length", target, L.and_(
         post.live(target), post.length(target) == pre.length(source))
     yield "child's table lists the source's blocks, a partial last block possibly a copy", \
@@ -262,8 +265,13 @@ def _shares(L, pre, post, op: Op, dom: Domain, source, target, released: bool):
             for i in post.positions(target)))
     yield "only a partial last block is copied at fork time (a full block never)", target, (
         L.implies(eager, partial))
-    yield "a block copied at fork time was free", target, L.implies(
-        eager, pre.free_count(post.table(target, t)) >= 1)
+    if released:  # (released first, a block the child alone held may take the copy)
+        yield "a block copied at fork time was free or the child's alone", target, L.implies(
+            eager, L.or_(pre.free_count(copy) >= 1,
+                         pre.ref(copy) == pre.occurrences(target, copy)))
+    else:
+        yield "a block copied at fork time was free", target, L.implies(
+            eager, pre.free_count(copy) >= 1)
     yield "child's table is its own object", target, post.sharers(target) == 1
     yield "child reserves what the source reserves", target, (
         post.reserved(target) == reserved_after(L, pre, op, post.nblocks(target)))
@@ -281,7 +289,7 @@ def _shares(L, pre, post, op: Op, dom: Domain, source, target, released: bool):
         yield "free list changes only as the operation says", b, (
             post.free_count(b) == pre.free_count(b) + L.ite(freed, 1, 0) - L.ite(taken, 1, 0))
     yield "free list changes by the blocks released and the copy taken", None, (
-        post.num_free() == pre.num_free() + L.count(back) - L.ite(eager, 1, 0))
+        post.num_free() == pre.num_free() + L.count(back) - L.ite(fresh, 1, 0))
     yield from unchanged_others(L, pre, post, dom, (source, target))
 
 
@@ -308,7 +316,8 @@ def rebase(L, pre, post, op: Op, dom: Domain):
     history. The child's old references are released (each block loses one per
     entry, joining the free list when that was its last), then it holds the
     source's blocks as a fork would (full blocks shared, a partial last block
-    shared or copied now), with the source's length; the source is unchanged.
+    shared or copied now, into a free block or one the child alone held), with the
+    source's length; the source is unchanged.
     An eager copy may run out of blocks, and then nothing changed."""
     if op.outcome == OOB:
         t, partial = _last_token_block(L, pre, op.seq)

@@ -1,5 +1,6 @@
 """Every corpus bug is caught: by ``verify`` (API and CLI) with a short minimal
-trace over several seeds, and by the Hypothesis state machine factory."""
+trace over several seeds, and by the Hypothesis state machine factory; the legal
+choices beside the engine corpus pass."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck import make_state_machine
 from kvcheck.cli import main
+from kvcheck.models.blocks.runs import Scope, explore, replay
+from kvcheck.spec.contracts import Op
 from kvcheck.verify import verify
 
 from corpus.buggy import CORPUS
+from corpus.engine import LEGAL
 
 BUGGY = Path(__file__).resolve().parents[1] / "corpus" / "buggy.py"
 SEEDS = (0, 1, 2)
@@ -82,3 +86,30 @@ def test_state_machine_factory_fast_mode_fails():
                                  mode="fast")
     with pytest.raises(AssertionError, match="violation"):
         run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
+
+
+@pytest.mark.parametrize("name", sorted(LEGAL))
+def test_legal_engine_choices_pass(name):
+    """Allocators choosing otherwise than the references, within the spec, are not flagged:
+    by verify at several pool shapes, and by bounded exploration."""
+    cls = LEGAL[name]
+    for nb, bs, seed in ((16, 4, 0), (8, 2, 1), (4, 1, 2), (12, 3, 0), (3, 2, 1)):
+        r = verify(cls, nb, bs, 3000, seed, timeout=5.0)
+        assert r.ok, r.violation
+    r = explore(cls, Scope(4, 2, 3, 4, 6))
+    assert r.violation is None and r.complete
+
+
+def test_eager_rebase_may_copy_into_a_block_the_child_released():
+    """The rebase contract's copy may land in a block only the child held (released first),
+    not only in one free before; into a block another sequence still reads it may not."""
+    ops = [Op("allocate", seq=0, n_tokens=1), Op("fork", seq=0, child=1),
+           Op("rebase", seq=0, child=1)]
+    r = replay(LEGAL["eager-rebase-release-first"], 2, 2, ops, timeout=2.0)
+    assert r.violation is None and r.ops[-1].copies == [(0, 1)]  # the pool is full: block 1 reused
+    shared = CORPUS["eager-rebase-reuses-shared-tail"][0]
+    ops = [Op("allocate", seq=0, n_tokens=1), Op("allocate", seq=1, n_tokens=2),
+           Op("fork", seq=1, child=2), Op("rebase", seq=0, child=1)]
+    r = replay(shared, 4, 2, ops, timeout=2.0)
+    assert r.violation is not None and r.violation.step == 4
+    assert r.violation.name == "rebase: a block copied at fork time was free or the child's alone"

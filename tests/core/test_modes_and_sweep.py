@@ -16,8 +16,8 @@ from corpus.buggy import CORPUS
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_modes_agree_on_corpus(name, seed):
     cls = CORPUS[name][0]
-    fast = verify(cls, 12, 3, 2000, seed, mode="fast", do_shrink=False)
-    full = verify(cls, 12, 3, 2000, seed, mode="full", do_shrink=False)
+    fast = verify(cls, 12, 3, 3000, seed, mode="fast", do_shrink=False)
+    full = verify(cls, 12, 3, 3000, seed, mode="full", do_shrink=False)
     assert fast.verdict == full.verdict == "fail"
     assert fast.violation.kind == full.violation.kind, (fast.violation, full.violation)
 

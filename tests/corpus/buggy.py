@@ -2,11 +2,17 @@
 
 Each subclasses the reference and breaks exactly one thing. ``CORPUS`` maps
 a name to (class, the kind of violation kvcheck must report, maximum length
-of the minimal trace).
+of the minimal trace). The allocators of the operations engines use beyond the
+seed's four live in ``engine`` and are merged in.
 """
 
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.errors import OutOfBlocks
+
+try:  # imported as tests/corpus, a package ...
+    from corpus import engine
+except ImportError:  # ... or loaded as a file (a TARGET path), its folder importable
+    import engine
 
 
 class CowFullBlocks(BlockManager):
@@ -143,3 +149,5 @@ CORPUS = {
     "crash-on-fork": (CrashOnFork, "crash", 2),
     "bad-return": (BadReturn, "malformed", 2),
 }
+CORPUS.update(engine.ENGINE)
+globals().update({cls.__name__: cls for cls, _, _ in engine.ENGINE.values()})

@@ -219,8 +219,7 @@ class BlocksModel(Model):
     def exploration_scope(self, ops: list, scope: BlockScope) -> ExploreScope:
         return ExploreScope(scope.num_blocks, scope.block_size,
                             seqs=len({q for o in ops for q in (o.seq, o.child)}),
-                            max_tokens=max([o.n_tokens for o in ops if o.kind == "allocate"] or [1]),
-                            depth=len(ops) - 1)
+                            max_tokens=_longest_prompt(ops, scope), depth=len(ops) - 1)
 
     # -- shrinking ------------------------------------------------------------------
     def count_hints(self, scope) -> tuple[int, ...]:
@@ -234,13 +233,20 @@ class BlocksModel(Model):
             if cand is not None:
                 yield cand, scope
         # drop an allocation together with the pool space it held (a trace that fills
-        # the pool before the failing step often needs neither)
+        # the pool before the failing step often needs neither); a reservation likewise,
+        # with the blocks it may have grown by
         bs, nb = scope.block_size, scope.num_blocks
         for i, op in enumerate(ops):
-            held = -(-op.n_tokens // bs) if op.kind == "allocate" else 0
-            if 0 < held < nb:
-                yield ([self.request(o) for o in ops[:i] + ops[i + 1:]],
-                       BlockScope(nb - held, bs))
+            if op.kind == "allocate":
+                held = {-(-op.n_tokens // bs)}
+            elif op.kind == "append_slots":
+                held = {-(-(op.n_tokens + op.lookahead) // bs), (op.n_tokens + op.lookahead) // bs}
+            else:
+                continue
+            for h in sorted(held, reverse=True):
+                if 0 < h < nb:
+                    yield ([self.request(o) for o in ops[:i] + ops[i + 1:]],
+                           BlockScope(nb - h, bs))
 
     def scope_variants(self, ops: list, scope: BlockScope, smaller: BlockScope):
         if smaller.block_size < scope.block_size:  # every prompt scaled along, full blocks full
@@ -280,19 +286,35 @@ class _Driving:
 
 
 def _fold_append(ops: list, i: int) -> list | None:
-    """``ops`` without the append at ``i``, its sequence allocated one token longer."""
-    if ops[i].kind != "append_slot":
+    """``ops`` without the append at ``i`` (one slot, or a reservation's tokens without
+    its lookahead), its sequence allocated that much longer."""
+    kind = ops[i].kind
+    if kind not in ("append_slot", "append_slots"):
         return None
     q = ops[i].seq
     for j in range(i - 1, -1, -1):
         if ops[j].kind == "allocate" and ops[j].seq == q:
             cand = [MODEL.request(o) for o in ops]
-            cand[j].n_tokens += 1
+            cand[j].n_tokens += 1 if kind == "append_slot" else ops[i].n_tokens
             del cand[i]
             return cand
-        if ops[j].kind == "fork" and ops[j].child == q:
+        if ops[j].kind in ("fork", "rebase") and ops[j].child == q:
             return None
     return None
+
+
+def _longest_prompt(ops: list, scope: BlockScope) -> int:
+    """The longest prompt worth exploring for ``ops``: their longest allocation, or, where
+    reservations grow a sequence, the most it allocates and reserves (at most the pool)."""
+    longest = max([o.n_tokens for o in ops if o.kind == "allocate"] or [1])
+    grown: dict[int, int] = {}
+    for o in ops:
+        if o.kind == "allocate":
+            grown[o.seq] = o.n_tokens
+        elif o.kind == "append_slots" and o.seq in grown:
+            grown[o.seq] += o.n_tokens + o.lookahead
+    most = max(grown.values(), default=1)
+    return min(max(longest, most), max(longest, scope.num_blocks * scope.block_size))
 
 
 def _scaled(ops: list, bs: int, smaller: int) -> list:
