@@ -268,7 +268,8 @@ def _shares(L, pre, post, op: Op, dom: Domain, source, target, released: bool):
     if released:  # (released first, a block the child alone held may take the copy)
         yield "a block copied at fork time was free or the child's alone", target, L.implies(
             eager, L.or_(pre.free_count(copy) >= 1,
-                         pre.ref(copy) == pre.occurrences(target, copy)))
+                         L.and_(pre.occurrences(target, copy) >= 1,
+                                pre.ref(copy) == pre.occurrences(target, copy))))
     else:
         yield "a block copied at fork time was free", target, L.implies(
             eager, pre.free_count(copy) >= 1)

@@ -89,7 +89,11 @@ def test_breadth_first_bmc_clean_and_finds_the_mutant_shortest():
     assert replay(ForkWithoutRefcount, 4, 2, found.ops).violation is not None
 
 
-NA = {"append/in-place", "append/copy-on-write", "append/out-of-blocks-in-copy-on-write"}
+# at one token per block no tail is partial: no in-place or copy-on-write append, no copy
+# at fork or rebase time, and so no fork or rebase out of blocks either
+NA = {"append/in-place", "append/copy-on-write", "append/out-of-blocks-in-copy-on-write",
+      "fork/copies-partial-tail", "fork/out-of-blocks", "rebase/copies-partial-tail",
+      "rebase/out-of-blocks"}
 
 
 def test_classes_that_cannot_occur_at_block_size_1_are_not_applicable():

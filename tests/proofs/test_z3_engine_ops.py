@@ -43,7 +43,8 @@ WEAKENED = [
     ("rollback", "the table still holds every token left", "table_length"),
     ("rollback", "refcount -1 per entry dropped", "refcount_conservation"),
     ("rebase", "refcount +1 per entry of the child's table", "refcount_conservation"),
-    ("fork", "a block copied at fork time was free", "refcount_conservation"),
+    ("fork", "a block copied at fork time was free", "valid_block_ids"),
+    ("rebase", "a block copied at fork time was free or the child's alone", "valid_block_ids"),
     ("preempt", "refcount -1 per entry", "refcount_conservation"),
 ]
 
