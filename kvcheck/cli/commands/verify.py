@@ -11,7 +11,7 @@ def add_parser(sub) -> None:
                                    "on a violation print a minimal counterexample. Exit 0 when "
                                    "every invariant and contract held, 1 on a violation, 2 on "
                                    "bad input.")
-    checking.add_run_flags(p, "reference", "allocator", 32, 4, 10_000, 60.0)
+    checking.add_run_flags(p, "reference", "allocator", 32, 4, 10_000, 60.0, mix=checking.BLOCK_MIX)
     p.set_defaults(run=run)
 
 
