@@ -51,6 +51,11 @@ MIX = {"blocks": ("allocate", "fork", "free_seq", "max_prompt"),
        "scheduler": ()}
 
 
+# How often a run leaves an operation out of its mix entirely (no forks: nothing shared; no
+# frees: the pool stays full, so only the run's first operations fill it).
+ZERO = {"fork": 0.1, "free_seq": 0.05}
+
+
 @dataclass
 class Settings:
     """What every run of a campaign shares (the command line's flags)."""
@@ -135,11 +140,11 @@ def mix_text(weights: dict) -> str:
     return ",".join(f"{k}={v!r}" for k, v in weights.items())
 
 
-def _factor(rng: random.Random, zero: bool) -> float:
-    """A weight: 1 (the default mix) a third of the time, 0 a tenth (where ``zero``),
+def _factor(rng: random.Random, zero: float) -> float:
+    """A weight: 1 (the default mix) a third of the time, 0 with probability ``zero``,
     else 1/4 to 4, log-uniform, to two decimals (what a command line reads back exactly)."""
     x = rng.random()
-    if zero and x < 0.1:
+    if x < zero:
         return 0.0
     if x < 0.35:
         return 1.0
@@ -167,7 +172,7 @@ def draw(settings: Settings, run: int) -> RunSpec:
             if k == "max_prompt":
                 weights[k] = max(1, round(3 * bs * 2.0 ** rng.uniform(-2.0, 1.5)))
             else:
-                weights[k] = _factor(rng, zero=k != "allocate")
+                weights[k] = _factor(rng, ZERO.get(k, 0.0))
         weights = {k: v for k, v in weights.items() if k == "max_prompt" or v != 1.0}
         if weights:
             extra["weights"] = weights

@@ -131,7 +131,7 @@ class Store:
                 "seconds": round(result.get("seconds", 0.0), 3), "shape": spec.describe(),
                 "command": spec.command(), "spec": spec.to_json(),
                 "coverage": result.get("coverage")}
-        for k in ("error", "process"):
+        for k in ("error", "process", "worker"):
             if result.get(k):
                 line[k] = result[k]
         found = None

@@ -117,9 +117,9 @@ class Campaign:
             for spec in pool.cancel():
                 store.record(spec, {"verdict": "cut"}, before + elapsed())
         finally:
+            final = status()  # before the pool closes (a Ray cluster's shutdown is not the runs')
             pool.close()
-        final = status()
-        store.end_session({"started": now_iso(), "seconds": round(elapsed(), 3),
+        store.end_session({"started": now_iso(), "seconds": round(final["elapsed"], 3),
                            "pool_start_s": round(start - t0, 3), "pool": pool.where,
                            "runs": {"first": first_run, "next": store.next_run},
                            "completed": final["runs"], "ops": final["ops"],

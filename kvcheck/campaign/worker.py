@@ -172,6 +172,9 @@ def _child(conn, spec_json: dict, record: bool, beat, log: str | None) -> None:
 
             result = {"run": spec.run, "verdict": "error",
                       "error": f"internal error: {describe_exception(exc)}"}
+        import platform
+
+        result["worker"] = f"{platform.node()}:{os.getppid()}"  # the process that watched it
         conn.send(("result", result))
         conn.close()
     except BaseException:  # noqa: BLE001 - nothing more to say: the parent sees no result
