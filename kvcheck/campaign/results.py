@@ -66,6 +66,7 @@ class Store:
                       "run_seconds": 0.0, "seconds": 0.0, "coverage": {}, "capabilities": None,
                       "signatures": {}, "sessions": [], "bad_input": None}
         self.resumed = False
+        self.made_dir = False  # this session created the directory itself
 
     # -- opening ---------------------------------------------------------------------
     def open(self) -> Store:
@@ -94,6 +95,7 @@ class Store:
             self.state.update(old)
             self.resumed = True
         else:
+            self.made_dir = not self.dir.exists()
             try:
                 (self.dir / "traces").mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -106,6 +108,23 @@ class Store:
             raise UsageError(f"--out {self.dir}: cannot write there ({exc.strerror or exc})") \
                 from None
         return self
+
+    def discard(self) -> None:
+        """Remove what this session wrote into a directory it did not resume (a campaign that
+        never ran at all: bad input), so that the same ``--out`` serves the corrected command."""
+        if self.resumed:
+            return
+        for name in ("campaign.json", "runs.jsonl", "summary.json", "junit.xml", "index.html",
+                     "workers.log"):
+            try:
+                (self.dir / name).unlink()
+            except OSError:
+                pass
+        for d in (self.dir / "traces", *((self.dir,) if self.made_dir else ())):
+            try:
+                d.rmdir()  # only when empty
+            except OSError:
+                pass
 
     @property
     def next_run(self) -> int:

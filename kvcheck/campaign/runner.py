@@ -58,7 +58,12 @@ class Campaign:
         """Run the session; the summary (``results.Store.summary``)."""
         store = self.open()
         t0 = time.monotonic()
-        pool = self._pool()
+        try:
+            pool = self._pool()
+        except BaseException:  # no pool (Ray missing, a cluster that cannot be joined)
+            if not store.state["runs"]["started"]:
+                store.discard()  # nothing ever ran: the same --out serves the corrected command
+            raise
         start = time.monotonic()
         before = store.state["seconds"]
         first_run = store.next_run

@@ -49,3 +49,19 @@ def copy_full_block(num_blocks, block_size):
 
     return device_bugs.CopyFullBlock(num_blocks, block_size, dtype="float16", device="cpu",
                                      num_layers=2, num_kv_heads=2, head_dim=3, backend="torch")
+
+
+class MeetsAnother(BlockManager):
+    """Correct; its constructor waits (up to 20 s) until a second run's target is being built
+    at the same time, each run leaving its process id in ``$KVCHECK_TEST_MEET`` (a directory),
+    and notes there whether they met: two runs met only if two workers ran them at once."""
+
+    def __init__(self, num_blocks, block_size):
+        where = Path(os.environ["KVCHECK_TEST_MEET"])
+        (where / f"{os.getpid()}.here").write_text("")
+        deadline = time.monotonic() + 20.0
+        while len(list(where.glob("*.here"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        met = len(list(where.glob("*.here"))) >= 2
+        (where / f"{os.getpid()}.{'met' if met else 'alone'}").write_text("")
+        super().__init__(num_blocks, block_size)

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,26 @@ def test_runs_cut_by_the_time_budget_are_never_a_pass(tmp_path):
     assert case.find("skipped") is not None
 
 
+def test_an_interrupted_campaign_is_never_a_pass(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "c"
+    proc = subprocess.Popen([sys.executable, "-m", "kvcheck.cli", "campaign", f"{SLOW}:SlowAppends",
+                             "--workers", "2", "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    while not (out / "campaign.json").exists() and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stdout + stderr
+    assert "PASS" not in stdout and "Traceback" not in stderr
+    assert stderr.startswith("kvcheck: interrupted")
+    if (out / "summary.json").exists():  # interrupted once the runs had started: they were cut
+        s = summary(out)
+        assert s["verdict"] == "incomplete" and s["runs"]["completed"] == 0
+
+
 @pytest.mark.parametrize("cls,kind", [("SegfaultsInFork", "crash"), ("KilledInFork", "crash"),
                                       ("HardExitsInFork", "crash")])
 def test_a_target_that_ends_its_worker_process_is_a_finding(tmp_path, cls, kind):
@@ -157,11 +178,25 @@ def test_a_target_that_wedges_its_worker_process_is_a_hang(tmp_path):
     (("reference", "--time", "soon"), "expected a duration"),
     (("reference", "--block-manager", "reference"), "--block-manager is for --model scheduler"),
     (("reference", "--ray", "--model", "nope"), "invalid choice"),
+    (("reference", "--runs", "0"), "argument --runs: expected a positive integer, got 0"),
+    (("reference", "--workers", "0"), "argument --workers: expected a positive integer"),
+    (("reference", "--time", "0s"), "expected a positive duration"),
+    (("reference", "--time", "-5m"), "argument --time"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     p = campaign(*args, out=tmp_path / "c")
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stderr.count("\n") == 1 and words in p.stderr, p.stderr
+    assert p.stdout == ""
+    assert not (tmp_path / "c").exists()  # nothing ran: the same --out serves the fixed command
+
+
+def test_an_unwritable_out_is_bad_input(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("")
+    p = campaign("reference", "--runs", "1", out=f / "sub")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"kvcheck: error: --out {f / 'sub'}: cannot create it")
 
 
 def test_an_out_that_is_not_a_campaign_is_bad_input(tmp_path):
@@ -218,3 +253,89 @@ def test_a_corpus_bug_of_every_model_is_found(tmp_path, model, target, kind):
     for e in s["signatures"]:
         data = json.loads((out / e["shortest"]["trace"]).read_text())
         assert data["model"] == model
+
+
+@pytest.mark.parametrize("model", ["blocks", "prefix", "scheduler", "device"])
+def test_every_model_passes_on_its_reference(tmp_path, model):
+    out = tmp_path / "c"
+    p = campaign("--model", model, "--runs", "2", "--workers", "2", out=out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    s = summary(out)
+    assert s["verdict"] == "pass" and s["model"] == model and s["runs"]["passed"] == 2
+    assert s["ops"] > 0
+    verb = {"blocks": "verify", "prefix": "verify-prefix", "scheduler": "verify-scheduler",
+            "device": "verify-device"}[model]
+    assert all(r["command"].startswith(f"kvcheck {verb} ") for r in runs(out))
+
+
+class Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.hrefs = []
+
+    def handle_starttag(self, tag, attrs):
+        self.hrefs += [v for k, v in attrs if k == "href"]
+
+
+def test_the_outputs_parse_and_every_trace_replays_and_reports(tmp_path):
+    out = tmp_path / "c"
+    p = campaign(f"{BUGGY}:FreeWithoutRefcounts", "--runs", "4", "--workers", "2", out=out)
+    assert p.returncode == 1, p.stdout + p.stderr
+    s = summary(out)
+    assert s["signatures"]
+    state = json.loads((out / "campaign.json").read_text())
+    assert state["format"] == "kvcheck.campaign" and state["next_run"] == 4
+    suite = ET.fromstring((out / "junit.xml").read_text()).find("testsuite")
+    assert int(suite.get("failures")) == len(suite.findall("testcase")) == len(s["signatures"])
+    links = Links()
+    links.feed((out / "index.html").read_text())
+    assert {"summary.json", "junit.xml", "runs.jsonl"} <= set(links.hrefs)
+    for href in links.hrefs:
+        assert (out / href).is_file(), href
+    for e in s["signatures"]:
+        trace = out / e["shortest"]["trace"]
+        assert e["replay"] == f"kvcheck replay {trace}"
+        r = subprocess.run([sys.executable, "-m", "kvcheck.cli", "replay", str(trace)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "REPRODUCED" in r.stdout, r.stdout + r.stderr
+        page = tmp_path / f"{e['id']}.html"
+        r = subprocess.run([sys.executable, "-m", "kvcheck.cli", "report", str(trace), "-o",
+                            str(page)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert page.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_the_progress_line_is_drawn_only_on_a_terminal(tmp_path):
+    pty = pytest.importorskip("pty")
+    import os
+    import threading
+
+    argv = [sys.executable, "-m", "kvcheck.cli", "campaign", "reference", "--runs", "6",
+            "--workers", "2", "--out", str(tmp_path / "tty")]
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    got: list[bytes] = []
+
+    def pump():
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            got.append(data)
+
+    reader = threading.Thread(target=pump)
+    reader.start()
+    stdout = proc.communicate(timeout=300)[0].decode()
+    reader.join(timeout=10)
+    os.close(master)
+    terminal = b"".join(got).decode(errors="replace")
+    assert proc.returncode == 0, stdout + terminal
+    for words in ("campaign: ", " runs done", " checked ops/s", " signature(s)"):
+        assert words in terminal, terminal
+    assert "runs done" not in stdout
+    piped = campaign("reference", "--runs", "2", out=tmp_path / "piped")
+    assert piped.returncode == 0 and "runs done" not in piped.stderr + piped.stdout

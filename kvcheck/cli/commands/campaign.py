@@ -9,7 +9,6 @@ from kvcheck.cli.commands.common import (
     add_out_of_blocks,
     add_seed,
     add_shrink_seconds,
-    add_target,
     add_timeout,
     emit_json,
     positive_int,
@@ -17,6 +16,8 @@ from kvcheck.cli.commands.common import (
 
 MODELS = ("blocks", "prefix", "scheduler", "device")
 DEFAULT_TIME = "1m"
+DEFAULT_TARGET = {"blocks": "reference", "prefix": "prefix", "scheduler": "reference",
+                  "device": "device"}  # what each model's checking command checks by default
 
 
 def duration(text: str) -> float:
@@ -40,8 +41,12 @@ def add_parser(sub) -> None:
                     "index.html land in --out, from which the campaign resumes. Exit 0 when "
                     "every completed run passed (and one did), 1 when a violation was found "
                     "or no run completed, 2 on bad input.")
-    add_target(p, "reference", "target of the model (an allocator; a scheduler with --model "
-                               "scheduler; a data target with --model device)")
+    p.add_argument("target", nargs="?", default=None,
+                   help="what to check, as the model's checking command takes it (an allocator; "
+                        "a prefix-caching allocator with --model prefix; a scheduler with --model "
+                        "scheduler; a data target with --model device): a registered name, "
+                        "module:attr or file.py:attr (default: the model's own reference: "
+                        + ", ".join(f"{m} {t}" for m, t in DEFAULT_TARGET.items()) + ")")
     p.add_argument("--model", choices=MODELS, default="blocks",
                    help="what TARGET is checked as: blocks (verify), prefix (verify-prefix), "
                         "scheduler (verify-scheduler), device (verify-device) "
@@ -88,6 +93,8 @@ def run(args) -> int:
     if args.out_of_blocks and args.model == "device":
         raise UsageError("--out-of-blocks is not for --model device (a data target's store "
                          "says when it is out of blocks)")
+    if args.target is None:
+        args.target = DEFAULT_TARGET[args.model]
     seconds = args.time if args.time is not None or args.runs else duration(DEFAULT_TIME)
     settings = Settings(target=location(args.target), model=args.model, seed=args.seed,
                         timeout=args.timeout, shrink_seconds=args.shrink_seconds,
@@ -139,6 +146,8 @@ def report(args, campaign, s: dict) -> int:
 
     verdict = s["verdict"]
     if verdict == "bad-input":
+        if not s["runs"]["completed"]:
+            campaign.store.discard()  # nothing ran: the same --out serves the corrected command
         raise UsageError(s.get("error") or f"the target refused every shape drawn "
                                            f"({s.get('last_refusal')})")
     if args.json:
@@ -155,7 +164,8 @@ def report(args, campaign, s: dict) -> int:
 def _print(args, campaign, s: dict) -> None:
     runs, sigs = s["runs"], s["signatures"]
     d = campaign.store.dir
-    cut = f"; {runs['cut']} cut at the time limit, never counted" if runs["cut"] else ""
+    cut = (f"; {runs['cut']} cut before they finished (time up, stopped or interrupted), never "
+           f"counted" if runs["cut"] else "")
     refused = (f"; {runs['refused']} refused by the target (shapes it cannot be built at, "
                f"e.g. {s.get('last_refusal')})" if runs["refused"] else "")
     errors = f"; {runs['errors']} failed in kvcheck ({s.get('last_error')})" if runs["errors"] else ""
