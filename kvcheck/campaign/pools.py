@@ -71,6 +71,14 @@ class LocalPool:
         self.cancel()
 
 
+def _ray_warm(model: str | None) -> int:
+    """A Ray task that only readies its worker process: kvcheck's modules for ``model``
+    imported (what every run forks from); its process id."""
+    if model is not None:
+        preload(model)
+    return os.getpid()
+
+
 def _ray_task(spec_json: dict) -> dict:
     """A Ray task: one run, watched from the Ray worker process."""
     from kvcheck.campaign.worker import run_watched
@@ -87,7 +95,8 @@ class RayPool:
 
     name = "Ray tasks"
 
-    def __init__(self, address: str | None = None, workers: int | None = None):
+    def __init__(self, address: str | None = None, workers: int | None = None,
+                 model: str | None = None):
         try:
             import ray
         except ImportError:
@@ -111,6 +120,17 @@ class RayPool:
         self.capacity = workers or cpus
         self.task = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
         self.running: dict = {}  # object ref -> (spec, submitted at)
+        # start the workers before the first run (the pool's start, not the runs' time): one
+        # task per slot at once, each importing what the runs need
+        warm = ray.remote(num_cpus=1, max_retries=0)(_ray_warm)
+        try:
+            ray.get([warm.remote(model) for _ in range(self.capacity)])
+        except Exception as exc:  # noqa: BLE001 - Ray's own words, in one line
+            from kvcheck.errors import describe_exception
+
+            self.close()
+            raise UsageError(f"--ray: the cluster's workers cannot run kvcheck: "
+                             f"{describe_exception(exc)}") from None
         self.where = (f"{self.capacity} Ray task{'s' if self.capacity != 1 else ''} at a time on "
                       f"{'the cluster at ' + address if address else 'a local Ray cluster'} "
                       f"({cpus} CPU{'s' if cpus != 1 else ''})")
@@ -125,8 +145,12 @@ class RayPool:
         if not self.running:
             return []
         ray = self.ray
-        ready, _ = ray.wait(list(self.running), num_returns=len(self.running),
-                            timeout=max(0.0, min(timeout, POLL)))
+        # the first to finish ends the wait (a free worker gets its next run at once), then
+        # every other one already finished
+        ready, rest = ray.wait(list(self.running), num_returns=1,
+                               timeout=max(0.0, min(timeout, POLL)))
+        if ready and rest:
+            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
         done = []
         for ref in ready:
             spec, since = self.running.pop(ref)

@@ -52,7 +52,7 @@ class Campaign:
         if self.ray is None:
             return pools.LocalPool(self.workers, str(self.store.dir / "workers.log"),
                                    self.settings.model)
-        return pools.RayPool(self.ray or None, self.workers)
+        return pools.RayPool(self.ray or None, self.workers, self.settings.model)
 
     def run(self) -> dict:
         """Run the session; the summary (``results.Store.summary``)."""
