@@ -8,7 +8,8 @@ The directory holds
 * ``runs.jsonl``: one line per run: its parameters, the command that re-runs it, its
   verdict, operations, seconds, coverage, and its signature if it failed;
 * ``traces/<id>.json`` and ``traces/<id>.html``: each signature's shortest trace, in the one
-  trace format (``kvcheck replay``, ``kvcheck report``), and its page;
+  trace format (``kvcheck replay``, ``kvcheck report``), written as it is found, and its
+  page, drawn with the reports;
 * ``summary.json``, ``junit.xml`` (one test case per signature) and ``index.html`` (linking
   every trace's page), written at the end of each session.
 
@@ -224,16 +225,31 @@ class Store:
         return (event if new or better else None), sid, length
 
     def _write_trace(self, sid: str, data: dict) -> None:
-        from kvcheck.check.trace import Trace
-        from kvcheck.report.html import render_html
+        """The trace now; its page with the reports (a signature's shortest trace may change
+        many times in a session: its page is drawn once, and never delays a finding)."""
+        _write(self.dir / "traces" / f"{sid}.json", json.dumps(data, indent=1) + "\n")
 
-        path = self.dir / "traces" / f"{sid}.json"
-        _write(path, json.dumps(data, indent=1) + "\n")
-        try:
-            page = render_html(Trace.from_json(data), source=str(path))
-        except Exception as exc:  # noqa: BLE001 - the trace stays; the page says why it is missing
-            page = f"<!DOCTYPE html><p>no page for this trace: {html.escape(str(exc))}</p>"
-        _write(path.with_suffix(".html"), page)
+    def _write_pages(self) -> None:
+        """The page of every signature's trace that has none yet, or an older one."""
+        for e in self.state["signatures"].values():
+            sh = e["shortest"]
+            if not sh or not sh.get("trace"):
+                continue
+            path = self.dir / sh["trace"]
+            page_path = path.with_suffix(".html")
+            try:
+                if page_path.exists() and page_path.stat().st_mtime_ns >= path.stat().st_mtime_ns:
+                    continue
+            except OSError:
+                continue
+            from kvcheck.check.trace import Trace
+            from kvcheck.report.html import render_html
+
+            try:
+                page = render_html(Trace.load(path), source=str(path))
+            except Exception as exc:  # noqa: BLE001 - the trace stays; the page says why
+                page = f"<!DOCTYPE html><p>no page for this trace: {html.escape(str(exc))}</p>"
+            _write(page_path, page)
 
     # -- sessions and the summary -----------------------------------------------------
     def end_session(self, session: dict) -> None:
@@ -289,6 +305,7 @@ class Store:
 
     def write_reports(self) -> dict:
         """``summary.json``, ``junit.xml`` and ``index.html``; the summary."""
+        self._write_pages()
         s = self.summary()
         _write(self.dir / "summary.json", json.dumps(s, indent=1) + "\n")
         _write(self.dir / "junit.xml", self._junit(s) + "\n")
