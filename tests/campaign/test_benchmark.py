@@ -18,7 +18,7 @@ def _run(*args):
 
 
 def test_a_tiny_run_prints_both_parts():
-    r = _run("--runs", "2", "--no-ray", "--entries", "no-copy-on-write", "--campaign-time", "30s")
+    r = _run("--runs", "2", "--repeat", "1", "--no-ray", "--entries", "no-copy-on-write", "--campaign-time", "30s")
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "## throughput" in out and "local: 2 workers / 1 worker = " in out
