@@ -12,9 +12,10 @@
    verify TARGET`` at its defaults (32 blocks x 4, 10,000 operations, seed 0) versus
    ``kvcheck campaign TARGET`` at its defaults (one worker per core, 1 minute) with
    ``--stop-on-failure`` (which changes only when it stops). Both are whole commands,
-   timed from their start to their exit, shrinking included (each prints its shrunk
-   counterexample), one after the other in the same run. ``speed-up`` is verify's
-   seconds over the campaign's; a ``verify`` that passes missed the bug.
+   timed from their start until they print the violation (shrunk) and until they exit,
+   one after the other in the same run, each the fastest of ``--repeat``.
+   ``speed-up`` is verify's seconds over the campaign's, until each printed the violation;
+   a ``verify`` that passes missed the bug.
 
     python3 benchmarks/campaign.py                      # both parts, Ray where installed
     python3 benchmarks/campaign.py --runs 60 --no-ray   # longer throughput part, local only
@@ -73,17 +74,27 @@ def kvcheck(*argv: str, first: str, timeout: float) -> tuple[int, float | None, 
     return p.returncode, seen, time.perf_counter() - start, "".join(lines)
 
 
-def first_violation(target: str, campaign_time: str, tmp: Path) -> dict:
+def first_violation(target: str, campaign_time: str, tmp: Path, repeat: int = 1) -> dict:
     """verify's and the campaign's time to the first violation of ``target``: until each
     printed it (verify its FAIL line, the campaign its first ``found:`` line, both after
-    shrinking it), and until each command exited."""
-    code, v_first, v_s, text = kvcheck("verify", target, first="FAIL ", timeout=600)
-    if code not in (0, 1):
-        return {"error": f"verify exit {code}: {text.strip().splitlines()[-1:]}"}
-    out = tmp / f"c-{abs(hash(target))}"
-    c_code, c_first, c_s, c_text = kvcheck("campaign", target, "--stop-on-failure", "--time",
-                                           campaign_time, "--out", str(out), first="found: ",
-                                           timeout=900)
+    shrinking it), and until each command exited; each command's fastest of ``repeat``."""
+    best = None
+    for _ in range(repeat):
+        code, v_first, v_s, text = kvcheck("verify", target, first="FAIL ", timeout=600)
+        if code not in (0, 1):
+            return {"error": f"verify exit {code}: {text.strip().splitlines()[-1:]}"}
+        if best is None or (v_first or v_s) < (best[1] or best[2]):
+            best = (code, v_first, v_s)
+    _, v_first, v_s = best
+    best = None
+    for i in range(repeat):
+        out = tmp / f"c-{abs(hash(target))}-{i}"
+        c_code, c_first, c_s, c_text = kvcheck("campaign", target, "--stop-on-failure", "--time",
+                                               campaign_time, "--out", str(out), first="found: ",
+                                               timeout=900)
+        if best is None or (c_first or c_s) < (best[1] or best[2]):
+            best = (c_code, c_first, c_s, c_text, out)
+    c_code, c_first, c_s, c_text, out = best
     row = {"verify": "found" if v_first is not None else "missed", "verify_first": v_first,
            "verify_s": v_s, "campaign": "found" if c_first is not None else "missed",
            "campaign_first": c_first, "campaign_s": c_s}
@@ -132,8 +143,9 @@ def main(argv=None) -> int:
                     help="campaign runs per throughput measurement (default: %(default)s)")
     ap.add_argument("--seed", type=nonneg_int, default=0)
     ap.add_argument("--repeat", type=positive_int, default=2,
-                    help="throughput sessions per row, the fastest kept (other jobs on a shared "
-                         "machine only slow a session down) (default: %(default)s)")
+                    help="sessions per throughput row and commands per corpus entry, the fastest "
+                         "kept (other jobs on a shared machine only slow one down) "
+                         "(default: %(default)s)")
     ap.add_argument("--no-ray", action="store_true", help="local processes only")
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--no-corpus", action="store_true")
@@ -191,7 +203,7 @@ def main(argv=None) -> int:
                   f"{'printed':>8} {'exited':>7} {'speed-up':>9}  first signature (run: shape)")
             faster = missed_found = both = 0
             for name, target in rows:
-                r = first_violation(target, args.campaign_time, tmp)
+                r = first_violation(target, args.campaign_time, tmp, args.repeat)
                 if "verify_s" not in r:
                     print(f"{name:<24} {r['error']}")
                     continue
