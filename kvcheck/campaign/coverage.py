@@ -46,28 +46,51 @@ def needs(name: str) -> set[str]:
 
 
 class _Pre:
-    """The state before an append or a free, as much as its outcome classes read: the
-    sequence's length and table, and the refcounts of its blocks."""
+    """The state before an operation, as much as its outcome classes read: the lengths,
+    reservations and tables of the sequences it names, and the refcounts of their
+    blocks."""
 
-    __slots__ = ("block_size", "n", "table", "refs")
+    __slots__ = ("block_size", "seqs", "refs")
 
-    def __init__(self, block_size, n, table, refs):
-        self.block_size, self.n, self.table, self.refs = block_size, n, table, refs
+    def __init__(self, state, block_size, seqs):
+        self.block_size = block_size
+        self.seqs = {}
+        for q in seqs:
+            if q in state.lengths:
+                self.seqs[q] = (state.length(q), state.reserved(q), tuple(state.table_tuple(q)))
+        self.refs = {b: state.ref(b) for _, _, t in self.seqs.values() for b in t}
 
     def length(self, q):
-        return self.n
+        return self.seqs[q][0] if q in self.seqs else 0
+
+    def reserved(self, q):
+        return self.seqs[q][1] if q in self.seqs else 0
+
+    def _table(self, q):
+        return self.seqs[q][2] if q in self.seqs else ()
+
+    def nblocks(self, q):
+        return len(self._table(q))
+
+    def positions(self, q):
+        return range(len(self._table(q)))
+
+    def table(self, q, i):
+        t = self._table(q)
+        return t[i] if 0 <= i < len(t) else -1
 
     def tail(self, q):
-        return self.table[-1] if self.table else -1
+        t = self._table(q)
+        return t[-1] if t else -1
 
     def ref(self, b):
         return self.refs.get(b, 0)
 
     def blocks(self):
-        return self.refs.keys()  # the only blocks the sequence holds an occurrence of
+        return self.refs.keys()  # the only blocks the sequences hold an occurrence of
 
     def occurrences(self, q, b):
-        return self.table.count(b)
+        return self._table(q).count(b)
 
 
 class Counter:
@@ -97,16 +120,15 @@ class Counter:
         step, counts = oracle.step, self.counts
 
         def counting(op, watchdog=None):
-            kind = op.kind
             pre = None
-            if kind == "append_slot" or kind == "free_seq":
-                s = oracle._state()
-                q = op.seq
-                table = tuple(s.table_tuple(q))
-                pre = _Pre(oracle.block_size, s.length(q), table, {b: s.ref(b) for b in set(table)})
+            if op.kind != "allocate":  # (allocate's classes read nothing before it)
+                pre = _Pre(oracle._state(), oracle.block_size, (op.seq, op.child))
             v = step(op, watchdog)
             if v is None:
-                name = classify(PY, pre, oracle._state(), op)
+                try:
+                    name = classify(PY, pre, oracle._state(), op)
+                except Exception:  # noqa: BLE001 - coverage is counted, never a run's end
+                    name = None
                 if name is not None:
                     counts[name] += 1
             return v
