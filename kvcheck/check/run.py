@@ -36,11 +36,18 @@ class Drive:
 def drive(model: Model, factory, scope, options: Options, seed: int, ops: int,
           progress: Callable[[int], None] | None = None, deadline: float | None = None) -> Drive:
     """Check ``ops`` operations drawn by the model's seeded driver (fewer if the driver
-    ends its workload, or at ``deadline`` by ``time.monotonic()``)."""
+    ends its workload, or at ``deadline`` by ``time.monotonic()``).
+
+    ``options.extra["watch"]``, if given, is called with the run state once it has started
+    (before the first operation; drive only, never a replay): e.g. a campaign counting
+    outcome classes."""
     start = time.perf_counter()
     with Watchdog(options.timeout) as wd:
         target = model.build(factory, scope, options)
         state = model.start(target, scope, options)
+        watch = options.extra.get("watch")
+        if watch is not None:
+            watch(state)
         driver = model.driver(seed, scope, target, options)
         history: list = []
         deviations: list = []

@@ -27,6 +27,7 @@ COMMANDS = [
     "plan",
     "replay",
     "report",
+    "campaign",
 ]
 
 

@@ -16,7 +16,7 @@ NUMERIC = {common.positive_int, common.nonneg_int, common.positive_float, common
            block_sizes, _watermarks}
 UNITS = ("blocks", "tokens", "seconds", "operations", "sequences", "requests", "workloads",
          "steps", "bytes", "GiB", "GB/s", "milliseconds", "fraction", "GPUs", "layers", "heads",
-         "elements", "seed")
+         "elements", "seed", "runs", "processes")
 
 
 def _subparsers():

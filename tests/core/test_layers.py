@@ -26,6 +26,7 @@ PACKAGES = {
     "kvcheck.tools": ("kvcheck/tools", 4),
     "kvcheck.verify": ("kvcheck/verify.py", 5),
     "kvcheck.prove": ("kvcheck/prove.py", 5),
+    "kvcheck.campaign": ("kvcheck/campaign", 5),
     "kvcheck.cli": ("kvcheck/cli", 6),
 }
 LAYER_NAMES = {0: "spec", 1: "checker", 2: "targets", 3: "models and engines", 4: "reports and tools",

@@ -23,10 +23,16 @@ from kvcheck.cli.commands.common import (
     emit_json,
     exit_code,
     junit_run,
+    mix_weights,
     positive_int,
     stopped_note,
     write_output,
 )
+
+# The weights each model's driver reads (``--mix``; the drivers' ``WEIGHTS``, not imported
+# here so that building the parser loads no model).
+BLOCK_MIX = ("allocate", "fork", "free_seq", "max_prompt")
+PREFIX_MIX = ("allocate", "fork", "free_seq")
 
 FULL_HELP = ("check the whole state after every operation: slower, exact (default: off: check "
              "what each operation touched, and everything in a sweep every max(1024, 2 x "
@@ -35,14 +41,24 @@ FULL_HELP = ("check the whole state after every operation: slower, exact (defaul
 
 def add_run_flags(p, target: str, what: str, blocks: int, block_size: int, ops: int,
                   shrink_seconds: float, full_help: str = FULL_HELP, ops_help: str = "",
-                  out_of_blocks: bool = True, extra: Callable | None = None) -> None:
+                  out_of_blocks: bool = True, extra: Callable | None = None,
+                  mix: tuple[str, ...] = ()) -> None:
     """The flags of a checking command, in the order ``--help`` shows them; ``extra(p)``
-    adds the command's own after the seed."""
+    adds the command's own after the seed; ``mix`` names the weights its driver reads
+    (``--mix``)."""
     add_target(p, target, what)
     add_pool(p, blocks, block_size)
     p.add_argument("--ops", type=positive_int, default=ops, metavar="N",
                    help=f"operations to run{ops_help} (default: %(default)s)")
     add_seed(p)
+    if mix:
+        p.add_argument("--mix", type=mix_weights, metavar="NAME=W,...",
+                       help=f"the driver's operation mix, as a campaign run draws it: "
+                            f"{', '.join(k for k in mix if k != 'max_prompt')} multiply the "
+                            f"chance of that operation (append_slot takes the rest)"
+                            + (", max_prompt is the longest prompt in tokens" if "max_prompt" in mix
+                               else "") + " (default: the driver's own mix)")
+    p.set_defaults(mix_keys=mix)
     if extra is not None:
         extra(p)
     add_trace_out(p)
@@ -57,11 +73,18 @@ def add_run_flags(p, target: str, what: str, blocks: int, block_size: int, ops: 
 
 def run(args, command: str, model: str, **verify_kwargs):
     """Check the model with the parsed ``args``: the ``kvcheck.verify.Result``."""
+    from kvcheck.errors import UsageError
     from kvcheck.targets.loading import load_exception
     from kvcheck.verify import verify
 
     oob = load_exception(args.out_of_blocks) if getattr(args, "out_of_blocks", None) else None
     check_outputs((args.trace_out, "--trace-out"), (args.junit, "--junit"))
+    if getattr(args, "mix", None):
+        unknown = sorted(set(args.mix) - set(args.mix_keys))
+        if unknown:
+            raise UsageError(f"--mix: {unknown[0]} is not a weight of this driver (it reads "
+                             f"{', '.join(args.mix_keys)})")
+        verify_kwargs["extra"] = {**verify_kwargs.get("extra", {}), "weights": dict(args.mix)}
     bar = Progress(args.ops, command, "operations") if not args.json else None
     try:
         return verify(args.target, args.blocks, args.block_size, args.ops, args.seed, oob,

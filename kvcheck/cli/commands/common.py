@@ -60,6 +60,32 @@ def positive_float(text: str) -> float:
     return value
 
 
+def mix_weights(text: str) -> dict:
+    """``allocate=2,fork=0.5,max_prompt=12``: the driver's operation mix (names checked by
+    the command against its driver's): non-negative numbers, ``max_prompt`` a positive
+    integer."""
+    import re
+
+    out: dict = {}
+    for part in text.split(","):
+        name, eq, value = part.strip().partition("=")
+        if not eq or not re.fullmatch(r"[a-z_]{1,32}", name):
+            raise argparse.ArgumentTypeError(f"expected NAME=NUMBER pairs separated by commas, "
+                                             f"got {part.strip()!r}")
+        if name in out:
+            raise argparse.ArgumentTypeError(f"{name} given twice")
+        if name == "max_prompt":
+            out[name] = positive_int(value)
+            continue
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: expected a number, got {value!r}") from None
+        if not 0.0 <= out[name] < float("inf"):
+            raise argparse.ArgumentTypeError(f"{name}: expected a non-negative number, got {value}")
+    return out
+
+
 # -- flags shared by several commands: one name, one help text per concept ----------------------
 def add_target(p, default: str, what: str = "allocator") -> None:
     p.add_argument("target", nargs="?", default=default,

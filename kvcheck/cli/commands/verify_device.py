@@ -63,7 +63,7 @@ def add_parser(sub) -> None:
                                    "violation, 2 on bad input.")
     checking.add_run_flags(p, "device", "data target", 16, 4, 2000, 30.0, FULL_HELP,
                            ops_help=", a decode step counting as one", out_of_blocks=False,
-                           extra=_own_flags)
+                           extra=_own_flags, mix=checking.BLOCK_MIX)
     p.set_defaults(run=run)
 
 

@@ -21,7 +21,8 @@ def add_parser(sub) -> None:
                                    "evictions, reuse) under the prefix-cache oracle; on a "
                                    "violation print a shrunk counterexample. Exit 0 when every "
                                    "rule held, 1 on a violation, 2 on bad input.")
-    checking.add_run_flags(p, "prefix", "prefix-caching allocator", 16, 4, 5000, 30.0, FULL_HELP)
+    checking.add_run_flags(p, "prefix", "prefix-caching allocator", 16, 4, 5000, 30.0, FULL_HELP,
+                           mix=checking.PREFIX_MIX)
     p.set_defaults(run=run)
 
 

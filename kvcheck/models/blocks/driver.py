@@ -22,13 +22,20 @@ _EXTRA = ("append_slots", "rollback", "rebase", "preempt")
 
 
 class RandomDriver:
-    def __init__(self, seed: int, num_blocks: int, block_size: int, capabilities):
+    # ``weights`` (optional): multipliers of the chances of allocate, fork and free_seq
+    # (append_slot takes the rest) and the longest prompt in tokens: a swarm run's mix.
+    WEIGHTS = ("allocate", "fork", "free_seq", "max_prompt")
+
+    def __init__(self, seed: int, num_blocks: int, block_size: int, capabilities,
+                 weights: dict | None = None):
         self.rng = random.Random(seed)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.caps = capabilities
         self.next_id = 0
-        self.max_prompt = 3 * block_size
+        w = weights or {}
+        self.max_prompt = int(w.get("max_prompt", 3 * block_size))
+        self._w = tuple(float(w.get(k, 1.0)) for k in ("allocate", "fork", "free_seq"))
         self._can = {k: k in capabilities for k in ("allocate", "append_slot", "fork", "free_seq",
                                                     *_EXTRA)}
         self._extra = any(self._can[k] for k in _EXTRA)
@@ -41,19 +48,19 @@ class RandomDriver:
     def next_op(self, live: list[int], free_blocks: int, state=None) -> Op:
         """The next operation; ``state`` (the oracle: ``lengths``, ``reserved``) lets the
         operations beyond the seed's four be drawn."""
-        rand, can = self.rng.random, self._can
+        rand, can, (wa, wf, wr) = self.rng.random, self._can, self._w
         if self._extra and state is not None:
             op = self._extra_op(live, state)
             if op is not None:
                 return op
         fullness = 1.0 - free_blocks / self.num_blocks if self.num_blocks else 1.0
-        if not live or (rand() < 0.25 * (1.0 - fullness) + 0.03 and can["allocate"]):
+        if not live or (rand() < (0.25 * (1.0 - fullness) + 0.03) * wa and can["allocate"]):
             return Op("allocate", self._new_id(), 0, 1 + int(rand() * self.max_prompt))
         r = rand()
         seq = live[int(rand() * len(live))]
-        if r < 0.12 and can["fork"]:
+        if r < 0.12 * wf and can["fork"]:
             return Op("fork", seq, self._new_id())
-        if r < 0.12 + 0.2 * fullness + 0.02 and can["free_seq"]:
+        if r < 0.12 * wf + 0.2 * fullness * wr + 0.02 * wr and can["free_seq"]:
             return Op("free_seq", seq)
         if can["append_slot"]:
             if state is not None and state.reserved.get(seq) and can["append_slots"]:

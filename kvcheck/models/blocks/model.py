@@ -169,7 +169,8 @@ class BlocksModel(Model):
     def driver(self, seed: int, scope, target, options: Options):
         from kvcheck.models.blocks.driver import RandomDriver
 
-        return _Driving(RandomDriver(seed, scope.num_blocks, scope.block_size, target.capabilities))
+        return _Driving(RandomDriver(seed, scope.num_blocks, scope.block_size, target.capabilities,
+                                     options.extra.get("weights")))
 
     # -- exploration ----------------------------------------------------------------
     def moves(self, state, scope: ExploreScope) -> list:

@@ -213,7 +213,7 @@ class DeviceModel(Model):
 
     def driver(self, seed: int, scope, target, options: Options):
         return DeviceDriver(seed, scope, target.capabilities,
-                            float(options.extra.get("batch_prob", 0.3)))
+                            float(options.extra.get("batch_prob", 0.3)), options.extra.get("weights"))
 
     # -- exploration ----------------------------------------------------------------------
     def moves(self, state, scope: DeviceExploreScope) -> list:
@@ -350,10 +350,10 @@ class DeviceDriver:
     ``batch_prob`` a decode step over a random set of the live sequences instead (drawn
     from the driver's own generator)."""
 
-    def __init__(self, seed: int, scope, capabilities, batch_prob: float):
+    def __init__(self, seed: int, scope, capabilities, batch_prob: float, weights: dict | None = None):
         from kvcheck.models.blocks.driver import RandomDriver
 
-        self.driver = RandomDriver(seed, scope.num_blocks, scope.block_size, capabilities)
+        self.driver = RandomDriver(seed, scope.num_blocks, scope.block_size, capabilities, weights)
         self.rng = self.driver.rng
         self.batch_prob = batch_prob if DECODE in capabilities else 0.0
 

@@ -12,8 +12,14 @@ class PrefixDriver:
     suffixes from a tiny vocabulary, decode tokens from the same vocabulary,
     and pool pressure, so hits, evictions, revivals and duplicates all happen."""
 
-    def __init__(self, seed: int, num_blocks: int, block_size: int, capabilities):
+    # ``weights`` (optional): multipliers of the chances of allocate, fork and free_seq
+    # (append_slot takes the rest): a swarm run's mix.
+    WEIGHTS = ("allocate", "fork", "free_seq")
+
+    def __init__(self, seed: int, num_blocks: int, block_size: int, capabilities,
+                 weights: dict | None = None):
         self.rng = random.Random(seed)
+        self._w = tuple(float((weights or {}).get(k, 1.0)) for k in ("allocate", "fork", "free_seq"))
         self.num_blocks, self.bs, self.caps = num_blocks, block_size, capabilities
         rng = self.rng
         self.bases = [[rng.randrange(100, 200) for _ in range(block_size * rng.randint(1, 3))]
@@ -32,14 +38,14 @@ class PrefixDriver:
         return toks or [rng.randrange(3)]
 
     def next_op(self, live: list[int], free_blocks: int) -> PrefixOp:
-        rng, caps = self.rng, self.caps
+        rng, caps, (wa, wf, wr) = self.rng, self.caps, self._w
         fullness = 1.0 - free_blocks / self.num_blocks if self.num_blocks else 1.0
-        if not live or rng.random() < 0.3 * (1.0 - fullness) + 0.05:
+        if not live or rng.random() < (0.3 * (1.0 - fullness) + 0.05) * wa:
             toks = self._prompt()
             return PrefixOp("allocate", seq=self._new_id(), n_tokens=len(toks), tokens=tuple(toks))
         r = rng.random()
-        if r < 0.1 and "fork" in caps:
+        if r < 0.1 * wf and "fork" in caps:
             return PrefixOp("fork", seq=rng.choice(live), child=self._new_id())
-        if r < 0.1 + 0.3 * fullness + 0.05:
+        if r < 0.1 * wf + 0.3 * fullness * wr + 0.05 * wr:
             return PrefixOp("free_seq", seq=rng.choice(live))
         return PrefixOp("append_slot", seq=rng.choice(live), tokens=(rng.randrange(3),))

@@ -194,7 +194,8 @@ class PrefixModel(Model):
     def driver(self, seed: int, scope, target, options: Options):
         from kvcheck.models.prefix.driver import PrefixDriver
 
-        return _Driving(PrefixDriver(seed, scope.num_blocks, scope.block_size, target.capabilities))
+        return _Driving(PrefixDriver(seed, scope.num_blocks, scope.block_size, target.capabilities,
+                                     options.extra.get("weights")))
 
     # -- shrinking ------------------------------------------------------------------
     def count_hints(self, scope) -> tuple[int, ...]:

@@ -1,0 +1,236 @@
+"""Campaigns: aggregate checked ops/s on 2 workers vs 1, and time to the first violation.
+
+1. Throughput. The same campaign runs (``--runs N`` drawn from one seed: the same shapes,
+   mixes and operations every time) on 1 worker and on 2, as local processes and as Ray
+   tasks on a local Ray cluster started with as many CPUs as workers. Each figure is the
+   session's checked operations over its wall-clock time, the pool's start excluded (it is
+   printed apart), the fastest of ``--repeat`` sessions; every row of one pool checks the
+   same operations, so the ratio is that of the times.
+2. Time to the first violation of every entry of the block-manager corpus
+   (``tests/corpus/buggy.py``), and of the registered third-party targets with a known
+   finding that are importable here (``nano-vllm``: only at block size 1): ``kvcheck
+   verify TARGET`` at its defaults (32 blocks x 4, 10,000 operations, seed 0) versus
+   ``kvcheck campaign TARGET`` at its defaults (one worker per core, 1 minute) with
+   ``--stop-on-failure`` (which changes only when it stops). Both are whole commands,
+   timed from their start until they print the violation (shrunk) and until they exit,
+   one after the other in the same run, each the fastest of ``--repeat``.
+   ``speed-up`` is verify's seconds over the campaign's, until each printed the violation;
+   a ``verify`` that passes missed the bug.
+
+    python3 benchmarks/campaign.py                      # both parts, Ray where installed
+    python3 benchmarks/campaign.py --runs 60 --no-ray   # longer throughput part, local only
+    python3 benchmarks/campaign.py --no-corpus          # throughput only
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kvcheck.cli.commands.common import OneLineParser, nonneg_int, positive_int
+
+ROOT = Path(__file__).resolve().parents[1]
+BUGGY = ROOT / "tests" / "corpus" / "buggy.py"
+BEYOND = ("nano-vllm", "vllm-v0")  # registered targets with a finding (docs/findings.md)
+
+
+def throughput(pool: str, workers: int, runs: int, seed: int, out: Path) -> dict:
+    """One campaign session of ``runs`` runs of the reference: its figures."""
+    from kvcheck.campaign import Budget, Campaign, Settings
+
+    c = Campaign(Settings("reference", seed=seed), str(out), Budget(runs=runs), workers,
+                 "" if pool == "ray" else None)
+    s = c.run()
+    if s["verdict"] != "pass":
+        sys.exit(f"benchmarks/campaign.py: the reference did not pass: {s['verdict']}")
+    session = s["sessions"][-1]
+    return {"ops": session["ops"], "seconds": session["seconds"],
+            "rate": session["ops"] / session["seconds"], "start": session["pool_start_s"],
+            "where": session["pool"]}
+
+
+def kvcheck(*argv: str, first: str, timeout: float) -> tuple[int, float | None, float, str]:
+    """Run a kvcheck command: its exit code, the seconds until it printed a line starting
+    with ``first`` (None if it never did), its seconds in all, and its output."""
+    start = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "kvcheck.cli", *argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    seen, lines = None, []
+    try:
+        for line in p.stdout:
+            if seen is None and line.startswith(first):
+                seen = time.perf_counter() - start
+            lines.append(line)
+        p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, seen, time.perf_counter() - start, "".join(lines)
+
+
+def first_violation(target: str, campaign_time: str, tmp: Path, repeat: int = 1) -> dict:
+    """verify's and the campaign's time to the first violation of ``target``: until each
+    printed it (verify its FAIL line, the campaign its first ``found:`` line, both after
+    shrinking it), and until each command exited; each command's fastest of ``repeat``."""
+    best = None
+    for _ in range(repeat):
+        code, v_first, v_s, text = kvcheck("verify", target, first="FAIL ", timeout=600)
+        if code not in (0, 1):
+            return {"error": f"verify exit {code}: {text.strip().splitlines()[-1:]}"}
+        if best is None or (v_first or v_s) < (best[1] or best[2]):
+            best = (code, v_first, v_s)
+    _, v_first, v_s = best
+    best = None
+    for i in range(repeat):
+        out = tmp / f"c-{abs(hash(target))}-{i}"
+        c_code, c_first, c_s, c_text = kvcheck("campaign", target, "--stop-on-failure", "--time",
+                                               campaign_time, "--out", str(out), first="found: ",
+                                               timeout=900)
+        if best is None or (c_first or c_s) < (best[1] or best[2]):
+            best = (c_code, c_first, c_s, c_text, out)
+    c_code, c_first, c_s, c_text, out = best
+    row = {"verify": "found" if v_first is not None else "missed", "verify_first": v_first,
+           "verify_s": v_s, "campaign": "found" if c_first is not None else "missed",
+           "campaign_first": c_first, "campaign_s": c_s}
+    try:
+        s = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        s = None
+    if c_first is not None and s is not None and s["signatures"]:
+        e = s["signatures"][0]
+        row.update(found_after_s=e["found_after_s"], run=e["first_run"],
+                   shape=e["shortest"]["shape"], length=e["shortest"]["length"],
+                   clause=f"{e['kind']} {e['clause']}")
+    elif c_code not in (0, 1):
+        row["error"] = c_text.strip().splitlines()[-1:] if c_text.strip() else ""
+    return row
+
+
+def corpus_targets(entries: list[str] | None) -> list[tuple[str, str]]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from corpus.buggy import CORPUS
+
+    names = sorted(CORPUS)
+    if entries:
+        unknown = [e for e in entries if e not in CORPUS and e not in BEYOND]
+        if unknown:
+            raise ValueError(f"unknown corpus entry {unknown[0]!r} (one of: "
+                             f"{', '.join(names + list(BEYOND))})")
+    out = [(n, f"{BUGGY}:{CORPUS[n][0].__name__}") for n in names if not entries or n in entries]
+    from kvcheck.targets.loading import TargetError, resolve
+
+    for name in BEYOND:
+        if entries and name not in entries:
+            continue
+        try:
+            resolve(name)
+        except (TargetError, ImportError) as exc:
+            print(f"({name}: not importable here, skipped: {exc})")
+            continue
+        out.append((name, name))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = OneLineParser(prog="benchmarks/campaign.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=positive_int, default=40,
+                    help="campaign runs per throughput measurement (default: %(default)s)")
+    ap.add_argument("--seed", type=nonneg_int, default=0)
+    ap.add_argument("--repeat", type=positive_int, default=2,
+                    help="sessions per throughput row and commands per corpus entry, the fastest "
+                         "kept (other jobs on a shared machine only slow one down) "
+                         "(default: %(default)s)")
+    ap.add_argument("--no-ray", action="store_true", help="local processes only")
+    ap.add_argument("--no-throughput", action="store_true")
+    ap.add_argument("--no-corpus", action="store_true")
+    ap.add_argument("--entries", nargs="*", metavar="NAME",
+                    help="corpus entries to time (default: all, and the registered targets)")
+    ap.add_argument("--campaign-time", default="1m",
+                    help="the campaign's time budget per entry (default: the campaign's "
+                         "default, %(default)s)")
+    args = ap.parse_args(argv)
+    from kvcheck.campaign.plan import parse_duration
+
+    try:
+        parse_duration(args.campaign_time)
+    except ValueError as exc:
+        ap.error(f"argument --campaign-time: {exc}")
+    rows = []
+    if not args.no_corpus:
+        try:
+            rows = corpus_targets(args.entries)
+        except ValueError as exc:
+            ap.error(f"argument --entries: {exc}")
+    pools = ["local"]
+    if not args.no_ray:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            print("(ray is not installed: the Ray rows are skipped)")
+        else:
+            pools.append("ray")
+    print(f"cores: {len(os.sched_getaffinity(0))}, python {sys.version.split()[0]}, "
+          f"load average {os.getloadavg()[0]:.2f} (1 min) at the start")
+    with tempfile.TemporaryDirectory(prefix="kvcheck-bench-") as tmp_:
+        tmp = Path(tmp_)
+        if not args.no_throughput:
+            print(f"\n## throughput: the reference, the same {args.runs} campaign runs "
+                  f"(seed {args.seed}) on 1 and 2 workers")
+            print(f"{'pool':<6} {'workers':>7} {'ops':>10} {'seconds':>8} {'checked ops/s':>14} "
+                  f"{'pool start s':>12}  where")
+            for pool in pools:
+                rates = {}
+                for workers in (1, 2):
+                    r = max((throughput(pool, workers, args.runs, args.seed,
+                                        tmp / f"t-{pool}-{workers}-{i}")
+                             for i in range(args.repeat)), key=lambda x: x["rate"])
+                    rates[workers] = r["rate"]
+                    print(f"{pool:<6} {workers:>7} {r['ops']:>10,} {r['seconds']:>8.2f} "
+                          f"{r['rate']:>14,.0f} {r['start']:>12.2f}  {r['where']}", flush=True)
+                print(f"{pool}: 2 workers / 1 worker = {rates[2] / rates[1]:.2f}x", flush=True)
+        if not args.no_corpus:
+            print(f"\n## time to the first violation: kvcheck verify (defaults) vs kvcheck "
+                  f"campaign (defaults, --time {args.campaign_time}, --stop-on-failure)")
+            print("seconds until the violation was printed (after shrinking), then until the "
+                  "command exited; speed-up: verify's first / the campaign's first")
+            print(f"{'entry':<24} {'verify':>7} {'printed':>8} {'exited':>7} {'campaign':>9} "
+                  f"{'printed':>8} {'exited':>7} {'speed-up':>9}  first signature (run: shape)")
+            faster = missed_found = both = 0
+            for name, target in rows:
+                r = first_violation(target, args.campaign_time, tmp, args.repeat)
+                if "verify_s" not in r:
+                    print(f"{name:<24} {r['error']}")
+                    continue
+                if r["verify"] == "found" and r["campaign"] == "found":
+                    both += 1
+                    ratio = f"{r['verify_first'] / r['campaign_first']:.2f}x"
+                    faster += r["campaign_first"] <= r["verify_first"]
+                elif r["campaign"] == "found":
+                    ratio = "only camp."
+                    missed_found += 1
+                else:
+                    ratio = "-"
+
+                def secs(x):
+                    return "-" if x is None else f"{x:.2f}"
+
+                what = (f"{r['clause']} (run {r['run']}: {r['shape']}; {r['length']} ops)"
+                        if "clause" in r else r.get("error", ""))
+                print(f"{name:<24} {r['verify']:>7} {secs(r['verify_first']):>8} "
+                      f"{r['verify_s']:>7.2f} {r['campaign']:>9} {secs(r['campaign_first']):>8} "
+                      f"{r['campaign_s']:>7.2f} {ratio:>9}  {what}", flush=True)
+            print(f"campaign at least as fast as verify on {faster} of the {both} entries both "
+                  f"found; found {missed_found} that verify at its defaults missed; "
+                  f"{len(rows)} entries")
+    print(f"\nload average {os.getloadavg()[0]:.2f} (1 min) at the end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""What each run of a campaign checks: its seed, shape and operation mix (swarm testing).
+
+Every run draws its own configuration from the campaign's seed and the run's number
+(``draw``), so a campaign is reproducible and resuming it continues the same sequence:
+
+* a pool from tiny (one block) to large (4,096 blocks), block sizes 1 to 32 (1 often:
+  some bugs show only there), prompts scaled with the block size;
+* an operation mix: the driver's chances of allocate, fork and free_seq each multiplied
+  by a factor from 1/4 to 4, or set to 0 (no forks at all, never a free): a run that
+  favours one kind reaches interleavings the default mix makes rare (a pool kept full,
+  long shared chains);
+* a number of operations (the scheduler: requests; the device: a batch-step share).
+
+A ``RunSpec`` is small, picklable and JSON; ``command()`` is the one ``kvcheck`` command
+line that re-runs it exactly (the checking commands take the mix as ``--mix``).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shlex
+from dataclasses import asdict, dataclass, field
+
+MODELS = ("blocks", "prefix", "scheduler", "device")
+COMMANDS = {"blocks": "verify", "prefix": "verify-prefix", "scheduler": "verify-scheduler",
+            "device": "verify-device"}
+
+# What the swarm draws from, per model: pools, block sizes, operations per run.
+POOLS = {
+    "blocks": (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 128, 256, 1024, 4096),
+    "prefix": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128),
+    "device": (1, 2, 3, 4, 6, 8, 12, 16, 32),
+    "scheduler": (2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
+}
+BLOCK_SIZES = {
+    "blocks": (1, 1, 2, 2, 3, 4, 4, 8, 16, 32),
+    "prefix": (1, 1, 2, 2, 3, 4, 4, 8, 16),
+    "device": (1, 1, 2, 3, 4, 4, 8, 16),
+    "scheduler": (1, 1, 2, 4, 4, 8, 16),
+}
+OPS = {
+    "blocks": (300, 1000, 2000, 5000, 10000, 20000),
+    "prefix": (200, 500, 1000, 2000, 5000),
+    "device": (50, 100, 200, 400, 800),
+    "scheduler": (2, 4, 6, 8, 12, 16, 24, 32),  # requests in the run's one workload
+}
+MIX = {"blocks": ("allocate", "fork", "free_seq", "max_prompt"),
+       "prefix": ("allocate", "fork", "free_seq"),
+       "device": ("allocate", "fork", "free_seq", "max_prompt"),
+       "scheduler": ()}
+
+
+# How often a run leaves an operation out of its mix entirely (no forks: nothing shared; no
+# frees: the pool stays full, so only the run's first operations fill it).
+ZERO = {"fork": 0.1, "free_seq": 0.05}
+
+
+@dataclass
+class Settings:
+    """What every run of a campaign shares (the command line's flags)."""
+
+    target: str
+    model: str = "blocks"
+    seed: int = 0
+    timeout: float | None = 10.0
+    shrink_seconds: float = 30.0
+    out_of_blocks: str | None = None  # module:Name
+    block_manager: str | None = None  # the scheduler's
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RunSpec:
+    """One run: the shared settings' values it needs, and what it drew."""
+
+    run: int
+    model: str
+    target: str
+    seed: int
+    scope: dict  # the model's scope, as a trace records it
+    ops: int  # operations (the scheduler: requests)
+    extra: dict = field(default_factory=dict)  # weights (the mix), batch_prob
+    timeout: float | None = 10.0
+    shrink_seconds: float = 30.0
+    out_of_blocks: str | None = None
+    block_manager: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunSpec:
+        return cls(**data)
+
+    def describe(self) -> str:
+        """The drawn shape and mix, in a few words."""
+        s = self.scope
+        words = f"{s['num_blocks']} x {s['block_size']}"
+        if "watermark" in s:
+            words += f", watermark {s['watermark']}, {self.ops} requests"
+        else:
+            words += f", {self.ops} ops"
+        mix = self.extra.get("weights")
+        if mix:
+            words += f", mix {mix_text(mix)}"
+        if "batch_prob" in self.extra:
+            words += f", batch {self.extra['batch_prob']:g}"
+        return words
+
+    def command(self) -> str:
+        """The ``kvcheck`` command that re-runs exactly this run."""
+        s = self.scope
+        argv = ["kvcheck", COMMANDS[self.model], self.target, "--blocks", str(s["num_blocks"]),
+                "--block-size", str(s["block_size"])]
+        if self.model == "scheduler":
+            argv += ["--watermark", str(s["watermark"]), "--requests", str(self.ops),
+                     "--workloads", "1"]
+            if self.block_manager:
+                argv += ["--block-manager", self.block_manager]
+        else:
+            argv += ["--ops", str(self.ops)]
+        argv += ["--seed", str(self.seed)]
+        if self.extra.get("weights"):
+            argv += ["--mix", mix_text(self.extra["weights"])]
+        if "batch_prob" in self.extra:
+            argv += ["--batch-prob", repr(self.extra["batch_prob"])]
+        if self.out_of_blocks and self.model != "device":
+            argv += ["--out-of-blocks", self.out_of_blocks]
+        if self.timeout != 10.0:
+            argv += ["--timeout", f"{self.timeout or 0:g}"]
+        argv += ["--shrink-seconds", f"{self.shrink_seconds:g}"]
+        return " ".join(shlex.quote(a) for a in argv)
+
+
+def mix_text(weights: dict) -> str:
+    """``allocate=2.0,fork=0.5`` (what ``--mix`` reads back to the same numbers)."""
+    return ",".join(f"{k}={v!r}" for k, v in weights.items())
+
+
+def _factor(rng: random.Random, zero: float) -> float:
+    """A weight: 1 (the default mix) a third of the time, 0 with probability ``zero``,
+    else 1/4 to 4, log-uniform, to two decimals (what a command line reads back exactly)."""
+    x = rng.random()
+    if x < zero:
+        return 0.0
+    if x < 0.35:
+        return 1.0
+    return round(2.0 ** rng.uniform(-2.0, 2.0), 2)
+
+
+def draw(settings: Settings, run: int) -> RunSpec:
+    """Run ``run`` of the campaign with ``settings``: the same every time it is drawn."""
+    model = settings.model
+    rng = random.Random(f"kvcheck-campaign:{model}:{settings.seed}:{run}")
+    seed = rng.getrandbits(31)
+    nb = rng.choice(POOLS[model])
+    bs = rng.choice(BLOCK_SIZES[model])
+    ops = rng.choice(OPS[model])
+    scope: dict = {"num_blocks": nb, "block_size": bs}
+    extra: dict = {}
+    if model == "scheduler":
+        nb = max(nb, 2)
+        scope = {"num_blocks": nb, "block_size": bs,
+                 "watermark": rng.choice((0, 1, 1, 1, 2, 3)) % nb}
+    else:
+        ops = max(ops, min(OPS[model][-1], 3 * nb))  # enough operations to fill the pool
+        weights: dict = {}
+        for k in MIX[model]:
+            if k == "max_prompt":
+                weights[k] = max(1, round(3 * bs * 2.0 ** rng.uniform(-2.0, 1.5)))
+            else:
+                weights[k] = _factor(rng, ZERO.get(k, 0.0))
+        weights = {k: v for k, v in weights.items() if k == "max_prompt" or v != 1.0}
+        if weights:
+            extra["weights"] = weights
+        if model == "device":
+            extra["batch_prob"] = round(rng.uniform(0.0, 0.8), 2)
+    return RunSpec(run, model, settings.target, seed, scope, ops, extra, settings.timeout,
+                   settings.shrink_seconds, settings.out_of_blocks, settings.block_manager)
+
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``90s``, ``10m``, ``1h``, ``1h30m`` or a plain number of seconds;
+    ``ValueError`` for anything else (or zero)."""
+    t = text.strip().lower()
+    try:
+        seconds = float(t)
+    except ValueError:
+        m = _DURATION.fullmatch(t)
+        if not t or m is None or not any(m.groups()):
+            raise ValueError(f"expected a duration like 90s, 10m or 1h, got {text!r}") from None
+        h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+        seconds = 3600 * h + 60 * mi + s
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"expected a positive duration, got {text!r}")
+    return seconds
+
+
+def show_duration(seconds: float) -> str:
+    """``1m05s``, ``42.1s``, ``2h03m``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(int(seconds), 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"

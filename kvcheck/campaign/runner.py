@@ -1,0 +1,133 @@
+"""A campaign: many runs of the checker until the time or run budget ends.
+
+``Campaign(settings, out, ...).run()`` opens (or resumes) the ``--out`` directory
+(``results.Store``), starts the pool (``pools``), keeps every worker busy with the next
+run drawn (``plan.draw``), records each run as it finishes, cuts the runs still in flight
+when the time is up (a cut run is never counted as passed), and writes the summary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvcheck.campaign.plan import Settings, draw
+from kvcheck.campaign.results import Store, now_iso
+
+REFUSED_IN_A_ROW = 20  # refused runs, none completed: the target cannot be run at all
+
+
+@dataclass
+class Budget:
+    seconds: float | None = None  # wall-clock time for this session
+    runs: int | None = None  # runs to start in this session
+
+
+class Campaign:
+    """One session of a campaign (see the module doc). ``ray``: None for local processes,
+    ``""`` for a local Ray cluster, else the address of one to join. ``on_found(entry)`` is
+    told of every new signature or shorter trace, ``progress(status)`` of the figures (about
+    four times a second)."""
+
+    def __init__(self, settings: Settings, out: str, budget: Budget, workers: int | None = None,
+                 ray: str | None = None, stop_on_failure: bool = False,
+                 on_found: Callable[[dict], None] | None = None,
+                 progress: Callable[[dict], None] | None = None):
+        self.settings, self.out, self.budget = settings, out, budget
+        self.workers, self.ray, self.stop_on_failure = workers, ray, stop_on_failure
+        self.on_found, self.progress = on_found, progress
+        self.store: Store | None = None
+        self.interrupted = False
+
+    def open(self) -> Store:
+        """The ``--out`` directory, opened before anything runs (bad input raises here)."""
+        if self.store is None:
+            self.store = Store(self.out, self.settings).open()
+        return self.store
+
+    def _pool(self):
+        from kvcheck.campaign import pools
+
+        if self.ray is None:
+            return pools.LocalPool(self.workers, str(self.store.dir / "workers.log"),
+                                   self.settings.model)
+        return pools.RayPool(self.ray or None, self.workers, self.settings.model)
+
+    def run(self) -> dict:
+        """Run the session; the summary (``results.Store.summary``)."""
+        store = self.open()
+        t0 = time.monotonic()
+        try:
+            pool = self._pool()
+        except BaseException:  # no pool (Ray missing, a cluster that cannot be joined)
+            if not store.state["runs"]["started"]:
+                store.discard()  # nothing ever ran: the same --out serves the corrected command
+            raise
+        start = time.monotonic()
+        before = store.state["seconds"]
+        first_run = store.next_run
+        ops0 = store.state["ops"]
+        runs0 = store.state["runs"]["completed"]
+        deadline = start + self.budget.seconds if self.budget.seconds else None
+        started, stop = 0, False
+        refused_row = 0
+
+        def elapsed() -> float:
+            return time.monotonic() - start
+
+        def status() -> dict:
+            e = elapsed()
+            ops = store.state["ops"] - ops0
+            return {"elapsed": e, "runs": store.state["runs"]["completed"] - runs0,
+                    "cut": store.state["runs"]["cut"], "in_flight": len(pool.running),
+                    "ops": ops, "ops_per_second": ops / e if e > 0 else 0.0,
+                    "signatures": len(store.state["signatures"])}
+
+        try:
+            while True:
+                now = time.monotonic()
+                out_of_time = deadline is not None and now >= deadline
+                while (not stop and not out_of_time and pool.free() > 0
+                       and (self.budget.runs is None or started < self.budget.runs)):
+                    pool.submit(draw(self.settings, store.take()))
+                    started += 1
+                if not pool.running:
+                    break
+                if out_of_time:
+                    for spec in pool.cancel():
+                        store.record(spec, {"verdict": "cut"}, before + elapsed())
+                    break
+                wait = 0.25 if deadline is None else max(0.0, min(0.25, deadline - now))
+                for spec, result in pool.wait(wait):
+                    found = store.record(spec, result, before + elapsed())
+                    verdict = result.get("verdict")
+                    refused_row = refused_row + 1 if verdict == "refused" else 0
+                    if verdict == "bad-target" or (
+                            refused_row >= REFUSED_IN_A_ROW and not store.state["runs"]["completed"]):
+                        stop = True
+                    if found is not None:
+                        if self.on_found is not None:
+                            self.on_found(found)
+                        if self.stop_on_failure:
+                            stop = True
+                if stop and pool.running:
+                    for spec in pool.cancel():
+                        store.record(spec, {"verdict": "cut"}, before + elapsed())
+                    break
+                if self.progress is not None:
+                    self.progress(status())
+        except KeyboardInterrupt:
+            self.interrupted = True
+            for spec in pool.cancel():
+                store.record(spec, {"verdict": "cut"}, before + elapsed())
+        finally:
+            final = status()  # before the pool closes (a Ray cluster's shutdown is not the runs')
+            pool.close()
+        store.end_session({"started": now_iso(), "seconds": round(final["elapsed"], 3),
+                           "pool_start_s": round(start - t0, 3), "pool": pool.where,
+                           "runs": {"first": first_run, "next": store.next_run},
+                           "completed": final["runs"], "ops": final["ops"],
+                           "ops_per_second": round(final["ops_per_second"], 1),
+                           "interrupted": self.interrupted})
+        return store.write_reports()

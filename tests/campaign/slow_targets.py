@@ -1,0 +1,67 @@
+"""Targets for the campaign's tests: legal ones that are slow, lack an operation or refuse
+some shapes, and a device bug from the device corpus on the torch backend."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from kvcheck.impl.block_manager import BlockManager
+from kvcheck.targets.protocol import SeedAdapter
+
+
+class SlowAppends(BlockManager):
+    """Correct, but every append takes 50 ms: no run of a few hundred operations ends
+    within a one-second budget."""
+
+    def append_slot(self, seq):
+        time.sleep(0.05)
+        return super().append_slot(seq)
+
+
+class NoFork(SeedAdapter):
+    """The reference without fork: the classes that need a fork cannot occur."""
+
+    def __init__(self, num_blocks, block_size):
+        super().__init__(BlockManager(num_blocks, block_size), num_blocks, block_size)
+        self.capabilities = frozenset({"allocate", "append_slot", "free_seq"})
+
+
+class OnlyBlockSizeOne(BlockManager):
+    """Refuses every block size but 1 (at which every append starts a block)."""
+
+    def __init__(self, num_blocks, block_size):
+        if block_size != 1:
+            raise ValueError("only block size 1 is supported")
+        super().__init__(num_blocks, block_size)
+
+
+def copy_full_block(num_blocks, block_size):
+    """The device corpus' CopyFullBlock, float16 on the torch backend, on the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "device"))
+    import device_bugs
+
+    return device_bugs.CopyFullBlock(num_blocks, block_size, dtype="float16", device="cpu",
+                                     num_layers=2, num_kv_heads=2, head_dim=3, backend="torch")
+
+
+class MeetsAnother(BlockManager):
+    """Correct; its constructor waits (up to 20 s) until a second run's target is being built
+    at the same time, each run leaving its process id in ``$KVCHECK_TEST_MEET`` (a directory),
+    and notes there whether they met: two runs met only if two workers ran them at once."""
+
+    def __init__(self, num_blocks, block_size):
+        where = Path(os.environ["KVCHECK_TEST_MEET"])
+        (where / f"{os.getpid()}.here").write_text("")
+        deadline = time.monotonic() + 20.0
+        while len(list(where.glob("*.here"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        met = len(list(where.glob("*.here"))) >= 2
+        (where / f"{os.getpid()}.{'met' if met else 'alone'}").write_text("")
+        super().__init__(num_blocks, block_size)

@@ -1,0 +1,341 @@
+"""``kvcheck campaign`` as a user runs it (a fresh process each time): exit codes, the
+summary.json / junit.xml / index.html it leaves, signatures keeping their shortest trace,
+resuming, runs cut by the time budget (never PASS), a target that ends or wedges its
+worker process reported as a finding, coverage warnings, one corpus bug of every model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+BUGGY = TESTS / "corpus" / "buggy.py"
+ENDING = TESTS / "core" / "ending_targets.py"
+SLOW = Path(__file__).with_name("slow_targets.py")
+
+
+def campaign(*args, out: Path, timeout: float = 300):
+    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "campaign", *map(str, args),
+                        "--out", str(out)], capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in p.stderr + p.stdout, p.stderr
+    return p
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def runs(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+
+
+def test_a_passing_campaign(tmp_path):
+    out = tmp_path / "c"
+    p = campaign("reference", "--runs", "4", "--workers", "2", out=out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.startswith("PASS reference: 4 campaign runs"), p.stdout
+    s = summary(out)
+    assert s["format"] == "kvcheck.campaign-summary" and s["verdict"] == "pass"
+    assert s["runs"] == {"started": 4, "completed": 4, "passed": 4, "failed": 0, "cut": 0,
+                         "refused": 0, "errors": 0}
+    assert s["ops"] == sum(r["ops"] for r in runs(out)) > 0
+    assert s["signatures"] == [] and s["coverage"]["classes"] is True
+    assert set(s["coverage"]["total"]) >= {"allocate/ok", "append/copy-on-write"}
+    assert [r["run"] for r in runs(out)] == [0, 1, 2, 3] or sorted(r["run"] for r in runs(out)) \
+        == [0, 1, 2, 3]
+    for r in runs(out):
+        assert r["command"].startswith("kvcheck verify reference --blocks ")
+    suite = ET.fromstring((out / "junit.xml").read_text()).find("testsuite")
+    cases = suite.findall("testcase")
+    assert len(cases) == 1 and cases[0].find("failure") is None and cases[0].find("skipped") is None
+    assert "PASS" in (out / "index.html").read_text()
+
+
+def test_violations_grouped_by_signature_with_their_shortest_trace(tmp_path):
+    out = tmp_path / "c"
+    p = campaign(f"{BUGGY}:NoCopyOnWrite", "--runs", "8", "--workers", "2", out=out)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert p.stdout.startswith("found: [run "), p.stdout
+    assert "FAIL " in p.stdout and "replay: kvcheck replay " in p.stdout
+    s = summary(out)
+    assert s["verdict"] == "fail" and s["signatures"]
+    lines = runs(out)
+    failed = [r for r in lines if r["verdict"] == "fail"]
+    assert len(failed) == s["runs"]["failed"] >= 2
+    assert sum(e["runs"] for e in s["signatures"]) == len(failed)
+    for e in s["signatures"]:
+        assert e["kind"] == "contract" and e["clause"].startswith("append_slot: ")
+        assert set(e["op_kinds"]) <= {"allocate", "append_slot", "fork", "free_seq"}
+        mine = [r for r in failed if r["signature"] == e["id"]]
+        assert e["shortest"]["length"] == min(r["length"] for r in mine)
+        assert e["shortest"]["run"] == min(r["run"] for r in mine
+                                           if r["length"] == e["shortest"]["length"])
+        trace = out / e["shortest"]["trace"]
+        data = json.loads(trace.read_text())
+        assert data["format"] == "kvcheck.trace" and len(data["ops"]) == e["shortest"]["length"]
+        assert (out / e["shortest"]["html"]).read_text().startswith("<!DOCTYPE html>")
+        replay = subprocess.run([sys.executable, "-m", "kvcheck.cli", "replay", str(trace)],
+                                capture_output=True, text=True, timeout=120)
+        assert replay.returncode == 1 and "REPRODUCED" in replay.stdout, replay.stdout
+        assert e["rerun"].startswith("kvcheck verify ") and "--seed" in e["rerun"]
+    # JUnit: one failed test case per signature; the index links every trace's page
+    cases = ET.fromstring((out / "junit.xml").read_text()).iter("testcase")
+    assert sorted(c.get("name") for c in cases if c.find("failure") is not None) == sorted(
+        f"{e['kind']}: {e['clause']} [{'+'.join(e['op_kinds'])}]" for e in s["signatures"])
+    index = (out / "index.html").read_text()
+    for e in s["signatures"]:
+        assert f'href="{e["shortest"]["html"]}"' in index
+
+
+def test_resume_continues_with_the_next_runs_and_merges(tmp_path):
+    out = tmp_path / "c"
+    first = campaign(f"{BUGGY}:NoCopyOnWrite", "--runs", "3", out=out)
+    assert first.returncode == 1
+    before = summary(out)
+    again = campaign(f"{BUGGY}:NoCopyOnWrite", "--runs", "2", out=out)
+    assert again.returncode == 1, again.stdout + again.stderr
+    s = summary(out)
+    assert sorted(r["run"] for r in runs(out)) == [0, 1, 2, 3, 4]
+    assert s["runs"]["completed"] == 5 and len(s["sessions"]) == 2
+    assert s["sessions"][1]["runs"] == {"first": 3, "next": 5}
+    assert sum(e["runs"] for e in s["signatures"]) == s["runs"]["failed"] >= \
+        before["runs"]["failed"]
+    assert {e["id"] for e in before["signatures"]} <= {e["id"] for e in s["signatures"]}
+    # another campaign's directory is bad input, before anything runs
+    other = campaign(f"{BUGGY}:NoCopyOnWrite", "--runs", "1", "--seed", "5", out=out)
+    assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stderr
+    assert "holds a campaign with seed 0" in other.stderr
+
+
+def test_runs_cut_by_the_time_budget_are_never_a_pass(tmp_path):
+    out = tmp_path / "c"
+    p = campaign(f"{SLOW}:SlowAppends", "--time", "1s", "--workers", "2", out=out)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert p.stdout.startswith("INCOMPLETE "), p.stdout
+    s = summary(out)
+    assert s["verdict"] == "incomplete" and s["runs"]["completed"] == 0
+    assert s["runs"]["cut"] == s["runs"]["started"] == 2
+    case = ET.fromstring((out / "junit.xml").read_text()).find("testsuite/testcase")
+    assert case.find("skipped") is not None
+
+
+def test_an_interrupted_campaign_is_never_a_pass(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "c"
+    proc = subprocess.Popen([sys.executable, "-m", "kvcheck.cli", "campaign", f"{SLOW}:SlowAppends",
+                             "--workers", "2", "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    while not (out / "campaign.json").exists() and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stdout + stderr
+    assert "PASS" not in stdout and "Traceback" not in stderr
+    assert stderr.startswith("kvcheck: interrupted")
+    if (out / "summary.json").exists():  # interrupted once the runs had started: they were cut
+        s = summary(out)
+        assert s["verdict"] == "incomplete" and s["runs"]["completed"] == 0
+
+
+@pytest.mark.parametrize("cls,kind", [("SegfaultsInFork", "crash"), ("KilledInFork", "crash"),
+                                      ("HardExitsInFork", "crash")])
+def test_a_target_that_ends_its_worker_process_is_a_finding(tmp_path, cls, kind):
+    out = tmp_path / "c"
+    p = campaign(f"{ENDING}:{cls}", "--runs", "3", "--workers", "2", out=out)
+    assert p.returncode == 1, p.stdout + p.stderr
+    s = summary(out)
+    assert s["runs"]["completed"] == 3 and s["runs"]["errors"] == 0
+    (e,) = s["signatures"]
+    assert e["kind"] == kind and e["clause"] == "fork" and "fork" in e["op_kinds"]
+    if cls != "HardExitsInFork":  # os._exit inside a call is trapped: an ordinary crash
+        assert e["op_kinds"] == ["fork"]  # (not shrunk: what was in flight)
+        assert "the target ended the process during operation" in e["shortest"]["witness"]
+        assert e["shortest"]["minimality"].startswith("not shrunk: the target ended the process")
+    trace = json.loads((out / e["shortest"]["trace"]).read_text())
+    assert trace["ops"][-1]["op"] == "fork"
+
+
+def test_a_target_that_wedges_its_worker_process_is_a_hang(tmp_path):
+    out = tmp_path / "c"
+    p = campaign(f"{ENDING}:HangsBeyondInterruption", "--runs", "1", "--timeout", "0.5",
+                 out=out)
+    assert p.returncode == 1, p.stdout + p.stderr
+    (e,) = summary(out)["signatures"]
+    assert e["kind"] == "hang" and "could not be interrupted" in e["shortest"]["witness"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (("nosuch",), "unknown target 'nosuch'"),
+    ((f"{ENDING}:ExitsInConstructor", "--runs", "2"), "the target refused every shape drawn"),
+    (("reference", "--time", "soon"), "expected a duration"),
+    (("reference", "--block-manager", "reference"), "--block-manager is for --model scheduler"),
+    (("reference", "--ray", "--model", "nope"), "invalid choice"),
+    (("reference", "--runs", "0"), "argument --runs: expected a positive integer, got 0"),
+    (("reference", "--workers", "0"), "argument --workers: expected a positive integer"),
+    (("reference", "--time", "0s"), "expected a positive duration"),
+    (("reference", "--time", "-5m"), "argument --time"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
+    p = campaign(*args, out=tmp_path / "c")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.count("\n") == 1 and words in p.stderr, p.stderr
+    assert p.stdout == ""
+    assert not (tmp_path / "c").exists()  # nothing ran: the same --out serves the fixed command
+
+
+def test_an_unwritable_out_is_bad_input(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("")
+    p = campaign("reference", "--runs", "1", out=f / "sub")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"kvcheck: error: --out {f / 'sub'}: cannot create it")
+
+
+def test_an_out_that_is_not_a_campaign_is_bad_input(tmp_path):
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / "campaign.json").write_text("{}")
+    p = campaign("reference", "--runs", "1", out=out)
+    assert p.returncode == 2 and "not a kvcheck campaign's state" in p.stderr
+    f = tmp_path / "file"
+    f.write_text("")
+    p = campaign("reference", "--runs", "1", out=f)
+    assert p.returncode == 2 and "not a directory" in p.stderr
+
+
+def test_coverage_warns_of_classes_that_never_occurred(tmp_path):
+    out = tmp_path / "c"
+    p = campaign(f"{SLOW}:NoFork", "--runs", "3", out=out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    c = summary(out)["coverage"]
+    assert c["total"]["fork/ok"] == 0
+    assert "fork/ok" in c["not_offered"] and "append/copy-on-write" in c["not_offered"]
+    assert "note: classes the target cannot show" in p.stdout
+    out2 = tmp_path / "c2"
+    p = campaign(f"{SLOW}:OnlyBlockSizeOne", "--runs", "3", out=out2)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "append/in-place" in summary(out2)["coverage"]["never"]
+    assert "warning: outcome classes that never occurred: " in p.stdout
+
+
+def test_json_prints_the_summary(tmp_path):
+    p = campaign("reference", "--model", "scheduler", "--runs", "2", "--json", out=tmp_path / "c")
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["verdict"] == "pass" and s["model"] == "scheduler"
+    assert s["coverage"] == {"classes": False, "note": s["coverage"]["note"]}
+    assert "no outcome classes" in s["coverage"]["note"]
+
+
+CORPUS = [
+    ("blocks", f"{BUGGY}:ReleaseBeforeAllocate", "contract"),
+    ("prefix", f"{TESTS / 'prefix' / 'buggy_prefix.py'}:PartialBlockCached", "invariant"),
+    ("scheduler", f"{TESTS / 'scheduler' / 'buggy.py'}:DecodeTwice", "policy"),
+    ("device", f"{SLOW}:copy_full_block", "contract"),
+]
+
+
+@pytest.mark.parametrize("model,target,kind", CORPUS, ids=[c[0] for c in CORPUS])
+def test_a_corpus_bug_of_every_model_is_found(tmp_path, model, target, kind):
+    out = tmp_path / "c"
+    p = campaign(target, "--model", model, "--runs", "6", "--workers", "2", out=out)
+    assert p.returncode == 1, p.stdout + p.stderr
+    s = summary(out)
+    assert s["model"] == model and any(e["kind"] == kind for e in s["signatures"]), s
+    for e in s["signatures"]:
+        data = json.loads((out / e["shortest"]["trace"]).read_text())
+        assert data["model"] == model
+
+
+@pytest.mark.parametrize("model", ["blocks", "prefix", "scheduler", "device"])
+def test_every_model_passes_on_its_reference(tmp_path, model):
+    out = tmp_path / "c"
+    p = campaign("--model", model, "--runs", "2", "--workers", "2", out=out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    s = summary(out)
+    assert s["verdict"] == "pass" and s["model"] == model and s["runs"]["passed"] == 2
+    assert s["ops"] > 0
+    verb = {"blocks": "verify", "prefix": "verify-prefix", "scheduler": "verify-scheduler",
+            "device": "verify-device"}[model]
+    assert all(r["command"].startswith(f"kvcheck {verb} ") for r in runs(out))
+
+
+class Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.hrefs = []
+
+    def handle_starttag(self, tag, attrs):
+        self.hrefs += [v for k, v in attrs if k == "href"]
+
+
+def test_the_outputs_parse_and_every_trace_replays_and_reports(tmp_path):
+    out = tmp_path / "c"
+    p = campaign(f"{BUGGY}:FreeWithoutRefcounts", "--runs", "4", "--workers", "2", out=out)
+    assert p.returncode == 1, p.stdout + p.stderr
+    s = summary(out)
+    assert s["signatures"]
+    state = json.loads((out / "campaign.json").read_text())
+    assert state["format"] == "kvcheck.campaign" and state["next_run"] == 4
+    suite = ET.fromstring((out / "junit.xml").read_text()).find("testsuite")
+    assert int(suite.get("failures")) == len(suite.findall("testcase")) == len(s["signatures"])
+    links = Links()
+    links.feed((out / "index.html").read_text())
+    assert {"summary.json", "junit.xml", "runs.jsonl"} <= set(links.hrefs)
+    for href in links.hrefs:
+        assert (out / href).is_file(), href
+    for e in s["signatures"]:
+        trace = out / e["shortest"]["trace"]
+        assert e["replay"] == f"kvcheck replay {trace}"
+        r = subprocess.run([sys.executable, "-m", "kvcheck.cli", "replay", str(trace)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "REPRODUCED" in r.stdout, r.stdout + r.stderr
+        page = tmp_path / f"{e['id']}.html"
+        r = subprocess.run([sys.executable, "-m", "kvcheck.cli", "report", str(trace), "-o",
+                            str(page)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert page.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_the_progress_line_is_drawn_only_on_a_terminal(tmp_path):
+    pty = pytest.importorskip("pty")
+    import os
+    import threading
+
+    argv = [sys.executable, "-m", "kvcheck.cli", "campaign", "reference", "--runs", "6",
+            "--workers", "2", "--out", str(tmp_path / "tty")]
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    got: list[bytes] = []
+
+    def pump():
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            got.append(data)
+
+    reader = threading.Thread(target=pump)
+    reader.start()
+    stdout = proc.communicate(timeout=300)[0].decode()
+    reader.join(timeout=10)
+    os.close(master)
+    terminal = b"".join(got).decode(errors="replace")
+    assert proc.returncode == 0, stdout + terminal
+    for words in ("campaign: ", " runs done", " checked ops/s", " signature(s)"):
+        assert words in terminal, terminal
+    assert "runs done" not in stdout
+    piped = campaign("reference", "--runs", "2", out=tmp_path / "piped")
+    assert piped.returncode == 0 and "runs done" not in piped.stderr + piped.stdout

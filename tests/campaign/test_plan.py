@@ -1,0 +1,147 @@
+"""Swarm draws: reproducible from the campaign's seed, spread from tiny to large pools with
+block size 1 among them, mixes a command line reads back to the same numbers; each run's
+command re-runs exactly that run; durations; outcome classes counted on the touched domain
+agree with the spec's classify on whole snapshots."""
+
+from __future__ import annotations
+
+import shlex
+from collections import Counter
+
+import pytest
+
+from kvcheck.campaign import coverage as cov
+from kvcheck.campaign.plan import MODELS, RunSpec, Settings, draw, mix_text, parse_duration
+from kvcheck.campaign.worker import execute
+from kvcheck.check.model import Options
+from kvcheck.check.run import drive
+from kvcheck.check.watchdog import Watchdog
+from kvcheck.cli import build_parser
+from kvcheck.cli.commands import checking
+from kvcheck.cli.commands.common import mix_weights
+from kvcheck.models.blocks.driver import RandomDriver
+from kvcheck.models.blocks.model import MODEL as BLOCKS
+from kvcheck.models.blocks.model import BlockScope
+from kvcheck.models.blocks.oracle import Oracle
+from kvcheck.models.prefix.driver import PrefixDriver
+from kvcheck.spec.logic import PY
+from kvcheck.spec.outcomes import classify
+from kvcheck.targets.loading import build, resolve
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_draws_are_reproducible_and_spread(model):
+    s = Settings("reference", model, seed=7)
+    specs = [draw(s, i) for i in range(300)]
+    assert [x.to_json() for x in specs] == [draw(s, i).to_json() for i in range(300)]
+    assert specs != [draw(Settings("reference", model, seed=8), i) for i in range(300)]
+    pools = {x.scope["num_blocks"] for x in specs}
+    sizes = {x.scope["block_size"] for x in specs}
+    assert 1 in sizes and max(sizes) >= 16
+    assert min(pools) <= 2 and max(pools) >= 32
+    assert len({x.seed for x in specs}) == len(specs)
+    if model != "scheduler":
+        mixes = [x.extra.get("weights", {}) for x in specs]
+        assert any(m.get("fork") == 0.0 for m in mixes)
+        assert any(m.get("free_seq", 1.0) > 2 for m in mixes)
+        assert any(m.get("allocate", 1.0) < 0.5 for m in mixes)
+    else:
+        assert {x.scope["watermark"] for x in specs} >= {0, 1, 2}
+
+
+def test_mix_reads_back_exactly():
+    for i in range(100):
+        w = draw(Settings("reference"), i).extra.get("weights")
+        if w:
+            assert mix_weights(mix_text(w)) == w
+
+
+def test_mix_keys_are_the_drivers():
+    assert checking.BLOCK_MIX == RandomDriver.WEIGHTS
+    assert checking.PREFIX_MIX == PrefixDriver.WEIGHTS
+
+
+@pytest.mark.parametrize("text,seconds", [("90s", 90), ("10m", 600), ("1h", 3600),
+                                          ("1h30m", 5400), ("2.5s", 2.5), ("45", 45)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0s", "10x", "m", "-5", "1d", "inf", "nan"])
+def test_bad_durations(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("run", [0, 1, 2, 3, 5, 8])
+def test_the_command_reruns_the_run(run):
+    """The command a run records parses to the same run: same verdict, same operations."""
+    from kvcheck.verify import verify
+
+    spec = draw(Settings("reference", shrink_seconds=5.0), run)
+    argv = shlex.split(spec.command())
+    assert argv[:2] == ["kvcheck", "verify"]
+    args = build_parser().parse_args(argv[1:])
+    r = verify(args.target, args.blocks, args.block_size, args.ops, args.seed,
+               extra={"weights": args.mix} if args.mix else None)
+    got = execute(spec)
+    assert got["verdict"] == ("pass" if r.ok else "fail")
+    assert got["ops"] == r.ops
+
+
+def test_scheduler_command_parses():
+    spec = draw(Settings("reference", "scheduler"), 3)
+    args = build_parser().parse_args(shlex.split(spec.command())[1:])
+    assert (args.blocks, args.block_size, args.watermark, args.requests, args.workloads,
+            args.seed) == (spec.scope["num_blocks"], spec.scope["block_size"],
+                           spec.scope["watermark"], spec.ops, 1, spec.seed)
+
+
+def test_weights_change_the_mix_and_none_is_the_default():
+    caps = {"allocate", "append_slot", "fork", "free_seq"}
+
+    def kinds(weights):
+        d = RandomDriver(3, 8, 2, caps, weights)
+        return Counter(d.next_op([0, 1, 2], 4).kind for _ in range(3000))
+
+    assert kinds(None) == kinds({})
+    assert kinds({"fork": 0.0})["fork"] == 0
+    assert kinds({"fork": 4.0})["fork"] > 2 * kinds(None)["fork"]
+    d = RandomDriver(3, 8, 2, caps, {"max_prompt": 1})
+    assert all(d.next_op([], 8).n_tokens == 1 for _ in range(50))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("pool", [(6, 2), (3, 1), (2, 4), (12, 3)])
+def test_touched_domain_classes_agree_with_the_spec_on_snapshots(seed, pool):
+    """The campaign's counts (fast mode, the step's touched domain) equal classify on the
+    whole snapshots before and after every step of the same operations in full mode."""
+    _, factory = resolve("reference")
+    scope = BlockScope(*pool)
+    counter = cov.Counter("blocks")
+    run = drive(BLOCKS, factory, scope, Options(extra={"watch": counter.watch}), seed, 400)
+    assert run.violation is None
+    ops = run.history
+    full = Counter()
+    oracle = Oracle(build(factory, *pool), mode="full")
+    with Watchdog(10.0) as wd:
+        for req in ops:
+            op = BLOCKS.request(req)
+            pre = oracle.snap
+            assert oracle.step(op, wd) is None
+            name = classify(PY, pre, oracle.observed, op)
+            if name is not None:
+                full[name] += 1
+    assert {k: v for k, v in counter.result().items() if v} == dict(full)
+    assert sum(full.values()) == len(ops)  # every step of the reference has its class
+
+
+def test_models_without_classes_say_so():
+    assert cov.Counter("scheduler").result() is None
+    assert "no outcome classes" in cov.NO_CLASSES["scheduler"]
+    assert cov.classes("prefix")[-4:] == list(cov.PREFIX_CLASSES)
+
+
+def test_spec_round_trips():
+    spec = draw(Settings("reference", "device"), 4)
+    assert RunSpec.from_json(spec.to_json()) == spec
