@@ -71,11 +71,30 @@ Out-of-blocks. The allocators raise ``BlockAllocator.NoFreeBlocksError``; the
 adapter re-raises it as ``OutOfBlocks`` and does *not* pre-check: the capacity
 checks live in the engine's caller (``SelfAttnBlockSpaceManager.can_allocate``
 / ``can_append_slots``), not in the allocator or the table, so an unguarded
-call shows what the allocator itself does when it runs dry. ``guard="engine"``
-(``make_guarded`` / ``make_prefix_guarded``) adds the caller's checks, written
-after ``SelfAttnBlockSpaceManager``: allocate only if ``cdiv(n, bs) <= free``
-(watermark 0) and append only if ``get_num_blocks_touched_by_append_slots`` (1
-for one token) ``<= free``.
+call shows what the allocator itself does when it runs dry.
+
+Deliberate refusals (``guard="engine"``: ``make_guarded`` /
+``make_prefix_guarded``). The guarded factories first run the caller's checks,
+written after ``SelfAttnBlockSpaceManager``: allocate only if
+``BlockTable.get_num_required_blocks(tokens, bs) <= free`` (``can_allocate``
+with watermark 0: the default watermark of 0.01 gives ``int(0.01 * N) = 0``
+blocks below 100 GPU blocks), append (``append_slot`` / ``append_slots``) only if
+``BlockTable.get_num_blocks_touched_by_append_slots(tokens, lookahead) <= free``
+(``can_append_slots``). When a check says no the allocator is not called and
+the adapter raises ``EngineGuardRefused``, which ``is_refusal`` recognises: a
+refusal under a declared policy (the spec's ``refused`` outcome), which may
+come although blocks are free but must change nothing. That is what
+``can_append_slots`` is: vLLM's own docstring calls it "a worst-case heuristic:
+assume each touched block will require a new allocation", so it refuses an
+append that writes in place into a private partial tail, or into a reserved
+lookahead slot the sequence already holds, when no block is free (formerly
+finding F3, now documented as a policy refusal in ``docs/findings.md``). The
+scheduler then defers or preempts the group instead of calling the allocator.
+With watermark 0 ``can_allocate`` is exact (it refuses only when fewer than
+``ceil(n / bs)`` blocks are free, the spec's out-of-blocks condition), but it
+is the same caller-side policy and is signalled the same way. Behind the guard
+the allocator never runs dry, so ``NoFreeBlocksError`` (still ``OutOfBlocks``)
+does not occur on the guarded targets; F1, F2 and F6 are unreachable there.
 
 Observation: ``block_table`` = ``BlockTable.physical_block_ids``; ``refcount`` =
 the allocator's ``RefCounter``; ``free_blocks`` = the naive free deque plus, with
@@ -92,7 +111,7 @@ import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..errors import MisuseError, OutOfBlocks
+from ..errors import MisuseError, OutOfBlocks, Refused
 from . import _loader
 from ._loader import VLLM_V0, Loaded
 
@@ -182,6 +201,11 @@ def free_block_ids(gpu: Any) -> list[int]:
     return free
 
 
+class EngineGuardRefused(Refused):
+    """The engine's caller check (``guard="engine"``: ``can_allocate`` /
+    ``can_append_slots``) declined the operation; the allocator was not called."""
+
+
 class VllmV0Target:
     """``Target`` over vLLM v0 ``BlockTable``s on a real allocator (see module docstring)."""
 
@@ -226,8 +250,9 @@ class VllmV0Target:
             raise MisuseError("len(token_ids) != n_tokens")
         if self.guard == "engine":
             need = self._BlockTable.get_num_required_blocks(tokens, self.block_size)
-            if need > self.allocator.get_num_free_blocks(self._gpu_device()):
-                raise OutOfBlocks(f"engine guard: {need} blocks needed")
+            free = self.allocator.get_num_free_blocks(self._gpu_device())
+            if need > free:
+                raise EngineGuardRefused(f"can_allocate: {need} blocks required > {free} free")
         table = self._BlockTable(self.block_size, self.allocator)
         try:
             table.allocate(tokens)
@@ -245,8 +270,10 @@ class VllmV0Target:
         tok = next(self._tokens) if token_id is None else token_id
         if self.guard == "engine":
             touched = table.get_num_blocks_touched_by_append_slots([tok], 0)
-            if touched > self.allocator.get_num_free_blocks(self._gpu_device()):
-                raise OutOfBlocks(f"engine guard: {touched} blocks touched")
+            free = self.allocator.get_num_free_blocks(self._gpu_device())
+            if touched > free:  # SelfAttnBlockSpaceManager.can_append_slots
+                raise EngineGuardRefused(f"can_append_slots: {touched} block(s) touched > "
+                                         f"{free} free")
         try:
             table.append_token_ids([tok])
         except self._NoFree as exc:
@@ -269,8 +296,10 @@ class VllmV0Target:
         toks = [next(self._tokens) for _ in range(n_tokens)]
         if self.guard == "engine":  # SelfAttnBlockSpaceManager.can_append_slots
             touched = table.get_num_blocks_touched_by_append_slots(toks, lookahead)
-            if touched > self.allocator.get_num_free_blocks(self._gpu_device()):
-                raise OutOfBlocks(f"engine guard: {touched} blocks touched")
+            free = self.allocator.get_num_free_blocks(self._gpu_device())
+            if touched > free:
+                raise EngineGuardRefused(f"can_append_slots: {touched} block(s) touched > "
+                                         f"{free} free")
         try:
             table.append_token_ids(toks, num_lookahead_slots=lookahead,
                                    num_computed_slots=table.num_full_slots)
@@ -362,7 +391,12 @@ class VllmV0Target:
         return self._observed(seq).num_full_slots
 
     def is_out_of_blocks(self, exc: BaseException) -> bool:
+        """The allocator's own ``NoFreeBlocksError`` (re-raised as ``OutOfBlocks``)."""
         return isinstance(exc, OutOfBlocks)
+
+    def is_refusal(self, exc: BaseException) -> bool:
+        """The engine guard's refusal (``guard="engine"`` only raises it)."""
+        return isinstance(exc, EngineGuardRefused)
 
 
 def make(num_blocks: int, block_size: int) -> VllmV0Target:
@@ -376,10 +410,12 @@ def make_prefix(num_blocks: int, block_size: int) -> VllmV0Target:
 
 
 def make_guarded(num_blocks: int, block_size: int) -> VllmV0Target:
-    """vLLM v0 naive, with ``SelfAttnBlockSpaceManager``'s capacity checks first."""
+    """vLLM v0 naive, with ``SelfAttnBlockSpaceManager``'s capacity checks first; a check
+    that says no is a refusal (``EngineGuardRefused``), see the module docstring."""
     return VllmV0Target(num_blocks, block_size, "naive", guard="engine")
 
 
 def make_prefix_guarded(num_blocks: int, block_size: int) -> VllmV0Target:
-    """vLLM v0 prefix caching, with ``SelfAttnBlockSpaceManager``'s capacity checks first."""
+    """vLLM v0 prefix caching, with ``SelfAttnBlockSpaceManager``'s capacity checks first;
+    a check that says no is a refusal (``EngineGuardRefused``), see the module docstring."""
     return VllmV0Target(num_blocks, block_size, "prefix_caching", guard="engine")

@@ -115,6 +115,15 @@ Operations, as vLLM's v1 scheduler drives the manager:
     independent requests sharing a prefix-cache hit; beam search runs outside
     the KV-cache manager). ``capabilities`` excludes them.
 
+No deliberate refusals: ``allocate_slots`` can also return ``None`` by policy (a
+watermark for WAITING / PREEMPTED requests when others are scheduled,
+``reserved_blocks`` kept for async KV-connector loads, ``full_sequence_must_fit``),
+but the manager is built with vLLM's default ``watermark=0.0`` (also
+``SchedulerConfig.watermark``'s) and none of the others is passed, so ``None``
+means exactly "fewer free blocks than ``get_num_blocks_to_allocate``" and is
+out-of-blocks (the spec's out-of-blocks clauses hold on every v1 run). The adapter
+has no ``is_refusal``. With a watermark, ``None`` would not say which it was.
+
 Observation: ``block_table`` = the request's block ids (minus one);
 ``refcount`` = ``KVCacheBlock.ref_cnt``; ``free_blocks`` walks the doubly linked
 ``FreeKVCacheBlockQueue`` (which also holds cached, evictable blocks: they have

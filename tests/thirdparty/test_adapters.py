@@ -13,7 +13,10 @@ observable against a shadow model of sequence lengths:
   old tail, the new block fresh); the sole holder writes in place;
 * ``fork`` gives the child the parent's table, every block +1;
 * ``OutOfBlocks`` is raised only when the request really needs more blocks than are
-  free, and leaves every observable unchanged (allocate is all-or-nothing).
+  free, and leaves every observable unchanged (allocate is all-or-nothing);
+* a target with a declared refusal policy (the engine-guarded v0 targets: ``Refused``)
+  refuses only where its policy says so, and a refusal leaves every observable
+  unchanged.
 
 Where a third-party allocator deviates *by design* in a documented way, the
 deviation is asserted explicitly below (and written up in docs/thirdparty-notes.md).
@@ -26,7 +29,7 @@ import random
 
 import pytest
 
-from kvcheck.impl.errors import OutOfBlocks
+from kvcheck.impl.errors import OutOfBlocks, Refused
 from kvcheck.targets.protocol import OPERATIONS
 
 ADAPTERS = {
@@ -42,9 +45,12 @@ ADAPTERS = {
 # allocate all-or-nothing, no spurious failure) -- every other one is covered
 # below by runs that never run dry plus explicit reproductions of its deviation.
 SEED_EXACT = ["vllm-v1", "vllm-v1-nocache", "nano-vllm"]
-# The engine-guarded v0 targets refuse any decode append when no block is free,
-# even one that would write in place (SelfAttnBlockSpaceManager.can_append_slots).
-CONSERVATIVE_APPEND = ["vllm-v0-guarded", "vllm-v0-prefix-guarded"]
+# The engine-guarded v0 targets run SelfAttnBlockSpaceManager's caller checks first and
+# refuse (``EngineGuardRefused``, a ``Refused``) what they decline: any decode append when
+# no block is free, even one that would write in place (can_append_slots' worst-case
+# heuristic), and an allocation needing more blocks than are free (can_allocate,
+# watermark 0). Behind the guard the allocator never runs dry: no OutOfBlocks at all.
+GUARDED = ["vllm-v0-guarded", "vllm-v0-prefix-guarded"]
 NEVER_DRY = ["vllm-v0", "vllm-v0-prefix"]
 
 
@@ -89,15 +95,16 @@ def check_state(t, lens: dict[int, int]) -> None:
 class Driver:
     """Random valid operations on one target, checked step by step."""
 
-    def __init__(self, t, rng: random.Random, max_tokens: int,
-                 conservative_append: bool = False):
+    def __init__(self, t, rng: random.Random, max_tokens: int, guarded: bool = False):
         self.t = t
-        self.conservative_append = conservative_append
+        self.guarded = guarded
         self.rng = rng
         self.max_tokens = max_tokens
         self.lens: dict[int, int] = {}
         self.next_seq = 0
         self.ooms = 0
+        self.refusals = 0
+        self.in_place_refusals = 0  # appends refused that would have written in place
         self.ops = 0
 
     def step(self) -> None:
@@ -150,16 +157,29 @@ class Driver:
                 del lens[seq]
         except OutOfBlocks:
             self.ooms += 1
+            assert not self.guarded, "the allocator ran dry behind the engine's guard"
             assert snapshot(t, lens) == before, f"{op} failed with OutOfBlocks but changed state"
             if op == "allocate":
                 assert ceil_div(n, t.block_size) > before[4], "spurious OutOfBlocks on allocate"
             elif op == "append_slot":
                 tail = before[0][seq][-1]
-                needs_block = (n % t.block_size == 0 or refs[tail] > 1
-                               or self.conservative_append)
+                needs_block = n % t.block_size == 0 or refs[tail] > 1
                 assert needs_block and before[4] == 0, "spurious OutOfBlocks on append_slot"
             else:
                 raise AssertionError(f"{op} may not run out of blocks") from None
+        except Refused:
+            self.refusals += 1
+            assert self.guarded, f"{op} refused by a target that declares no refusal policy"
+            assert snapshot(t, lens) == before, f"{op} was refused but changed state"
+            # exactly where SelfAttnBlockSpaceManager's checks say no (watermark 0)
+            if op == "allocate":
+                assert ceil_div(n, t.block_size) > before[4], "can_allocate refused a fit"
+            elif op == "append_slot":  # one token touches one block: refused iff none free
+                assert before[4] == 0, "can_append_slots refused with a block free"
+                tail = before[0][seq][-1]
+                self.in_place_refusals += n % t.block_size != 0 and refs[tail] == 1
+            else:
+                raise AssertionError(f"{op} may not be refused") from None
         check_state(t, lens)
 
 
@@ -167,7 +187,7 @@ def drive(name: str, num_blocks: int, block_size: int, steps: int, seed: int,
           max_live: int | None = None) -> Driver:
     rng = random.Random(seed)
     d = Driver(factory(name)(num_blocks, block_size), rng, max_tokens=3 * block_size + 1,
-               conservative_append=name in CONSERVATIVE_APPEND)
+               guarded=name in GUARDED)
     check_state(d.t, d.lens)
     for _ in range(steps):
         d.step()
@@ -187,16 +207,22 @@ def test_loads(name):
     assert {"allocate", "append_slot", "free_seq"} <= t.capabilities <= set(OPERATIONS)
 
 
-@pytest.mark.parametrize("name", SEED_EXACT + CONSERVATIVE_APPEND)
+@pytest.mark.parametrize("name", SEED_EXACT + GUARDED)
 @pytest.mark.parametrize("num_blocks,block_size", [(6, 2), (16, 4), (3, 3)])
 def test_random_operations(name, num_blocks, block_size):
     d = drive(name, num_blocks, block_size, steps=1500, seed=num_blocks * 31 + block_size)
-    assert d.ooms > 0, "the run never exercised out-of-blocks"
+    if name in GUARDED:
+        assert d.refusals > 0 and d.ooms == 0, "the run never exercised the guard's refusals"
+        # the conservative ones: a private partial tail, written in place unguarded
+        assert d.in_place_refusals > 0
+    else:
+        assert d.ooms > 0, "the run never exercised out-of-blocks"
 
 
-@pytest.mark.parametrize("name", [n for n in SEED_EXACT + CONSERVATIVE_APPEND if n != "nano-vllm"])
+@pytest.mark.parametrize("name", [n for n in SEED_EXACT + GUARDED if n != "nano-vllm"])
 def test_random_operations_block_size_one(name):
-    drive(name, 5, 1, steps=1500, seed=7)
+    d = drive(name, 5, 1, steps=1500, seed=7)
+    assert d.ooms > 0 or d.refusals > 0
 
 
 @pytest.mark.parametrize("name", NEVER_DRY)
@@ -222,8 +248,9 @@ def test_vllm_v0_allocate_is_not_all_or_nothing():
         t.allocate(0, 2)
     assert t.refcount(0) == 1 and list(t.free_blocks()) == []  # leaked through the adapter too
     g = vllm_v0.make_guarded(1, 1)
-    with pytest.raises(OutOfBlocks):
+    with pytest.raises(vllm_v0.EngineGuardRefused) as info:  # can_allocate says no
         g.allocate(0, 2)
+    assert g.is_refusal(info.value) and not g.is_out_of_blocks(info.value)
     assert g.refcount(0) == 0 and list(g.free_blocks()) == [0]  # the engine's check protects
 
 
@@ -245,15 +272,21 @@ def test_vllm_v0_copy_on_write_out_of_blocks_corrupts_refcount():
 
 
 def test_vllm_v0_guarded_append_refuses_in_place_write_when_full():
+    """can_append_slots' worst-case heuristic: a declared refusal (was finding F3)."""
     from kvcheck.impl.thirdparty import vllm_v0
 
     t = vllm_v0.make_guarded(1, 2)
     t.allocate(0, 1)
-    with pytest.raises(OutOfBlocks):
+    with pytest.raises(vllm_v0.EngineGuardRefused) as info:
         t.append_slot(0)  # would write in place into block 0
+    assert t.is_refusal(info.value) and not t.is_out_of_blocks(info.value)
+    assert t.block_table(0) == [0] and t.seq_len(0) == 1  # nothing changed
     raw_t = vllm_v0.make(1, 2)
     raw_t.allocate(0, 1)
     assert raw_t.append_slot(0) == (0, 1, None)
+    with pytest.raises(OutOfBlocks) as info:  # the allocator's own NoFreeBlocksError
+        raw_t.allocate(1, 1)
+    assert raw_t.is_out_of_blocks(info.value) and not raw_t.is_refusal(info.value)
 
 
 def test_nano_vllm_block_size_one_breaks_may_append():
@@ -361,12 +394,15 @@ ORACLE_EXPECT = [
     ("vllm-v0-prefix", 5, 1, "allocate: exception_safety: free list length unchanged", 0),  # D3
     ("vllm-v0-prefix", 5, 1, "append_slots: exception_safety: free list length unchanged",
      1),  # F6
-    ("kvcheck.impl.thirdparty.vllm_v0:make_guarded", 8, 2,
-     "append_slot: out-of-blocks only when a new block is needed and none is free", 1),  # D5
-    # D5 through a reservation: can_append_slots counts touched blocks, reserved ones too,
-    # so the guard now refuses at block size 1 as well (F3 in docs/findings.md)
-    ("kvcheck.impl.thirdparty.vllm_v0:make_guarded", 5, 1,
-     "append_slots: out-of-blocks only when more fresh blocks are needed than are free", 1),
+    # The engine guard's conservative refusals (D5: can_append_slots counts every touched
+    # block, in-place tails and reserved lookahead slots included) are declared refusals
+    # (EngineGuardRefused, is_refusal): checked to change nothing, and the run goes on. They
+    # were reported as F3 before; behind the guard nothing else is found (docs/findings.md).
+    # test_engine_ops.py asserts the refusals are issued and checked.
+    ("kvcheck.impl.thirdparty.vllm_v0:make_guarded", 8, 2, None, 1),
+    ("kvcheck.impl.thirdparty.vllm_v0:make_guarded", 5, 1, None, 1),
+    ("kvcheck.impl.thirdparty.vllm_v0:make_prefix_guarded", 8, 2, None, 1),
+    ("kvcheck.impl.thirdparty.vllm_v0:make_prefix_guarded", 5, 1, None, 1),
 ]
 
 

@@ -167,8 +167,9 @@ def test_vllm_v0_preempt_only_alone_in_its_group_and_readmits_its_tokens():
 
 def _known_v0(v) -> bool:
     """The v0 deviations docs/findings.md records (D3, D4, F6: a failed call changed
-    state; D5/F3: the guard's conservative refusal)."""
-    return "exception_safety" in v.name or "out-of-blocks only when" in v.name
+    state). The engine guard's conservative refusals (D5, formerly F3) are declared
+    refusals now (``EngineGuardRefused``): checked, not skipped."""
+    return "exception_safety" in v.name
 
 
 V0_RUNS = [(8, 2, 0), (6, 1, 1), (4, 4, 2), (16, 2, 3)]
@@ -176,7 +177,8 @@ V0_RUNS = [(8, 2, 0), (6, 1, 1), (4, 4, 2), (16, 2, 3)]
 
 def _past_known_v0(factory, blocks, bs, seed, ops=500):
     """Drive v0 in full mode; each known deviation (a step a test below asserts is one)
-    is undone with ``Oracle.clone`` and skipped. The kind x outcome counts."""
+    is undone with ``Oracle.clone`` and skipped. The kind x outcome counts, and how many
+    steps were skipped."""
     from kvcheck.targets.loading import build
 
     oracle = Oracle(build(factory, blocks, bs), mode="full")
@@ -193,6 +195,7 @@ def _past_known_v0(factory, blocks, bs, seed, ops=500):
             oracle, skipped = saved, skipped + 1
             continue
         c[op.kind, op.outcome] += 1
+    c["skipped"] = skipped
     return c
 
 
@@ -200,9 +203,116 @@ def _past_known_v0(factory, blocks, bs, seed, ops=500):
                          ids=["naive", "prefix", "guarded"])
 @pytest.mark.parametrize("blocks,bs,seed", V0_RUNS)
 def test_vllm_v0_only_known_deviations_with_the_new_operations(factory, blocks, bs, seed):
-    """Past each known deviation, nothing else breaks; reservations and forks issued."""
+    """Past each known deviation, nothing else breaks; reservations and forks issued.
+    Behind the guard there is nothing to skip: refusals are checked like any outcome."""
     c = _past_known_v0(factory, blocks, bs, seed)
     assert c["append_slots", "ok"] > 5 and c["fork", "ok"] > 0, c
+    if factory is vllm_v0.make_guarded:
+        outcomes = collections.Counter()
+        for key, n in c.items():
+            if key != "skipped":
+                outcomes[key[1]] += n
+        assert c["skipped"] == 0 and outcomes["oob"] == 0 and outcomes["refused"] > 0, c
+
+
+# -- vLLM v0 behind the engine's guard: declared refusals ---------------------------
+GUARDED = [vllm_v0.make_guarded, vllm_v0.make_prefix_guarded]
+
+
+def _fresh_need(g, op) -> int:
+    """Fresh blocks the unguarded allocator would take for ``op`` (new blocks past the
+    table, plus a copy of each shared block the tokens land in), from the verified state."""
+    q, bs = op.seq, g.block_size
+    length, table = g.length(q), g.table_tuple(q)
+    n, la = (1, 0) if op.kind == "append_slot" else (op.n_tokens, op.lookahead)
+    end = -(-(length + n + la) // bs)
+    touched = table[length // bs: min(len(table), end)]
+    return max(0, end - len(table)) + sum(g.ref(b) > 1 for b in touched)
+
+
+def _drive_guarded(factory, blocks, bs, seed, ops, mode="fast"):
+    """The random driver on a guarded target; per kind and outcome the counts, and the
+    refusals that the unguarded allocator would have served (the conservative ones)."""
+    from kvcheck.targets.loading import build
+
+    oracle = Oracle(build(factory, blocks, bs), mode=mode)
+    driver = RandomDriver(seed, blocks, bs, oracle.target.capabilities)
+    c, conservative = collections.Counter(), collections.Counter()
+    for _ in range(ops):
+        op = driver.next_op(oracle.live_seqs(), oracle.snap.num_free(), oracle)
+        if not oracle.valid(op):
+            continue
+        g = oracle.ghost if mode == "fast" else oracle.snap  # the verified state
+        need = _fresh_need(g, op) if op.kind in ("append_slot", "append_slots") else None
+        free = g.num_free()
+        v = oracle.step(op)
+        assert v is None, v
+        c[op.kind, op.outcome] += 1
+        if op.outcome == "refused":
+            if op.kind == "allocate":  # can_allocate, watermark 0: exact
+                assert -(-op.n_tokens // bs) > free, (op, free)
+            elif need is not None and need <= free:
+                conservative[op.kind] += 1
+    return c, conservative
+
+
+@pytest.mark.parametrize("factory", GUARDED, ids=["naive", "prefix"])
+@pytest.mark.parametrize("blocks,bs,seed", [(8, 2, 0), (5, 1, 2), (32, 4, 2), (3, 3, 0)])
+def test_vllm_v0_guard_refusals_are_checked_and_the_run_goes_on(factory, blocks, bs, seed):
+    """The guard's refusals (``EngineGuardRefused``) are the outcome ``refused``, each checked
+    to change nothing; the run goes on past them; the allocator never runs dry behind the
+    guard (no ``oob``); some refusals are conservative (was F3: an append the unguarded
+    allocator would serve from its free blocks, or in place)."""
+    c, conservative = _drive_guarded(factory, blocks, bs, seed, 3000)
+    assert not [k for k, o in c if o == "oob"], c
+    for kind in ("allocate", "append_slot", "append_slots"):
+        assert c[kind, "refused"] > 0, c
+        assert c[kind, "ok"] > 0, c
+    assert sum(conservative.values()) > 0, (c, conservative)
+    if bs > 1:  # a private partial tail written in place unguarded
+        assert conservative["append_slot"] > 0, conservative
+
+
+def test_vllm_v0_guard_refusals_pass_in_full_mode_too():
+    for factory in GUARDED:
+        c, _ = _drive_guarded(factory, 6, 2, 3, 800, mode="full")
+        assert c["append_slot", "refused"] and c["append_slots", "refused"], c
+
+
+def test_vllm_v0_guard_refusals_in_place_and_reserved():
+    """The two conservative cases of can_append_slots, each refused and checked: a
+    private partial tail (in place) and a reserved lookahead slot (no block needed)."""
+    from kvcheck.check.run import replay as run_replay
+
+    in_place = [Op("allocate", 0, n_tokens=1), Op("append_slot", 0)]
+    reserved = [Op("allocate", 0, n_tokens=2), Op("append_slots", 0, n_tokens=1, lookahead=1),
+                Op("append_slots", 0, n_tokens=1, lookahead=0)]
+    for factory in GUARDED:
+        for ops, blocks, bs in ((in_place, 1, 2), (reserved, 4, 1)):
+            r = run_replay(MODEL, factory, BlockScope(blocks, bs), ops, Options())
+            assert r.violation is None, r.violation
+            assert [o.outcome for o in r.ops] == ["ok"] * (len(ops) - 1) + ["refused"]
+            raw = run_replay(MODEL, vllm_v0.make, BlockScope(blocks, bs), ops, Options())
+            assert raw.violation is None and raw.ops[-1].outcome == "ok"  # served unguarded
+
+
+class _LeakyGuard(vllm_v0.VllmV0Target):
+    """A guard that, refusing an append, drops a reference of the sequence's tail first."""
+
+    def append_slot(self, seq, token_id=None):
+        try:
+            return super().append_slot(seq, token_id)
+        except vllm_v0.EngineGuardRefused:
+            self.gpu._refcounter.decr(self.tables[seq].physical_block_ids[-1])
+            raise
+
+
+def test_a_guard_refusal_that_changes_something_is_caught():
+    """The refusal is checked, not skipped: one that changes state is a violation."""
+    d, c = drive(lambda b, s: _LeakyGuard(b, s, guard="engine"), 8, 2, 0, 3000)
+    assert d.violation is not None and d.violation.name.startswith(
+        "append_slot: exception_safety"), d.violation
+    assert d.history[-1].outcome == "refused" and c["append_slot", "refused"] == 1
 
 
 def test_vllm_v0_preemptions_are_issued():

@@ -68,6 +68,32 @@ def test_f5_a_full_block_is_swapped_for_the_cached_copy():
     assert ran[5].seq == 0  # v0 moved it onto block 1, which seq 1 holds
 
 
+def test_a_guard_refusal_is_checked_and_the_run_goes_on():
+    """The engine guard's conservative refusal (an in-place write refused with no block
+    free) is the outcome ``refused`` under the prefix model too: checked to change nothing,
+    the cache included, and the operations after it are checked."""
+    ops = [_op("allocate", 0, [5]), _op("append_slot", 0, [6]), _op("free_seq", 0),
+           _op("allocate", 1, [5, 6])]
+    v, ran = replay(GUARDED, 1, 2, ops)
+    assert v is None, v
+    assert [o.outcome for o in ran] == ["ok", "refused", "ok", "ok"]
+    v, ran = replay(vllm_v0.make_prefix, 1, 2, ops)  # unguarded: written in place
+    assert v is None and [o.outcome for o in ran] == ["ok"] * 4
+
+
+def test_verify_prefix_on_the_guarded_target_gets_past_refusals_to_f5(tmp_path):
+    """Before refusals were declared, verify-prefix stopped at the guard's first
+    conservative refusal (D5); now the first violation is v0's own F5."""
+    from kvcheck.check.trace import Trace
+
+    out = tmp_path / "t.json"
+    assert kvcheck(["verify-prefix", "kvcheck.impl.thirdparty.vllm_v0:make_prefix_guarded",
+                    "--ops", "3000", "--seed", "0", "--trace-out", str(out)]) == 1
+    trace = Trace.loads(out.read_text())
+    assert trace.violation.name == ("append_slot: the sole holder of a partial block writes "
+                                    "in place")
+
+
 # Without the engine's per-step access marks (the adapter makes them, see
 # ``VllmV0Target._engine_step``) v0's LRU evictor cannot tell stale heap entries
 # from live ones and trips its own assertion: an adapter must not skip them.

@@ -39,7 +39,9 @@ def _passed(r) -> str:
             f"{r.state.target.block_size} slots; {stats.allocations} allocations, "
             f"{stats.hit_allocations} with cache hits ({stats.hit_blocks} blocks shared), "
             f"{stats.revived} evictable blocks revived, {stats.evicted} evicted for reuse, "
-            f"{stats.oob} out-of-blocks{note}; every structural and prefix-cache rule held")
+            f"{stats.oob} out-of-blocks"
+            f"{f', {stats.refused} refused by its policy' if stats.refused else ''}{note}; "
+            "every structural and prefix-cache rule held")
 
 
 def _json(r) -> dict:

@@ -130,6 +130,7 @@ class PrefixModel(Model):
     ops = OPS
     scope_fields = (ScopeField("num_blocks"), ScopeField("block_size"))
     state_schema = STATE_SCHEMA
+    outcomes = ("ok", "oob", "refused")  # a refusal: a policy the target declares
 
     # -- operations ----------------------------------------------------------------
     def describe(self, op) -> str:
@@ -143,6 +144,8 @@ class PrefixModel(Model):
             head = f"free_seq(seq={op.seq})"
         if op.outcome == "oob":
             return f"{head} -> OutOfBlocks"
+        if op.outcome == "refused":
+            return f"{head} -> refused"
         if op.kind == "append_slot" and op.block is not None:
             return f"{head} -> (block={op.block}, offset={op.offset}, cow_src={op.cow_src})"
         if op.kind == "allocate" and op.hits:
@@ -236,7 +239,7 @@ class PrefixModel(Model):
     def narrate(self, op, before: dict | None, after: dict | None, block_size: int) -> str:
         from kvcheck.models.blocks.witness import narrate
 
-        if op.outcome == "oob":
+        if op.outcome in ("oob", "refused"):
             return narrate(op, before, after, block_size).replace(
                 "nothing may change", "nothing may change, the cache included")
         words = [narrate(op, before, after, block_size)]

@@ -62,7 +62,7 @@ from kvcheck.models.blocks.shadow import ShadowMemory
 from kvcheck.models.prefix import compiled as compiled_checks
 from kvcheck.models.prefix.model import PrefixOp, cache_json
 from kvcheck.spec import prefix as P
-from kvcheck.spec.contracts import OK, OOB
+from kvcheck.spec.contracts import OK, OOB, REFUSED
 from kvcheck.spec.logic import PY
 from kvcheck.targets.loading import TargetError
 
@@ -318,7 +318,7 @@ class _Structural(Oracle):
             self.compiled = True
 
     def _check_op(self, pre, post, op, dom, n):
-        if op.kind != "allocate":
+        if op.kind != "allocate" or op.outcome == REFUSED:  # a refusal: contracts.refused
             return super()._check_op(pre, post, op, dom, n)
         return self.oracle._check_allocate(pre, post, op, dom, n)
 
@@ -332,6 +332,7 @@ class Stats:
     revived: int = 0  # evictable blocks brought back by a hit
     evicted: int = 0  # evictable blocks taken for new content
     oob: int = 0
+    refused: int = 0  # refusals under the target's declared policy (not a coverage class)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -502,12 +503,13 @@ class PrefixOracle:
             why = f"reading the prefix cache {what_it_did(exc)}"
             return None, Violation(n, "malformed", "prefix observation", witness=why)
         self.observed = post
-        if op is not None and op.outcome == OOB and self.pre is not None:
+        if op is not None and op.outcome in (OOB, REFUSED) and self.pre is not None:
             if sorted(map(repr, post.entries)) != sorted(map(repr, self.pre.entries)) or \
                     post.evictable != self.pre.evictable:
                 name = f"{op.kind}: exception_safety: cache unchanged"
+                failed = "ran out of blocks" if op.outcome == OOB else "was refused"
                 return post, Violation(n, "contract", name, op.seq, subject="seq", witness=(
-                    f"{op.kind} ran out of blocks but changed the prefix cache or the evictable "
+                    f"{op.kind} {failed} but changed the prefix cache or the evictable "
                     f"list (evictable {sorted(self.pre.evictable.elements())} -> "
                     f"{sorted(post.evictable.elements())}, {len(self.pre.entries)} -> "
                     f"{len(post.entries)} cache entries)"))
@@ -578,6 +580,9 @@ class PrefixOracle:
         st, pre = self.stats, self.pre
         if op.outcome == OOB:
             st.oob += 1
+            return
+        if op.outcome == REFUSED:
+            st.refused += 1
             return
         if op.kind == "allocate":
             st.allocations += 1
