@@ -38,6 +38,7 @@ class Result:
     original_length: int = 0  # operations up to the violation, before shrinking
     state: object = None  # the model's run state at the end (statistics, coverage)
     deviations: list = field(default_factory=list)  # allowed ones (``allow``), in order
+    refused: int = 0  # operations the target refused under its declared policy (all checked)
 
     @property
     def ok(self) -> bool:
@@ -51,6 +52,7 @@ class Result:
             "violation": None if self.trace is None else self.trace.to_json(),
             "original_length": self.original_length,
             "deviations": deviation_summary(self.deviations),
+            "refused": self.refused,
         }
 
 
@@ -92,13 +94,17 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
         raise TargetError(f"no operation ran on {label} ({ops} requested): nothing was checked")
     if run.violation is None:
         return Result("pass", run.steps, time.perf_counter() - start, None, None,
-                      state=run.state, deviations=run.deviations)
+                      state=run.state, deviations=run.deviations, refused=_refused(run.history))
     trace = _shrink.counterexample(m, label, factory, scope, run.history, run.violation, seed,
                                    options, do_shrink, shrink_budget, shrink_progress)
     if options.allow:  # a replay allows what this run allowed (one name per line)
         trace.settings["allow"] = "\n".join(sorted(options.allow))
     return Result("fail", run.steps, time.perf_counter() - start, trace.violation, trace,
-                  len(run.history), run.state, run.deviations)
+                  len(run.history), run.state, run.deviations, _refused(run.history))
+
+
+def _refused(history: list) -> int:
+    return sum(1 for op in history if getattr(op, "outcome", None) == "refused")
 
 
 def counterexample(label, factory, num_blocks, block_size, history, v: Violation, seed,

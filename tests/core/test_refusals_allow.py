@@ -96,3 +96,12 @@ def test_a_refusal_trace_is_written_replayed_and_reported(tmp_path):
     assert p.returncode == 1 and "REPRODUCED" in p.stdout, p.stdout + p.stderr
     p = kvcheck("report", str(out), "-o", str(page))
     assert p.returncode == 0 and "refused" in page.read_text()
+
+
+def test_a_pass_says_how_many_operations_were_refused():
+    r = verify(target("Watermark"), 8, 2, ops=3000)
+    assert r.ok and r.refused > 0 and r.to_json()["refused"] == r.refused
+    p = kvcheck("verify", target("Watermark"), "--blocks", "8", "--block-size", "2",
+                "--ops", "2000")
+    assert p.returncode == 0 and "refused by the target's declared policy" in p.stdout
+    assert verify("reference", 8, 2, ops=500).refused == 0

@@ -122,6 +122,9 @@ def report(args, result, command: str, passed: Callable[[object], str] | None = 
             f"(seed {args.seed}), every invariant and contract held")
         if getattr(result, "deviations", None):
             words += (f" except the {len(result.deviations)} allowed deviations listed above")
+        if getattr(result, "refused", 0):  # a pass never hides how much was refused
+            words += (f"; {result.refused} of them refused by the target's declared policy "
+                      f"(each checked to change nothing)")
         print(f"PASS {args.target}: {words} [{result.seconds:.2f} s, "
               f"{result.ops / max(result.seconds, 1e-9):,.0f} ops/s]")
     else:
