@@ -9,8 +9,11 @@ Same seed API as ``block_manager.BlockManager`` (``allocate``, ``append_slot``,
     the end of its block. Admission walks the prompt's full blocks from the
     start and, while the key is cached, shares the cached block (refcount + 1;
     an evictable block leaves the LRU) instead of allocating. It stops at the
-    first miss; the remaining blocks are taken fresh. Returns the number of
-    prompt tokens served from the cache (a multiple of ``block_size``).
+    first miss, and before the block holding the prompt's last token (that
+    token is always computed: a prompt fully in the cache recomputes its last
+    block into a fresh block); the remaining blocks are taken fresh. Returns
+    the number of prompt tokens served from the cache (a multiple of
+    ``block_size``, at most ``n_tokens - 1``).
     Without ``token_ids`` the manager invents fresh, distinct (negative) token
     ids, so nothing ever hits but caching and eviction still happen.
 ``append_slot(seq, token_id=None)``
@@ -173,6 +176,11 @@ class PrefixCachingBlockManager:
             raise MisuseError(f"unknown sequence {seq!r}")
         return table
 
+    def _lookup_limit(self, n_tokens: int) -> int:
+        """How many leading full blocks a prompt may take from the cache: those wholly
+        within its first n - 1 tokens."""
+        return (n_tokens - 1) // self.block_size
+
     def _prompt_keys(self, tokens: list[int]) -> list[bytes]:
         bs, keys, parent = self.block_size, [], None
         for start in range(0, len(tokens) - bs + 1, bs):
@@ -197,7 +205,10 @@ class PrefixCachingBlockManager:
                 raise MisuseError(f"token_ids must be {n_tokens} integers")
         keys = self._prompt_keys(tokens)
         hits: list[int] = []
-        for key in keys:
+        # Only blocks wholly within the first n - 1 tokens are looked up: the last token is
+        # always computed (the engine needs its logits), so on a prompt fully in the cache
+        # the last block is recomputed into a fresh block (vLLM v1's max_cache_hit_length).
+        for key in keys[: self._lookup_limit(n_tokens)]:
             block = self.cache.get(key)
             if block is None:
                 break

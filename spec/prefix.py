@@ -146,6 +146,43 @@ def cache_hits(L, pre, table: Iterable[Any], wants: Iterable[Any]):
         )
 
 
+def cached_tokens(L, pre, table, wants, n_tokens: int, hits: int, reported):
+    """The number of cached prompt tokens an allocation reports is the engine's
+    skip-prefill state: the engine computes only the prompt's tokens from
+    ``reported`` on. It is checked against the blocks actually served, not
+    against the cache map alone:
+
+    * every block the count skips (position i with i * block_size < reported)
+      held, before the call, exactly the requested prefix, fully computed: a
+      block reused from the evictable list for new content, or one whose
+      content was never written, must not be skipped even if the allocator
+      still marks it computed (vLLM PR #5364);
+    * the count stops at the blocks served from the cache (the leading run of
+      hits: lookup stops at the first miss), reported <= hits * block_size;
+    * a prompt fully in the cache still leaves at least one token to compute
+      (the engine needs the last token's logits), reported <= n_tokens - 1
+      (vLLM PR #11186, nano-vllm #144).
+
+    A count short of the blocks served is legal: the engine recomputes
+    content the block already holds (and a block evicted and re-taken for the
+    same prefix within one allocation is indistinguishable from a hit).
+
+    ``pre`` is the prefix state before the call, ``table`` the new sequence's
+    table, ``wants`` the prefix ids of the prompt's full blocks, ``hits`` how
+    many leading blocks were served from the cache. Yields (name, position, formula).
+    """
+    bs = pre.block_size
+    yield "reported cached tokens are a count", None, reported >= 0
+    for i, (b, want) in enumerate(zip(table, wants, strict=False)):
+        if not i * bs < reported:
+            break
+        yield "every block the cached tokens skip holds the requested prefix", i, L.and_(
+            pre.content(b) >= 0, pre.content(b) == want)
+    yield "cached tokens stop at the blocks served from the cache", None, reported <= hits * bs
+    yield "a prompt fully in the cache leaves at least one token to compute", None, (
+        reported <= n_tokens - 1)
+
+
 def allocate_with_hits(L, pre, post, op, dom, hits: int):
     """allocate(seq, n, token_ids) with prefix sharing, all or nothing. On
     success seq holds ceil(n/B) distinct blocks: the first ``hits`` were

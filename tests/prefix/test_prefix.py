@@ -29,8 +29,10 @@ def verify_prefix(target, num_blocks, block_size, ops, seed, mode="full", **kw):
 def test_hits_share_blocks_and_evictable_is_revived():
     m = PrefixCachingBlockManager(4, 2)
     assert m.allocate(0, 5, [1, 2, 3, 4, 5]) == 0
-    assert m.allocate(1, 4, [1, 2, 3, 4]) == 4  # two full blocks from the cache
-    assert m.tables[1] == m.tables[0][:2] and m.ref[m.tables[0][0]] == 2
+    # fully in the cache: the last block is recomputed (its last token must be computed)
+    assert m.allocate(1, 4, [1, 2, 3, 4]) == 2
+    assert m.tables[1][0] == m.tables[0][0] and m.ref[m.tables[0][0]] == 2
+    assert m.tables[1][1] != m.tables[0][1]
     m.free_seq(0)
     m.free_seq(1)
     assert len(m.free) == 4 and m.num_evictable() == 2
@@ -99,3 +101,30 @@ def test_cli_bad_input_is_one_line_exit_2():
                            capture_output=True, text=True)
         assert p.returncode == 2
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+from legal_prefix import LEGAL  # noqa: E402
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("name", sorted(LEGAL))
+def test_legal_variants_pass(name, mode):
+    """Eviction order, dropping keys on free, never caching, recomputing or sharing the
+    last block on a full hit, reporting no or a short count: no rule may fire."""
+    for nb, bs, seed in [(8, 2, 0), (6, 1, 1), (12, 3, 2)]:
+        r = verify_prefix(LEGAL[name], nb, bs, 1200, seed, mode=mode)
+        assert r.ok, render(r.trace)
+
+
+def test_nano_vllm_full_hit_leaves_no_token_is_reported():
+    """nano-vllm #144, still in the wheel kvcheck checks: a prompt wholly in the cache is
+    reported as all cached (``num_cached_tokens == len(seq)``), so its model runner would
+    compute nothing for it."""
+    pytest.importorskip("xxhash")
+    try:
+        r = verify_prefix("nano-vllm", 16, 4, 5000, 0)
+    except Exception as exc:  # noqa: BLE001 - the wheel is not installed here
+        pytest.skip(f"nano-vllm not available: {exc}")
+    assert not r.ok
+    assert r.violation.name == "allocate: a prompt fully in the cache leaves at least one token to compute"
+    assert len(r.trace.ops) == 2

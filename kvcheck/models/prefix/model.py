@@ -50,6 +50,7 @@ class PrefixOp(Op):
 
     tokens: tuple = ()
     hits: int | None = None
+    cached_tokens: int | None = None  # what a successful allocate reported (None: nothing)
 
     @property
     def token(self):
@@ -73,7 +74,8 @@ def _doc(kind: str) -> str:
 
 OPS = {
     "allocate": OpSpec("allocate", _make, (Arg("seq", NEW_SEQ), Arg("tokens", TOKENS)),
-                       results=(Arg("hits", COUNT),), doc=_doc("allocate")),
+                       results=(Arg("hits", COUNT), Arg("cached_tokens", VALUE, schema={
+                           "type": ["integer", "null"]})), doc=_doc("allocate")),
     "append_slot": OpSpec("append_slot", _make, (Arg("seq", SEQ), Arg("token", VALUE)),
                           results=(Arg("block", BLOCK), Arg("offset", VALUE), Arg("cow_src", BLOCK)),
                           doc=_doc("append_slot")),

@@ -303,7 +303,10 @@ class _Structural(Oracle):
     def _call(self, op):
         t = self.target
         if op.kind == "allocate":
-            return t.allocate(op.seq, op.n_tokens, token_ids=list(op.tokens))
+            got = t.allocate(op.seq, op.n_tokens, token_ids=list(op.tokens))
+            # the cached-token count, where the target reports one (an int; else unchecked)
+            op.cached_tokens = got if type(got) is int else None
+            return got
         if op.kind == "append_slot":
             return t.append_slot(op.seq, op.tokens[0])
         return super()._call(op)
@@ -565,6 +568,10 @@ class PrefixOracle:
                         f"{'was cached and ' if before.cached(b) else 'was not cached and '}"
                         f"held {self.ghost.show(before.content(b))}"),
                         doc=" ".join((P.cache_hits.__doc__ or "").split()[:60]))
+            if op.cached_tokens is not None:
+                v = self._check_cached_tokens(op, before, table, hits, n)
+                if v is not None:
+                    return v
         for name, element, holds in P.allocate_with_hits(PY, pre, post, op, dom,
                                                          self.pending_hits):
             if not holds:
@@ -572,6 +579,34 @@ class PrefixOracle:
                                  witness=f"after {op.kind}({op.seq}, {op.n_tokens} tokens, "
                                          f"{self.pending_hits} block(s) from the cache)",
                                  doc=" ".join((P.allocate_with_hits.__doc__ or "").split()))
+        return None
+
+    def _check_cached_tokens(self, op, before, table, hits, n):
+        """``spec.prefix.cached_tokens``: the count the allocation reported against the
+        blocks it served (and what they held before the call)."""
+        got = op.cached_tokens
+        wants = self.ghost.chain(op.tokens)
+        blank = P.PrefixSnapshot(self.target.num_blocks, self.block_size, [0] * self.target.num_blocks,
+                                 (), (), (), {})
+        pre = before if before is not None else blank
+        for name, i, holds in P.cached_tokens(PY, pre, table, wants, op.n_tokens, hits, got):
+            if holds:
+                continue
+            if i is not None:
+                b = table[i]
+                why = (f"allocate(seq={op.seq}) reported {got} cached token(s), so the engine skips "
+                       f"computing block {b} at position {i}, which should hold "
+                       f"{self.ghost.show(wants[i])}; before the call block {b} held "
+                       f"{self.ghost.show(pre.content(b))}"
+                       f"{'' if i < hits else ' and was not served from the cache'}")
+            else:
+                why = (f"allocate(seq={op.seq}, {op.n_tokens} tokens) reported {got} cached "
+                       f"token(s); {hits} block(s) of {self.block_size} token(s) were served from "
+                       f"the cache (a hit is a leading table entry still cached under the key "
+                       f"it had before the call)")
+            return Violation(n, "contract", f"allocate: {name}", table[i] if i is not None else op.seq,
+                             subject="block" if i is not None else "seq", witness=why,
+                             doc=" ".join((P.cached_tokens.__doc__ or "").split()[:80]))
         return None
 
     def _count(self, op, post):
