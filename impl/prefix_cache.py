@@ -276,3 +276,61 @@ class PrefixCachingBlockManager:
         del self.tables[seq], self.lens[seq], self.tokens[seq], self.keys[seq]
         for block in reversed(table):
             self._release(block)
+
+
+class CommittingPrefixCachingBlockManager(PrefixCachingBlockManager):
+    """The reference with the write deferred to a commit: publish after write.
+
+    ``allocate`` schedules the prompt: it hands out the blocks (hits shared at once)
+    but publishes no key for the blocks it took for new content, whose KV the
+    engine has not computed yet. ``commit(seq)`` says the engine wrote the prompt
+    (its forward pass ran): only then are those blocks' keys registered. A
+    sequence freed (or preempted) before its commit publishes nothing, so a block
+    whose KV was never written is never findable (vLLM PR #43569). Decoding
+    (``append_slot``) and ``fork`` come after the commit.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self.pending: dict[int, list[tuple[int, bytes]]] = {}  # seq -> (block, key) to publish
+        self._staging: list[tuple[int, bytes]] | None = None
+
+    def _register(self, block: int, key: bytes) -> None:
+        if self._staging is not None:
+            self._staging.append((block, key))  # inside allocate: published at commit
+        else:
+            super()._register(block, key)
+
+    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> int:
+        self._staging = staged = []
+        try:
+            got = super().allocate(seq, n_tokens, token_ids)
+        finally:
+            self._staging = None
+        self.pending[seq] = staged
+        return got
+
+    def _uncommitted(self, seq: int) -> None:
+        if seq in self.pending:
+            raise MisuseError(f"sequence {seq!r} is not committed yet (its prompt is unwritten)")
+
+    def commit(self, seq: int) -> None:
+        """``seq``'s prompt KV is written: publish its new blocks' keys."""
+        self._live(seq)
+        staged = self.pending.pop(seq, None)
+        if staged is None:
+            raise MisuseError(f"sequence {seq!r} is already committed")
+        for block, key in staged:
+            self._register(block, key)
+
+    def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
+        self._uncommitted(seq)
+        return super().append_slot(seq, token_id)
+
+    def fork(self, parent: int, child: int) -> None:
+        self._uncommitted(parent)
+        super().fork(parent, child)
+
+    def free_seq(self, seq: int) -> None:
+        super().free_seq(seq)
+        self.pending.pop(seq, None)  # freed before its write: nothing is published

@@ -109,7 +109,12 @@ def no_partial_cached(L, s, b):
 @prefix_invariant("block")
 def key_after_write(L, s, b):
     """A key is registered only once the block's tokens are written: a
-    cached block has all block_size slots written."""
+    cached block has all block_size slots written. Publish after write: with
+    an engine that writes the prompt's KV after admitting it (a target with
+    ``commit(seq)``, the forward pass), a block is written only at its commit,
+    so no key may name it before; a block freed or preempted before its write
+    must never become findable (vLLM PR #43569: a later request hit a block
+    whose KV was never written)."""
     return L.implies(s.cached(b), s.filled(b) == s.block_size)
 
 
@@ -181,6 +186,28 @@ def cached_tokens(L, pre, table, wants, n_tokens: int, hits: int, reported):
     yield "cached tokens stop at the blocks served from the cache", None, reported <= hits * bs
     yield "a prompt fully in the cache leaves at least one token to compute", None, (
         reported <= n_tokens - 1)
+
+
+def commit(L, pre, post, table: Iterable[Any]):
+    """commit(seq): the engine has written the KV of seq's prompt (its forward
+    pass ran); the allocator may now publish the keys of the blocks it took
+    for that prompt, and nothing else changes: a key appears only on a block
+    of the committed sequence's table, no key leaves the cache, every
+    refcount and both lists stay as they were. (Publishing only written
+    blocks is ``key_after_write``, checked on the state after.)
+
+    ``table`` is the committed sequence's table. Yields (name, block, formula).
+    """
+    mine = set(table)
+    for b in pre.blocks():
+        if b in mine:
+            yield "no key leaves the cache", b, post.cache_entries(b) >= pre.cache_entries(b)
+        else:
+            yield "a key appears only on a block of the committed sequence", b, (
+                post.cache_entries(b) == pre.cache_entries(b))
+        yield "refcounts and lists unchanged", b, L.and_(
+            post.ref(b) == pre.ref(b), post.on_free(b) == pre.on_free(b),
+            post.on_evictable(b) == pre.on_evictable(b))
 
 
 def allocate_with_hits(L, pre, post, op, dom, hits: int):

@@ -5,7 +5,11 @@ thing. ``CORPUS`` maps a name to (class, the violation names kvcheck may
 report for it, the longest acceptable shrunk trace).
 """
 
-from kvcheck.impl.prefix_cache import PrefixCachingBlockManager, block_key
+from kvcheck.impl.prefix_cache import (
+    CommittingPrefixCachingBlockManager,
+    PrefixCachingBlockManager,
+    block_key,
+)
 
 
 class EvictedLeftInMap(PrefixCachingBlockManager):
@@ -151,6 +155,26 @@ class EvictorKeepsComputed(PrefixCachingBlockManager):
         return out
 
 
+class PublishedBeforeWrite(CommittingPrefixCachingBlockManager):
+    """Publishes a prompt's keys when it is scheduled (allocate), before the
+    engine has written its KV: a request admitted meanwhile hits blocks that
+    hold nothing yet."""
+
+    def _register(self, block, key):
+        PrefixCachingBlockManager._register(self, block, key)  # bug: not staged for commit
+
+
+class PublishedOnEarlyFree(CommittingPrefixCachingBlockManager):
+    """vLLM PR #43569: a request freed (aborted, preempted) before its forward
+    pass has its blocks cached on the way out as if computed, so a later
+    request hits a block whose KV was never written."""
+
+    def free_seq(self, seq):
+        if seq in self.pending:
+            self.commit(seq)  # bug: publishes what was never written
+        super().free_seq(seq)
+
+
 CORPUS = {
     "evicted-left-in-map": (EvictedLeftInMap, {"allocate: cache hit returns a block holding "
                                                "the requested prefix", "cache_content",
@@ -168,4 +192,6 @@ CORPUS = {
     "evictor-keeps-computed": (EvictorKeepsComputed, {
         "allocate: every block the cached tokens skip holds the requested prefix",
         "allocate: cached tokens stop at the blocks served from the cache"}, 3),
+    "published-before-write": (PublishedBeforeWrite, {"key_after_write"}, 1),
+    "published-on-early-free": (PublishedOnEarlyFree, {"key_after_write"}, 2),
 }

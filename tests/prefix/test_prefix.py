@@ -128,3 +128,29 @@ def test_nano_vllm_full_hit_leaves_no_token_is_reported():
     assert not r.ok
     assert r.violation.name == "allocate: a prompt fully in the cache leaves at least one token to compute"
     assert len(r.trace.ops) == 2
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("nb,bs,seed", [(16, 4, 0), (8, 2, 1), (5, 1, 2)])
+def test_reference_with_commit_passes(nb, bs, seed, mode):
+    """Publish after write: the reference that defers the prompt's write to commit(seq)
+    passes, with commits and sequences freed before their commit both exercised."""
+    r = verify_prefix("prefix-commit", nb, bs, 1500, seed, mode=mode)
+    assert r.ok, render(r.trace)
+    st = r.state.stats
+    assert st.commits and st.freed_uncommitted and st.hit_allocations and st.revived
+
+
+def test_commit_is_published_after_write():
+    from kvcheck.impl.prefix_cache import CommittingPrefixCachingBlockManager as C
+
+    m = C(4, 2)
+    assert m.allocate(0, 3, [1, 2, 3]) == 0 and m.cache == {}  # scheduled, not written
+    assert m.allocate(1, 3, [1, 2, 4]) == 0  # no hit on an unwritten block
+    with pytest.raises(MisuseError):
+        m.append_slot(0, 5)
+    m.free_seq(1)  # freed before its write: nothing published
+    assert m.cache == {} and m.num_evictable() == 0
+    m.commit(0)
+    assert len(m.cache) == 1
+    assert m.allocate(2, 3, [1, 2, 9]) == 2

@@ -37,8 +37,15 @@ class PrefixDriver:
         toks = base[:cut] + [rng.randrange(3) for _ in range(rng.randint(0, 2 * bs))]
         return toks or [rng.randrange(3)]
 
-    def next_op(self, live: list[int], free_blocks: int) -> PrefixOp:
+    def next_op(self, live: list[int], free_blocks: int, uncommitted=None) -> PrefixOp:
         rng, caps, (wa, wf, wr) = self.rng, self.caps, self._w
+        if uncommitted:  # admitted, prompt not written yet: mostly written next, else freed
+            r = rng.random()
+            if r < 0.7:
+                return PrefixOp("commit", seq=rng.choice(sorted(uncommitted)))
+            if r < 0.8:
+                return PrefixOp("free_seq", seq=rng.choice(sorted(uncommitted)))
+            live = [q for q in live if q not in uncommitted]
         fullness = 1.0 - free_blocks / self.num_blocks if self.num_blocks else 1.0
         if not live or rng.random() < (0.3 * (1.0 - fullness) + 0.05) * wa:
             toks = self._prompt()

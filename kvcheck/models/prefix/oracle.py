@@ -197,6 +197,16 @@ def _view_for(target):
                       "(cache_entries/evictable_blocks/free_list_blocks)")
 
 
+def committer(target):
+    """The target's ``commit(seq)`` (the engine wrote seq's prompt: publish after write),
+    or None: a target without one writes the prompt within ``allocate``."""
+    for obj in (target, getattr(target, "impl", None)):
+        fn = getattr(obj, "commit", None)
+        if callable(fn):
+            return fn
+    return None
+
+
 # -- the engine's side: ghost contents --------------------------------------------------
 class Ghost:
     """Interned prefixes and what each block holds."""
@@ -255,12 +265,19 @@ class PrefixShadow(ShadowMemory):
         self.expect(seq, toks)
         chain = g.chain(toks)
         g.chains[seq] = chain
+        later = [] if o.commit_fn is not None else None
         for i in range(o.pending_hits, len(table)):
             chunk = toks[i * bs : (i + 1) * bs]
             b = table[i]
             self.write_tokens(b, 0, chunk)
-            g.filled[b] = len(chunk)
-            g.content[b] = chain[i] if len(chunk) == bs else -1
+            done = (len(chunk), chain[i] if len(chunk) == bs else -1)
+            if later is None:
+                g.filled[b], g.content[b] = done
+            else:  # written at commit(seq): until then the block holds nothing computed
+                g.filled[b], g.content[b] = 0, -1
+                later.append((b, *done))
+        if later is not None:
+            o.uncommitted[seq] = later
 
     def append(self, seq, block, offset, cow_src):
         o, g, bs = self.oracle, self.oracle.ghost, self.block_size
@@ -286,6 +303,7 @@ class PrefixShadow(ShadowMemory):
     def free(self, seq):
         super().free(seq)
         self.oracle.ghost.chains.pop(seq, None)
+        self.oracle.uncommitted.pop(seq, None)  # freed before its write: never written
 
 
 class _Structural(Oracle):
@@ -335,6 +353,8 @@ class Stats:
     revived: int = 0  # evictable blocks brought back by a hit
     evicted: int = 0  # evictable blocks taken for new content
     oob: int = 0
+    commits: int = 0  # commit(seq): a prompt written (a target with commit only)
+    freed_uncommitted: int = 0  # a sequence freed before its prompt was written
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -366,6 +386,8 @@ class PrefixOracle:
         self.stats = Stats()
         self.pending: PrefixOp | None = None
         self.pending_hits = 0
+        self.commit_fn = committer(target)
+        self.uncommitted: dict[int, list] = {}  # seq -> (block, filled, content) its commit writes
         self.s = _Structural(target, self, mode, timeout, compiled)
         self.violation = self.s.violation
         self.steps = 0
@@ -396,6 +418,10 @@ class PrefixOracle:
         return self.s._state().num_free()
 
     def valid(self, op: PrefixOp) -> bool:
+        if op.kind == "commit":
+            return self.commit_fn is not None and op.seq in self.uncommitted
+        if op.kind in ("append_slot", "fork") and op.seq in self.uncommitted:
+            return False  # decoding and forking come after the prompt is written
         if op.kind == "allocate" and len(op.tokens) != op.n_tokens:
             return False
         if op.kind == "append_slot" and len(op.tokens) != 1:
@@ -410,12 +436,18 @@ class PrefixOracle:
         if wd is not None:
             wd.enter()  # the operation and the cache observation after it: one guarded call
         try:
+            if op.kind == "commit":
+                v = self._commit(op, wd)
+                self.violation = v
+                return v
+            unwritten = op.kind == "free_seq" and op.seq in self.uncommitted
             v = self.s.step(op, wd)
             self.steps = self.s.steps
             if v is None:
                 post, v = self._observe_and_check(self.steps, op)
                 if v is None:
                     self._count(op, post)
+                    self.stats.freed_uncommitted += unwritten
                     self.pre = post
             elif v.kind in ("contract", "invariant", "data"):
                 self._observe_for_the_record()
@@ -426,6 +458,56 @@ class PrefixOracle:
             if wd is not None:
                 wd.leave()
         self.violation = v
+        return v
+
+    def _commit(self, op: PrefixOp, wd) -> Violation | None:
+        """commit(seq): call it, write the prompt into the ghost (the engine's forward pass),
+        then check ``spec.prefix.commit`` and every prefix invariant on the cache, and the
+        whole structure by a sweep (a commit changes no table or refcount)."""
+        from kvcheck.check import watchdog as watchdog_module
+
+        if op.seq not in self.uncommitted or self.commit_fn is None:
+            raise ValueError(f"precondition of commit fails: {op}")
+        s = self.s
+        s.steps += 1
+        self.steps = n = s.steps
+        recorder = watchdog_module.RECORDER
+        if recorder is not None:
+            recorder.op(op)
+        v = None
+        try:
+            self.commit_fn(op.seq)
+            op.outcome = OK
+        except OperationTimeout as exc:
+            v = Violation(n, "hang", "commit", witness=f"commit {exc}")
+        except (Interrupted, *CONTROL):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the target's exception
+            v = Violation(n, "crash", "commit", witness=f"commit {what_it_did(exc)}")
+        if v is None:
+            g = self.ghost
+            for b, filled, content in self.uncommitted.pop(op.seq):
+                g.filled[b], g.content[b] = filled, content
+            table = s._state().table_tuple(op.seq)
+            post, v = self._observe_and_check(n, None)
+            if v is None and self.pre is not None:
+                for name, b, holds in P.commit(PY, self.pre, post, table):
+                    if not holds:
+                        v = Violation(n, "contract", f"commit: {name}", b, subject="block",
+                                      witness=f"after commit(seq={op.seq}): "
+                                              f"{self._explain(post, b)}",
+                                      doc=" ".join((P.commit.__doc__ or "").split()[:70]))
+                        break
+            if v is None:
+                before = s.violation
+                v = s.sweep(wd)
+                if v is not None and before is None:
+                    v = dataclasses.replace(v, step=n)
+            if v is None:
+                self.stats.commits += 1
+                self.pre = post
+        if recorder is not None:
+            recorder.outcome(op, v)
         return v
 
     def sweep(self, watchdog=None) -> Violation | None:
@@ -444,6 +526,8 @@ class PrefixOracle:
         new.view = view_for(new.target)
         new.ghost = copy.deepcopy(self.ghost)
         new.meanings = dict(self.meanings)
+        new.commit_fn = committer(new.target)
+        new.uncommitted = {q: list(w) for q, w in self.uncommitted.items()}
         new.stats = dataclasses.replace(self.stats)
         return new
 
@@ -532,12 +616,14 @@ class PrefixOracle:
             return (f"the allocator reports {s.free_list_len()} free and {s.evictable_len()} "
                     f"evictable blocks; its lists hold {len(s.free_list)} and {len(s.evictable)}")
         g = self.ghost
+        early = "; its key was published before its content was written"
         meaning = [g.show(s.meanings.get(k, -1)) for k in s.keys_of(b)]
         return (f"block {b}: refcount {s.ref(b)}, {s.on_free(b)}x on the free list, "
                 f"{s.on_evictable(b)}x evictable, {s.cache_entries(b)} cache key(s)"
                 f"{' naming ' + '; '.join(meaning) if meaning else ''}; "
                 f"{'partial in a table, ' if s.partial(b) else ''}"
-                f"{s.filled(b)}/{s.block_size} slots written, holding {g.show(s.content(b))}")
+                f"{s.filled(b)}/{s.block_size} slots written, holding {g.show(s.content(b))}"
+                f"{early if s.cached(b) and s.filled(b) < s.block_size else ''}")
 
     # -- allocate ------------------------------------------------------------------------
     def _check_allocate(self, pre, post, op, dom, n):
