@@ -154,3 +154,16 @@ def test_commit_is_published_after_write():
     m.commit(0)
     assert len(m.cache) == 1
     assert m.allocate(2, 3, [1, 2, 9]) == 2
+
+
+@pytest.mark.parametrize("target", ["prefix", "prefix-commit"])
+def test_every_cache_class_occurs_at_defaults(target, capsys):
+    """At default settings the driver reaches every cache state: hit, partial hit,
+    revival, eviction, a key cached after its parent's key is gone, identical prompts
+    back to back, out of blocks; ``--json`` prints each class's count."""
+    assert main(["verify-prefix", target, "--json"]) == 0
+    cov = json.loads(capsys.readouterr().out)["coverage"]
+    assert cov["missed"] == []
+    assert set(cov["counts"]) == {"hit", "partial_hit", "revived", "evicted", "orphan", "repeat",
+                                  "out_of_blocks"}
+    assert all(n > 0 for n in cov["counts"].values()), cov["counts"]

@@ -353,6 +353,9 @@ class Stats:
     revived: int = 0  # evictable blocks brought back by a hit
     evicted: int = 0  # evictable blocks taken for new content
     oob: int = 0
+    partial_hits: int = 0  # allocations whose hits stopped at a miss before the last lookup
+    orphans: int = 0  # states with a key cached while its parent block's key is gone
+    repeats: int = 0  # allocations of the very prompt the operation before allocated
     commits: int = 0  # commit(seq): a prompt written (a target with commit only)
     freed_uncommitted: int = 0  # a sequence freed before its prompt was written
 
@@ -361,14 +364,25 @@ class Stats:
 
     # The classes of cache behaviour a run should have exercised, by the count showing it.
     CLASSES = (("hit", "hit_allocations", "an allocation served from the cache"),
+               ("partial_hit", "partial_hits",
+                "an allocation served in part from the cache, up to a miss"),
                ("revived", "revived", "an evictable block revived by a cache hit"),
                ("evicted", "evicted", "an evictable block evicted for new content"),
+               ("orphan", "orphans", "a key still cached after its parent block's key is gone"),
+               ("repeat", "repeats", "identical prompts admitted back to back"),
                ("out_of_blocks", "oob", "an operation out of blocks"))
 
+    def counts(self) -> dict:
+        """Per class, how many times the run exercised it."""
+        return {name: getattr(self, count) for name, count, _ in self.CLASSES}
+
     def coverage(self) -> dict:
-        """Which of ``CLASSES`` the run exercised, and the ones it missed."""
-        seen = {name: getattr(self, count) > 0 for name, count, _ in self.CLASSES}
-        return {**seen, "missed": [name for name, hit in seen.items() if not hit]}
+        """Which of ``CLASSES`` the run exercised, the ones it missed, and how often each
+        occurred (``counts``)."""
+        counts = self.counts()
+        seen = {name: n > 0 for name, n in counts.items()}
+        return {**seen, "missed": [name for name, hit in seen.items() if not hit],
+                "counts": counts}
 
 
 class PrefixOracle:
@@ -667,6 +681,12 @@ class PrefixOracle:
                                  doc=" ".join((P.allocate_with_hits.__doc__ or "").split()))
         return None
 
+    def _orphaned(self, post) -> bool:
+        """Whether some cached key names a prefix whose parent prefix no key names."""
+        parts = self.ghost.parts
+        named = {post.meanings.get(k, -1) for k, _ in post.entries}
+        return any(m >= 0 and parts[m][0] >= 0 and parts[m][0] not in named for m in named)
+
     def _check_cached_tokens(self, op, before, table, hits, n):
         """``spec.prefix.cached_tokens``: the count the allocation reported against the
         blocks it served (and what they held before the call)."""
@@ -697,13 +717,20 @@ class PrefixOracle:
 
     def _count(self, op, post):
         st, pre = self.stats, self.pre
+        last = getattr(self, "_last_op", None)
+        if op.kind != "commit":  # back to back: with only the first one's commit between
+            self._last_op = op
         if op.outcome == OOB:
             st.oob += 1
             return
+        st.orphans += self._orphaned(post)
         if op.kind == "allocate":
             st.allocations += 1
             st.hit_blocks += self.pending_hits
             st.hit_allocations += self.pending_hits > 0
+            st.partial_hits += 0 < self.pending_hits < (op.n_tokens - 1) // self.block_size
+            st.repeats += (last is not None and last.kind == "allocate" and last.outcome == OK
+                           and last.tokens == op.tokens)
         if pre is None or op.kind not in ("allocate", "append_slot"):
             return
         table = self.s._state().table_tuple(op.seq)
