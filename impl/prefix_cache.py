@@ -9,8 +9,11 @@ Same seed API as ``block_manager.BlockManager`` (``allocate``, ``append_slot``,
     the end of its block. Admission walks the prompt's full blocks from the
     start and, while the key is cached, shares the cached block (refcount + 1;
     an evictable block leaves the LRU) instead of allocating. It stops at the
-    first miss; the remaining blocks are taken fresh. Returns the number of
-    prompt tokens served from the cache (a multiple of ``block_size``).
+    first miss, and before the block holding the prompt's last token (that
+    token is always computed: a prompt fully in the cache recomputes its last
+    block into a fresh block); the remaining blocks are taken fresh. Returns
+    the number of prompt tokens served from the cache (a multiple of
+    ``block_size``, at most ``n_tokens - 1``).
     Without ``token_ids`` the manager invents fresh, distinct (negative) token
     ids, so nothing ever hits but caching and eviction still happen.
 ``append_slot(seq, token_id=None)``
@@ -173,6 +176,11 @@ class PrefixCachingBlockManager:
             raise MisuseError(f"unknown sequence {seq!r}")
         return table
 
+    def _lookup_limit(self, n_tokens: int) -> int:
+        """How many leading full blocks a prompt may take from the cache: those wholly
+        within its first n - 1 tokens."""
+        return (n_tokens - 1) // self.block_size
+
     def _prompt_keys(self, tokens: list[int]) -> list[bytes]:
         bs, keys, parent = self.block_size, [], None
         for start in range(0, len(tokens) - bs + 1, bs):
@@ -197,7 +205,10 @@ class PrefixCachingBlockManager:
                 raise MisuseError(f"token_ids must be {n_tokens} integers")
         keys = self._prompt_keys(tokens)
         hits: list[int] = []
-        for key in keys:
+        # Only blocks wholly within the first n - 1 tokens are looked up: the last token is
+        # always computed (the engine needs its logits), so on a prompt fully in the cache
+        # the last block is recomputed into a fresh block (vLLM v1's max_cache_hit_length).
+        for key in keys[: self._lookup_limit(n_tokens)]:
             block = self.cache.get(key)
             if block is None:
                 break
@@ -265,3 +276,61 @@ class PrefixCachingBlockManager:
         del self.tables[seq], self.lens[seq], self.tokens[seq], self.keys[seq]
         for block in reversed(table):
             self._release(block)
+
+
+class CommittingPrefixCachingBlockManager(PrefixCachingBlockManager):
+    """The reference with the write deferred to a commit: publish after write.
+
+    ``allocate`` schedules the prompt: it hands out the blocks (hits shared at once)
+    but publishes no key for the blocks it took for new content, whose KV the
+    engine has not computed yet. ``commit(seq)`` says the engine wrote the prompt
+    (its forward pass ran): only then are those blocks' keys registered. A
+    sequence freed (or preempted) before its commit publishes nothing, so a block
+    whose KV was never written is never findable (vLLM PR #43569). Decoding
+    (``append_slot``) and ``fork`` come after the commit.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self.pending: dict[int, list[tuple[int, bytes]]] = {}  # seq -> (block, key) to publish
+        self._staging: list[tuple[int, bytes]] | None = None
+
+    def _register(self, block: int, key: bytes) -> None:
+        if self._staging is not None:
+            self._staging.append((block, key))  # inside allocate: published at commit
+        else:
+            super()._register(block, key)
+
+    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> int:
+        self._staging = staged = []
+        try:
+            got = super().allocate(seq, n_tokens, token_ids)
+        finally:
+            self._staging = None
+        self.pending[seq] = staged
+        return got
+
+    def _uncommitted(self, seq: int) -> None:
+        if seq in self.pending:
+            raise MisuseError(f"sequence {seq!r} is not committed yet (its prompt is unwritten)")
+
+    def commit(self, seq: int) -> None:
+        """``seq``'s prompt KV is written: publish its new blocks' keys."""
+        self._live(seq)
+        staged = self.pending.pop(seq, None)
+        if staged is None:
+            raise MisuseError(f"sequence {seq!r} is already committed")
+        for block, key in staged:
+            self._register(block, key)
+
+    def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
+        self._uncommitted(seq)
+        return super().append_slot(seq, token_id)
+
+    def fork(self, parent: int, child: int) -> None:
+        self._uncommitted(parent)
+        super().fork(parent, child)
+
+    def free_seq(self, seq: int) -> None:
+        super().free_seq(seq)
+        self.pending.pop(seq, None)  # freed before its write: nothing is published

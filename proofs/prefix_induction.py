@@ -34,7 +34,10 @@ portfolio), so it runs in seconds at 8 blocks and barely grows with the pool.
 
 Besides the invariants, the cache-hit contract (``spec.prefix.cache_hits``:
 a hit returns a cached block holding exactly the requested prefix) is proved
-as a consequence of the invariants and the ``hit`` rule.
+as a consequence of the invariants and the ``hit`` rule, and so is publish
+after write, twice: a hit never returns a block whose slots are not all
+written, and a block whose last holder lets go before it was written (freed
+or preempted before its commit) is not cached afterwards (vLLM PR #43569).
 """
 
 from __future__ import annotations
@@ -129,4 +132,25 @@ def prove_prefix_invariants(scope, steps=None, invariants=None, timeout_ms: int 
         out.append(Proof(ENGINE, "cache hit returns a cached block holding the requested prefix",
                          where, _verdict(r), time.perf_counter() - t0,
                          "implied by the hit rule and the invariants"))
+
+        def unwritten_hit(e):  # publish after write, as the hit sees it
+            body, _ = e.steps["hit", FOCUS]
+            return [*e.hyp(FOCUS), body, z3.Not(e.s.filled(FOCUS) == e.s.block_size)]
+
+        t0 = time.perf_counter()
+        r = _portfolio(encs, unwritten_hit, timeout_ms, key="prefix.hit")
+        out.append(Proof(ENGINE, "publish after write: a cache hit never returns a block whose "
+                         "content is not written", where, _verdict(r), time.perf_counter() - t0,
+                         "implied by the hit rule and key_after_write"))
+    if "release" in first.kinds:
+        def early_free(e):  # vLLM PR #43569: freed before its write, still findable
+            body, _ = e.steps["release", FOCUS]
+            return [*e.hyp(FOCUS), body, e.s.filled(FOCUS) < e.s.block_size,
+                    e.s2.ref(FOCUS) == 0, e.s2.cached(FOCUS)]
+
+        t0 = time.perf_counter()
+        r = _portfolio(encs, early_free, timeout_ms, key="prefix.release")
+        out.append(Proof(ENGINE, "publish after write: a block freed before its write is not "
+                         "findable", where, _verdict(r), time.perf_counter() - t0,
+                         "implied by the release rule and key_after_write"))
     return out

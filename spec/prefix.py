@@ -109,7 +109,12 @@ def no_partial_cached(L, s, b):
 @prefix_invariant("block")
 def key_after_write(L, s, b):
     """A key is registered only once the block's tokens are written: a
-    cached block has all block_size slots written."""
+    cached block has all block_size slots written. Publish after write: with
+    an engine that writes the prompt's KV after admitting it (a target with
+    ``commit(seq)``, the forward pass), a block is written only at its commit,
+    so no key may name it before; a block freed or preempted before its write
+    must never become findable (vLLM PR #43569: a later request hit a block
+    whose KV was never written)."""
     return L.implies(s.cached(b), s.filled(b) == s.block_size)
 
 
@@ -144,6 +149,65 @@ def cache_hits(L, pre, table: Iterable[Any], wants: Iterable[Any]):
         yield "cache hit returns a block holding the requested prefix", i, L.and_(
             pre.content(b) >= 0, pre.content(b) == want
         )
+
+
+def cached_tokens(L, pre, table, wants, n_tokens: int, hits: int, reported):
+    """The number of cached prompt tokens an allocation reports is the engine's
+    skip-prefill state: the engine computes only the prompt's tokens from
+    ``reported`` on. It is checked against the blocks actually served, not
+    against the cache map alone:
+
+    * every block the count skips (position i with i * block_size < reported)
+      held, before the call, exactly the requested prefix, fully computed: a
+      block reused from the evictable list for new content, or one whose
+      content was never written, must not be skipped even if the allocator
+      still marks it computed (vLLM PR #5364);
+    * the count stops at the blocks served from the cache (the leading run of
+      hits: lookup stops at the first miss), reported <= hits * block_size;
+    * a prompt fully in the cache still leaves at least one token to compute
+      (the engine needs the last token's logits), reported <= n_tokens - 1
+      (vLLM PR #11186, nano-vllm #144).
+
+    A count short of the blocks served is legal: the engine recomputes
+    content the block already holds (and a block evicted and re-taken for the
+    same prefix within one allocation is indistinguishable from a hit).
+
+    ``pre`` is the prefix state before the call, ``table`` the new sequence's
+    table, ``wants`` the prefix ids of the prompt's full blocks, ``hits`` how
+    many leading blocks were served from the cache. Yields (name, position, formula).
+    """
+    bs = pre.block_size
+    yield "reported cached tokens are a count", None, reported >= 0
+    for i, (b, want) in enumerate(zip(table, wants, strict=False)):
+        if not i * bs < reported:
+            break
+        yield "every block the cached tokens skip holds the requested prefix", i, L.and_(
+            pre.content(b) >= 0, pre.content(b) == want)
+    yield "cached tokens stop at the blocks served from the cache", None, reported <= hits * bs
+    yield "a prompt fully in the cache leaves at least one token to compute", None, (
+        reported <= n_tokens - 1)
+
+
+def commit(L, pre, post, table: Iterable[Any]):
+    """commit(seq): the engine has written the KV of seq's prompt (its forward
+    pass ran); the allocator may now publish the keys of the blocks it took
+    for that prompt, and nothing else changes: a key appears only on a block
+    of the committed sequence's table, no key leaves the cache, every
+    refcount and both lists stay as they were. (Publishing only written
+    blocks is ``key_after_write``, checked on the state after.)
+
+    ``table`` is the committed sequence's table. Yields (name, block, formula).
+    """
+    mine = set(table)
+    for b in pre.blocks():
+        if b in mine:
+            yield "no key leaves the cache", b, post.cache_entries(b) >= pre.cache_entries(b)
+        else:
+            yield "a key appears only on a block of the committed sequence", b, (
+                post.cache_entries(b) == pre.cache_entries(b))
+        yield "refcounts and lists unchanged", b, L.and_(
+            post.ref(b) == pre.ref(b), post.on_free(b) == pre.on_free(b),
+            post.on_evictable(b) == pre.on_evictable(b))
 
 
 def allocate_with_hits(L, pre, post, op, dom, hits: int):

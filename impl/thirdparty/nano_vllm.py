@@ -21,7 +21,8 @@ Operations, as nano-vllm's ``Scheduler`` drives the block manager:
     ``can_allocate(seq)`` -- ``False`` -> ``OutOfBlocks`` -- then
     ``allocate(seq)``. The check is the block manager's own API (``allocate``
     itself assumes it passed: it indexes ``free_block_ids[0]`` and would raise
-    ``IndexError`` half-way through).
+    ``IndexError`` half-way through). Returns ``seq.num_cached_tokens``: the
+    prompt tokens the model runner skips (``input_ids.extend(seq[num_cached_tokens:])``).
 ``append_slot(seq)``
     one decode token. nano-vllm's scheduler calls ``can_append`` /
     ``may_append`` *after* ``postprocess`` appended the sampled token, i.e. with
@@ -131,7 +132,7 @@ class NanoVllmTarget:
         self.preempted: dict[int, Any] = {}  # preempted seq -> its Sequence, to re-admit
         self._tokens = itertools.count(1)
 
-    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> None:
+    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> int:
         if seq in self.seqs:
             raise MisuseError(f"sequence {seq!r} already exists")
         if n_tokens < 1:
@@ -150,6 +151,7 @@ class NanoVllmTarget:
         self.preempted.pop(seq, None)
         s.status = load()["nanovllm.engine.sequence"].SequenceStatus.RUNNING
         self.seqs[seq] = s
+        return s.num_cached_tokens  # what the model runner skips (``seq[num_cached_tokens:]``)
 
     def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
         s = self._live(seq)

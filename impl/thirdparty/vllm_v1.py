@@ -410,7 +410,9 @@ class VllmV1Target:
             return op.n_tokens <= len(self.drafts.get(op.seq, ()))
         return True
 
-    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> None:
+    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> int:
+        """Admit a request: ``get_computed_blocks`` then ``allocate_slots`` for the rest.
+        Returns ``num_computed``, the prompt tokens the scheduler skips computing."""
         if seq in self.requests:
             raise MisuseError(f"sequence {seq!r} already exists")
         if n_tokens < 1:
@@ -431,6 +433,7 @@ class VllmV1Target:
         req.num_computed_tokens = n_tokens
         req.status = RequestStatus.RUNNING
         self.requests[seq] = req
+        return num_computed
 
     def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
         req = self._live(seq)

@@ -24,4 +24,7 @@ TARGETS: dict[str, tuple[str, str]] = {
                "paged K/V on torch (cuda if present, else cpu), Triton kernels or torch fallback"),
     "prefix": ("kvcheck.impl.prefix_cache:PrefixCachingBlockManager",
                "the bundled reference prefix-caching block manager (hash-chained blocks, LRU)"),
+    "prefix-commit": ("kvcheck.impl.prefix_cache:CommittingPrefixCachingBlockManager",
+                      "the reference prefix cache with the prompt's write deferred to commit(seq): "
+                      "keys published after the write"),
 }

@@ -5,7 +5,11 @@ thing. ``CORPUS`` maps a name to (class, the violation names kvcheck may
 report for it, the longest acceptable shrunk trace).
 """
 
-from kvcheck.impl.prefix_cache import PrefixCachingBlockManager, block_key
+from kvcheck.impl.prefix_cache import (
+    CommittingPrefixCachingBlockManager,
+    PrefixCachingBlockManager,
+    block_key,
+)
 
 
 class EvictedLeftInMap(PrefixCachingBlockManager):
@@ -111,6 +115,66 @@ class UnchainedKeys(PrefixCachingBlockManager):
         return [block_key(None, tokens[s : s + bs]) for s in range(0, len(tokens) - bs + 1, bs)]
 
 
+class FullHitNoTokenLeft(PrefixCachingBlockManager):
+    """vLLM PR #11186, nano-vllm #144: a prompt wholly in the cache is served
+    entirely from it and reported as all cached, leaving the engine no token
+    to compute (it needs the last token's logits)."""
+
+    def _lookup_limit(self, n_tokens):
+        return n_tokens // self.block_size  # bug: the block holding the last token too
+
+
+class EvictorKeepsComputed(PrefixCachingBlockManager):
+    """vLLM PR #5364: a "computed" mark per block, separate from the cache map,
+    set once a block's content is computed and consulted for the cached-token
+    count; a block taken from the evictable list for new content keeps its
+    mark, so the engine skips computing the new content."""
+
+    def __init__(self, num_blocks, block_size):
+        super().__init__(num_blocks, block_size)
+        self.computed = set()
+
+    def _take(self):
+        from_free = bool(self.free_list)
+        block = super()._take()
+        if from_free:
+            self.computed.discard(block)  # bug: not when it comes from the evictable list
+        return block
+
+    def allocate(self, seq, n_tokens, token_ids=None):
+        super().allocate(seq, n_tokens, token_ids)
+        table = self.tables[seq]
+        skip = sum(1 for b in table[: self._lookup_limit(n_tokens)] if b in self.computed)
+        self.computed.update(table[: n_tokens // self.block_size])  # the prefill computed them
+        return skip * self.block_size
+
+    def append_slot(self, seq, token_id=None):
+        out = super().append_slot(seq, token_id)
+        if self.lens[seq] % self.block_size == 0:
+            self.computed.add(self.tables[seq][-1])
+        return out
+
+
+class PublishedBeforeWrite(CommittingPrefixCachingBlockManager):
+    """Publishes a prompt's keys when it is scheduled (allocate), before the
+    engine has written its KV: a request admitted meanwhile hits blocks that
+    hold nothing yet."""
+
+    def _register(self, block, key):
+        PrefixCachingBlockManager._register(self, block, key)  # bug: not staged for commit
+
+
+class PublishedOnEarlyFree(CommittingPrefixCachingBlockManager):
+    """vLLM PR #43569: a request freed (aborted, preempted) before its forward
+    pass has its blocks cached on the way out as if computed, so a later
+    request hits a block whose KV was never written."""
+
+    def free_seq(self, seq):
+        if seq in self.pending:
+            self.commit(seq)  # bug: publishes what was never written
+        super().free_seq(seq)
+
+
 CORPUS = {
     "evicted-left-in-map": (EvictedLeftInMap, {"allocate: cache hit returns a block holding "
                                                "the requested prefix", "cache_content",
@@ -123,4 +187,11 @@ CORPUS = {
     "partial-block-cached": (PartialBlockCached, {"no_partial_cached"}, 2),
     "unchained-keys": (UnchainedKeys, {"allocate: cache hit returns a block holding the "
                                        "requested prefix", "cache_content"}, 5),
+    "full-hit-no-token-left": (FullHitNoTokenLeft, {
+        "allocate: a prompt fully in the cache leaves at least one token to compute"}, 2),
+    "evictor-keeps-computed": (EvictorKeepsComputed, {
+        "allocate: every block the cached tokens skip holds the requested prefix",
+        "allocate: cached tokens stop at the blocks served from the cache"}, 3),
+    "published-before-write": (PublishedBeforeWrite, {"key_after_write"}, 1),
+    "published-on-early-free": (PublishedOnEarlyFree, {"key_after_write"}, 2),
 }

@@ -72,7 +72,7 @@ def test_operations_round_trip_through_json():
         again = MODEL.op_from_json(json.loads(json.dumps(MODEL.op_to_json(op))))
         assert MODEL.op_to_json(again) == MODEL.op_to_json(op)
     assert MODEL.op_to_json(r.ops[0]) == {"op": "allocate", "seq": 0, "tokens": [5, 6, 7],
-                                          "result": {"outcome": "ok", "hits": 0}}
+                                          "result": {"outcome": "ok", "hits": 0, "cached_tokens": 0}}
     state = r.states[0]
     assert set(state) == {"tables", "lens", "refs", "free", "free_list", "evictable", "cache"}
     assert sorted(state["cache"].values()) == [0] and state["evictable"] == []

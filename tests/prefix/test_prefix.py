@@ -29,8 +29,10 @@ def verify_prefix(target, num_blocks, block_size, ops, seed, mode="full", **kw):
 def test_hits_share_blocks_and_evictable_is_revived():
     m = PrefixCachingBlockManager(4, 2)
     assert m.allocate(0, 5, [1, 2, 3, 4, 5]) == 0
-    assert m.allocate(1, 4, [1, 2, 3, 4]) == 4  # two full blocks from the cache
-    assert m.tables[1] == m.tables[0][:2] and m.ref[m.tables[0][0]] == 2
+    # fully in the cache: the last block is recomputed (its last token must be computed)
+    assert m.allocate(1, 4, [1, 2, 3, 4]) == 2
+    assert m.tables[1][0] == m.tables[0][0] and m.ref[m.tables[0][0]] == 2
+    assert m.tables[1][1] != m.tables[0][1]
     m.free_seq(0)
     m.free_seq(1)
     assert len(m.free) == 4 and m.num_evictable() == 2
@@ -99,3 +101,69 @@ def test_cli_bad_input_is_one_line_exit_2():
                            capture_output=True, text=True)
         assert p.returncode == 2
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+from legal_prefix import LEGAL  # noqa: E402
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("name", sorted(LEGAL))
+def test_legal_variants_pass(name, mode):
+    """Eviction order, dropping keys on free, never caching, recomputing or sharing the
+    last block on a full hit, reporting no or a short count: no rule may fire."""
+    for nb, bs, seed in [(8, 2, 0), (6, 1, 1), (12, 3, 2)]:
+        r = verify_prefix(LEGAL[name], nb, bs, 1200, seed, mode=mode)
+        assert r.ok, render(r.trace)
+
+
+def test_nano_vllm_full_hit_leaves_no_token_is_reported():
+    """nano-vllm #144, still in the wheel kvcheck checks: a prompt wholly in the cache is
+    reported as all cached (``num_cached_tokens == len(seq)``), so its model runner would
+    compute nothing for it."""
+    pytest.importorskip("xxhash")
+    try:
+        r = verify_prefix("nano-vllm", 16, 4, 5000, 0)
+    except Exception as exc:  # noqa: BLE001 - the wheel is not installed here
+        pytest.skip(f"nano-vllm not available: {exc}")
+    assert not r.ok
+    assert r.violation.name == "allocate: a prompt fully in the cache leaves at least one token to compute"
+    assert len(r.trace.ops) == 2
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("nb,bs,seed", [(16, 4, 0), (8, 2, 1), (5, 1, 2)])
+def test_reference_with_commit_passes(nb, bs, seed, mode):
+    """Publish after write: the reference that defers the prompt's write to commit(seq)
+    passes, with commits and sequences freed before their commit both exercised."""
+    r = verify_prefix("prefix-commit", nb, bs, 1500, seed, mode=mode)
+    assert r.ok, render(r.trace)
+    st = r.state.stats
+    assert st.commits and st.freed_uncommitted and st.hit_allocations and st.revived
+
+
+def test_commit_is_published_after_write():
+    from kvcheck.impl.prefix_cache import CommittingPrefixCachingBlockManager as C
+
+    m = C(4, 2)
+    assert m.allocate(0, 3, [1, 2, 3]) == 0 and m.cache == {}  # scheduled, not written
+    assert m.allocate(1, 3, [1, 2, 4]) == 0  # no hit on an unwritten block
+    with pytest.raises(MisuseError):
+        m.append_slot(0, 5)
+    m.free_seq(1)  # freed before its write: nothing published
+    assert m.cache == {} and m.num_evictable() == 0
+    m.commit(0)
+    assert len(m.cache) == 1
+    assert m.allocate(2, 3, [1, 2, 9]) == 2
+
+
+@pytest.mark.parametrize("target", ["prefix", "prefix-commit"])
+def test_every_cache_class_occurs_at_defaults(target, capsys):
+    """At default settings the driver reaches every cache state: hit, partial hit,
+    revival, eviction, a key cached after its parent's key is gone, identical prompts
+    back to back, out of blocks; ``--json`` prints each class's count."""
+    assert main(["verify-prefix", target, "--json"]) == 0
+    cov = json.loads(capsys.readouterr().out)["coverage"]
+    assert cov["missed"] == []
+    assert set(cov["counts"]) == {"hit", "partial_hit", "revived", "evicted", "orphan", "repeat",
+                                  "out_of_blocks"}
+    assert all(n > 0 for n in cov["counts"].values()), cov["counts"]

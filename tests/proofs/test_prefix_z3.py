@@ -61,6 +61,27 @@ def test_unchained_key_is_caught():
     assert rows["cache hit returns a cached block holding the requested prefix"].result == "proved"
 
 
+def _register_unwritten(L, pre, post, a, arg=None):
+    """Publish before write: a key registered for a block whose slots are not all written."""
+    for clause, name, f in prefix_steps.register(L, pre, post, a, arg):
+        if name != "every slot written":
+            yield clause, name, f
+
+
+def test_publish_after_write_rows_are_proved():
+    rows = {r.property: r for r in prove_prefix_invariants(SMALL)}
+    for name in ("publish after write: a cache hit never returns a block whose content is not "
+                 "written", "publish after write: a block freed before its write is not findable"):
+        assert rows[name].result == "proved", rows[name]
+
+
+def test_publish_before_write_is_caught():
+    steps = {**prefix_steps.STEPS, "register": _register_unwritten}
+    rows = {r.property: r for r in prove_prefix_invariants(SMALL, steps=steps)}
+    assert rows["key_after_write"].result == "violated"
+    assert rows["key_after_write"].detail == "not preserved by register", rows["key_after_write"]
+
+
 def test_every_step_is_enabled_on_a_reachable_path():
     """Not vacuous: from the initial pool, a path through every rule exists (block 0)."""
     path = ["take_free", "write", "write", "register", "fork", "release", "release", "hit",

@@ -25,6 +25,7 @@ class PrefixDriver:
         self.bases = [[rng.randrange(100, 200) for _ in range(block_size * rng.randint(1, 3))]
                       for _ in range(3)]
         self.next_id = 0
+        self.last_prompt: list[int] | None = None  # the allocation just drawn (commits aside)
 
     def _new_id(self) -> int:
         self.next_id += 1
@@ -37,11 +38,27 @@ class PrefixDriver:
         toks = base[:cut] + [rng.randrange(3) for _ in range(rng.randint(0, 2 * bs))]
         return toks or [rng.randrange(3)]
 
-    def next_op(self, live: list[int], free_blocks: int) -> PrefixOp:
+    def next_op(self, live: list[int], free_blocks: int, uncommitted=None) -> PrefixOp:
+        op = self._next(live, free_blocks, uncommitted)
+        if op.kind != "commit":
+            self.last_prompt = list(op.tokens) if op.kind == "allocate" else None
+        return op
+
+    def _next(self, live: list[int], free_blocks: int, uncommitted=None) -> PrefixOp:
         rng, caps, (wa, wf, wr) = self.rng, self.caps, self._w
+        if uncommitted:  # admitted, prompt not written yet: mostly written next, else freed
+            r = rng.random()
+            if r < 0.7:
+                return PrefixOp("commit", seq=rng.choice(sorted(uncommitted)))
+            if r < 0.8:
+                return PrefixOp("free_seq", seq=rng.choice(sorted(uncommitted)))
+            live = [q for q in live if q not in uncommitted]
         fullness = 1.0 - free_blocks / self.num_blocks if self.num_blocks else 1.0
         if not live or rng.random() < (0.3 * (1.0 - fullness) + 0.05) * wa:
-            toks = self._prompt()
+            if self.last_prompt is not None and rng.random() < 0.25:
+                toks = self.last_prompt  # the same prompt again, back to back
+            else:
+                toks = self._prompt()
             return PrefixOp("allocate", seq=self._new_id(), n_tokens=len(toks), tokens=tuple(toks))
         r = rng.random()
         if r < 0.1 * wf and "fork" in caps:

@@ -50,6 +50,7 @@ class PrefixOp(Op):
 
     tokens: tuple = ()
     hits: int | None = None
+    cached_tokens: int | None = None  # what a successful allocate reported (None: nothing)
 
     @property
     def token(self):
@@ -67,19 +68,22 @@ def _make(kind: str, **args) -> PrefixOp:
 
 
 def _doc(kind: str) -> str:
-    rule = P.allocate_with_hits if kind == "allocate" else contracts.CONTRACTS[kind]
+    rule = {"allocate": P.allocate_with_hits, "commit": P.commit}.get(kind) or contracts.CONTRACTS[kind]
     return " ".join((rule.__doc__ or "").split())
 
 
 OPS = {
     "allocate": OpSpec("allocate", _make, (Arg("seq", NEW_SEQ), Arg("tokens", TOKENS)),
-                       results=(Arg("hits", COUNT),), doc=_doc("allocate")),
+                       results=(Arg("hits", COUNT), Arg("cached_tokens", VALUE, schema={
+                           "type": ["integer", "null"]})), doc=_doc("allocate")),
     "append_slot": OpSpec("append_slot", _make, (Arg("seq", SEQ), Arg("token", VALUE)),
                           results=(Arg("block", BLOCK), Arg("offset", VALUE), Arg("cow_src", BLOCK)),
                           doc=_doc("append_slot")),
     "fork": OpSpec("fork", _make, (Arg("seq", SEQ, key="parent"), Arg("child", NEW_SEQ)),
                    doc=_doc("fork")),
     "free_seq": OpSpec("free_seq", _make, (Arg("seq", SEQ),), doc=_doc("free_seq")),
+    # only for a target with commit(seq): the engine wrote seq's prompt (publish after write)
+    "commit": OpSpec("commit", _make, (Arg("seq", SEQ),), doc=_doc("commit")),
 }
 
 _BLOCKS = {"type": "array", "maxItems": 1048576, "items": {"$ref": "#/$defs/block"}}
@@ -140,6 +144,8 @@ class PrefixModel(Model):
             head = f"append_slot(seq={op.seq}, token={op.token!r})"
         elif op.kind == "fork":
             head = f"fork(parent={op.seq}, child={op.child})"
+        elif op.kind == "commit":
+            head = f"commit(seq={op.seq})"
         else:
             head = f"free_seq(seq={op.seq})"
         if op.outcome == "oob":
@@ -196,8 +202,10 @@ class PrefixModel(Model):
 
     def driver(self, seed: int, scope, target, options: Options):
         from kvcheck.models.prefix.driver import PrefixDriver
+        from kvcheck.models.prefix.oracle import committer
 
-        return _Driving(PrefixDriver(seed, scope.num_blocks, scope.block_size, target.capabilities,
+        caps = set(target.capabilities) | ({"commit"} if committer(target) else set())
+        return _Driving(PrefixDriver(seed, scope.num_blocks, scope.block_size, frozenset(caps),
                                      options.extra.get("weights")))
 
     # -- shrinking ------------------------------------------------------------------
@@ -343,7 +351,8 @@ class _Driving:
         self.rng = driver.rng
 
     def next_op(self, state):
-        return self.driver.next_op(state.live(), state.num_free())
+        return self.driver.next_op(state.live(), state.num_free(),
+                                   getattr(state, "uncommitted", None))
 
 
 def _fold_append(model: PrefixModel, ops: list, i: int) -> list | None:

@@ -197,6 +197,16 @@ def _view_for(target):
                       "(cache_entries/evictable_blocks/free_list_blocks)")
 
 
+def committer(target):
+    """The target's ``commit(seq)`` (the engine wrote seq's prompt: publish after write),
+    or None: a target without one writes the prompt within ``allocate``."""
+    for obj in (target, getattr(target, "impl", None)):
+        fn = getattr(obj, "commit", None)
+        if callable(fn):
+            return fn
+    return None
+
+
 # -- the engine's side: ghost contents --------------------------------------------------
 class Ghost:
     """Interned prefixes and what each block holds."""
@@ -255,12 +265,19 @@ class PrefixShadow(ShadowMemory):
         self.expect(seq, toks)
         chain = g.chain(toks)
         g.chains[seq] = chain
+        later = [] if o.commit_fn is not None else None
         for i in range(o.pending_hits, len(table)):
             chunk = toks[i * bs : (i + 1) * bs]
             b = table[i]
             self.write_tokens(b, 0, chunk)
-            g.filled[b] = len(chunk)
-            g.content[b] = chain[i] if len(chunk) == bs else -1
+            done = (len(chunk), chain[i] if len(chunk) == bs else -1)
+            if later is None:
+                g.filled[b], g.content[b] = done
+            else:  # written at commit(seq): until then the block holds nothing computed
+                g.filled[b], g.content[b] = 0, -1
+                later.append((b, *done))
+        if later is not None:
+            o.uncommitted[seq] = later
 
     def append(self, seq, block, offset, cow_src):
         o, g, bs = self.oracle, self.oracle.ghost, self.block_size
@@ -286,6 +303,7 @@ class PrefixShadow(ShadowMemory):
     def free(self, seq):
         super().free(seq)
         self.oracle.ghost.chains.pop(seq, None)
+        self.oracle.uncommitted.pop(seq, None)  # freed before its write: never written
 
 
 class _Structural(Oracle):
@@ -303,7 +321,10 @@ class _Structural(Oracle):
     def _call(self, op):
         t = self.target
         if op.kind == "allocate":
-            return t.allocate(op.seq, op.n_tokens, token_ids=list(op.tokens))
+            got = t.allocate(op.seq, op.n_tokens, token_ids=list(op.tokens))
+            # the cached-token count, where the target reports one (an int; else unchecked)
+            op.cached_tokens = got if type(got) is int else None
+            return got
         if op.kind == "append_slot":
             return t.append_slot(op.seq, op.tokens[0])
         return super()._call(op)
@@ -333,20 +354,36 @@ class Stats:
     evicted: int = 0  # evictable blocks taken for new content
     oob: int = 0
     refused: int = 0  # refusals under the target's declared policy (not a coverage class)
+    partial_hits: int = 0  # allocations whose hits stopped at a miss before the last lookup
+    orphans: int = 0  # states with a key cached while its parent block's key is gone
+    repeats: int = 0  # allocations of the very prompt the operation before allocated
+    commits: int = 0  # commit(seq): a prompt written (a target with commit only)
+    freed_uncommitted: int = 0  # a sequence freed before its prompt was written
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
 
     # The classes of cache behaviour a run should have exercised, by the count showing it.
     CLASSES = (("hit", "hit_allocations", "an allocation served from the cache"),
+               ("partial_hit", "partial_hits",
+                "an allocation served in part from the cache, up to a miss"),
                ("revived", "revived", "an evictable block revived by a cache hit"),
                ("evicted", "evicted", "an evictable block evicted for new content"),
+               ("orphan", "orphans", "a key still cached after its parent block's key is gone"),
+               ("repeat", "repeats", "identical prompts admitted back to back"),
                ("out_of_blocks", "oob", "an operation out of blocks"))
 
+    def counts(self) -> dict:
+        """Per class, how many times the run exercised it."""
+        return {name: getattr(self, count) for name, count, _ in self.CLASSES}
+
     def coverage(self) -> dict:
-        """Which of ``CLASSES`` the run exercised, and the ones it missed."""
-        seen = {name: getattr(self, count) > 0 for name, count, _ in self.CLASSES}
-        return {**seen, "missed": [name for name, hit in seen.items() if not hit]}
+        """Which of ``CLASSES`` the run exercised, the ones it missed, and how often each
+        occurred (``counts``)."""
+        counts = self.counts()
+        seen = {name: n > 0 for name, n in counts.items()}
+        return {**seen, "missed": [name for name, hit in seen.items() if not hit],
+                "counts": counts}
 
 
 class PrefixOracle:
@@ -364,6 +401,8 @@ class PrefixOracle:
         self.stats = Stats()
         self.pending: PrefixOp | None = None
         self.pending_hits = 0
+        self.commit_fn = committer(target)
+        self.uncommitted: dict[int, list] = {}  # seq -> (block, filled, content) its commit writes
         self.s = _Structural(target, self, mode, timeout, compiled)
         self.violation = self.s.violation
         self.steps = 0
@@ -394,6 +433,10 @@ class PrefixOracle:
         return self.s._state().num_free()
 
     def valid(self, op: PrefixOp) -> bool:
+        if op.kind == "commit":
+            return self.commit_fn is not None and op.seq in self.uncommitted
+        if op.kind in ("append_slot", "fork") and op.seq in self.uncommitted:
+            return False  # decoding and forking come after the prompt is written
         if op.kind == "allocate" and len(op.tokens) != op.n_tokens:
             return False
         if op.kind == "append_slot" and len(op.tokens) != 1:
@@ -408,12 +451,18 @@ class PrefixOracle:
         if wd is not None:
             wd.enter()  # the operation and the cache observation after it: one guarded call
         try:
+            if op.kind == "commit":
+                v = self._commit(op, wd)
+                self.violation = v
+                return v
+            unwritten = op.kind == "free_seq" and op.seq in self.uncommitted
             v = self.s.step(op, wd)
             self.steps = self.s.steps
             if v is None:
                 post, v = self._observe_and_check(self.steps, op)
                 if v is None:
                     self._count(op, post)
+                    self.stats.freed_uncommitted += unwritten
                     self.pre = post
             elif v.kind in ("contract", "invariant", "data"):
                 self._observe_for_the_record()
@@ -424,6 +473,56 @@ class PrefixOracle:
             if wd is not None:
                 wd.leave()
         self.violation = v
+        return v
+
+    def _commit(self, op: PrefixOp, wd) -> Violation | None:
+        """commit(seq): call it, write the prompt into the ghost (the engine's forward pass),
+        then check ``spec.prefix.commit`` and every prefix invariant on the cache, and the
+        whole structure by a sweep (a commit changes no table or refcount)."""
+        from kvcheck.check import watchdog as watchdog_module
+
+        if op.seq not in self.uncommitted or self.commit_fn is None:
+            raise ValueError(f"precondition of commit fails: {op}")
+        s = self.s
+        s.steps += 1
+        self.steps = n = s.steps
+        recorder = watchdog_module.RECORDER
+        if recorder is not None:
+            recorder.op(op)
+        v = None
+        try:
+            self.commit_fn(op.seq)
+            op.outcome = OK
+        except OperationTimeout as exc:
+            v = Violation(n, "hang", "commit", witness=f"commit {exc}")
+        except (Interrupted, *CONTROL):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the target's exception
+            v = Violation(n, "crash", "commit", witness=f"commit {what_it_did(exc)}")
+        if v is None:
+            g = self.ghost
+            for b, filled, content in self.uncommitted.pop(op.seq):
+                g.filled[b], g.content[b] = filled, content
+            table = s._state().table_tuple(op.seq)
+            post, v = self._observe_and_check(n, None)
+            if v is None and self.pre is not None:
+                for name, b, holds in P.commit(PY, self.pre, post, table):
+                    if not holds:
+                        v = Violation(n, "contract", f"commit: {name}", b, subject="block",
+                                      witness=f"after commit(seq={op.seq}): "
+                                              f"{self._explain(post, b)}",
+                                      doc=" ".join((P.commit.__doc__ or "").split()[:70]))
+                        break
+            if v is None:
+                before = s.violation
+                v = s.sweep(wd)
+                if v is not None and before is None:
+                    v = dataclasses.replace(v, step=n)
+            if v is None:
+                self.stats.commits += 1
+                self.pre = post
+        if recorder is not None:
+            recorder.outcome(op, v)
         return v
 
     def sweep(self, watchdog=None) -> Violation | None:
@@ -442,6 +541,8 @@ class PrefixOracle:
         new.view = view_for(new.target)
         new.ghost = copy.deepcopy(self.ghost)
         new.meanings = dict(self.meanings)
+        new.commit_fn = committer(new.target)
+        new.uncommitted = {q: list(w) for q, w in self.uncommitted.items()}
         new.stats = dataclasses.replace(self.stats)
         return new
 
@@ -531,12 +632,14 @@ class PrefixOracle:
             return (f"the allocator reports {s.free_list_len()} free and {s.evictable_len()} "
                     f"evictable blocks; its lists hold {len(s.free_list)} and {len(s.evictable)}")
         g = self.ghost
+        early = "; its key was published before its content was written"
         meaning = [g.show(s.meanings.get(k, -1)) for k in s.keys_of(b)]
         return (f"block {b}: refcount {s.ref(b)}, {s.on_free(b)}x on the free list, "
                 f"{s.on_evictable(b)}x evictable, {s.cache_entries(b)} cache key(s)"
                 f"{' naming ' + '; '.join(meaning) if meaning else ''}; "
                 f"{'partial in a table, ' if s.partial(b) else ''}"
-                f"{s.filled(b)}/{s.block_size} slots written, holding {g.show(s.content(b))}")
+                f"{s.filled(b)}/{s.block_size} slots written, holding {g.show(s.content(b))}"
+                f"{early if s.cached(b) and s.filled(b) < s.block_size else ''}")
 
     # -- allocate ------------------------------------------------------------------------
     def _check_allocate(self, pre, post, op, dom, n):
@@ -567,6 +670,10 @@ class PrefixOracle:
                         f"{'was cached and ' if before.cached(b) else 'was not cached and '}"
                         f"held {self.ghost.show(before.content(b))}"),
                         doc=" ".join((P.cache_hits.__doc__ or "").split()[:60]))
+            if op.cached_tokens is not None:
+                v = self._check_cached_tokens(op, before, table, hits, n)
+                if v is not None:
+                    return v
         for name, element, holds in P.allocate_with_hits(PY, pre, post, op, dom,
                                                          self.pending_hits):
             if not holds:
@@ -576,18 +683,59 @@ class PrefixOracle:
                                  doc=" ".join((P.allocate_with_hits.__doc__ or "").split()))
         return None
 
+    def _orphaned(self, post) -> bool:
+        """Whether some cached key names a prefix whose parent prefix no key names."""
+        parts = self.ghost.parts
+        named = {post.meanings.get(k, -1) for k, _ in post.entries}
+        return any(m >= 0 and parts[m][0] >= 0 and parts[m][0] not in named for m in named)
+
+    def _check_cached_tokens(self, op, before, table, hits, n):
+        """``spec.prefix.cached_tokens``: the count the allocation reported against the
+        blocks it served (and what they held before the call)."""
+        got = op.cached_tokens
+        wants = self.ghost.chain(op.tokens)
+        blank = P.PrefixSnapshot(self.target.num_blocks, self.block_size, [0] * self.target.num_blocks,
+                                 (), (), (), {})
+        pre = before if before is not None else blank
+        for name, i, holds in P.cached_tokens(PY, pre, table, wants, op.n_tokens, hits, got):
+            if holds:
+                continue
+            if i is not None:
+                b = table[i]
+                why = (f"allocate(seq={op.seq}) reported {got} cached token(s), so the engine skips "
+                       f"computing block {b} at position {i}, which should hold "
+                       f"{self.ghost.show(wants[i])}; before the call block {b} held "
+                       f"{self.ghost.show(pre.content(b))}"
+                       f"{'' if i < hits else ' and was not served from the cache'}")
+            else:
+                why = (f"allocate(seq={op.seq}, {op.n_tokens} tokens) reported {got} cached "
+                       f"token(s); {hits} block(s) of {self.block_size} token(s) were served from "
+                       f"the cache (a hit is a leading table entry still cached under the key "
+                       f"it had before the call)")
+            return Violation(n, "contract", f"allocate: {name}", table[i] if i is not None else op.seq,
+                             subject="block" if i is not None else "seq", witness=why,
+                             doc=" ".join((P.cached_tokens.__doc__ or "").split()[:80]))
+        return None
+
     def _count(self, op, post):
         st, pre = self.stats, self.pre
+        last = getattr(self, "_last_op", None)
+        if op.kind != "commit":  # back to back: with only the first one's commit between
+            self._last_op = op
         if op.outcome == OOB:
             st.oob += 1
             return
         if op.outcome == REFUSED:
             st.refused += 1
             return
+        st.orphans += self._orphaned(post)
         if op.kind == "allocate":
             st.allocations += 1
             st.hit_blocks += self.pending_hits
             st.hit_allocations += self.pending_hits > 0
+            st.partial_hits += 0 < self.pending_hits < (op.n_tokens - 1) // self.block_size
+            st.repeats += (last is not None and last.kind == "allocate" and last.outcome == OK
+                           and last.tokens == op.tokens)
         if pre is None or op.kind not in ("allocate", "append_slot"):
             return
         table = self.s._state().table_tuple(op.seq)
