@@ -24,7 +24,9 @@ from kvcheck.spec.outcomes import OUTCOMES, classify
 
 # The cache behaviour the prefix model's runs count (its oracle's ``Stats``), by class.
 PREFIX_CLASSES = {"cache/hit": "hit_allocations", "cache/revived": "revived",
-                  "cache/evicted": "evicted", "cache/out-of-blocks": "oob"}
+                  "cache/evicted": "evicted", "cache/out-of-blocks": "oob",
+                  "cache/partial-hit": "partial_hits", "cache/orphan": "orphans",
+                  "cache/repeated-prompt": "repeats"}
 
 NO_CLASSES = {"scheduler": "the scheduler model has no outcome classes in the spec (its policy "
                            "clauses are checked at every step; nothing to count)"}
