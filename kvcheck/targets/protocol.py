@@ -33,7 +33,8 @@ class Target(Protocol):
     ``(block, offset, cow_src)``; ``append_slots(seq, n_tokens, lookahead)``, ``fork`` and
     ``rebase(source, child)`` return the ``(src, dst)`` block copies the caller makes
     before writing (``None`` or empty: none); ``rollback(seq, n_tokens)`` and
-    ``preempt(seq)`` return nothing. Out-of-blocks is signalled by raising an
+    ``preempt(seq)`` return nothing, as does ``drop_behind_window(seq, window)`` (a
+    table entry it drops reads as ``None`` or ``spec.state.NULL``). Out-of-blocks is signalled by raising an
     exception for which ``is_out_of_blocks`` is true.
     """
 
