@@ -203,9 +203,8 @@ class BlocksModel(Model):
                 out += [Op("rebase", seq=q, child=r) for r in live if r != q]
             if "preempt" in caps:
                 out.append(Op("preempt", seq=q))
-            if "drop_behind_window" in caps and n > 1:  # a window of one token, and of a block
-                out += [Op("drop_behind_window", seq=q, n_tokens=w) for w in sorted({1, bs})
-                        if w < n]
+            if "drop_behind_window" in caps:  # a window of one token, and of a block
+                out += [Op("drop_behind_window", seq=q, n_tokens=w) for w in sorted({1, bs})]
         return out
 
     def canonical(self, state) -> tuple:
