@@ -16,7 +16,9 @@ lookahead, as chunked prefill and speculative decoding use), ``rollback`` (drop
 rejected speculative tokens; the reference keeps their blocks as reservation),
 ``rebase`` (re-point a live sequence at another's history: beam search) and
 ``preempt`` (free for recompute). ``EagerForkBlockManager`` forks eagerly (a
-partial last block copied at fork time), the other legal way.
+partial last block copied at fork time), the other legal way. ``WindowBlockManager``
+adds sliding-window attention: ``drop_behind_window`` releases the blocks wholly
+behind a window and leaves ``None`` (the null block) in their table entries.
 """
 
 from collections import deque
@@ -232,3 +234,61 @@ class EagerForkBlockManager(EngineBlockManager):
         self.tables[child] = table
         self.lens[child] = self.lens[source]
         return copies
+
+
+NULL_BLOCK = None  # the null placeholder a dropped table entry holds (vLLM v1's null block)
+
+
+class WindowBlockManager(EngineBlockManager):
+    """The engine reference with sliding-window attention, as vLLM v1's
+    ``SlidingWindowManager.remove_skipped_blocks`` does it: the blocks wholly behind
+    the last ``window`` tokens are released and their entries replaced by
+    ``NULL_BLOCK``, which is no pool block, holds no reference and is never freed."""
+
+    def _release(self, block) -> None:
+        if block is not NULL_BLOCK:
+            super()._release(block)
+
+    def _hold(self, table) -> None:
+        ref = self.ref
+        for block in table:
+            if block is not NULL_BLOCK:
+                ref[block] += 1
+
+    def drop_behind_window(self, seq: int, window: int) -> None:
+        """Release every block wholly before ``seq``'s last ``window`` tokens."""
+        table = self._live(seq)
+        _check_size("window", window)
+        skip = max(0, self.lens[seq] - window) // self.block_size
+        for i in range(skip - 1, -1, -1):  # from the newest back, as vLLM does
+            if table[i] is NULL_BLOCK:
+                break  # (everything before it was dropped already)
+            self._release(table[i])
+            table[i] = NULL_BLOCK
+
+    def fork(self, parent: int, child: int) -> None:
+        table = self._live(parent)
+        if child in self.tables:
+            raise MisuseError(f"sequence {child!r} already exists")
+        self._hold(table)
+        self.tables[child] = list(table)
+        self.lens[child] = self.lens[parent]
+
+    def rebase(self, source: int, child: int) -> None:
+        table = self._live(source)
+        old = self._live(child)
+        if child == source:
+            raise MisuseError(f"sequence {child!r} cannot be rebased onto itself")
+        self._hold(table)  # take the new references before dropping the old
+        for block in old:
+            self._release(block)
+        self.tables[child] = list(table)
+        self.lens[child] = self.lens[source]
+
+    def rollback(self, seq: int, n_tokens: int) -> None:
+        table = self._live(seq)
+        _check_size("n_tokens", n_tokens)
+        left = self.lens[seq] - n_tokens
+        if left >= 1 and table[(left - 1) // self.block_size] is NULL_BLOCK:
+            raise MisuseError(f"rollback of sequence {seq!r} reaches behind its window")
+        super().rollback(seq, n_tokens)

@@ -149,7 +149,7 @@ def decode(code: int, live: list[int], scope: Scope = SCOPE) -> Op | None:
     if k == "append_slots":
         return Op(k, seq=seq, n_tokens=1 + _realize(rest % scope.max_tokens),
                   lookahead=_realize((rest // scope.max_tokens) % (scope.max_tokens + 1)))
-    if k == "rollback":
+    if k in ("rollback", "drop_behind_window"):  # (a drop's n_tokens: its window)
         return Op(k, seq=seq, n_tokens=1 + _realize(rest % scope.max_tokens))
     return Op(k, seq=seq)
 
@@ -468,6 +468,20 @@ def preempt(state: Reached, seq: int) -> Step:
     post: __return__.holds()
     """
     return Step(state, preempt_op(seq))
+
+
+def drop_behind_window_op(seq: int, window: int) -> Op:
+    return Op("drop_behind_window", seq=seq % SCOPE.seqs, n_tokens=1 + window % SCOPE.max_tokens)
+
+
+def drop_behind_window(state: Reached, seq: int, window: int) -> Step:
+    """drop_behind_window(seq, window) from any reached state satisfying the invariants.
+
+    pre: state.invariants_hold()
+    pre: state.allows(drop_behind_window_op(seq, window))
+    post: __return__.holds()
+    """
+    return Step(state, drop_behind_window_op(seq, window))
 
 
 # The operations the allocator under check offers (the seed's four at the least).

@@ -48,7 +48,7 @@ class Choice:
 # where engines refuse: an admission (a watermark) and a reservation (a lookahead cap).
 OUTCOMES_OF = {"allocate": (OK, OOB, REFUSED), "append_slot": (OK, OOB), "fork": (OK, OOB),
                "free_seq": (OK,), "append_slots": (OK, OOB, REFUSED), "rollback": (OK,),
-               "rebase": (OK, OOB), "preempt": (OK,)}
+               "rebase": (OK, OOB), "preempt": (OK,), "drop_behind_window": (OK,)}
 _TWO_SEQS = ("fork", "rebase")  # operations naming a second sequence (the child)
 
 
@@ -98,7 +98,8 @@ class Model:
                         t = f"{tag}.{kind}.{q}.{c}.{outcome}"
                         op = Op(kind, seq=q, child=c, outcome=outcome)
                         n_var = la_var = None
-                        if kind in ("allocate", "append_slots", "rollback"):
+                        if kind in ("allocate", "append_slots", "rollback",
+                                    "drop_behind_window"):  # (the window, for a drop)
                             n_var = op.n_tokens = L.var(f"{t}.n")
                         if kind == "append_slots":
                             la_var = op.lookahead = L.var(f"{t}.la")
@@ -118,7 +119,7 @@ class Model:
         if op.kind == "append_slots":
             return [op.n_tokens >= 1, op.n_tokens <= mt, op.lookahead >= 0, op.lookahead <= mt,
                     s.length(op.seq) + op.n_tokens + op.lookahead <= mt]
-        if op.kind == "rollback":
+        if op.kind in ("rollback", "drop_behind_window"):
             return [op.n_tokens >= 1, op.n_tokens <= mt]
         return []
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from kvcheck.spec.state import NULL  # (the null placeholder keeps its name: it is no block)
+
 
 def canonical_tables(tables: Mapping[int, tuple[int, Sequence[int]]],
                      ref: Callable[[int], int]) -> tuple[tuple, dict[int, int]]:
@@ -21,6 +23,7 @@ def canonical_tables(tables: Mapping[int, tuple[int, Sequence[int]]],
     """
     order = sorted(tables, key=lambda q: (tables[q][0], tuple(ref(b) for b in tables[q][1])))
     label: dict[int, int] = {}
-    rows = tuple((tables[q][0], tuple(label.setdefault(b, len(label)) for b in tables[q][1]))
+    rows = tuple((tables[q][0], tuple(b if b == NULL else label.setdefault(b, len(label))
+                                      for b in tables[q][1]))
                  for q in order)
     return rows, label

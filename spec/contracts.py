@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .state import NULL
+
 OK, OOB, REFUSED = "ok", "oob", "refused"
 
 
@@ -61,7 +63,9 @@ class Domain:
 def precondition(L, s, op: Op):
     """When an operation may be called at all (else it is caller misuse). A single-slot
     append needs a sequence with nothing reserved (its reserved slots are written by
-    append_slots); a rollback keeps at least one token."""
+    append_slots); a rollback keeps at least one token, and never reaches back into
+    the null entries behind a sliding window (their KV is gone: the block that then
+    holds the last token must be a pool block); a window is at least one token."""
     kind = op.kind
     if kind == "allocate":
         return L.and_(L.not_(s.live(op.seq)), op.n_tokens >= 1)
@@ -74,7 +78,11 @@ def precondition(L, s, op: Op):
     if kind == "append_slots":
         return L.and_(s.live(op.seq), op.n_tokens >= 1, op.lookahead >= 0)
     if kind == "rollback":
-        return L.and_(s.live(op.seq), op.n_tokens >= 1, op.n_tokens < s.length(op.seq))
+        left = s.length(op.seq) - op.n_tokens
+        return L.and_(s.live(op.seq), op.n_tokens >= 1, op.n_tokens < s.length(op.seq),
+                      s.table(op.seq, L.ceil_div(left, s.block_size) - 1) != NULL)
+    if kind == "drop_behind_window":
+        return L.and_(s.live(op.seq), op.n_tokens >= 1)
     return s.live(op.seq)
 
 
@@ -84,7 +92,7 @@ def reserved_after(L, pre, op: Op, nblocks_after):
     (at least its lookahead, at least what was reserved and not written); after a
     rollback, whatever of the old reservation and the dropped tokens' slots the kept
     blocks still hold; a fork or rebase child reserves what its source does; nothing
-    after an allocation or a single-slot append."""
+    after an allocation or a single-slot append; a window drop keeps what was reserved."""
     B = pre.block_size
     if op.kind == "append_slots":
         left = pre.reserved(op.seq) - op.n_tokens
@@ -94,7 +102,7 @@ def reserved_after(L, pre, op: Op, nblocks_after):
         capacity = pre.length(q) + pre.reserved(q)
         kept = nblocks_after * B
         return L.ite(capacity < kept, capacity, kept) - (pre.length(q) - op.n_tokens)
-    if op.kind in ("fork", "rebase"):
+    if op.kind in ("fork", "rebase", "drop_behind_window"):
         return pre.reserved(op.seq)
     return 0
 
@@ -436,6 +444,49 @@ def free_seq(L, pre, post, op: Op, dom: Domain):
     yield from unchanged_others(L, pre, post, dom, (q,))
 
 
+def behind_window(L, pre, op: Op):
+    """How many of ``op``'s sequence's first blocks lie wholly behind the window of its
+    last ``window`` tokens: floor((len - window) / B), 0 when the window covers it all."""
+    q, window = op.seq, op.n_tokens
+    n = pre.length(q)
+    return L.ite(n > window, L.ceil_div(n - window + 1, pre.block_size) - 1, 0)
+
+
+def drop_behind_window(L, pre, post, op: Op, dom: Domain):
+    """drop_behind_window(seq, window): sliding-window attention reads only the last
+    window tokens, so every block wholly before them is released (vLLM v1's
+    SlidingWindowManager.remove_skipped_blocks) and its table entry becomes the null
+    placeholder NULL (the null block: no pool block, no reference, never on the free
+    list, never written). Each released entry drops one reference, the block joining
+    the free list when that was its last (a block another table still names stays
+    theirs); entries inside the window, and entries null already, stay as they were;
+    the table keeps its length (null entries keep their positions), the sequence its
+    tokens and reservation. It allocates nothing, so it never runs out of blocks."""
+    q = op.seq
+    k, skip = pre.nblocks(q), behind_window(L, pre, op)
+    yield "the sequence stays live with its tokens, reservation and table length", q, L.and_(
+        post.live(q), post.length(q) == pre.length(q), post.reserved(q) == pre.reserved(q),
+        post.nblocks(q) == k)
+    for i in post.positions(q):
+        old, new = pre.table(q, i), post.table(q, i)
+        yield "a block wholly behind the window becomes the null placeholder", q, L.implies(
+            L.and_(i < k, L.or_(i < skip, old == NULL)), new == NULL)
+        yield "a block inside the window stays", q, L.implies(
+            L.and_(skip <= i, i < k, old != NULL), new == old)
+    back = []
+    for b in dom.blocks:
+        dropped = pre.occurrences(q, b) - post.occurrences(q, b)
+        freed = L.and_(dropped > 0, post.ref(b) == 0)
+        back.append(freed)
+        yield "refcount -1 per entry replaced by the null placeholder", b, (
+            post.ref(b) == pre.ref(b) - dropped)
+        yield "a block joins the free list exactly when its refcount reaches 0", b, (
+            post.free_count(b) == pre.free_count(b) + L.ite(freed, 1, 0))
+    yield "free list grows by the blocks released", None, (
+        post.num_free() == pre.num_free() + L.count(back))
+    yield from unchanged_others(L, pre, post, dom, (q,))
+
+
 def preempt(L, pre, post, op: Op, dom: Domain):
     """preempt(seq): a running sequence is preempted for recompute: everything it
     holds is released exactly as free_seq releases it; the engine re-admits it
@@ -446,7 +497,7 @@ def preempt(L, pre, post, op: Op, dom: Domain):
 
 CONTRACTS = {"allocate": allocate, "append_slot": append_slot, "fork": fork, "free_seq": free_seq,
              "append_slots": append_slots, "rollback": rollback, "rebase": rebase,
-             "preempt": preempt}
+             "preempt": preempt, "drop_behind_window": drop_behind_window}
 # The seed's four operations: what a seed-shaped allocator offers at the least.
 SEED_OPERATIONS = ("allocate", "append_slot", "fork", "free_seq")
 

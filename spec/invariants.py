@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .state import NULL
+
 
 @dataclass(frozen=True)
 class Invariant:
@@ -62,9 +64,26 @@ def invariant(domain: str, needs: tuple[str, ...] = ()):
 @invariant("seq")
 def valid_block_ids(L, s, q):
     """Every entry of a live sequence's block table names a block of the pool
-    (0 <= id < num_blocks)."""
+    (0 <= id < num_blocks) or is the null placeholder NULL (a position wholly
+    behind a sliding window, whose block was released)."""
     return L.all_(
-        L.implies(i < s.nblocks(q), L.and_(0 <= s.table(q, i), s.table(q, i) < s.num_blocks))
+        L.implies(i < s.nblocks(q), L.or_(
+            s.table(q, i) == NULL,
+            L.and_(0 <= s.table(q, i), s.table(q, i) < s.num_blocks)))
+        for i in s.positions(q)
+    )
+
+
+@invariant("seq")
+def null_entries(L, s, q):
+    """Null entries lie wholly behind the attention window: they form a prefix
+    of the table, and every one sits before the block holding the sequence's
+    last token (so a null position is never written, and every slot a token
+    or a reservation still needs is a pool block)."""
+    last = L.ceil_div(s.length(q), s.block_size) - 1  # the block holding the last token
+    return L.all_(
+        L.implies(L.and_(i < s.nblocks(q), s.table(q, i) == NULL),
+                  L.and_(i < last, L.or_(i == 0, s.table(q, i - 1) == NULL)))
         for i in s.positions(q)
     )
 
@@ -72,7 +91,8 @@ def valid_block_ids(L, s, q):
 @invariant("block")
 def refcount_conservation(L, s, b):
     """Every block's refcount equals the number of block-table entries, over
-    all live sequences, that reference it."""
+    all live sequences, that reference it (a null entry names no block and
+    holds no reference)."""
     return s.ref(b) == s.holders(b)
 
 
@@ -86,8 +106,9 @@ def free_list(L, s, b):
 
 @invariant("global", needs=("free_list",))
 def free_list_in_pool(L, s):
-    """The free list holds nothing but pool blocks: its length is the sum of
-    the pool blocks' multiplicities on it."""
+    """The free list holds nothing but pool blocks (never the null
+    placeholder): its length is the sum of the pool blocks' multiplicities on
+    it."""
     return L.count(s.free_count(b) >= 1 for b in s.blocks()) == s.free_entries()
 
 
@@ -112,7 +133,9 @@ def table_length(L, s, q):
     """A sequence of len tokens with res slots reserved beyond them holds
     exactly ceil((len + res) / block_size) blocks (with nothing reserved, the
     seed's ceil(len / block_size)): a block is taken only for a slot that
-    crosses a block boundary, whether it holds a token or is reserved for one."""
+    crosses a block boundary, whether it holds a token or is reserved for one.
+    A null entry keeps its position (entry i covers tokens i*B..i*B+B-1), so
+    dropping blocks behind a window leaves the length as it was."""
     return L.and_(s.length(q) >= 1, s.reserved(q) >= 0,
                   s.nblocks(q) == L.ceil_div(s.length(q) + s.reserved(q), s.block_size))
 
@@ -122,7 +145,9 @@ def waste_bound(L, s, q):
     """Paging wastes at most block_size - 1 token slots per sequence: every
     block but the last is full of tokens or reserved slots, so the unused
     slots of a table all sit in its one partial tail (per branch under forks,
-    since each fork owns its own tail)."""
+    since each fork owns its own tail). Null entries hold no pool slots and
+    waste none: the pool blocks of a table hold its window, reservations and at
+    most block_size - 1 unused slots."""
     return s.nblocks(q) * s.block_size - s.length(q) - s.reserved(q) <= s.block_size - 1
 
 

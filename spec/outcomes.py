@@ -9,6 +9,7 @@ operation with its outcome, in the logic layer.
 from __future__ import annotations
 
 from .contracts import OK, OOB, REFUSED, _last_token_block
+from .state import NULL
 
 
 def _append_case(L, pre, op):
@@ -48,6 +49,13 @@ def _reserve_case(L, pre, op):
 
 def _rollback_frees(L, pre, post, op):
     return post.nblocks(op.seq) < pre.nblocks(op.seq)
+
+
+def _window_drops(L, pre, post, op):
+    """Some entry of the sequence became the null placeholder now."""
+    q = op.seq
+    return L.any_(L.and_(i < pre.nblocks(q), pre.table(q, i) != NULL, post.table(q, i) == NULL)
+                  for i in pre.positions(q))
 
 
 def _always(L, pre, post, op):
@@ -91,6 +99,11 @@ OUTCOMES = {
     "preempt/only-drops-references": ("preempt", OK,
                                       lambda L, pre, post, op: L.not_(
                                           _released(L, pre, post, op))),
+    "window/releases-blocks": ("drop_behind_window", OK, _released),
+    "window/only-drops-shared-references": ("drop_behind_window", OK, lambda L, pre, post, op: L.and_(
+        _window_drops(L, pre, post, op), L.not_(_released(L, pre, post, op)))),
+    "window/nothing-behind": ("drop_behind_window", OK, lambda L, pre, post, op: L.not_(
+        _window_drops(L, pre, post, op))),
 }
 
 

@@ -15,7 +15,10 @@ Abstract state of a paged block manager (pool of ``num_blocks`` blocks of
                       oracle's count, like length; 0 unless an operation reserved some)
     impl_length(q)    the allocator's own count for q (== length(q) if it keeps none)
     nblocks(q)        entries in q's block table
-    table(q, i)       block id at position i of q's table
+    table(q, i)       block id at position i of q's table, or ``NULL`` (the null
+                      placeholder of a position wholly behind a sliding attention
+                      window: vLLM v1's null block; not a pool block, it holds no
+                      reference, is never on the free list and is never written)
 
 and terms *defined* from those (each state class computes them its own way,
 but always with exactly this meaning):
@@ -35,6 +38,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+
+NULL = -1  # the null placeholder a table entry may be (no pool block has this id)
 
 
 class TableTerms:

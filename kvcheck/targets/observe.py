@@ -14,7 +14,7 @@ from operator import index
 
 from kvcheck.check.watchdog import CONTROL
 from kvcheck.errors import what_it_did
-from kvcheck.spec.state import Snapshot
+from kvcheck.spec.state import NULL, Snapshot
 from kvcheck.targets.protocol import is_value
 
 
@@ -68,7 +68,8 @@ def read_table(target, seq: int, verified: tuple | None = None) -> tuple[int, ..
     for b in out:
         if type(b) is not int:
             what = f"an entry of {spelled(target, 'block_table', seq)}"
-            return tuple(as_int(x, what) for x in out)
+            # (None: the null placeholder of a position behind a sliding window)
+            return tuple(NULL if x is None else as_int(x, what) for x in out)
     return out
 
 
@@ -154,7 +155,8 @@ def read_free(target) -> list[int]:
         raise _raised(target, "free_blocks", None, exc) from None
     if set(map(type, free)) - {int}:
         what = f"an entry of {spelled(target, 'free_blocks')}"
-        return [as_int(b, what) for b in free]
+        # (None: the null placeholder, which free_list_in_pool says is never on it)
+        return [NULL if b is None else as_int(b, what) for b in free]
     return free
 
 

@@ -33,10 +33,12 @@ class Target(Protocol):
     ``(block, offset, cow_src)``; ``append_slots(seq, n_tokens, lookahead)``, ``fork`` and
     ``rebase(source, child)`` return the ``(src, dst)`` block copies the caller makes
     before writing (``None`` or empty: none); ``rollback(seq, n_tokens)`` and
-    ``preempt(seq)`` return nothing. ``allocate`` may return the number of prompt tokens
-    it served from the cache (an ``int``: the tokens the engine skips computing), which the
-    prefix model checks (``kvcheck.spec.prefix.cached_tokens``); anything else is not
-    read. Out-of-blocks is signalled by raising an
+    ``preempt(seq)`` return nothing, as does ``drop_behind_window(seq, window)`` (a
+    table entry it drops reads as ``None`` or ``spec.state.NULL``). ``allocate`` may
+    return the number of prompt tokens it served from the cache (an ``int``: the tokens
+    the engine skips computing), which the prefix model checks
+    (``kvcheck.spec.prefix.cached_tokens``); anything else is not read. Out-of-blocks is
+    signalled by raising an
     exception for which ``is_out_of_blocks`` is true.
     """
 

@@ -12,6 +12,8 @@ TARGETS: dict[str, tuple[str, str]] = {
                          "the reference with append_slots (lookahead), rollback, rebase, preempt"),
     "reference-eager": ("kvcheck.impl.block_manager:EagerForkBlockManager",
                         "reference-engine with eager copy-on-write at fork and rebase"),
+    "reference-window": ("kvcheck.impl.block_manager:WindowBlockManager",
+                         "reference-engine with sliding-window drops (null blocks behind a window)"),
     "vllm-v1": ("kvcheck.impl.thirdparty.vllm_v1:make",
                 "vLLM 0.33.0 v1 KVCacheManager/BlockPool, prefix caching (no fork)"),
     "vllm-v0": ("kvcheck.impl.thirdparty.vllm_v0:make",

@@ -10,9 +10,10 @@ from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.errors import OutOfBlocks
 
 try:  # imported as tests/corpus, a package ...
-    from corpus import engine
+    from corpus import engine, window
 except ImportError:  # ... or loaded as a file (a TARGET path), its folder importable
     import engine
+    import window
 
 
 class CowFullBlocks(BlockManager):
@@ -150,4 +151,6 @@ CORPUS = {
     "bad-return": (BadReturn, "malformed", 2),
 }
 CORPUS.update(engine.ENGINE)
+CORPUS.update(window.WINDOW)
 globals().update({cls.__name__: cls for cls, _, _ in engine.ENGINE.values()})
+globals().update({cls.__name__: cls for cls, _, _ in window.WINDOW.values()})

@@ -8,7 +8,8 @@ The operations beyond the seed's four are mixed in only when the target offers
 them (``capabilities``): multi-token reservations with lookahead, rollbacks of
 rejected tokens, rebases of one live sequence onto another, and preemptions,
 each preempted sequence re-admitted later with everything it had (an
-allocation of the same id and length: a recompute). A target with only the
+allocation of the same id and length: a recompute), and sliding-window drops of
+the blocks behind a window of up to two blocks. A target with only the
 seed's four operations sees exactly the stream it always did.
 """
 
@@ -18,7 +19,7 @@ import random
 
 from kvcheck.spec.contracts import Op
 
-_EXTRA = ("append_slots", "rollback", "rebase", "preempt")
+_EXTRA = ("append_slots", "rollback", "rebase", "preempt", "drop_behind_window")
 
 
 class RandomDriver:
@@ -71,6 +72,10 @@ class RandomDriver:
     def _extra_op(self, live: list[int], state) -> Op | None:
         """One of the operations beyond the seed's four, about one time in five."""
         rng, can, bs = self.rng, self._can, self.block_size
+        if can["drop_behind_window"] and live and rng.random() < 0.05:
+            # sliding-window attention: a window of up to two blocks' worth of tokens
+            seq = live[int(rng.random() * len(live))]
+            return Op("drop_behind_window", seq, n_tokens=1 + int(rng.random() * 2 * bs))
         r = rng.random()
         if r >= 0.22:
             return None

@@ -74,6 +74,10 @@ OPS = {
     "rebase": OpSpec("rebase", _make, (Arg("seq", SEQ, key="source"), Arg("child", SEQ)),
                      results=(_COPIES,), doc=_doc("rebase")),
     "preempt": OpSpec("preempt", _make, (Arg("seq", SEQ),), doc=_doc("preempt")),
+    # (the window rides in ``n_tokens``: how many of the last tokens attention reads)
+    "drop_behind_window": OpSpec("drop_behind_window", _make,
+                                 (Arg("seq", SEQ), Arg("n_tokens", COUNT, key="window")),
+                                 doc=_doc("drop_behind_window")),
 }
 
 
@@ -199,6 +203,8 @@ class BlocksModel(Model):
                 out += [Op("rebase", seq=q, child=r) for r in live if r != q]
             if "preempt" in caps:
                 out.append(Op("preempt", seq=q))
+            if "drop_behind_window" in caps:  # a window of one token, and of a block
+                out += [Op("drop_behind_window", seq=q, n_tokens=w) for w in sorted({1, bs})]
         return out
 
     def canonical(self, state) -> tuple:

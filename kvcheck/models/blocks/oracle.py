@@ -393,6 +393,8 @@ class Oracle:
                 sh.allocate(op.seq, op.n_tokens, post.table_tuple(op.seq))
             elif kind in ("free_seq", "preempt"):
                 sh.free(op.seq)
+            elif kind == "drop_behind_window":  # null positions are never read again
+                sh.drop(op.seq, contracts.behind_window(PY, self._state(), op))
             else:
                 for src, dst in op.copies or ():
                     sh.copy(src, dst)
@@ -598,6 +600,8 @@ def length_delta(lengths: dict, op: Op) -> dict[int, int | None]:
         return {op.seq: now + op.n_tokens}
     if kind == "rollback":
         return {op.seq: now - op.n_tokens}
+    if kind == "drop_behind_window":
+        return {op.seq: now}
     return {op.seq: None}
 
 

@@ -311,6 +311,13 @@ class ShadowMemory:
                 out += (a, t, min(c, cut - a))
             e[-1] = out
 
+    def drop(self, seq: int, k: int) -> None:
+        """``seq``'s first ``k`` positions are null (behind its window): it expects
+        nothing of them, and they are never read."""
+        e = self.expected[seq]
+        for i in range(min(k, len(e))):
+            e[i] = ()
+
     def fork(self, parent: int, child: int) -> None:
         self.expected[child] = list(self.expected[parent])
 
@@ -326,6 +333,8 @@ class ShadowMemory:
         slots, ntab = self.slots, len(table)
         for k in range(first // self.block_size, len(e)):
             want = e[k]
+            if not want:  # (a null position behind a window: nothing to read)
+                continue
             block = slots.get(table[k]) if k < ntab else None
             if block is not None:
                 top = block[0]

@@ -13,6 +13,7 @@ renamed in the spec is explained by the same sentences.
 from __future__ import annotations
 
 from kvcheck.spec.contracts import OOB
+from kvcheck.spec.state import NULL
 
 
 def _holders(s, b: int) -> list[str]:
@@ -28,8 +29,13 @@ def _holder_seqs(s, b: int) -> list[int]:
     return [q for q in s.seqs() if any(s.table(q, i) == b for i in s.positions(q))]
 
 
+def _shown(table) -> str:
+    """A table's entries, the null placeholder written ``null``."""
+    return "[" + ", ".join("null" if b == NULL else str(b) for b in table) + "]"
+
+
 def _table(s, q: int) -> str:
-    return "no table" if not s.live(q) else str([s.table(q, i) for i in s.positions(q)])
+    return "no table" if not s.live(q) else _shown([s.table(q, i) for i in s.positions(q)])
 
 
 def _entries(n: int) -> str:
@@ -104,6 +110,16 @@ def for_state(ev, s) -> str:
     return "; ".join(f"{t['term']} = {t.get('state')}" for t in ev.terms) or "the whole state"
 
 
+def _behind(before: dict, q: int, window: int, block_size: int) -> str:
+    """`` (blocks [..])``: the entries of ``q``'s table (in a trace's state) behind the window."""
+    n = before.get("lens", {}).get(str(q))
+    table = before.get("tables", {}).get(str(q))
+    if n is None or table is None:
+        return ""
+    skip = max(0, n - window) // block_size
+    return f" (positions 0..{skip - 1}: {_shown(table[:skip])})" if skip else " (none are)"
+
+
 def describe_op(op) -> str:
     """An operation and its outcome, in words."""
     kind = op.kind
@@ -119,6 +135,8 @@ def describe_op(op) -> str:
         head = f"rollback(seq={op.seq}, n_tokens={op.n_tokens})"
     elif kind == "rebase":
         head = f"rebase(source={op.seq}, child={op.child})"
+    elif kind == "drop_behind_window":
+        head = f"drop_behind_window(seq={op.seq}, window={op.n_tokens})"
     else:
         head = f"{kind}(seq={op.seq})"
     if op.outcome == "oob":
@@ -244,7 +262,8 @@ def state_line(state: dict) -> str:
     tables = state.get("tables", {})
     lens = state.get("lens", {})
     refs = state.get("refs", [])
-    seqs = "; ".join(f"seq {q}: {_plural(lens[q], 'token') if q in lens else '? tokens'} in {t}"
+    seqs = "; ".join(f"seq {q}: {_plural(lens[q], 'token') if q in lens else '? tokens'} in "
+                     f"{_shown(t)}"
                      for q, t in tables.items())
     shared = ", ".join(f"block {b}={r}" for b, r in enumerate(refs) if r > 1)
     free = state.get("free", [])
@@ -263,6 +282,8 @@ def narrate(op, before: dict | None, after: dict | None, block_size: int) -> str
     free0 = set(before.get("free", [])) if before is not None else None
     free1 = set(after.get("free", [])) if after is not None else None
     table1 = (after or {}).get("tables", {}).get(str(op.child if op.kind == "fork" else q))
+    if table1 is not None:
+        table1 = _shown(table1)
     if op.outcome == "refused":
         return "refused by the target's own policy; nothing may change"
     if op.kind == "append_slots":
@@ -283,6 +304,11 @@ def narrate(op, before: dict | None, after: dict | None, block_size: int) -> str
                 + (f", sharing blocks {t2}" if t2 is not None else ""))
     if op.kind == "preempt":
         return f"sequence {q} is preempted for recompute; its blocks are released"
+    if op.kind == "drop_behind_window":
+        behind = "" if before is None else _behind(before, q, op.n_tokens, block_size)
+        return (f"sequence {q}'s attention reads only its last {_plural(op.n_tokens, 'token')}: "
+                f"the blocks wholly behind them are released and become null{behind}"
+                + (f"; its table is {table1}" if table1 is not None else ""))
     if op.outcome == "oob":
         if op.kind == "allocate":
             need = -(-op.n_tokens // block_size)
