@@ -104,7 +104,6 @@ def _load_allocator():
 ALLOCATOR = _load_allocator()
 SCOPE = Scope.parse(os.environ[SCOPE_ENV]) if os.environ.get(SCOPE_ENV) else Scope()
 KINDS = tuple(contracts.CONTRACTS)  # of which a prefix uses those the allocator offers
-_TWO_SEQS = ("fork", "rebase")
 
 
 def offered_by(allocator) -> tuple[str, ...]:
