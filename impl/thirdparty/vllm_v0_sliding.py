@@ -144,7 +144,9 @@ class VllmV0SlidingTarget(VllmV0Target):
         return vllm_id - self._base
 
     def block_table(self, seq: int) -> Sequence[int]:
-        return [NULL if isinstance(b, self._NullBlock) else b.block_id - self._base
+        # (a block whose id vLLM cleared reads as None, as ``physical_block_ids`` gives it)
+        return [NULL if isinstance(b, self._NullBlock) else
+                None if b.block_id is None else b.block_id - self._base
                 for b in self._observed(seq).blocks]
 
     def refcount(self, block: int) -> int:
