@@ -3,7 +3,8 @@
     python scripts/replay_raw_window.py TRACE.json [--json]
 
 For traces of ``kvcheck.impl.thirdparty.vllm_v0_sliding`` (``vllm-v0-sliding`` =
-``:make``, ``:make_guarded``, ``:make_lazy``; sliding window ``S`` = the block size).
+``:make``, ``:make_guarded``, ``:make_lazy``, ``:make_lazy_guarded``; sliding window
+``S`` = the block size).
 Each operation becomes the call ``SelfAttnBlockSpaceManager`` makes, written here
 directly on vLLM 0.8.5's ``BlockTable`` / ``CpuGpuBlockAllocator`` (loaded from the
 wheel, ``vllm_v0.load``; nothing of the adapter runs):
@@ -14,9 +15,9 @@ wheel, ``vllm_v0.load``; nothing of the adapter runs):
   ``drop_behind_window`` -> ``append_token_ids([], 0, num_computed_slots=len)``;
   ``fork`` -> ``BlockTable.fork()``; ``free_seq`` / ``preempt`` -> ``BlockTable.free()``;
 * ``:make`` / ``:make_guarded``: ``num_blocks + 1`` GPU blocks and
-  ``allocate_or_get_null_block()`` first (raw ids = the trace's + 1); ``:make_lazy``:
+  ``allocate_or_get_null_block()`` first (raw ids = the trace's + 1); the lazy ones:
   ``num_blocks`` blocks, the null block left to vLLM;
-* ``:make_guarded``: ``can_allocate`` first, as 0.8.5 computes it under a window
+* the guarded ones: ``can_allocate`` first, as 0.8.5 computes it under a window
   (``min(get_num_required_blocks(tokens), max_block_sliding_window) <= free``), and
   ``can_append_slots`` (``get_num_blocks_touched_by_append_slots <= free``); a no is
   printed as ``refused`` and the call is not made.
@@ -54,6 +55,7 @@ TARGETS = {  # trace target -> (null block reserved first, guarded)
     V0S + "make": (True, False),
     V0S + "make_guarded": (True, True),
     V0S + "make_lazy": (False, False),
+    V0S + "make_lazy_guarded": (False, True),
 }
 
 

@@ -175,3 +175,9 @@ def make_guarded(num_blocks: int, block_size: int) -> VllmV0SlidingTarget:
 def make_lazy(num_blocks: int, block_size: int) -> VllmV0SlidingTarget:
     """``make`` with the null block taken when the engine takes it (first windowed append)."""
     return VllmV0SlidingTarget(num_blocks, block_size, block_size, lazy_null=True)
+
+
+def make_lazy_guarded(num_blocks: int, block_size: int) -> VllmV0SlidingTarget:
+    """``make_lazy`` behind the engine's checks (as ``make_guarded``)."""
+    return VllmV0SlidingTarget(num_blocks, block_size, block_size, guard="engine",
+                               lazy_null=True, fork_after_drop=False)
