@@ -210,6 +210,7 @@ def test_v0_guarded_passes_but_for_the_window_cap(blocks, bs, seed):
     assert d.violation is None, d.violation
     assert f.stats["drop released"] > 30 and f.stats["free with null entries"] > 10, f.stats
     assert c["append_slot", "ok"] > 100 and c["fork", "ok"] > 10, c
+    assert sum(c[k, o] for k, o in c if o == "refused") > 20, c
     # the cap is the only difference: with it, the same runs leak on an admitted allocate
     d, _ = drive(vllm_v0_sliding.make_guarded, 8, 2, 0, 2500)
     assert d.violation is not None and d.violation.name == (
