@@ -93,6 +93,14 @@ def test_v1_sliding_passes_with_drops_issued(wide, blocks, bs, seed, mode):
     assert sum(c[k, o] for k, o in c if o == "oob") > 0 or blocks > 8, c
 
 
+def test_v1_sliding_without_prefix_caching_passes():
+    t = vllm_v1_sliding.make_no_cache(4, 2)
+    assert t.manager.coordinator.single_type_managers[0].enable_caching is False
+    d, c = drive(vllm_v1_sliding.make_no_cache, 8, 2, 1, 2500)
+    assert d.violation is None, d.violation
+    assert c["drop_behind_window", "ok"] > 100 and c["preempt", "ok"] > 10, c
+
+
 def test_v1_null_block_reads_as_null_and_is_vllms():
     t = vllm_v1_sliding.make(6, 2)  # W = 3: the next token reads the last 2 computed
     t.allocate(0, 5)
