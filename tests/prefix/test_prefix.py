@@ -167,3 +167,62 @@ def test_every_cache_class_occurs_at_defaults(target, capsys):
     assert set(cov["counts"]) == {"hit", "partial_hit", "revived", "evicted", "orphan", "repeat",
                                   "out_of_blocks"}
     assert all(n > 0 for n in cov["counts"].values()), cov["counts"]
+
+
+# -- the cache through rollback, rebase and preemption (issue 15: the keys themselves) ------
+def test_engine_reference_keeps_its_keys_true():
+    """The reference with the engine's operations: a rollback into a cached full block
+    drops its key (the next write lands in it in place); a rebase shares the source's
+    blocks and continues its key chain; a preemption is a free (written keys stay)."""
+    from kvcheck.impl.prefix_cache import EnginePrefixCachingBlockManager as E
+
+    m = E(6, 2)
+    m.allocate(0, 5, [1, 2, 3, 4, 5])
+    a, b, _ = m.tables[0]
+    assert set(m.cache.values()) == {a, b}
+    m.rollback(0, 2)  # 3 tokens left: block b is partial now
+    assert set(m.cache.values()) == {a} and m.tables[0] == [a, b, m.tables[0][2]]
+    assert m.append_slots(0, 2, token_ids=[7, 8]) == [] and m.lens[0] == 5
+    assert set(m.cache.values()) == {a, b}  # b full again, keyed by [1, 2, 3, 7]
+    assert m.allocate(1, 5, [1, 2, 3, 7, 9]) == 4
+    m.allocate(2, 3, [5, 6, 1])
+    m.rebase(0, 2)
+    assert m.tables[2] == m.tables[0] and m.tokens[2] == m.tokens[0] and m.keys[2] == m.keys[0]
+    m.preempt(2)
+    assert 2 not in m.tables and set(m.cache.values()) >= {a, b}
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("nb,bs,seed", [(16, 4, 0), (8, 2, 1), (5, 1, 2)])
+def test_engine_reference_passes_with_every_operation(nb, bs, seed, mode):
+    """The prefix model drives rollback (into cached blocks too), rebase, preemption and
+    append_slots where a target offers them; the reference that keeps its keys true
+    through each passes, with every cache class still reached."""
+    r = verify_prefix("prefix-engine", nb, bs, 1500, seed, mode=mode)
+    assert r.ok, render(r.trace)
+    st = r.state.stats
+    assert st.rollbacks and st.rollbacks_into_cached and st.rebases and st.preempts
+    assert st.append_slots and st.hit_allocations and st.revived and st.evicted
+
+
+def test_seed_only_target_sees_the_stream_it_always_did():
+    """The operations beyond the seed's four are drawn only for a target offering them:
+    with the seed's capabilities the driver draws the same stream with or without the
+    run state it reads them from; offering them changes the stream."""
+    from types import SimpleNamespace
+
+    from kvcheck.models.prefix.driver import PrefixDriver
+
+    state = SimpleNamespace(reserved={1: 1}, lengths={0: 5, 1: 3, 2: 4},
+                            tokens_of=lambda q: [1, 2, 3])
+
+    def stream(caps, with_state):
+        d = PrefixDriver(0, 8, 2, frozenset(caps))
+        return [repr(d.next_op([0, 1, 2], 3, state=state if with_state else None))
+                for _ in range(400)]
+
+    seed_ops = {"allocate", "append_slot", "fork", "free_seq"}
+    assert stream(seed_ops, True) == stream(seed_ops, False)
+    engine = stream(seed_ops | {"rollback", "rebase", "preempt", "append_slots"}, True)
+    assert engine != stream(seed_ops, False)
+    assert {"rollback", "rebase", "preempt", "append_slots"} <= {o.split("'")[1] for o in engine}

@@ -399,6 +399,7 @@ class Stats:
     rollbacks_into_cached: int = 0  # a rollback that made a block cached before it partial
     rebases: int = 0
     preempts: int = 0
+    append_slots: int = 0  # multi-token writes (the slots a rollback left reserved)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -795,6 +796,7 @@ class PrefixOracle:
                         self.s.lengths[op.seq] // self.block_size:])
         st.rebases += op.kind == "rebase"
         st.preempts += op.kind == "preempt"
+        st.append_slots += op.kind == "append_slots"
         if op.kind == "allocate":
             st.allocations += 1
             st.hit_blocks += self.pending_hits
