@@ -179,10 +179,8 @@ def cached_tokens(L, pre, table, wants, n_tokens: int, hits: int, reported):
     bs = pre.block_size
     yield "reported cached tokens are a count", None, reported >= 0
     for i, (b, want) in enumerate(zip(table, wants, strict=False)):
-        if not i * bs < reported:
-            break
-        yield "every block the cached tokens skip holds the requested prefix", i, L.and_(
-            pre.content(b) >= 0, pre.content(b) == want)
+        yield "every block the cached tokens skip holds the requested prefix", i, L.implies(
+            i * bs < reported, L.and_(pre.content(b) >= 0, pre.content(b) == want))
     yield "cached tokens stop at the blocks served from the cache", None, reported <= hits * bs
     yield "a prompt fully in the cache leaves at least one token to compute", None, (
         reported <= n_tokens - 1)
