@@ -226,3 +226,24 @@ def test_seed_only_target_sees_the_stream_it_always_did():
     engine = stream(seed_ops | {"rollback", "rebase", "preempt", "append_slots"}, True)
     assert engine != stream(seed_ops, False)
     assert {"rollback", "rebase", "preempt", "append_slots"} <= {o.split("'")[1] for o in engine}
+
+
+def test_nano_vllm_reports_cached_tokens_through_preemption():
+    """nano-vllm through the lifecycle: a preempted sequence re-admitted with the tokens
+    it had is the engine's own kept ``Sequence`` (as its scheduler re-queues it), and
+    allocate reports that Sequence's ``num_cached_tokens``: 0 here, since nano-vllm drops
+    a block's hash when its last holder lets go; a live holder's blocks are hit."""
+    pytest.importorskip("xxhash")
+    from kvcheck.impl.thirdparty import nano_vllm
+
+    try:
+        t = nano_vllm.make(8, 2)
+    except Exception as exc:  # noqa: BLE001 - the wheel is not installed here
+        pytest.skip(f"nano-vllm not available: {exc}")
+    assert t.allocate(0, 5, [1, 2, 3, 4, 5]) == 0
+    kept = t.seqs[0]
+    t.preempt(0)
+    assert t.allocate(0, 5, [1, 2, 3, 4, 5]) == 0 and t.seqs[0] is kept
+    assert t.allocate(1, 5, [1, 2, 3, 4, 9]) == 4  # seq 0's two full blocks, still held
+    r = verify_prefix("nano-vllm", 16, 4, 3000, 1)
+    assert r.state.stats.preempts  # the prefix model drives nano-vllm's preemptions now

@@ -225,9 +225,11 @@ class PrefixModel(Model):
 
     def driver(self, seed: int, scope, target, options: Options):
         from kvcheck.models.prefix.driver import PrefixDriver
-        from kvcheck.models.prefix.oracle import committer
+        from kvcheck.models.prefix.oracle import committer, takes_token_ids
 
         caps = set(target.capabilities) | ({"commit"} if committer(target) else set())
+        if not takes_token_ids(target):  # (a prefix cache keys blocks by their tokens)
+            caps.discard("append_slots")
         return _Driving(PrefixDriver(seed, scope.num_blocks, scope.block_size, frozenset(caps),
                                      options.extra.get("weights")))
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 from dataclasses import dataclass
 
 from kvcheck.check import evidence
@@ -195,6 +196,20 @@ def _view_for(target):
         return VllmV0View(obj)
     raise TargetError(f"{type(obj).__name__} does not expose a prefix cache "
                       "(cache_entries/evictable_blocks/free_list_blocks)")
+
+
+def takes_token_ids(target) -> bool:
+    """Whether the target's ``append_slots`` takes the tokens' ids (``token_ids=``): a
+    prefix cache keys the blocks they fill by them, so the prefix model drives
+    append_slots only on a target that does."""
+    fn = getattr(target, "append_slots", None)
+    if not callable(fn):
+        return False
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "token_ids" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def committer(target):
@@ -443,6 +458,7 @@ class PrefixOracle:
         self.pending: PrefixOp | None = None
         self.pending_hits = 0
         self.commit_fn = committer(target)
+        self.slot_tokens = takes_token_ids(target)  # append_slots with token ids
         self.uncommitted: dict[int, list] = {}  # seq -> (block, filled, content) its commit writes
         self.s = _Structural(target, self, mode, timeout, compiled)
         self.violation = self.s.violation
@@ -494,7 +510,7 @@ class PrefixOracle:
         if op.kind in ("append_slot", "fork", "append_slots", "rollback", "rebase") and (
                 op.seq in self.uncommitted or (op.kind == "rebase" and op.child in self.uncommitted)):
             return False  # decoding, forking, rollbacks, rebases come after the prompt's write
-        if op.kind == "append_slots" and len(op.tokens) != op.n_tokens:
+        if op.kind == "append_slots" and (len(op.tokens) != op.n_tokens or not self.slot_tokens):
             return False
         if op.kind == "allocate" and len(op.tokens) != op.n_tokens:
             return False
