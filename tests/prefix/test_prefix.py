@@ -62,9 +62,10 @@ def test_reference_passes_prefix_oracle(nb, bs, seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_reference_passes_structural_oracle(seed):
-    r = verify("prefix", 8, 2, 3000, seed)
-    assert r.ok
+@pytest.mark.parametrize("target", ["prefix", "prefix-engine"])
+def test_reference_passes_structural_oracle(seed, target):
+    r = verify(target, 8, 2, 3000, seed)
+    assert r.ok, render(r.trace)
 
 
 @pytest.mark.parametrize("name", sorted(CORPUS))
