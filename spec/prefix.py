@@ -102,7 +102,10 @@ def one_key_per_block(L, s, b):
 @prefix_invariant("block")
 def no_partial_cached(L, s, b):
     """Partial blocks are never in the cache: a cached block is full in
-    every table that holds it."""
+    every table that holds it. A rollback that leaves a cached full block
+    partial in a table (its tokens past the new end are dropped, and the next
+    token is written into it in place) drops the block's key with it; a rebase
+    or a copy that overwrites a cached block likewise."""
     return L.implies(s.cached(b), L.not_(s.partial(b)))
 
 
@@ -121,7 +124,9 @@ def key_after_write(L, s, b):
 @prefix_invariant("block")
 def cache_content(L, s, b):
     """Every cached key names a block whose content is exactly that prefix
-    (the block's tokens and every token before them)."""
+    (the block's tokens and every token before them): the token history a
+    block is keyed by is the history whose KV it holds, after every fork,
+    rebase, rollback and preemption."""
     return L.implies(s.cached(b), s.content_ok(b))
 
 

@@ -85,7 +85,8 @@ def test_publish_before_write_is_caught():
 def test_every_step_is_enabled_on_a_reachable_path():
     """Not vacuous: from the initial pool, a path through every rule exists (block 0)."""
     path = ["take_free", "write", "write", "register", "fork", "release", "release", "hit",
-            "release", "take_evictable", "write", "release"]
+            "release", "take_evictable", "write", "write", "register", "unregister", "truncate",
+            "release"]
     assert set(path) == set(prefix_steps.STEPS)
     m = PrefixModel(PrefixModelScope(2, 2))
     states = [m.state(f"p{i}") for i in range(len(path) + 1)]
@@ -148,3 +149,21 @@ def test_weakened_cached_token_rules_are_caught():
         assert row.detail.startswith("refuted for a prompt of"), (what, row.detail)
     row = {r.property: r for r in prove_prefix_invariants(SMALL, **weak["lookup"])}[CACHED_TOKENS]
     assert row.detail == "refuted for a prompt of 2 token(s)"  # 2 tokens = 1 full block, all hit
+
+
+def _truncate_keeps_key(L, pre, post, a, arg=None):
+    """A rollback that cuts into a cached block and keeps its key."""
+    for clause, name, f in prefix_steps.truncate(L, pre, post, a, arg):
+        if name != "no key (unregistered first)":
+            yield clause, name, f
+
+
+def test_rollback_keeping_its_key_is_caught():
+    """The rollback steps (unregister, then truncate) preserve every invariant; a
+    truncate of a block that keeps its key (the corpus' rollback-keeps-key) is refuted."""
+    rows = {r.property: r for r in prove_prefix_invariants(SMALL)}
+    assert "unregister, truncate" in rows["no_partial_cached"].detail
+    steps = {**prefix_steps.STEPS, "truncate": _truncate_keeps_key}
+    rows = {r.property: r for r in prove_prefix_invariants(SMALL, steps=steps)}
+    assert rows["no_partial_cached"].result == "violated"
+    assert rows["no_partial_cached"].detail == "not preserved by truncate", rows["no_partial_cached"]
