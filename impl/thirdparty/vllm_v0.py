@@ -264,6 +264,7 @@ class VllmV0Target:
         mods = load()
         self._BlockTable = mods["vllm.core.block.block_table"].BlockTable
         self._NoFree = mods["vllm.core.block.interfaces"].BlockAllocator.NoFreeBlocksError
+        self._gpu = mods["vllm.utils"].Device.GPU  # looked up once: load() checks the install
         self.allocator = build_allocator(num_blocks, block_size, allocator_type)
         self.gpu = gpu_allocator(self.allocator)
         self.tables: dict[int, Any] = {}
@@ -425,7 +426,7 @@ class VllmV0Target:
         return table
 
     def _gpu_device(self) -> Any:
-        return load()["vllm.utils"].Device.GPU
+        return self._gpu
 
     def _observed(self, seq: int):
         """Observation of an unknown sequence raises ``KeyError`` (the oracle's "no table")."""
