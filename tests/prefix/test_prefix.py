@@ -157,7 +157,7 @@ def test_commit_is_published_after_write():
     assert m.allocate(2, 3, [1, 2, 9]) == 2
 
 
-@pytest.mark.parametrize("target", ["prefix", "prefix-commit"])
+@pytest.mark.parametrize("target", ["prefix", "prefix-commit", "prefix-engine"])
 def test_every_cache_class_occurs_at_defaults(target, capsys):
     """At default settings the driver reaches every cache state: hit, partial hit,
     revival, eviction, a key cached after its parent's key is gone, identical prompts
