@@ -33,4 +33,7 @@ TARGETS: dict[str, tuple[str, str]] = {
     "prefix-commit": ("kvcheck.impl.prefix_cache:CommittingPrefixCachingBlockManager",
                       "the reference prefix cache with the prompt's write deferred to commit(seq): "
                       "keys published after the write"),
+    "prefix-engine": ("kvcheck.impl.prefix_cache:EnginePrefixCachingBlockManager",
+                      "the reference prefix cache with append_slots, rollback, rebase, preempt "
+                      "(keys dropped from the blocks a rollback makes partial)"),
 }
