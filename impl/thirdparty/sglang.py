@@ -103,12 +103,12 @@ VACUOUS = {
 
 def real_functions(mod: types.ModuleType, loaded: Loaded, rel: str,
                    names: Sequence[str], env: dict) -> None:
-    """Compile the top-level functions ``names`` of the installed file ``rel`` into ``mod``:
-    each function's own source text, as the file has it (decorators included)."""
+    """Compile the top-level functions or classes ``names`` of the installed file ``rel``
+    into ``mod``: each one's own source text, as the file has it (decorators included)."""
     path = loaded.root / rel
     tree = ast.parse(path.read_text(), str(path))
     found = {node.name: node for node in tree.body
-             if isinstance(node, ast.FunctionDef) and node.name in names}
+             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names}
     missing = [n for n in names if n not in found]
     if missing:
         raise ImportError(f"{rel} of {loaded.dist.dist} {loaded.dist.version} has no "

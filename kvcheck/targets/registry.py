@@ -26,6 +26,8 @@ TARGETS: dict[str, tuple[str, str]] = {
                      "SGLang 0.5.23 TokenToKVPoolAllocator (page size 1; no refcounts, no fork)"),
     "sglang-paged": ("kvcheck.impl.thirdparty.sglang:make_paged",
                      "SGLang 0.5.23 PagedTokenToKVPoolAllocator, page size = block size (no fork)"),
+    "sglang-radix": ("kvcheck.impl.thirdparty.sglang_radix:make",
+                     "SGLang 0.5.23 RadixCache over its allocator: tree locks, LRU eviction (no fork)"),
     "aphrodite": ("kvcheck.impl.thirdparty.aphrodite:make",
                   "aphrodite-engine 0.24.1 v1 KVCacheManager (a vLLM v1 fork), prefix caching"),
     "device": ("kvcheck.impl.device.manager:make",
