@@ -118,7 +118,8 @@ def _raising(what: str):
 
 
 def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
-    from typing import Callable, List, Optional
+    from collections.abc import Callable
+    from typing import Optional
 
     import torch
 
@@ -129,7 +130,7 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
             return types.SimpleNamespace(region=lambda _tag: contextlib.nullcontext())
 
     env = {"torch": torch, "Any": Any, "Optional": Optional, "Callable": Callable,
-           "List": List, "TorchMemorySaverAdapter": TorchMemorySaverAdapter,
+           "List": list, "TorchMemorySaverAdapter": TorchMemorySaverAdapter,
            "GPU_MEMORY_TYPE_KV_CACHE": "kv_cache"}
     real_functions(mod, loaded, "sglang/srt/mem_cache/memory_pool.py", ("ReqToTokenPool",), env)
 
