@@ -24,17 +24,20 @@ def known_invariants() -> frozenset[str]:
 
 def declared(target: object) -> dict[str, str]:
     """The target's own ``vacuous`` mapping, each name checked against the spec's
-    (``ValueError`` names one the spec does not have: a typo would hide nothing)."""
+    (``TargetError``, bad input, names one the spec does not have: a typo must not pass
+    for a declaration)."""
+    from kvcheck.targets.loading import TargetError
+
     decl = getattr(target, "vacuous", None)
     if not decl:
         return {}
     if not isinstance(decl, Mapping):
-        raise ValueError(f"{type(target).__name__}.vacuous must map invariant names to reasons")
+        raise TargetError(f"{type(target).__name__}.vacuous must map invariant names to reasons")
     known = known_invariants()
     for name in decl:
         if name not in known:
-            raise ValueError(f"{type(target).__name__}.vacuous names {name!r}, which is no "
-                             "invariant of the spec")
+            raise TargetError(f"{type(target).__name__}.vacuous names {name!r}, which is no "
+                              "invariant of the spec")
     return {str(k): str(v) for k, v in decl.items()}
 
 
