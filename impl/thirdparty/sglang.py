@@ -270,11 +270,14 @@ class SglangAllocatorTarget:
         return isinstance(exc, OutOfBlocks)
 
 
+MISALIGNED = -2  # no pool block, and not the null placeholder (spec.state.NULL, -1)
+
+
 class MisalignedRow(int):
     """A table entry for a page whose slots are not one page's consecutive slots."""
 
     def __new__(cls, page: int, slots: Sequence[int]):
-        obj = super().__new__(cls, -1)
+        obj = super().__new__(cls, MISALIGNED)
         obj.slots = list(slots)
         obj.page = page
         return obj
@@ -286,7 +289,8 @@ class MisalignedRow(int):
 def row_pages(row: Sequence[int], page_size: int) -> list[int]:
     """kvcheck block ids of a ``req_to_token`` row: the page of each ``page_size`` span,
     minus one (SGLang's page 0 is the padding page). A span whose slots are not that
-    page's slots at their offsets reads as an invalid id (-1), so the oracle reports it."""
+    page's slots at their offsets reads as ``MISALIGNED`` (-2, no pool block), so the
+    oracle reports it."""
     out: list[int] = []
     for i in range(0, len(row), page_size):
         span = row[i : i + page_size]
