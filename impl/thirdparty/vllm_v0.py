@@ -224,6 +224,7 @@ class VllmV0Target:
         mods = load()
         self._BlockTable = mods["vllm.core.block.block_table"].BlockTable
         self._NoFree = mods["vllm.core.block.interfaces"].BlockAllocator.NoFreeBlocksError
+        self._gpu = mods["vllm.utils"].Device.GPU  # looked up once: load() checks the install
         self.allocator = build_allocator(num_blocks, block_size, allocator_type)
         self.gpu = gpu_allocator(self.allocator)
         self.tables: dict[int, Any] = {}
@@ -249,11 +250,11 @@ class VllmV0Target:
         if len(tokens) != n_tokens:
             raise MisuseError("len(token_ids) != n_tokens")
         if self.guard == "engine":
-            need = self._BlockTable.get_num_required_blocks(tokens, self.block_size)
+            need = self._required_blocks(tokens)
             free = self.allocator.get_num_free_blocks(self._gpu_device())
             if need > free:
                 raise EngineGuardRefused(f"can_allocate: {need} blocks required > {free} free")
-        table = self._BlockTable(self.block_size, self.allocator)
+        table = self._new_table()
         try:
             table.allocate(tokens)
         except self._NoFree as exc:
@@ -275,7 +276,7 @@ class VllmV0Target:
                 raise EngineGuardRefused(f"can_append_slots: {touched} block(s) touched > "
                                          f"{free} free")
         try:
-            table.append_token_ids([tok])
+            table.append_token_ids([tok], num_computed_slots=length)  # (read only with a window)
         except self._NoFree as exc:
             raise OutOfBlocks("vLLM v0 NoFreeBlocksError appending one token") from exc
         finally:
@@ -287,6 +288,14 @@ class VllmV0Target:
         return ids[length // self.block_size], length % self.block_size, (
             cows[0][0] if cows else None
         )
+
+    def _new_table(self) -> Any:
+        """A sequence's table, as ``SelfAttnBlockSpaceManager._allocate_sequence`` builds it."""
+        return self._BlockTable(self.block_size, self.allocator)
+
+    def _required_blocks(self, tokens: list[int]) -> int:
+        """The blocks ``can_allocate`` asks for (watermark 0)."""
+        return self._BlockTable.get_num_required_blocks(tokens, self.block_size)
 
     def append_slots(self, seq: int, n_tokens: int, lookahead: int = 0) -> list[tuple[int, int]]:
         """``SelfAttnBlockSpaceManager.append_slots`` with ``n_tokens`` unseen tokens."""
@@ -365,7 +374,7 @@ class VllmV0Target:
         return table
 
     def _gpu_device(self) -> Any:
-        return load()["vllm.utils"].Device.GPU
+        return self._gpu
 
     def _observed(self, seq: int):
         """Observation of an unknown sequence raises ``KeyError`` (the oracle's "no table")."""
