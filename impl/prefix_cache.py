@@ -58,6 +58,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 
 from .errors import MisuseError, OutOfBlocks
+from .journaled import JournaledDeque, JournaledMap, JournaledOrderedDict
 
 ROOT = b"kvcheck-prefix-root"
 
@@ -104,13 +105,15 @@ class PrefixCachingBlockManager:
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = _check_size("num_blocks", num_blocks)
         self.block_size = _check_size("block_size", block_size)
-        self.free_list: deque[int] = deque(range(num_blocks))
-        self.evictable: OrderedDict[int, bytes] = OrderedDict()
+        # (journaled containers: drop-in deque/OrderedDict/dict that index and journal
+        # their own contents, for the prefix oracle's incremental observation)
+        self.free_list: deque[int] = JournaledDeque(range(num_blocks))
+        self.evictable: OrderedDict[int, bytes] = JournaledOrderedDict()
         self.free = FreeView(self)
         self.ref: list[int] = [0] * num_blocks
         self.tables: dict[int, list[int]] = {}
         self.lens: dict[int, int] = {}
-        self.cache: dict[bytes, int] = {}
+        self.cache: dict[bytes, int] = JournaledMap()
         self.key_of: dict[int, bytes] = {}
         self.tokens: dict[int, list[int]] = {}
         self.keys: dict[int, list[bytes]] = {}  # seq -> key of each of its full blocks
@@ -126,8 +129,46 @@ class PrefixCachingBlockManager:
     def num_evictable(self) -> int:
         return len(self.evictable)
 
+    # Incremental observation (optional: the oracle's fast mode), read from the
+    # containers' own index and journal, so whatever code changed them is seen.
+    _WHOLE_READS = ("cache_entries", "evictable_blocks", "free_list_blocks", "num_evictable",
+                    "num_free_list")
+
+    def _journaled(self) -> bool:
+        """Whether the block-by-block reads mean what the whole reads do: the containers
+        are the journaled ones and the whole reads are this class's own (a subclass that
+        reports its cache otherwise is read whole)."""
+        cls = type(self)
+        return (type(self.free_list) is JournaledDeque and type(self.evictable) is JournaledOrderedDict
+                and type(self.cache) is JournaledMap
+                and all(getattr(cls, m) is getattr(PrefixCachingBlockManager, m)
+                        for m in self._WHOLE_READS))
+
+    def cache_changes(self) -> set[int] | None:
+        """The blocks whose keys or list membership changed since the last call (None:
+        not known, read everything)."""
+        if not self._journaled():
+            return None
+        out = self.free_list.journal | self.evictable.journal | self.cache.journal
+        self.free_list.journal.clear()
+        self.evictable.journal.clear()
+        self.cache.journal.clear()
+        return out
+
+    def block_cache_state(self, block: int) -> tuple[tuple, int, int]:
+        """(the keys naming ``block``, times on the free list, times on the evictable list)."""
+        return (tuple(self.cache.keys_of.get(block, ())), self.free_list.counts.get(block, 0),
+                int(block in self.evictable))
+
+    def cache_sizes(self) -> tuple[int, int, int]:
+        """(cache entries, free-list length, evictable-list length), as held."""
+        return len(self.cache), len(self.free_list), len(self.evictable)
+
     def free_list_blocks(self) -> list[int]:
         return list(self.free_list)
+
+    def num_free_list(self) -> int:
+        return len(self.free_list)
 
     # -- internal -----------------------------------------------------------------
     def _available(self) -> int:

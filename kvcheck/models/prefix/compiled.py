@@ -106,3 +106,37 @@ def compile_invariants(inline: bool = True):
 
 
 invariants = compile_invariants()
+
+
+# -- the fast mode's check: the per-block invariants on the blocks a step touched -------------
+BLOCK_INVARIANTS = [inv for inv in PREFIX_INVARIANTS if inv.domain == "block"]
+"""What the fast mode checks per step, on the touched blocks only (the global ones,
+``pool_sizes``, in its full checks: sweeps, the end, and any step whose list sizes do
+not add up, see ``kvcheck.models.prefix.incremental``)."""
+
+
+def touched_invariants_source(inline: bool = True) -> str:
+    post = PrefixTState("post")
+
+    def clauses():
+        for inv in BLOCK_INVARIANTS:
+            for b in TDomain(Term("sym", "touched")):
+                yield inv.predicate(TL, post, b)
+
+    return function_source("prefix_touched_invariants", ["post", "touched"], trace(clauses),
+                           {**SYMS, "touched": "touched"}, {"post": INLINE} if inline else {})
+
+
+def compile_touched(inline: bool = True):
+    """``f(post, blocks)``: every per-block prefix invariant holds on ``blocks`` (or None
+    where the tracer cannot represent the spec's text)."""
+    try:
+        source = touched_invariants_source(inline)
+    except Untraceable:
+        return None
+    namespace: dict = {}
+    exec(compile(source, "<kvcheck compiled touched prefix invariants>", "exec"), namespace)  # noqa: S102
+    return namespace["prefix_touched_invariants"]
+
+
+touched_invariants = compile_touched()

@@ -61,6 +61,7 @@ from kvcheck.errors import what_it_did
 from kvcheck.models.blocks.oracle import Oracle
 from kvcheck.models.blocks.shadow import ShadowMemory
 from kvcheck.models.prefix import compiled as compiled_checks
+from kvcheck.models.prefix.incremental import Mirror, partial_blocks
 from kvcheck.models.prefix.model import PrefixOp, cache_json
 from kvcheck.spec import prefix as P
 from kvcheck.spec.contracts import OK, OOB, REFUSED
@@ -91,6 +92,23 @@ class MethodView:
     def free_list_len(self):
         f = getattr(self.obj, "num_free_list", None)
         return int(f()) if callable(f) else len(self.free_list())
+
+    # incremental reads (optional; the fast mode's, ``kvcheck.models.prefix.incremental``)
+    @property
+    def incremental(self) -> bool:
+        return all(callable(getattr(self.obj, m, None))
+                   for m in ("cache_changes", "block_cache_state", "cache_sizes"))
+
+    def changes(self):
+        got = self.obj.cache_changes()
+        return None if got is None else {int(b) for b in got}
+
+    def block(self, b):
+        keys, on_free, on_evict = self.obj.block_cache_state(b)
+        return tuple(keys), int(on_free), int(on_evict)
+
+    def sizes(self):
+        return tuple(int(x) for x in self.obj.cache_sizes())
 
 
 class VllmV1View:
@@ -394,6 +412,22 @@ class _Structural(Oracle):
         return self.oracle._check_allocate(pre, post, op, dom, n)
 
 
+class _Before:
+    """The cache state before a fast step: the touched blocks as they were, the others
+    as the mirror holds them (unchanged)."""
+
+    def __init__(self, mirror, old: dict):
+        self.m, self.old = mirror, old
+
+    def on_evictable(self, b):
+        got = self.old.get(b)
+        return got[2] if got is not None else self.m.on_evictable(b)
+
+    def cached(self, b):
+        got = self.old.get(b)
+        return bool(got[0]) if got is not None else self.m.cached(b)
+
+
 # -- the oracle --------------------------------------------------------------------------
 @dataclass
 class Stats:
@@ -465,12 +499,19 @@ class PrefixOracle:
         self.steps = 0
         self.pre: P.PrefixSnapshot | None = None  # the last verified cache state
         self.observed: P.PrefixSnapshot | None = None  # the cache state after the last step
+        # fast mode, on a view that reads block by block: the cache checked where each step
+        # touched it (``kvcheck.models.prefix.incremental``); None until a full check built it
+        self.fast = (mode == "fast" and self.compiled and compiled_checks.touched_invariants is not None
+                     and getattr(self.view, "incremental", False))
+        self.mirror: Mirror | None = None
         if self.violation is None:
             wd = active_watchdog()
             if wd is not None:
                 wd.enter()
             try:
                 self.pre, self.violation = self._observe_and_check(0, None)
+                if self.violation is None:
+                    self._verified(self.pre)
             except OperationTimeout as exc:
                 self.violation = Violation(0, "hang", "prefix observation",
                                            witness=f"reading the fresh allocator's prefix cache {exc}")
@@ -531,14 +572,24 @@ class PrefixOracle:
                 self.violation = v
                 return v
             unwritten = op.kind in ("free_seq", "preempt") and op.seq in self.uncommitted
+            inc = self.mirror is not None
+            if inc:  # the step's sequences and the blocks their tables name before it
+                seqs = (op.seq, op.child) if op.kind in ("fork", "rebase") else (op.seq,)
+                g = self.s._state()
+                pre_blocks = {b for q in seqs if g.live(q) for b in g.table_tuple(q)}
             v = self.s.step(op, wd)
             self.steps = self.s.steps
             if v is None:
-                post, v = self._observe_and_check(self.steps, op)
+                was = None
+                if inc and self.steps % self.s.sweep_every:
+                    post, v, was = self._step_incremental(op, seqs, pre_blocks)
+                else:
+                    post, v = self._full_check(self.steps, op)
                 if v is None:
-                    self._count(op, post)
+                    self._count(op, post, was)
                     self.stats.freed_uncommitted += unwritten
-                    self.pre = post
+                    if was is None:
+                        self._verified(post)
             elif v.kind in ("contract", "invariant", "data"):
                 self._observe_for_the_record()
         except OperationTimeout as exc:
@@ -579,7 +630,7 @@ class PrefixOracle:
             for b, filled, content in self.uncommitted.pop(op.seq):
                 g.filled[b], g.content[b] = filled, content
             table = s._state().table_tuple(op.seq)
-            post, v = self._observe_and_check(n, None)
+            post, v = self._full_check(n, None)
             if v is None and self.pre is not None:
                 for name, b, holds in P.commit(PY, self.pre, post, table):
                     if not holds:
@@ -595,15 +646,30 @@ class PrefixOracle:
                     v = dataclasses.replace(v, step=n)
             if v is None:
                 self.stats.commits += 1
-                self.pre = post
+                self._verified(post)
         if recorder is not None:
             recorder.outcome(op, v)
         return v
 
     def sweep(self, watchdog=None) -> Violation | None:
-        """The structural sweep (the cache is checked whole after every step already)."""
+        """The structural sweep and, in the incremental fast mode, the full check of the
+        cache (else the cache is checked whole after every step already)."""
         if self.violation is None:
             self.violation = self.s.sweep(watchdog)
+        if self.violation is None and self.fast:
+            wd = watchdog if watchdog is not None else active_watchdog()
+            if wd is not None:
+                wd.enter()
+            try:
+                post, self.violation = self._full_check(self.steps, None)
+            except OperationTimeout as exc:
+                self.violation = Violation(self.steps, "hang", "prefix observation",
+                                           witness=f"reading the whole prefix cache {exc}")
+            finally:
+                if wd is not None:
+                    wd.leave()
+            if self.violation is None:
+                self._verified(post)
         return self.violation
 
     def clone(self) -> PrefixOracle:
@@ -619,6 +685,7 @@ class PrefixOracle:
         new.commit_fn = committer(new.target)
         new.uncommitted = {q: list(w) for q, w in self.uncommitted.items()}
         new.stats = dataclasses.replace(self.stats)
+        new.mirror = None  # (it reads this run's ghosts): the copy's next step checks in full
         return new
 
     def observed_json(self) -> dict:
@@ -626,6 +693,13 @@ class PrefixOracle:
         state (full mode: the allocator's; fast mode: the verified ghost's, with the free
         list as the cache's two lists) and the cache."""
         c = self.observed
+        if isinstance(c, Mirror):  # (the fast mode's mirror holds no list order): read it
+            try:
+                c = self._observe()
+            except CONTROL:
+                raise
+            except BaseException:  # noqa: BLE001 - unreadable now: the mirror's contents
+                pass
         if self.mode == "full" and self.s.observed is not None:
             from kvcheck.models.blocks.runs import state_json
 
@@ -659,6 +733,71 @@ class PrefixOracle:
                                 view.evictable(), entries, {k: meanings[k] for k, _ in entries},
                                 partial, g.filled, g.content, view.free_list_len(),
                                 view.evictable_len())
+
+    # -- the fast mode --------------------------------------------------------------------
+    def _verified(self, post) -> None:
+        """``post`` (a whole observation) passed: the state to check the next step from."""
+        self.pre = post
+        if self.fast and not isinstance(post, Mirror):
+            self.view.changes()  # (post was read whole after every change so far)
+            st, bs = self.s._state(), self.block_size
+            self.mirror = Mirror(post, self.s, self.ghost, self.meanings,
+                                 [(q, partial_blocks(st, q, bs)) for q in st.seqs()])
+            self.pre = self.observed = self.mirror
+
+    def _full_check(self, n: int, op):
+        """The full mode's check: the whole cache read, every invariant everywhere."""
+        post, v = self._observe_and_check(n, op)
+        if v is None:
+            self.mirror = None  # rebuilt from post by _verified
+        return post, v
+
+    def _step_incremental(self, op, seqs, pre_blocks):
+        """Observe and check what ``op`` touched (module ``incremental``). Returns (post,
+        violation, the state before for the touched blocks) or a full check's (post,
+        violation, None) where one was needed."""
+        n, m, view, g = self.steps, self.mirror, self.view, self.s._state()
+        nb, bs = self.target.num_blocks, self.block_size
+        try:
+            changed = view.changes()
+            if changed is None:
+                return (*self._full_check(n, op), None)
+            touched = pre_blocks | changed
+            for q in seqs:
+                if g.live(q):
+                    touched.update(g.table_tuple(q))
+            if op.kind == "append_slot":
+                touched.update((op.block, op.cow_src))
+            for pair in op.copies or ():
+                touched.update(pair)
+            touched = sorted(b for b in touched if type(b) is int and 0 <= b < nb)
+            new = [(b, view.block(b)) for b in touched]
+            sizes = view.sizes()
+            reported = (view.free_list_len(), view.evictable_len())
+        except CONTROL:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the allocator's fault
+            why = f"reading the prefix cache {what_it_did(exc)}"
+            return None, Violation(n, "malformed", "prefix observation", witness=why), None
+        if op.outcome in (OOB, REFUSED) and any(m.block(b) != got for b, got in new):
+            return (*self._full_check(n, op), None)  # (the full mode's words for it)
+        was = _Before(m, {b: m.block(b) for b in touched})
+        meanings, filled, content = self.meanings, self.ghost.filled, self.ghost.content
+        for b, (keys, on_free, on_evict) in new:
+            for key in keys:
+                if key not in meanings:
+                    meanings[key] = content.get(b, -1) if filled.get(b, 0) == bs else -1
+            m.set_block(b, keys, on_free, on_evict)
+        m._free_len, m._evict_len = reported
+        for q in seqs:
+            m.set_partial(q, partial_blocks(g, q, bs) if g.live(q) else None)
+        self.observed = m
+        if sizes != (m.n_entries, m.n_free, m.n_evict) or reported != sizes[1:] or \
+                not compiled_checks.touched_invariants(m, touched):
+            # something changed beyond what was read, the sizes it reports are not those
+            # it holds, or an invariant broke: the full check (and the full mode's words)
+            return (*self._full_check(n, op), None)
+        return m, None, was
 
     def _observe_for_the_record(self) -> None:
         """After a structural violation (the call returned): the cache as it is now, for
@@ -721,7 +860,10 @@ class PrefixOracle:
         if op.outcome == OK:
             table = post.table_tuple(op.seq)
             try:
-                now = {(repr(k), b) for k, b in self.view.entries()}
+                if self.mirror is not None:  # the fast mode: the candidates' keys only
+                    now = {(repr(k), b) for b in set(table) for k in self.view.block(b)[0]}
+                else:
+                    now = {(repr(k), b) for k, b in self.view.entries()}
             except CONTROL:
                 raise
             except BaseException:  # noqa: BLE001 - reported by the state check
@@ -792,8 +934,8 @@ class PrefixOracle:
                              doc=" ".join((P.cached_tokens.__doc__ or "").split()[:80]))
         return None
 
-    def _count(self, op, post):
-        st, pre = self.stats, self.pre
+    def _count(self, op, post, was=None):
+        st, pre = self.stats, (self.pre if was is None else was)
         last = getattr(self, "_last_op", None)
         if op.kind != "commit":  # back to back: with only the first one's commit between
             self._last_op = op
@@ -803,7 +945,7 @@ class PrefixOracle:
         if op.outcome == REFUSED:
             st.refused += 1
             return
-        st.orphans += self._orphaned(post)
+        st.orphans += post.orphaned() if isinstance(post, Mirror) else self._orphaned(post)
         if op.kind == "rollback":
             st.rollbacks += 1
             if pre is not None:

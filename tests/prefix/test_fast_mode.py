@@ -1,0 +1,71 @@
+"""The prefix oracle's fast mode (incremental: the cache read and checked where each step
+touched it, full checks in sweeps and at the end) gives the full mode's verdicts: every
+corpus bug caught with the same clause and the same shrunk trace length, every faulty
+cache judged alike, and it really runs incrementally on the bundled reference."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcheck.impl.prefix_cache import PrefixCachingBlockManager
+from kvcheck.models.prefix.incremental import Mirror
+from kvcheck.report.text import render
+from kvcheck.verify import verify
+
+sys.path.insert(0, str(Path(__file__).parent))
+from buggy_prefix import CORPUS  # noqa: E402
+from faulty_prefix import faulty  # noqa: E402
+
+
+def run(target, mode, seed, ops=2000, **kw):
+    return verify(target, 8, 2, ops, seed, mode=mode, model="prefix", **kw)
+
+
+def first_caught(target, mode, **kw):
+    for seed in range(4):
+        r = run(target, mode, seed, **kw)
+        if not r.ok:
+            return seed, r
+    return None, r
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_corpus_same_verdict_clause_and_trace_length_in_fast_and_full(name):
+    cls, names, longest = CORPUS[name]
+    seed_full, full = first_caught(cls, "full", shrink_budget=10.0)
+    seed_fast, fast = first_caught(cls, "fast", shrink_budget=10.0)
+    assert not full.ok and not fast.ok, f"{name}: full {full.ok}, fast {fast.ok}"
+    assert seed_fast == seed_full
+    assert fast.violation.name == full.violation.name, render(fast.trace)
+    assert fast.violation.name in names
+    assert len(fast.trace.ops) == len(full.trace.ops) <= longest, render(fast.trace)
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_corpus_found_by_fast_mode_itself(name):
+    """Unshrunk: the fast run fails where the full run does (same seed), never earlier."""
+    cls = CORPUS[name][0]
+    for seed in range(4):
+        full = run(cls, "full", seed, do_shrink=False)
+        fast = run(cls, "fast", seed, do_shrink=False)
+        assert fast.ok == full.ok, (name, seed)
+        if not full.ok:
+            assert fast.violation.step >= full.violation.step
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_faulty_caches_same_verdict(seed):
+    full = run(faulty(seed), "full", seed, 600, do_shrink=False)
+    fast = run(faulty(seed), "fast", seed, 600, do_shrink=False)
+    assert fast.ok == full.ok
+    if not full.ok:
+        assert fast.violation.step >= full.violation.step
+
+
+def test_fast_mode_is_incremental_on_the_reference():
+    r = verify(PrefixCachingBlockManager, 64, 4, 1500, 0, mode="fast", model="prefix")
+    assert r.ok, render(r.trace)
+    assert r.state.fast and isinstance(r.state.mirror, Mirror)
+    st = r.state.stats
+    assert st.hit_allocations and st.revived and st.evicted and st.oob and st.orphans
