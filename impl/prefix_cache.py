@@ -157,8 +157,9 @@ class PrefixCachingBlockManager:
 
     def block_cache_state(self, block: int) -> tuple[tuple, int, int]:
         """(the keys naming ``block``, times on the free list, times on the evictable list)."""
-        return (tuple(self.cache.keys_of.get(block, ())), self.free_list.counts.get(block, 0),
-                int(block in self.evictable))
+        ks = self.cache.keys_of.get(block)
+        return (tuple(ks) if ks else (), self.free_list.counts.get(block, 0),
+                1 if block in self.evictable else 0)
 
     def cache_sizes(self) -> tuple[int, int, int]:
         """(cache entries, free-list length, evictable-list length), as held."""

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from kvcheck.cli.commands import checking
 
-FULL_HELP = ("check the whole allocator after every operation: slower, the same verdicts "
-             "(default: off: the block manager's structure is checked where each operation "
-             "touched it and everywhere in a sweep every max(1024, 2 x blocks) operations and at "
-             "the end; the cache is read whole after every operation in both modes)")
+FULL_HELP = ("check the whole allocator and its whole cache after every operation: slower, the "
+             "same verdicts (default: off: the fast mode checks the block manager's structure "
+             "and, where the target's cache can be read block by block (the bundled references), "
+             "the cache where each operation touched it, and everything in a full check every "
+             "max(1024, 2 x blocks) operations and at the end; a cache readable only whole is "
+             "read whole after every operation)")
 
 
 def add_parser(sub) -> None:

@@ -91,9 +91,12 @@ class Mirror(P.PrefixSnapshot):
         """(keys, times on the free list, times evictable) as the mirror holds them."""
         return tuple(self._keys.get(b, ())), self.free_list.get(b, 0), self.evictable.get(b, 0)
 
-    def set_block(self, b, keys: tuple, on_free: int, on_evict: int) -> None:
+    def set_block(self, b, keys: tuple, on_free: int, on_evict: int) -> tuple:
+        """Block b now holds ``keys`` and is that many times on each list; returns
+        (whether it had a key, times it was evictable) before."""
         old = self._keys.get(b, ())
-        if tuple(old) != keys:
+        before = (bool(old), self.evictable.get(b, 0))
+        if (keys or old) and tuple(old) != keys:
             for k in old:
                 self._name(self.meanings.get(k, -1), -1)
             for k in keys:
@@ -103,14 +106,23 @@ class Mirror(P.PrefixSnapshot):
                 self._keys[b] = list(keys)
             else:
                 self._keys.pop(b, None)
-        for counts, n, attr in ((self.free_list, on_free, "n_free"), (self.evictable, on_evict, "n_evict")):
-            was = counts.get(b, 0)
-            if was != n:
-                setattr(self, attr, getattr(self, attr) + n - was)
-                if n:
-                    counts[b] = n
-                else:
-                    del counts[b]
+        counts = self.free_list
+        was = counts.get(b, 0)
+        if was != on_free:
+            self.n_free += on_free - was
+            if on_free:
+                counts[b] = on_free
+            else:
+                del counts[b]
+        counts = self.evictable
+        was = counts.get(b, 0)
+        if was != on_evict:
+            self.n_evict += on_evict - was
+            if on_evict:
+                counts[b] = on_evict
+            else:
+                del counts[b]
+        return before
 
     def _name(self, m: int, d: int) -> None:
         if m < 0:

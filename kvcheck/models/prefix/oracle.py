@@ -75,6 +75,12 @@ class MethodView:
 
     def __init__(self, obj):
         self.obj = obj
+        f = getattr(obj, "num_evictable", None)
+        self._n_evict = f if callable(f) else None
+        f = getattr(obj, "num_free_list", None)
+        self._n_free = f if callable(f) else None
+        if self.incremental:
+            self._block, self._sizes = obj.block_cache_state, obj.cache_sizes
 
     def entries(self):
         return [(k, int(b)) for k, b in self.obj.cache_entries()]
@@ -86,12 +92,18 @@ class MethodView:
         return [int(b) for b in self.obj.free_list_blocks()]
 
     def evictable_len(self):
-        f = getattr(self.obj, "num_evictable", None)
-        return int(f()) if callable(f) else len(self.evictable())
+        f = self._n_evict
+        if f is None:
+            return len(self.evictable())
+        n = f()
+        return n if type(n) is int else int(n)
 
     def free_list_len(self):
-        f = getattr(self.obj, "num_free_list", None)
-        return int(f()) if callable(f) else len(self.free_list())
+        f = self._n_free
+        if f is None:
+            return len(self.free_list())
+        n = f()
+        return n if type(n) is int else int(n)
 
     # incremental reads (optional; the fast mode's, ``kvcheck.models.prefix.incremental``)
     @property
@@ -100,15 +112,20 @@ class MethodView:
                    for m in ("cache_changes", "block_cache_state", "cache_sizes"))
 
     def changes(self):
+        """The blocks changed since the last call (ids that are not pool blocks are
+        dropped by the caller); None: unknown."""
         got = self.obj.cache_changes()
-        return None if got is None else {int(b) for b in got}
+        return None if got is None else got if type(got) is set else set(got)
 
     def block(self, b):
-        keys, on_free, on_evict = self.obj.block_cache_state(b)
-        return tuple(keys), int(on_free), int(on_evict)
+        keys, on_free, on_evict = self._block(b)
+        if type(on_free) is not int or type(on_evict) is not int:
+            on_free, on_evict = int(on_free), int(on_evict)
+        return keys if type(keys) is tuple else tuple(keys), on_free, on_evict
 
     def sizes(self):
-        return tuple(int(x) for x in self.obj.cache_sizes())
+        a, b, c = self._sizes()
+        return (a, b, c) if type(a) is type(b) is type(c) is int else (int(a), int(b), int(c))
 
 
 class VllmV1View:
@@ -251,6 +268,7 @@ class Ghost:
         self.filled: dict[int, int] = {}
         self.content: dict[int, int] = {}
         self.chains: dict[int, list[int]] = {}  # seq -> prefix id of each full block
+        self._memo: tuple | None = None
 
     def intern(self, parent: int, toks: tuple) -> int:
         key = (parent, toks)
@@ -261,6 +279,16 @@ class Ghost:
         return i
 
     def chain(self, tokens) -> list[int]:
+        """The prefix ids of ``tokens``' full blocks (a fresh list; the last one asked is
+        remembered: an allocation asks for its prompt's chain three times)."""
+        memo = self._memo
+        if memo is not None and memo[0] == tuple(tokens):
+            return list(memo[1])
+        out = self._chain(tokens)
+        self._memo = (tuple(tokens), out)
+        return list(out)
+
+    def _chain(self, tokens) -> list[int]:
         out, parent, bs = [], -1, self.bs
         for start in range(0, len(tokens) - bs + 1, bs):
             parent = self.intern(parent, tuple(tokens[start : start + bs]))
@@ -421,11 +449,11 @@ class _Before:
 
     def on_evictable(self, b):
         got = self.old.get(b)
-        return got[2] if got is not None else self.m.on_evictable(b)
+        return got[1] if got is not None else self.m.on_evictable(b)
 
     def cached(self, b):
         got = self.old.get(b)
-        return bool(got[0]) if got is not None else self.m.cached(b)
+        return got[0] if got is not None else self.m.cached(b)
 
 
 # -- the oracle --------------------------------------------------------------------------
@@ -504,6 +532,7 @@ class PrefixOracle:
         self.fast = (mode == "fast" and self.compiled and compiled_checks.touched_invariants is not None
                      and getattr(self.view, "incremental", False))
         self.mirror: Mirror | None = None
+        self._live: list | None = None  # live(), kept step by step
         if self.violation is None:
             wd = active_watchdog()
             if wd is not None:
@@ -539,8 +568,22 @@ class PrefixOracle:
         return self.s.live_seqs()
 
     def live(self) -> list[int]:
-        """The live sequences in the order they were allocated (the driver's choices)."""
-        return self.s.live()
+        """The live sequences in the order they were allocated (the driver's choices): a
+        list kept step by step (``list(lengths)`` costs the number of live sequences)."""
+        got = self._live
+        if got is None:
+            got = self._live = self.s.live()
+        return got
+
+    def _track_live(self, op) -> None:
+        """``_live`` after ``op``: a new sequence joins the end, a freed one leaves."""
+        got = self._live
+        if got is None or op.outcome != OK:
+            return
+        if op.kind in ("allocate", "fork"):
+            got.append(op.seq if op.kind == "allocate" else op.child)
+        elif op.kind in ("free_seq", "preempt"):
+            got.remove(op.seq)
 
     def num_free(self) -> int:
         return self.s._state().num_free()
@@ -579,7 +622,9 @@ class PrefixOracle:
                 pre_blocks = {b for q in seqs if g.live(q) for b in g.table_tuple(q)}
             v = self.s.step(op, wd)
             self.steps = self.s.steps
+            self._live = None if v is not None else self._live
             if v is None:
+                self._track_live(op)
                 was = None
                 if inc and self.steps % self.s.sweep_every:
                     post, v, was = self._step_incremental(op, seqs, pre_blocks)
@@ -686,6 +731,7 @@ class PrefixOracle:
         new.uncommitted = {q: list(w) for q, w in self.uncommitted.items()}
         new.stats = dataclasses.replace(self.stats)
         new.mirror = None  # (it reads this run's ghosts): the copy's next step checks in full
+        new._live = None
         return new
 
     def observed_json(self) -> dict:
@@ -781,13 +827,14 @@ class PrefixOracle:
             return None, Violation(n, "malformed", "prefix observation", witness=why), None
         if op.outcome in (OOB, REFUSED) and any(m.block(b) != got for b, got in new):
             return (*self._full_check(n, op), None)  # (the full mode's words for it)
-        was = _Before(m, {b: m.block(b) for b in touched})
+        old = {}
         meanings, filled, content = self.meanings, self.ghost.filled, self.ghost.content
         for b, (keys, on_free, on_evict) in new:
             for key in keys:
                 if key not in meanings:
                     meanings[key] = content.get(b, -1) if filled.get(b, 0) == bs else -1
-            m.set_block(b, keys, on_free, on_evict)
+            old[b] = m.set_block(b, keys, on_free, on_evict)
+        was = _Before(m, old)
         m._free_len, m._evict_len = reported
         for q in seqs:
             m.set_partial(q, partial_blocks(g, q, bs) if g.live(q) else None)
@@ -911,9 +958,8 @@ class PrefixOracle:
         blocks it served (and what they held before the call)."""
         got = op.cached_tokens
         wants = self.ghost.chain(op.tokens)
-        blank = P.PrefixSnapshot(self.target.num_blocks, self.block_size, [0] * self.target.num_blocks,
-                                 (), (), (), {})
-        pre = before if before is not None else blank
+        pre = before if before is not None else P.PrefixSnapshot(
+            self.target.num_blocks, self.block_size, [0] * self.target.num_blocks, (), (), (), {})
         for name, i, holds in P.cached_tokens(PY, pre, table, wants, op.n_tokens, hits, got):
             if holds:
                 continue
