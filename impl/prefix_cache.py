@@ -61,6 +61,7 @@ from .errors import MisuseError, OutOfBlocks
 from .journaled import JournaledDeque, JournaledMap, JournaledOrderedDict
 
 ROOT = b"kvcheck-prefix-root"
+_OWN_READS: dict[type, bool] = {}  # class -> whether its whole cache reads are the reference's
 
 
 def block_key(parent: bytes | None, tokens: Sequence[int]) -> bytes:
@@ -139,10 +140,12 @@ class PrefixCachingBlockManager:
         are the journaled ones and the whole reads are this class's own (a subclass that
         reports its cache otherwise is read whole)."""
         cls = type(self)
-        return (type(self.free_list) is JournaledDeque and type(self.evictable) is JournaledOrderedDict
-                and type(self.cache) is JournaledMap
-                and all(getattr(cls, m) is getattr(PrefixCachingBlockManager, m)
-                        for m in self._WHOLE_READS))
+        own = _OWN_READS.get(cls)
+        if own is None:
+            own = _OWN_READS[cls] = all(getattr(cls, m) is getattr(PrefixCachingBlockManager, m)
+                                        for m in self._WHOLE_READS)
+        return (own and type(self.free_list) is JournaledDeque
+                and type(self.evictable) is JournaledOrderedDict and type(self.cache) is JournaledMap)
 
     def cache_changes(self) -> set[int] | None:
         """The blocks whose keys or list membership changed since the last call (None:
