@@ -132,8 +132,8 @@ class PrefixCachingBlockManager:
 
     # Incremental observation (optional: the oracle's fast mode), read from the
     # containers' own index and journal, so whatever code changed them is seen.
-    _WHOLE_READS = ("cache_entries", "evictable_blocks", "free_list_blocks", "num_evictable",
-                    "num_free_list")
+    # (the reported sizes, num_evictable and num_free_list, are read alike in both modes)
+    _WHOLE_READS = ("cache_entries", "evictable_blocks", "free_list_blocks")
 
     def _journaled(self) -> bool:
         """Whether the block-by-block reads mean what the whole reads do: the containers
