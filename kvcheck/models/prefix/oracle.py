@@ -816,8 +816,14 @@ class PrefixOracle:
                 touched.update((op.block, op.cow_src))
             for pair in op.copies or ():
                 touched.update(pair)
-            touched = sorted(b for b in touched if type(b) is int and 0 <= b < nb)
-            new = [(b, view.block(b)) for b in touched]
+            touched = [b for b in touched if type(b) is int and 0 <= b < nb]  # (any order:
+            # a failure is named by the full check)
+            read, new = view._block, []
+            for b in touched:
+                keys, on_free, on_evict = read(b)
+                if type(keys) is not tuple or type(on_free) is not int or type(on_evict) is not int:
+                    keys, on_free, on_evict = view.block(b)
+                new.append((b, (keys, on_free, on_evict)))
             sizes = view.sizes()
             reported = (view.free_list_len(), view.evictable_len())
         except CONTROL:
