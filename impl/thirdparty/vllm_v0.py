@@ -1,6 +1,13 @@
-"""Adapter: vLLM v0 ``BlockTable`` + block allocators (vllm==0.8.5) as a ``Target``.
+"""Adapter: vLLM v0 ``BlockTable`` + block allocators (vllm 0.4.2 .. 0.8.5) as a ``Target``.
 
-vLLM 0.8.5 is the last release with the v0 block manager. What runs is its own
+Releases: block manager v2 (``vllm/core/block/``) from 0.4.2, its first, to 0.8.5, the
+last with the v0 engine; 0.8.5 by default (``vllm-v0@VERSION`` for another, installed by
+``kvcheck install vllm-v0==VERSION``; the vLLM of this environment when it is in range,
+see ``install.select``). What moved between releases is detected by what the files
+have, not by the version string: the evictor module (``evictor_v2.py`` to 0.5.x), the
+copy-on-write record (a ``{src: [dst]}`` dict before 0.5.0, ``(src, dst)`` pairs after),
+``append_token_ids``' ``num_computed_slots`` (0.6 on) and ``mark_blocks_as_computed``
+(raises in the releases that track computed blocks incrementally). What runs is its own
 code, executed from the wheel's files (see ``_loader``):
 ``vllm/core/block/{block_table, common, interfaces, naive_block,
 prefix_caching_block, cpu_gpu_block_allocator}.py`` and ``vllm/core/evictor.py``.
@@ -13,7 +20,7 @@ Stand-ins (every other ``vllm.*`` import raises, see ``_loader``):
 
 ``vllm.utils``
     ``Device`` (an enum with members ``GPU``, ``CPU``), ``cdiv`` (ceiling
-    division) and ``chunk_list`` (consecutive slices) -- the three names the
+    division) and ``chunk_list`` (consecutive slices, as a list) -- the three names the
     block modules import; the real module imports torch and much of the engine.
     They are re-implemented here, not copied, with the same results.
 ``vllm.platforms``
@@ -112,8 +119,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import MisuseError, OutOfBlocks, Refused
-from . import _loader
-from ._loader import VLLM_V0, Loaded
+from . import _loader, install
+from ._loader import Loaded
 
 FILES = (
     "vllm.core.block.block_table",
@@ -134,9 +141,9 @@ def _stub_utils(mod: types.ModuleType, _: Loaded) -> None:
     def cdiv(a: int, b: int) -> int:
         return (a + b - 1) // b
 
-    def chunk_list(items: list, size: int):
-        for start in range(0, len(items), size):
-            yield items[start : start + size]
+    def chunk_list(items: list, size: int) -> list:
+        # a list: 0.4.x-0.5.x concatenate its result to a list; 0.6 on iterate it
+        return [items[start : start + size] for start in range(0, len(items), size)]
 
     mod.Device = Device
     mod.cdiv = cdiv
@@ -166,17 +173,34 @@ STUBS = {
 }
 
 
-def load() -> Loaded:
-    """vLLM 0.8.5's v0 block modules (``ThirdPartyMissing`` if not installed)."""
+ENGINE_KEY = "vllm-v0"  # its row in install.ENGINES: the releases this adapter loads
+
+
+def files(root) -> tuple[str, ...]:
+    """The module files to execute, by what the release has: the evictor module is
+    ``vllm/core/evictor_v2.py`` up to 0.5.x (beside the v1 block manager's
+    ``evictor_v1.py``), ``vllm/core/evictor.py`` from 0.6.0."""
+    evictor = "vllm.core.evictor" if (root / "vllm/core/evictor.py").is_file() else (
+        "vllm.core.evictor_v2")
+    return (*FILES[:-1], evictor)
+
+
+def load(version: str | None = None) -> Loaded:
+    """vLLM's v0 block modules at ``version`` (see ``install.select``: default the vLLM
+    installed in this environment if it is in range, else 0.8.5); ``ThirdPartyMissing``
+    if not installed."""
+    dist = install.select(ENGINE_KEY, version)
+    root = _loader.require(dist)
     return _loader.load(
-        VLLM_V0, FILES, STUBS,
+        dist, files(root), STUBS,
         entry=("vllm.core.block.block_table", "vllm.core.block.cpu_gpu_block_allocator"),
     )
 
 
-def build_allocator(num_blocks: int, block_size: int, allocator_type: str = "naive"):
+def build_allocator(num_blocks: int, block_size: int, allocator_type: str = "naive",
+                    mods: Loaded | None = None):
     """A real ``CpuGpuBlockAllocator`` with ``num_blocks`` GPU blocks and no CPU blocks."""
-    mods = load()
+    mods = mods or load()
     return mods["vllm.core.block.cpu_gpu_block_allocator"].CpuGpuBlockAllocator.create(
         allocator_type=allocator_type,
         num_gpu_blocks=num_blocks,
@@ -185,9 +209,9 @@ def build_allocator(num_blocks: int, block_size: int, allocator_type: str = "nai
     )
 
 
-def gpu_allocator(allocator: Any) -> Any:
+def gpu_allocator(allocator: Any, mods: Loaded | None = None) -> Any:
     """The GPU ``NaiveBlockAllocator`` / ``PrefixCachingBlockAllocator`` inside."""
-    mods = load()
+    mods = mods or load()
     return allocator._allocators[mods["vllm.utils"].Device.GPU]
 
 
@@ -199,6 +223,26 @@ def free_block_ids(gpu: Any) -> list[int]:
     if evictor is not None:
         free += list(evictor.free_table)
     return free
+
+
+def copy_pairs(cows: Any) -> list[tuple[int, int]]:
+    """``clear_copy_on_writes()`` as ``(src, dst)`` pairs: a list of pairs from 0.5.0, a
+    ``{src: [dst, ...]}`` dict before."""
+    if isinstance(cows, dict):
+        return [(src, dst) for src, dsts in cows.items() for dst in dsts]
+    return [(src, dst) for src, dst in cows]
+
+
+def append_tokens(table: Any, tokens: list[int], lookahead: int = 0) -> None:
+    """``BlockTable.append_token_ids`` as ``SelfAttnBlockSpaceManager.append_slots`` calls
+    it: with ``num_computed_slots`` where the release has that parameter (0.6.x on)."""
+    import inspect
+
+    if "num_computed_slots" in inspect.signature(table.append_token_ids).parameters:
+        table.append_token_ids(tokens, num_lookahead_slots=lookahead,
+                               num_computed_slots=table.num_full_slots)
+    else:
+        table.append_token_ids(tokens, num_lookahead_slots=lookahead)
 
 
 class EngineGuardRefused(Refused):
@@ -213,7 +257,7 @@ class VllmV0Target:
                               "preempt"})
 
     def __init__(self, num_blocks: int, block_size: int, allocator_type: str = "naive",
-                 guard: str | None = None):
+                 guard: str | None = None, version: str | None = None):
         if num_blocks < 1 or block_size < 1:
             raise MisuseError("num_blocks and block_size must be positive")
         if guard not in (None, "engine"):
@@ -221,11 +265,12 @@ class VllmV0Target:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.guard = guard
-        mods = load()
+        self.mods = mods = load(version)
+        self.version = mods.dist.version
         self._BlockTable = mods["vllm.core.block.block_table"].BlockTable
         self._NoFree = mods["vllm.core.block.interfaces"].BlockAllocator.NoFreeBlocksError
-        self.allocator = build_allocator(num_blocks, block_size, allocator_type)
-        self.gpu = gpu_allocator(self.allocator)
+        self.allocator = build_allocator(num_blocks, block_size, allocator_type, mods)
+        self.gpu = gpu_allocator(self.allocator, mods)
         self.tables: dict[int, Any] = {}
         self.tokens: dict[int, list[int]] = {}  # seq -> its token ids
         self.group: dict[int, int] = {}  # seq -> its sequence group (fork relatives share one)
@@ -233,6 +278,7 @@ class VllmV0Target:
         self._tokens = itertools.count(1)
         self._caching = allocator_type == "prefix_caching"
         self._clock = 0.0  # logical time for the engine's access marks (deterministic)
+        self._marks_computed = True  # the release's engine calls mark_blocks_as_computed
 
     # -- operations ---------------------------------------------------------
     def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> None:
@@ -279,7 +325,7 @@ class VllmV0Target:
         except self._NoFree as exc:
             raise OutOfBlocks("vLLM v0 NoFreeBlocksError appending one token") from exc
         finally:
-            cows = self.allocator.clear_copy_on_writes()
+            cows = copy_pairs(self.allocator.clear_copy_on_writes())
         assert len(cows) <= 1, cows
         self.tokens[seq].append(tok)
         ids = table.physical_block_ids
@@ -301,13 +347,12 @@ class VllmV0Target:
                 raise EngineGuardRefused(f"can_append_slots: {touched} block(s) touched > "
                                          f"{free} free")
         try:
-            table.append_token_ids(toks, num_lookahead_slots=lookahead,
-                                   num_computed_slots=table.num_full_slots)
+            append_tokens(table, toks, lookahead)
         except self._NoFree as exc:
             raise OutOfBlocks(f"vLLM v0 NoFreeBlocksError appending {n_tokens} tokens and "
                               f"{lookahead} lookahead slots") from exc
         finally:
-            cows = self.allocator.clear_copy_on_writes()
+            cows = copy_pairs(self.allocator.clear_copy_on_writes())
         self.tokens[seq].extend(toks)
         self._engine_step()
         return [(src, dst) for src, dst in cows]
@@ -356,7 +401,13 @@ class VllmV0Target:
         self._clock += 1.0
         for table in self.tables.values():
             self.allocator.mark_blocks_as_accessed(table.physical_block_ids, self._clock)
-        self.allocator.mark_blocks_as_computed([])
+        if self._marks_computed:
+            try:
+                self.allocator.mark_blocks_as_computed([])
+            except NotImplementedError:
+                # 0.5.1 .. 0.6.x track computed blocks incrementally: their allocator's
+                # mark_blocks_as_computed raises, and their block manager never calls it
+                self._marks_computed = False
 
     def _live(self, seq: int) -> Any:
         table = self.tables.get(seq)
@@ -365,7 +416,7 @@ class VllmV0Target:
         return table
 
     def _gpu_device(self) -> Any:
-        return load()["vllm.utils"].Device.GPU
+        return self.mods["vllm.utils"].Device.GPU
 
     def _observed(self, seq: int):
         """Observation of an unknown sequence raises ``KeyError`` (the oracle's "no table")."""
@@ -399,23 +450,25 @@ class VllmV0Target:
         return isinstance(exc, EngineGuardRefused)
 
 
-def make(num_blocks: int, block_size: int) -> VllmV0Target:
+def make(num_blocks: int, block_size: int, version: str | None = None) -> VllmV0Target:
     """vLLM v0, naive allocator (no prefix caching), unguarded."""
-    return VllmV0Target(num_blocks, block_size, "naive")
+    return VllmV0Target(num_blocks, block_size, "naive", version=version)
 
 
-def make_prefix(num_blocks: int, block_size: int) -> VllmV0Target:
+def make_prefix(num_blocks: int, block_size: int, version: str | None = None) -> VllmV0Target:
     """vLLM v0, prefix-caching allocator, unguarded."""
-    return VllmV0Target(num_blocks, block_size, "prefix_caching")
+    return VllmV0Target(num_blocks, block_size, "prefix_caching", version=version)
 
 
-def make_guarded(num_blocks: int, block_size: int) -> VllmV0Target:
+def make_guarded(num_blocks: int, block_size: int, version: str | None = None) -> VllmV0Target:
     """vLLM v0 naive, with ``SelfAttnBlockSpaceManager``'s capacity checks first; a check
     that says no is a refusal (``EngineGuardRefused``), see the module docstring."""
-    return VllmV0Target(num_blocks, block_size, "naive", guard="engine")
+    return VllmV0Target(num_blocks, block_size, "naive", guard="engine", version=version)
 
 
-def make_prefix_guarded(num_blocks: int, block_size: int) -> VllmV0Target:
+def make_prefix_guarded(num_blocks: int, block_size: int,
+                        version: str | None = None) -> VllmV0Target:
     """vLLM v0 prefix caching, with ``SelfAttnBlockSpaceManager``'s capacity checks first;
     a check that says no is a refusal (``EngineGuardRefused``), see the module docstring."""
-    return VllmV0Target(num_blocks, block_size, "prefix_caching", guard="engine")
+    return VllmV0Target(num_blocks, block_size, "prefix_caching", guard="engine",
+                        version=version)

@@ -1,4 +1,13 @@
-"""Adapter: vLLM v1 ``KVCacheManager`` / ``BlockPool`` (vllm==0.33.0) as a ``Target``.
+"""Adapter: vLLM v1 ``KVCacheManager`` / ``BlockPool`` (vllm 0.20.2 .. 0.33.0) as a ``Target``.
+
+Releases: 0.33.0 by default; ``vllm-v1@VERSION`` loads another of 0.20.2 .. 0.33.0
+(``kvcheck install vllm-v1==VERSION``), and a plain ``vllm-v1`` loads the vLLM of this
+environment when its version is in that range (``install.select``; ``vllm-v1@pinned``
+forces 0.33.0). Differences are detected by feature: files a release lacks are not
+loaded, ``KVCacheManager``'s keyword ``scheduler_block_size`` is passed only where it
+exists, ``get_computed_blocks`` returns two items (0.20.x) or three. Releases before
+0.20.2 (the v1 manager exists from 0.6.5, without ``BlockPool`` or a coordinator until
+much later) are not loaded: their manager has another shape.
 
 What runs is vLLM's own code, executed from the installed wheel's files (see
 ``_loader``): ``vllm/v1/core/{kv_cache_manager, kv_cache_coordinator,
@@ -141,8 +150,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import MisuseError, OutOfBlocks
-from . import _loader
-from ._loader import VLLM_V1, Loaded
+from . import _loader, install
+from ._loader import Loaded
 
 FILES = (
     "vllm.v1.core.kv_cache_manager",
@@ -315,6 +324,13 @@ def _stub_torch(mod: types.ModuleType, _: Loaded) -> None:
 
 def _stub_torch_utils(mod: types.ModuleType, _: Loaded) -> None:
     mod.get_dtype_size = lambda _dtype: 2
+    # 0.20.x: the page size of an NVFP4 KV cache (a dtype we never build)
+    mod.nvfp4_kv_cache_full_dim = _unreachable("NVFP4 KV-cache sizing")
+
+
+def _stub_mem_utils(mod: types.ModuleType, _: Loaded) -> None:
+    """0.20.x ``kv_cache_utils`` formats memory sizes for its log messages only."""
+    mod.format_gib = lambda b: f"{b / (1 << 30):.2f}"
 
 
 def _stub_backend_registry(mod: types.ModuleType, _: Loaded) -> None:
@@ -339,24 +355,42 @@ STUBS = {
     "vllm.v1.metrics.stats": _stub_stats,
     "vllm.v1.request": _stub_request,
     "vllm.utils.torch_utils": _stub_torch_utils,
+    "vllm.utils.mem_utils": _stub_mem_utils,
     "vllm.v1.attention.backends.registry": _stub_backend_registry,
     "torch": _stub_torch,
     "cbor2": _stub_cbor2,
 }
 
 
-def load() -> Loaded:
-    """vLLM 0.33.0's v1 KV-cache modules (``ThirdPartyMissing`` if not installed)."""
-    return _loader.load(VLLM_V1, FILES, STUBS, entry=("vllm.v1.core.kv_cache_manager",))
+ENGINE_KEY = "vllm-v1"  # its row in install.ENGINES: the releases this adapter loads
 
 
-def build_manager(num_blocks: int, block_size: int, enable_caching: bool = True):
+def load(version: str | None = None) -> Loaded:
+    """vLLM's v1 KV-cache modules at ``version`` (see ``install.select``: default the vLLM
+    installed in this environment if it is in range, else 0.33.0); ``ThirdPartyMissing``
+    if not installed. Files a release does not have (0.20.x has no ``kv_cache_spec_registry``,
+    ``kv_cache_layout`` or ``hisparse``, and imports none of them) are left out."""
+    dist = install.select(ENGINE_KEY, version)
+    root = _loader.require(dist)
+    files = tuple(f for f in FILES if (root / (f.replace(".", "/") + ".py")).is_file())
+    return _loader.load(dist, files, STUBS, entry=("vllm.v1.core.kv_cache_manager",))
+
+
+def computed_blocks(manager: Any, req: Any) -> tuple[Any, int]:
+    """``get_computed_blocks(req)`` as ``(blocks, num_computed)``: 0.20.x returns those two,
+    later releases a third item too."""
+    got = manager.get_computed_blocks(req)
+    return got[0], got[1]
+
+
+def build_manager(num_blocks: int, block_size: int, enable_caching: bool = True,
+                  mods: Loaded | None = None):
     """A real ``KVCacheManager`` with ``num_blocks`` *usable* blocks (plus vLLM's null block).
 
     Returns ``(manager, block_hasher)``; ``block_hasher`` is vLLM's
     ``get_request_block_hasher(block_size, sha256)``, to give each ``Request``.
     """
-    mods = load()
+    mods = mods or load()
     iface = mods["vllm.v1.kv_cache_interface"]
     utils = mods["vllm.v1.core.kv_cache_utils"]
     hashing = mods["vllm.utils.hashing"]
@@ -370,13 +404,13 @@ def build_manager(num_blocks: int, block_size: int, enable_caching: bool = True)
         kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], spec)],
     )
     utils.init_none_hash(hashing.sha256)
-    manager = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager(
-        config,
-        max_model_len=1 << 40,
-        scheduler_block_size=block_size,
-        hash_block_size=block_size,
-        enable_caching=enable_caching,
-    )
+    cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
+    kwargs = {"max_model_len": 1 << 40, "scheduler_block_size": block_size,
+              "hash_block_size": block_size, "enable_caching": enable_caching}
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters  # scheduler_block_size: 0.2x on
+    manager = cls(config, **{k: v for k, v in kwargs.items() if k in params})
     hasher = utils.get_request_block_hasher(block_size, hashing.sha256) if enable_caching else None
     return manager, hasher
 
@@ -387,12 +421,16 @@ class VllmV1Target:
     capabilities = frozenset({"allocate", "append_slot", "free_seq", "append_slots", "rollback",
                               "preempt"})
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 version: str | None = None):
         if num_blocks < 1 or block_size < 1:
             raise MisuseError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.manager, self._hasher = build_manager(num_blocks, block_size, enable_caching)
+        self.mods = load(version)
+        self.version = self.mods.dist.version
+        self.manager, self._hasher = build_manager(num_blocks, block_size, enable_caching,
+                                                   self.mods)
         self.pool = self.manager.block_pool
         self.requests: dict[int, Request] = {}
         self.preempted: dict[int, Request] = {}  # preempted requests, waiting to resume
@@ -423,7 +461,7 @@ class VllmV1Target:
             if len(tokens) != n_tokens:
                 raise MisuseError("len(token_ids) != n_tokens")
             req = Request(str(seq), tokens, self._hasher)
-        computed, num_computed, _ = self.manager.get_computed_blocks(req)
+        computed, num_computed = computed_blocks(self.manager, req)
         new = self.manager.allocate_slots(
             req, n_tokens - num_computed, num_computed, computed
         )
@@ -566,11 +604,11 @@ class VllmV1Target:
         return self.pool.null_block
 
 
-def make(num_blocks: int, block_size: int) -> VllmV1Target:
+def make(num_blocks: int, block_size: int, version: str | None = None) -> VllmV1Target:
     """vLLM v1 with prefix caching (its default)."""
-    return VllmV1Target(num_blocks, block_size, enable_caching=True)
+    return VllmV1Target(num_blocks, block_size, enable_caching=True, version=version)
 
 
-def make_no_cache(num_blocks: int, block_size: int) -> VllmV1Target:
+def make_no_cache(num_blocks: int, block_size: int, version: str | None = None) -> VllmV1Target:
     """vLLM v1 with prefix caching disabled."""
-    return VllmV1Target(num_blocks, block_size, enable_caching=False)
+    return VllmV1Target(num_blocks, block_size, enable_caching=False, version=version)

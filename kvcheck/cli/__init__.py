@@ -28,6 +28,7 @@ COMMANDS = [
     "replay",
     "report",
     "campaign",
+    "install",
 ]
 
 

@@ -2,6 +2,9 @@
 
 Each entry maps a short name to ``module:attr`` of a factory called as
 ``factory(num_blocks, block_size)``; the module is imported only when used.
+A third-party adapter whose module names an ``ENGINE_KEY`` (a row of
+``impl/thirdparty/install.py``'s ``ENGINES``) also takes ``NAME@VERSION``
+(``vllm-v0@0.4.2``, ``@pinned``, ``@installed``): ``factory(n, b, version=...)``.
 """
 
 TARGETS: dict[str, tuple[str, str]] = {
@@ -15,11 +18,11 @@ TARGETS: dict[str, tuple[str, str]] = {
     "reference-window": ("kvcheck.impl.block_manager:WindowBlockManager",
                          "reference-engine with sliding-window drops (null blocks behind a window)"),
     "vllm-v1": ("kvcheck.impl.thirdparty.vllm_v1:make",
-                "vLLM 0.33.0 v1 KVCacheManager/BlockPool, prefix caching (no fork)"),
+                "vLLM v1 KVCacheManager/BlockPool (0.33.0; @0.20.2..0.33.0), prefix caching, no fork"),
     "vllm-v0": ("kvcheck.impl.thirdparty.vllm_v0:make",
-                "vLLM 0.8.5 v0 BlockTable on the naive allocator, copy-on-write fork"),
+                "vLLM v0 BlockTable (0.8.5; @0.4.2..0.8.5), naive allocator, copy-on-write fork"),
     "vllm-v0-prefix": ("kvcheck.impl.thirdparty.vllm_v0:make_prefix",
-                       "vLLM 0.8.5 v0 BlockTable on the prefix-caching allocator"),
+                       "vLLM v0 BlockTable (0.8.5; @0.4.2..0.8.5), prefix-caching allocator"),
     "nano-vllm": ("kvcheck.impl.thirdparty.nano_vllm:make",
                   "nano-vllm-fork 20260210 BlockManager, xxhash prefix caching (no fork)"),
     "device": ("kvcheck.impl.device.manager:make",

@@ -112,8 +112,12 @@ def report(args, result, command: str, passed: Callable[[object], str] | None = 
                  f"seed {args.seed}")
         written &= write_output(args.junit, junit_run(command, args.target, where, result.seconds,
                                                       result.violation, text) + "\n", "--junit")
+    from kvcheck.targets.loading import engine_source
+
+    engine = engine_source(args.target)  # the engine release a third-party target ran
     if args.json:
-        emit_json({**result.to_json(), **(json_extra(result) if json_extra else {})})
+        emit_json({**result.to_json(), **(json_extra(result) if json_extra else {}),
+                   **({"engine": engine} if engine else {})})
         return exit_code(0 if result.ok else 1, written)
     _print_deviations(result)
     if result.ok:
@@ -135,6 +139,8 @@ def report(args, result, command: str, passed: Callable[[object], str] | None = 
         print(render(result.trace, source=args.trace_out if written else None))
         if args.trace_out and written:
             print(f"trace written to {args.trace_out}")
+    if engine:
+        print(f"engine: {engine}")
     return exit_code(0 if result.ok else 1, written)
 
 
