@@ -265,8 +265,9 @@ class VllmV0Target:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.guard = guard
-        self.mods = mods = load(version)
+        mods = load(version)  # not kept: the module table is shared, never copied
         self.version = mods.dist.version
+        self._gpu = mods["vllm.utils"].Device.GPU
         self._BlockTable = mods["vllm.core.block.block_table"].BlockTable
         self._NoFree = mods["vllm.core.block.interfaces"].BlockAllocator.NoFreeBlocksError
         self.allocator = build_allocator(num_blocks, block_size, allocator_type, mods)
@@ -416,7 +417,7 @@ class VllmV0Target:
         return table
 
     def _gpu_device(self) -> Any:
-        return self.mods["vllm.utils"].Device.GPU
+        return self._gpu
 
     def _observed(self, seq: int):
         """Observation of an unknown sequence raises ``KeyError`` (the oracle's "no table")."""

@@ -427,10 +427,9 @@ class VllmV1Target:
             raise MisuseError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.mods = load(version)
-        self.version = self.mods.dist.version
-        self.manager, self._hasher = build_manager(num_blocks, block_size, enable_caching,
-                                                   self.mods)
+        mods = load(version)  # not kept: the module table is shared, never copied
+        self.version = mods.dist.version
+        self.manager, self._hasher = build_manager(num_blocks, block_size, enable_caching, mods)
         self.pool = self.manager.block_pool
         self.requests: dict[int, Request] = {}
         self.preempted: dict[int, Request] = {}  # preempted requests, waiting to resume
