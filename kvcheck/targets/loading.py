@@ -35,6 +35,10 @@ def resolve(spec) -> tuple[str, object]:
     name, at, version = spec.partition("@")
     if at and name in TARGETS and ":" not in spec:
         return spec, versioned(name, version)
+    where, colon, attr = spec.rpartition(":")
+    if colon and "@" in attr:  # module:factory@VERSION, file.py:factory@VERSION
+        attr, _, version = attr.partition("@")
+        return location(spec), with_version(_import_attr(f"{where}:{attr}"), spec, version)
     if ":" not in spec:
         names = ", ".join(sorted(TARGETS))
         raise TargetError(f"unknown target {spec!r}: use module:attr, file.py:attr or one of: {names}")
@@ -60,6 +64,30 @@ def versioned(name: str, version: str):
         raise TargetError(str(exc)) from None
     except install.ThirdPartyMissing as exc:
         raise TargetError(str(exc)) from None
+    return functools.partial(factory, version=version)
+
+
+def with_version(factory, spec: str, version: str):
+    """``factory`` with ``version=`` bound: a factory that takes a ``version`` keyword (the
+    engine adapters' ``make``, ``make_prefix_guarded``, ...) is asked for that release."""
+    import functools
+    import inspect
+
+    try:
+        takes = "version" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if not takes or not version:
+        raise TargetError(f"target {spec!r}: the factory takes no version (TARGET@VERSION is "
+                          f"for factories with a 'version' keyword, as the engine adapters')")
+    key = getattr(sys.modules.get(getattr(factory, "__module__", "")), "ENGINE_KEY", None)
+    if key is not None:
+        from kvcheck.impl.thirdparty import install
+
+        try:
+            install.select(key, version)
+        except (install.InstallError, install.ThirdPartyMissing) as exc:
+            raise TargetError(str(exc)) from None
     return functools.partial(factory, version=version)
 
 

@@ -137,3 +137,27 @@ def test_the_environments_vllm_is_checked(tmp_path):
     assert f"engine: vllm 0.20.2 installed in this environment ({site})" in p.stdout
     p = _cli("verify", "vllm-v1@pinned", "--ops", "100", env=env)
     assert p.returncode == 0 and "engine: vllm 0.33.0 from the pinned sources" in p.stdout
+
+
+def test_a_factory_with_a_version_keyword_takes_at_version():
+    _have("vllm-v0", "0.4.3")
+    p = _cli("verify", "kvcheck.impl.thirdparty.vllm_v0:make_guarded@0.4.3", "--blocks", "6",
+             "--block-size", "2", "--ops", "300")
+    assert p.returncode == 0 and p.stdout.startswith(
+        "PASS kvcheck.impl.thirdparty.vllm_v0:make_guarded@0.4.3:"), p.stderr
+    p = _cli("verify", "kvcheck.impl.block_manager:BlockManager@1", "--ops", "10")
+    assert p.returncode == 2 and "the factory takes no version" in p.stderr
+
+
+def test_verify_prefix_allows_a_documented_deviation():
+    """vLLM v0 swaps a completed block for its cached twin (finding F5, deviation D8): with
+    that clause allowed, the run goes on past it, counts it, and passes."""
+    _have("vllm-v0", "0.8.5")
+    args = ["verify-prefix", "kvcheck.impl.thirdparty.vllm_v0:make_prefix_guarded@0.8.5",
+            "--blocks", "8", "--block-size", "2", "--ops", "1500"]
+    assert _cli(*args).returncode == 1
+    p = _cli(*args, "--allow", "append_slot: the sole holder of a partial block writes in place",
+             "--allow", "append_slot: a new block was free")
+    assert p.returncode == 0, p.stdout[-2000:]
+    assert p.stdout.startswith("ALLOWED ") and "every structural and prefix-cache rule held" in (
+        p.stdout)

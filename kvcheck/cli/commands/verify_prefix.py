@@ -21,14 +21,19 @@ def add_parser(sub) -> None:
                                    "evictions, reuse) under the prefix-cache oracle; on a "
                                    "violation print a shrunk counterexample. Exit 0 when every "
                                    "rule held, 1 on a violation, 2 on bad input.")
+    from kvcheck.cli.commands.verify import _allow_flag
+
     checking.add_run_flags(p, "prefix", "prefix-caching allocator", 16, 4, 5000, 30.0, FULL_HELP,
-                           mix=checking.PREFIX_MIX)
+                           mix=checking.PREFIX_MIX, extra=_allow_flag)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    return checking.report(args, checking.run(args, "verify-prefix", "prefix"), "verify-prefix",
-                           _passed, _json)
+    from kvcheck.cli.commands.verify import allowed_clauses
+
+    allow = allowed_clauses(args.allow)
+    return checking.report(args, checking.run(args, "verify-prefix", "prefix", allow=allow),
+                           "verify-prefix", _passed, _json)
 
 
 def _passed(r) -> str:

@@ -475,6 +475,31 @@ class PrefixOracle:
         self.violation = v
         return v
 
+    def resync(self, op: PrefixOp) -> bool:
+        """After a structural violation by ``op`` that the user allows (``--allow``: a
+        documented deviation such as vLLM v0's swap of a completed block for its cached
+        twin), take what the target did as the state to go on from: the structural
+        oracle resynchronises (``Oracle.resync``), then the cache is observed and every
+        prefix rule checked on it as after a passing step. False (the run stops on the
+        violation) if either cannot be done or a prefix rule fails there."""
+        v = self.violation
+        if v is None or v.kind not in ("contract", "invariant") or op.kind == "commit":
+            return False
+        if self.s.violation is None or not self.s.resync(op):
+            return False
+        self.violation = None
+        try:
+            post, v2 = self._observe_and_check(self.s.steps, op)
+        except OperationTimeout:
+            v2 = v
+        if v2 is not None:
+            self.violation = v
+            return False
+        self._count(op, post)
+        self.steps = self.s.steps
+        self.pre = post
+        return True
+
     def _commit(self, op: PrefixOp, wd) -> Violation | None:
         """commit(seq): call it, write the prompt into the ghost (the engine's forward pass),
         then check ``spec.prefix.commit`` and every prefix invariant on the cache, and the
