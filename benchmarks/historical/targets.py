@@ -9,7 +9,7 @@ block_size``). The derivation moved between releases, detected by feature:
 
 * 0.4.x .. 0.5.0: the allocator's ``get_common_computed_block_ids([block_ids])`` walks
   the table itself (``takewhile(block_is_computed, ids[:-1])``);
-* 0.5.1 .. 0.5.x: the block manager's ``ComputedBlocksTracker.
+* 0.5.1 .. 0.6.4: the block manager's ``ComputedBlocksTracker.
   get_cached_computed_blocks_and_update(seq_id, block_ids)`` gives the computed prefix
   of the table (the last block excluded), then the allocator's
   ``get_common_computed_block_ids`` of it.
@@ -32,14 +32,20 @@ class CountingV0Prefix(vllm_v0.VllmV0Target):
         mods = vllm_v0.load(version)
         tracker = getattr(mods["vllm.core.block.prefix_caching_block"],
                           "ComputedBlocksTracker", None)
+        if tracker is not None and not hasattr(tracker, "get_cached_computed_blocks_and_update"):
+            raise NotImplementedError(
+                f"vLLM {self.version}: its ComputedBlocksTracker counts cached tokens of a "
+                f"Sequence (get_num_cached_tokens, 0.6.5 on); this wrapper reads 0.4.x .. 0.6.4")
         self._tracker = tracker(self.allocator) if tracker is not None else None
-        if self._tracker is not None and not hasattr(self._tracker,
-                                                     "get_cached_computed_blocks_and_update"):
-            raise NotImplementedError(f"vLLM {self.version}: ComputedBlocksTracker without "
-                                      "get_cached_computed_blocks_and_update (0.6 on)")
 
     def allocate(self, seq, n_tokens, token_ids=None):
-        super().allocate(seq, n_tokens, token_ids)
+        # the engine asks for the computed blocks when it schedules the prompt, before the
+        # step's forward pass and before the step's mark_blocks_as_computed (0.6 on)
+        self._caching = False
+        try:
+            super().allocate(seq, n_tokens, token_ids)
+        finally:
+            self._caching = True
         ids = self.tables[seq].physical_block_ids
         if self._tracker is None:
             computed = self.allocator.get_common_computed_block_ids([ids])
@@ -47,6 +53,7 @@ class CountingV0Prefix(vllm_v0.VllmV0Target):
             self._tracker.add_seq(seq)
             computed = self.allocator.get_common_computed_block_ids(
                 [self._tracker.get_cached_computed_blocks_and_update(seq, ids)])
+        self._engine_step()
         return len(computed) * self.block_size
 
     def fork(self, parent, child):

@@ -1,13 +1,15 @@
-"""Adapter: vLLM v1 ``KVCacheManager`` / ``BlockPool`` (vllm 0.20.2 .. 0.33.0) as a ``Target``.
+"""Adapter: vLLM v1 ``KVCacheManager`` / ``BlockPool`` (vllm 0.11.2 .. 0.33.0) as a ``Target``.
 
-Releases: 0.33.0 by default; ``vllm-v1@VERSION`` loads another of 0.20.2 .. 0.33.0
+Releases: 0.33.0 by default; ``vllm-v1@VERSION`` loads another of 0.11.2 .. 0.33.0
 (``kvcheck install vllm-v1==VERSION``), and a plain ``vllm-v1`` loads the vLLM of this
 environment when its version is in that range (``install.select``; ``vllm-v1@pinned``
 forces 0.33.0). Differences are detected by feature: files a release lacks are not
 loaded, ``KVCacheManager``'s keyword ``scheduler_block_size`` is passed only where it
-exists, ``get_computed_blocks`` returns two items (0.20.x) or three. Releases before
-0.20.2 (the v1 manager exists from 0.6.5, without ``BlockPool`` or a coordinator until
-much later) are not loaded: their manager has another shape.
+exists, ``get_computed_blocks`` returns two items (to 0.20.x) or three. Releases before
+0.11.2 are not loaded: up to 0.10.x the KV-cache modules import their helpers (``cdiv``,
+``sha256``, ``GiB_bytes``) from ``vllm/utils/__init__.py``, which imports torch and much
+of the engine (a stand-in for it is not written yet); the v1 manager itself exists from
+0.6.5, without ``BlockPool`` or a coordinator until 0.8/0.9.
 
 What runs is vLLM's own code, executed from the installed wheel's files (see
 ``_loader``): ``vllm/v1/core/{kv_cache_manager, kv_cache_coordinator,
@@ -166,6 +168,7 @@ FILES = (
     "vllm.v1.hisparse.block_pool",
     "vllm.utils.math_utils",
     "vllm.utils.hashing",
+    "vllm.utils.mem_constants",  # 0.11.x .. 0.12.x (GiB_bytes, for log messages)
 )
 
 
@@ -369,7 +372,8 @@ def load(version: str | None = None) -> Loaded:
     """vLLM's v1 KV-cache modules at ``version`` (see ``install.select``: default the vLLM
     installed in this environment if it is in range, else 0.33.0); ``ThirdPartyMissing``
     if not installed. Files a release does not have (0.20.x has no ``kv_cache_spec_registry``,
-    ``kv_cache_layout`` or ``hisparse``, and imports none of them) are left out."""
+    ``kv_cache_layout`` or ``hisparse`` and imports none of them; ``mem_constants`` is
+    imported by 0.11.x-0.12.x only) are left out."""
     dist = install.select(ENGINE_KEY, version)
     root = _loader.require(dist)
     files = tuple(f for f in FILES if (root / (f.replace(".", "/") + ".py")).is_file())
