@@ -1,0 +1,111 @@
+"""Raw replays of the catalogued bugs: the engine's own objects, no kvcheck adapter.
+
+Each ``replay_*(version)`` loads the release's files (``impl/thirdparty/_loader`` with the
+adapter module's stand-ins for the engine's unrelated imports, never its ``*Target``
+class), performs the bug's minimal operations with the engine's calls spelled out, and
+returns ``(reproduced, evidence)``: whether the release shows the bug, and what its own
+state said. On the buggy release ``reproduced`` must be True, on the fixed one False.
+"""
+
+from __future__ import annotations
+
+from kvcheck.impl.thirdparty import nano_vllm, vllm_v0, vllm_v1
+
+
+def _v0(version: str, allocator_type: str, num_blocks: int, block_size: int):
+    mods = vllm_v0.load(version)
+    table_cls = mods["vllm.core.block.block_table"].BlockTable
+    allocator = mods["vllm.core.block.cpu_gpu_block_allocator"].CpuGpuBlockAllocator.create(
+        allocator_type=allocator_type, num_gpu_blocks=num_blocks, num_cpu_blocks=0,
+        block_size=block_size)
+    return mods, table_cls, allocator
+
+
+def replay_vllm_4761(version: str) -> tuple[bool, str]:
+    """PR #4761: a block popped from the evictor for new content stayed in
+    ``_cached_blocks`` under its old hash, so a later prompt with that old content is
+    served the block another sequence now writes. 5 blocks of 1 token."""
+    _, table_cls, alloc = _v0(version, "prefix_caching", 5, 1)
+    old = table_cls(1, alloc)
+    old.allocate([1, 2, 3])  # cached: three full blocks
+    old.free()  # -> evictor, still cached
+    other = table_cls(1, alloc)
+    other.allocate([4])
+    other.free()
+    writer = table_cls(1, alloc)
+    writer.allocate([5, 6])  # a miss: takes free blocks, then evicts a cached one
+    again = table_cls(1, alloc)
+    again.allocate([1, 2, 3])  # the old prompt again
+    shared = sorted(set(writer.physical_block_ids) & set(again.physical_block_ids))
+    return bool(shared), (f"tables [5, 6] -> {writer.physical_block_ids}, [1, 2, 3] again -> "
+                          f"{again.physical_block_ids}; shared: {shared or 'none'}")
+
+
+def replay_vllm_5364(version: str) -> tuple[bool, str]:
+    """PR #5364: a block reused from the evictor for new content kept its computed mark,
+    so the engine skips computing the new prompt's first block. 5 blocks of 1 token; the
+    computed prefix as the release's block manager derives it for one sequence."""
+    mods, table_cls, alloc = _v0(version, "prefix_caching", 5, 1)
+    gpu = vllm_v0.gpu_allocator(alloc, mods)
+    first = table_cls(1, alloc)
+    first.allocate([1, 2, 3, 4, 5])  # fills the pool, all cached
+    first.free()  # all evictable
+    new = table_cls(1, alloc)
+    new.allocate([6, 7])  # a miss: two blocks evicted for new content
+    ids = new.physical_block_ids
+    tracker_cls = getattr(mods["vllm.core.block.prefix_caching_block"],
+                          "ComputedBlocksTracker", None)
+    if tracker_cls is None:  # 0.4.x .. 0.5.0: the allocator walks the table
+        computed = gpu.get_common_computed_block_ids([ids])
+    else:  # 0.5.1 on: SelfAttnBlockSpaceManager's tracker
+        tracker = tracker_cls(gpu)
+        tracker.add_seq(1)
+        computed = gpu.get_common_computed_block_ids(
+            [tracker.get_cached_computed_blocks_and_update(1, ids)])
+    return bool(computed), (f"new prompt [6, 7] in blocks {ids}; computed (skipped) block "
+                            f"ids: {list(computed)}")
+
+
+def replay_vllm_42571(version: str) -> tuple[bool, str]:
+    """#42571 / PR #42612: one ``BlockPool.free_blocks`` call naming a block twice (as a
+    sliding-window request's block list can) decremented its refcount twice and queued it
+    twice: the free count runs ahead of the free queue. 4 blocks (one the null block)."""
+    mods = vllm_v1.load(version)
+    pool = mods["vllm.v1.core.block_pool"].BlockPool(
+        num_gpu_blocks=4, enable_caching=True, hash_block_size=1)
+    (block,) = pool.get_new_blocks(1)
+    pool.touch([block])  # a second holder: ref_cnt 2
+    pool.free_blocks([block, block])  # both references dropped in one call
+    queued = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    count = pool.get_num_free_blocks()
+    twice = queued.count(block.block_id) > 1 or count != len(queued)
+    return twice, (f"block {block.block_id}: ref_cnt {block.ref_cnt}; free queue {queued}, "
+                   f"get_num_free_blocks() = {count}")
+
+
+def replay_nano_vllm_144(version: str) -> tuple[bool, str]:
+    """nano-vllm #144: a prompt all of whose blocks hit the cache reports every token
+    cached (``num_cached_tokens == len(seq)``): the model runner has no token to compute.
+    ``version`` must be the pinned nano-vllm-fork (the adapter loads that one only)."""
+    mods = nano_vllm.load()
+    if mods.dist.version != version:
+        raise ValueError(f"nano-vllm {version} is not the pinned {mods.dist.version}")
+    manager = mods["nanovllm.engine.block_manager"].BlockManager(4, 2)
+    seqs = []
+    for _ in range(2):  # the same 2-token prompt twice, block size 2
+        seq = mods["nanovllm.engine.sequence"].Sequence([1, 2])
+        seq.block_size = 2
+        manager.allocate(seq)
+        seqs.append(seq)
+    second = seqs[1]
+    return second.num_cached_tokens >= len(second), (
+        f"second prompt of {len(second)} tokens: num_cached_tokens = "
+        f"{second.num_cached_tokens}, block_table {second.block_table}")
+
+
+REPLAYS = {
+    "nano-vllm-144": replay_nano_vllm_144,
+    "vllm-4761": replay_vllm_4761,
+    "vllm-5364": replay_vllm_5364,
+    "vllm-42571": replay_vllm_42571,
+}
