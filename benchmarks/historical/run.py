@@ -13,7 +13,7 @@ idempotent, nothing downloaded when installed), runs the entry's kvcheck command
   command's ``--allow`` is not an alarm; it is counted in the command's output);
 * seconds to the counterexample (kvcheck's own time for the search, shrinking included)
   and the length of the shrunk trace;
-* the raw replay (``raw.py``, the engine's own objects, no adapter): it must reproduce
+* the raw replay (``hist_replays.py``, the engine's own objects, no adapter): it must reproduce
   on the buggy release and not on the fixed one.
 
 Entries out of reach, and pending ones, are listed with what kvcheck lacks and their raw
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -90,7 +89,6 @@ def _engine_key(entry: dict) -> str:
 
 def install(entry: dict, version: str) -> str | None:
     """Install ``version`` of the entry's engine generation; an error message or None."""
-    sys.path.insert(0, str(ROOT))
     from kvcheck.impl.thirdparty import install as inst
 
     engine = inst.ENGINES.get(_engine_key(entry))
@@ -109,9 +107,7 @@ def run_kvcheck(entry: dict, version: str, timeout: float) -> dict:
     start = time.monotonic()
     try:
         p = subprocess.run([sys.executable, "-m", "kvcheck.cli", *args], cwd=ROOT,
-                           capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                               [str(ROOT), os.environ.get("PYTHONPATH", "")])})
+                           capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"rc": None, "verdict": f"did not finish in {timeout:.0f} s", "wall": timeout}
     out = {"rc": p.returncode, "wall": time.monotonic() - start, "args": args}
@@ -134,10 +130,11 @@ def run_kvcheck(entry: dict, version: str, timeout: float) -> dict:
 
 
 def raw_replay(entry: dict, version: str):
-    sys.path.insert(0, str(HERE))
-    import raw
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import hist_replays
 
-    fn = getattr(raw, entry["raw"])
+    fn = getattr(hist_replays, entry["raw"])
     try:
         return fn(version)
     except Exception as exc:  # noqa: BLE001 - a replay that cannot run is reported
