@@ -163,3 +163,18 @@ def test_verify_prefix_allows_a_documented_deviation():
     assert p.returncode == 0, p.stdout[-2000:]
     assert p.stdout.startswith("ALLOWED ") and "every structural and prefix-cache rule held" in (
         p.stdout)
+
+
+def test_a_versioned_trace_replays_raw_on_its_release(tmp_path):
+    """``scripts/replay_raw.py`` replays a ``vllm-v0@0.4.3`` trace on 0.4.3's own objects:
+    F6 (a reservation that runs out of blocks keeps what it took) is there too."""
+    _have("vllm-v0", "0.4.3")
+    trace = tmp_path / "t.json"
+    p = _cli("verify", "vllm-v0@0.4.3", "--blocks", "6", "--block-size", "2", "--ops", "500",
+             "--trace-out", str(trace))
+    assert p.returncode == 1, p.stderr
+    r = subprocess.run([sys.executable, "scripts/replay_raw.py", str(trace)], capture_output=True,
+                       text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                           os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr
+    assert "version='0.4.3'" in r.stdout and "DEVIATION" in r.stdout
