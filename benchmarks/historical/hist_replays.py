@@ -103,7 +103,57 @@ def replay_nano_vllm_144(version: str) -> tuple[bool, str]:
         f"{second.num_cached_tokens}, block_table {second.block_table}")
 
 
+def _nano_manager(key: str, version: str, num_blocks: int, block_size: int):
+    """A nano-vllm-shaped fork's ``BlockManager`` and ``Sequence`` class, loaded from the
+    release's files (its ``sampling_params`` stood in as the nano-vllm adapter does)."""
+    from kvcheck.impl.thirdparty import _loader, install
+
+    engine = install.ENGINES[key]
+    install.ensure(engine, version)
+    top = engine.top
+    stub = nano_vllm.STUBS["nanovllm.sampling_params"]
+    files = (f"{top}.engine.block_manager", f"{top}.engine.sequence")
+    mods = _loader.load(engine.dist_for(version), files, {f"{top}.sampling_params": stub},
+                        entry=files)
+    return (mods[f"{top}.engine.block_manager"].BlockManager(num_blocks, block_size),
+            mods[f"{top}.engine.sequence"].Sequence)
+
+
+def replay_nano_vllm_163(role_version: str) -> tuple[bool, str]:
+    """nano-vllm #163: a freed block keeps its ``hash_to_block_id`` entry; reused for a
+    miss, it gets new content under a new key, the old key still names it, and the
+    lookup guards only by the block's own token ids. So [1, 5] after [2, 5] is served the
+    block holding 5 after 2: a false hit (the KV was computed for another prefix).
+    ``role_version`` is ``nano-vllm-npu==0.0.2`` (buggy) or ``nano-vllm-fork==20260210``
+    (its deallocate drops the entry). 3 blocks of 1 token."""
+    dist, _, version = role_version.partition("==")
+    key = "nano-vllm-npu" if dist == "nano-vllm-npu" else "nano-vllm"
+    manager, seq_cls = _nano_manager(key, version, 3, 1)
+
+    def seq(tokens):
+        s = seq_cls(list(tokens))
+        s.block_size = 1
+        return s
+
+    a = seq([1, 5])
+    manager.allocate(a)
+    manager.deallocate(a)
+    b = seq([2, 5])
+    manager.allocate(b)
+    b_table = list(b.block_table)
+    held = {bid: (2, 5)[: i + 1] for i, bid in enumerate(b_table)}
+    manager.deallocate(b)
+    c = seq([1, 5])
+    manager.allocate(c)
+    wrong = [(i, bid) for i, bid in enumerate(c.block_table[: c.num_cached_tokens])
+             if held.get(bid, (1, 5)[: i + 1]) != (1, 5)[: i + 1]]
+    return bool(wrong), (f"[1, 5] then [2, 5] in {b_table}, then [1, 5] -> "
+                         f"{c.block_table} with {c.num_cached_tokens} cached token(s); "
+                         f"served from another prefix: {wrong or 'none'}")
+
+
 REPLAYS = {
+    "nano-vllm-163": replay_nano_vllm_163,
     "nano-vllm-144": replay_nano_vllm_144,
     "vllm-4761": replay_vllm_4761,
     "vllm-5364": replay_vllm_5364,

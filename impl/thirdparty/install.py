@@ -98,7 +98,15 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
     Engine("nano-vllm", "nano-vllm-fork", "nanovllm", pinned="20260210", low="20260210",
            high="20260210", layout="target", runtime_deps=("xxhash", "numpy"),
            note="nano-vllm-fork BlockManager"),
+    Engine("nano-vllm-npu", "nano-vllm-npu", "nanovllmnpu", pinned="0.0.2", low="0.0.1.post1",
+           high="0.0.2", layout="target", runtime_deps=("xxhash", "numpy"),
+           note="nano-vllm-npu BlockManager (upstream nano-vllm's, freed blocks keep their "
+                "keys); sources for the historical benchmark's raw replays, no kvcheck "
+                "adapter yet"),
 )}
+
+
+DEFAULT = ("vllm-v1", "vllm-v0", "nano-vllm")  # what a plain `kvcheck install` installs
 
 
 def engines_for(name: str) -> list[Engine]:
@@ -292,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m kvcheck.impl.thirdparty.install ENGINE[==VERSION] ...`` (the shell script's)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        for req in argv or [e.key for e in ENGINES.values() if e.key != "vllm-v0-legacy"]:
+        for req in argv or DEFAULT:
             engine, version = parse(req)
             install(engine, version)
     except InstallError as exc:

@@ -14,7 +14,8 @@ def add_parser(sub) -> None:
                     "is used instead of the index. Then: kvcheck verify vllm-v0@0.4.2. Exit 0 "
                     "installed, 2 bad input or the download failed.")
     p.add_argument("engines", nargs="*", metavar="ENGINE[==VERSION]",
-                   help="what to install (default: every engine at its pinned version)")
+                   help="what to install (default: vllm-v1, vllm-v0 and nano-vllm at their "
+                        "pinned versions)")
     p.add_argument("--list", action="store_true",
                    help="print each engine, the range of releases its adapter loads, its pinned "
                         "version and which releases are installed, and exit")
@@ -36,7 +37,7 @@ def run(args) -> int:
                   f"{engine.note}; installed: {', '.join(have) or 'none'}"
                   + (f"; in this environment: {env.version}" if env else ""))
         return 0
-    reqs = args.engines or [e.key for e in install.ENGINES.values() if e.key != "vllm-v0-legacy"]
+    reqs = args.engines or list(install.DEFAULT)
     try:
         for req in reqs:
             engine, version = install.parse(req)
