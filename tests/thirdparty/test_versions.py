@@ -178,3 +178,12 @@ def test_a_versioned_trace_replays_raw_on_its_release(tmp_path):
                            os.path.abspath(__file__)))))
     assert r.returncode == 0, r.stderr
     assert "version='0.4.3'" in r.stdout and "DEVIATION" in r.stdout
+
+
+def test_install_list_shows_ranges_and_what_is_installed():
+    p = _cli("install", "--list")
+    assert p.returncode == 0, p.stderr
+    lines = {ln.split(":")[0]: ln for ln in p.stdout.splitlines()}
+    assert set(install.ENGINES) <= set(lines)
+    assert "vllm 0.11.2 .. 0.33.0 (pinned 0.33.0)" in lines["vllm-v1"]
+    assert "0.33.0" in lines["vllm-v1"].split("installed:")[1]

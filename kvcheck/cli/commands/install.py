@@ -7,18 +7,19 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "install", help="install a third-party engine's allocator sources (py files only)",
         description="Install the Python sources of a third-party engine release that a kvcheck "
-                    "adapter loads (vllm-v1, vllm-v0, vllm-v0-legacy, nano-vllm, or vllm==VERSION "
-                    "for whichever generation has that release), into $KVCHECK_THIRDPARTY_DIR or "
+                    "adapter loads (an engine generation of 'kvcheck install --list', e.g. vllm-v1 "
+                    "or vllm-v0==0.4.2, or vllm==VERSION for whichever generation has that "
+                    "release), into $KVCHECK_THIRDPARTY_DIR or "
                     "~/.cache/kvcheck/thirdparty/. Only the wheel's *.py files are kept; an "
                     "installed release is left alone (no network); a wheel in $KVCHECK_WHEEL_DIR "
                     "is used instead of the index. Then: kvcheck verify vllm-v0@0.4.2. Exit 0 "
                     "installed, 2 bad input or the download failed.")
-    p.add_argument("engines", nargs="*", metavar="ENGINE[==VERSION]",
+    p.add_argument("engines", nargs="*", default=[], metavar="ENGINE[==VERSION]",
                    help="what to install (default: vllm-v1, vllm-v0 and nano-vllm at their "
                         "pinned versions)")
     p.add_argument("--list", action="store_true",
                    help="print each engine, the range of releases its adapter loads, its pinned "
-                        "version and which releases are installed, and exit")
+                        "version and which releases are installed, and exit (default: off)")
     p.set_defaults(run=run)
 
 
