@@ -145,6 +145,19 @@ PINNED = "pinned"  # TARGET@pinned: the pinned sources even when the environment
 INSTALLED = "installed"  # TARGET@installed: the environment's engine, or an error
 
 
+def environment_version(engine: Engine) -> str | None:
+    """The version of ``engine.dist`` installed in this environment (any), or ``None``."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec(engine.top) is None:
+            return None
+        return importlib.metadata.version(engine.dist)
+    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
+        return None
+
+
 def environment(engine: Engine) -> _loader.Dist | None:
     """The engine as installed in this Python environment (``pip install vllm``), if its
     files are there and its version is one the adapter loads; nothing is imported."""

@@ -113,9 +113,16 @@ def engine_source(spec) -> str | None:
     from kvcheck.impl.thirdparty import install
 
     try:
-        return install.select(key, version or None).source
+        dist = install.select(key, version or None)
     except (install.InstallError, install.ThirdPartyMissing):
         return None
+    text = dist.source
+    engine = install.ENGINES[key]
+    other = None if version or dist.root else install.environment_version(engine)
+    if other:  # the user's own engine was not checked: say why
+        text += (f" (the {engine.dist} {other} of this environment is outside {key}'s range "
+                 f"{engine.range})")
+    return text
 
 
 def _is_file(where: str) -> bool:

@@ -139,6 +139,11 @@ def test_the_environments_vllm_is_checked(tmp_path):
     assert f"engine: vllm 0.11.2 installed in this environment ({site})" in p.stdout
     p = _cli("verify", "vllm-v1@pinned", "--ops", "100", env=env)
     assert p.returncode == 0 and "engine: vllm 0.33.0 from the pinned sources" in p.stdout
+    # an environment's vLLM outside the range is not checked, and the verdict says so
+    p = _cli("verify", "vllm-v0", "--blocks", "6", "--block-size", "2", "--ops", "100", env=env)
+    assert ("engine: vllm 0.8.5 from the pinned sources" in p.stdout and
+            "(the vllm 0.11.2 of this environment is outside vllm-v0's range 0.4.2 .. 0.8.5)"
+            in p.stdout), p.stdout[-600:]
 
 
 def test_a_factory_with_a_version_keyword_takes_at_version():
