@@ -1,15 +1,17 @@
-"""Adapter: vLLM v1 ``KVCacheManager`` / ``BlockPool`` (vllm 0.11.2 .. 0.33.0) as a ``Target``.
+"""Adapter: vLLM v1 ``KVCacheManager`` / ``BlockPool`` (vllm 0.10.2 .. 0.33.0) as a ``Target``.
 
-Releases: 0.33.0 by default; ``vllm-v1@VERSION`` loads another of 0.11.2 .. 0.33.0
+Releases: 0.33.0 by default; ``vllm-v1@VERSION`` loads another of 0.10.2 .. 0.33.0
 (``kvcheck install vllm-v1==VERSION``), and a plain ``vllm-v1`` loads the vLLM of this
 environment when its version is in that range (``install.select``; ``vllm-v1@pinned``
 forces 0.33.0). Differences are detected by feature: files a release lacks are not
 loaded, ``KVCacheManager``'s keyword ``scheduler_block_size`` is passed only where it
-exists, ``get_computed_blocks`` returns two items (to 0.20.x) or three. Releases before
-0.11.2 are not loaded: up to 0.10.x the KV-cache modules import their helpers (``cdiv``,
-``sha256``, ``GiB_bytes``) from ``vllm/utils/__init__.py``, which imports torch and much
-of the engine (a stand-in for it is not written yet); the v1 manager itself exists from
-0.6.5, without ``BlockPool`` or a coordinator until 0.8/0.9.
+exists, ``get_computed_blocks`` returns two items (to 0.20.x) or three; 0.10.x's
+KV-cache modules import their helpers from the one ``vllm/utils/__init__.py`` (which
+imports torch and the engine: stood in below, ``vllm.utils``), its
+``kv_cache_interface`` imports ``vllm.multimodal`` and its ``FullAttentionSpec`` has a
+``use_mla`` field. Releases before 0.10.2 are not loaded: 0.10.1 has no request block
+hasher (the manager hashed blocks itself) and its ``sha256`` helpers differ; the v1
+manager exists from 0.6.5, without ``BlockPool`` or a coordinator until 0.8/0.9.
 
 What runs is vLLM's own code, executed from the installed wheel's files (see
 ``_loader``): ``vllm/v1/core/{kv_cache_manager, kv_cache_coordinator,
@@ -54,6 +56,14 @@ Stand-ins (every other ``vllm.*`` import raises, see ``_loader``):
     (``get_dtype_size``) -- memory sizing, never a block decision. A ``dtype``
     placeholder and a 2-byte ``get_dtype_size``; ``MambaAttentionBackendEnum``
     is an empty enum (Mamba specs are not used).
+``vllm.utils`` and ``vllm.multimodal`` (0.10.x only)
+    0.10.x's KV-cache modules import ``cdiv``, ``GiB_bytes``, ``sha256`` and
+    ``get_dtype_size`` from the one ``vllm/utils/__init__.py`` (torch and the engine
+    behind it): re-implemented with the same results (``sha256`` is SHA-256 of the
+    pickled input, vLLM's block-hash function). Its ``kv_cache_interface`` imports
+    ``MULTIMODAL_REGISTRY`` only to size encoder pages: a stand-in that raises. The
+    ``Request`` stand-in also carries 0.10.x's names ``mm_positions``, ``mm_hashes`` and
+    ``sampling_params`` (``None``: no prompt logprobs, caching applies).
 ``cbor2``
     Imported by ``vllm/utils/hashing.py`` for the ``*_cbor`` hash functions only;
     we use ``sha256`` (pickle + SHA-256), which does not touch it.
@@ -210,6 +220,9 @@ class Request:
         self.lora_request = None
         self.cache_salt = None
         self.mm_features: list = []
+        self.mm_positions: list = []  # 0.10.x: its names of the multimodal inputs, and
+        self.mm_hashes: list = []
+        self.sampling_params = None  # its prompt-logprobs check (None: caching applies)
         self.prompt_embeds = None
         self._prompt_embeds_per_block_hashes = None
         self.session_id = None
@@ -331,6 +344,36 @@ def _stub_torch_utils(mod: types.ModuleType, _: Loaded) -> None:
     mod.nvfp4_kv_cache_full_dim = _unreachable("NVFP4 KV-cache sizing")
 
 
+def _stub_utils_module(mod: types.ModuleType, _: Loaded) -> None:
+    """To 0.10.x ``vllm/utils/__init__.py`` is one module holding the helpers the KV-cache
+    modules import (later releases split them into ``vllm/utils/*.py``); it imports torch
+    and much of the engine. Re-implemented, not copied, with the same results: ``cdiv``
+    (ceiling division), ``GiB_bytes``, ``sha256`` (SHA-256 of the pickled input, vLLM's
+    block-hash function), ``get_dtype_size`` (page sizing only, as above); the
+    ``*_cbor`` hashes are never selected."""
+    import hashlib
+    import pickle
+
+    mod.cdiv = lambda a, b: -(a // -b)
+    mod.GiB_bytes = 1 << 30
+    mod.sha256 = lambda value: hashlib.sha256(
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    mod.sha256_cbor = _unreachable("cbor hashing")
+    mod.get_dtype_size = lambda _dtype: 2
+
+
+def _stub_multimodal(mod: types.ModuleType, _: Loaded) -> None:
+    """0.10.x ``kv_cache_interface`` imports ``MULTIMODAL_REGISTRY`` to size a
+    cross-attention (encoder) spec's pages, which we never build."""
+
+    class _Registry:
+        def __getattr__(self, name: str):
+            raise NotImplementedError("kvcheck stand-in: the multimodal registry is not "
+                                      "supported by the adapter")
+
+    mod.MULTIMODAL_REGISTRY = _Registry()
+
+
 def _stub_mem_utils(mod: types.ModuleType, _: Loaded) -> None:
     """0.20.x ``kv_cache_utils`` formats memory sizes for its log messages only."""
     mod.format_gib = lambda b: f"{b / (1 << 30):.2f}"
@@ -377,7 +420,18 @@ def load(version: str | None = None) -> Loaded:
     dist = install.select(ENGINE_KEY, version)
     root = _loader.require(dist)
     files = tuple(f for f in FILES if (root / (f.replace(".", "/") + ".py")).is_file())
-    return _loader.load(dist, files, STUBS, entry=("vllm.v1.core.kv_cache_manager",))
+    stubs = STUBS
+    if not (root / "vllm/utils/math_utils.py").is_file():  # 0.10.x: one vllm.utils module
+        stubs = {**STUBS, "vllm.utils": _stub_utils_module, "vllm.multimodal": _stub_multimodal}
+    return _loader.load(dist, files, stubs, entry=("vllm.v1.core.kv_cache_manager",))
+
+
+def hash_fn(mods: Loaded):
+    """vLLM's ``sha256`` block-hash function (``vllm.utils.hashing`` from 0.11, the
+    ``vllm.utils`` module before)."""
+    if "vllm.utils.hashing" in mods.files:
+        return mods["vllm.utils.hashing"].sha256
+    return mods["vllm.utils"].sha256
 
 
 def computed_blocks(manager: Any, req: Any) -> tuple[Any, int]:
@@ -397,17 +451,21 @@ def build_manager(num_blocks: int, block_size: int, enable_caching: bool = True,
     mods = mods or load()
     iface = mods["vllm.v1.kv_cache_interface"]
     utils = mods["vllm.v1.core.kv_cache_utils"]
-    hashing = mods["vllm.utils.hashing"]
+    sha256 = hash_fn(mods)
     torch = mods["torch"]
+    import dataclasses
+
+    extra = {"use_mla": False} if "use_mla" in {  # a field of the spec to 0.10.x
+        f.name for f in dataclasses.fields(iface.FullAttentionSpec)} else {}
     spec = iface.FullAttentionSpec(
-        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16, **extra
     )
     config = iface.KVCacheConfig(
         num_blocks=num_blocks + 1,
         kv_cache_tensors=[],
         kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], spec)],
     )
-    utils.init_none_hash(hashing.sha256)
+    utils.init_none_hash(sha256)
     cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
     kwargs = {"max_model_len": 1 << 40, "scheduler_block_size": block_size,
               "hash_block_size": block_size, "enable_caching": enable_caching}
@@ -415,7 +473,7 @@ def build_manager(num_blocks: int, block_size: int, enable_caching: bool = True,
 
     params = inspect.signature(cls.__init__).parameters  # scheduler_block_size: 0.2x on
     manager = cls(config, **{k: v for k, v in kwargs.items() if k in params})
-    hasher = utils.get_request_block_hasher(block_size, hashing.sha256) if enable_caching else None
+    hasher = utils.get_request_block_hasher(block_size, sha256) if enable_caching else None
     return manager, hasher
 
 

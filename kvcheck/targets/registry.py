@@ -18,7 +18,7 @@ TARGETS: dict[str, tuple[str, str]] = {
     "reference-window": ("kvcheck.impl.block_manager:WindowBlockManager",
                          "reference-engine with sliding-window drops (null blocks behind a window)"),
     "vllm-v1": ("kvcheck.impl.thirdparty.vllm_v1:make",
-                "vLLM v1 KVCacheManager/BlockPool (0.33.0; @0.11.2..0.33.0), prefix caching, no fork"),
+                "vLLM v1 KVCacheManager/BlockPool (0.33.0; @0.10.2..0.33.0), prefix caching, no fork"),
     "vllm-v0": ("kvcheck.impl.thirdparty.vllm_v0:make",
                 "vLLM v0 BlockTable (0.8.5; @0.4.2..0.8.5), naive allocator, copy-on-write fork"),
     "vllm-v0-prefix": ("kvcheck.impl.thirdparty.vllm_v0:make_prefix",

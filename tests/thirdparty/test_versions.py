@@ -1,10 +1,10 @@
-"""``kvcheck install`` and the version-range adapters (``vllm-v0@0.4.3``, ``vllm-v1@0.11.2``).
+"""``kvcheck install`` and the version-range adapters (``vllm-v0@0.4.3``, ``vllm-v1@0.10.2``).
 
 The ends of each adapter's range are driven by the oracle: vLLM v0 block manager v2 at
 0.4.3 (the first release without PR #4761's bug, which 0.4.2 has: see
-benchmarks/historical) and 0.8.5, v1 at 0.11.2 and 0.33.0. A release that is not
-installed is installed by the fixture (py files only: 0.4.3 is a 131 MB download, 0.11.2
-about 200 MB), or the test skips when the index cannot be reached.
+benchmarks/historical) and 0.8.5, v1 at 0.10.2 and 0.33.0. A release that is not
+installed is installed by the fixture (py files only: 0.4.3 is a 131 MB download, 0.10.2
+about 250 MB), or the test skips when the index cannot be reached.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_bad_requests_are_one_line_and_exit_2(req, words):
 def test_parse_maps_a_release_to_its_generation():
     assert install.parse("vllm==0.4.2") == (install.ENGINES["vllm-v0"], "0.4.2")
     assert install.parse("vllm==0.20.2") == (install.ENGINES["vllm-v1"], "0.20.2")
-    assert install.parse("vllm==0.11.2") == (install.ENGINES["vllm-v1"], "0.11.2")
+    assert install.parse("vllm==0.10.2") == (install.ENGINES["vllm-v1"], "0.10.2")
     assert install.parse("vllm-v1") == (install.ENGINES["vllm-v1"], "0.33.0")
     assert install.version_key("0.5.0.post1") > install.version_key("0.5.0")
     assert install.version_key("0.5.0rc1") < install.version_key("0.5.0")
@@ -112,7 +112,7 @@ def test_v0_range_ends_pass_behind_the_engine_guard(version, kind):
     assert r.ok, r.violation
 
 
-@pytest.mark.parametrize("version", ["0.11.2", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.10.2", "0.33.0"])
 def test_v1_range_ends_pass(version, capsys):
     _have("vllm-v1", version)
     assert vllm_v1.make(4, 2, version=version).version == version
@@ -125,24 +125,24 @@ def test_v1_range_ends_pass(version, capsys):
 
 def test_the_environments_vllm_is_checked(tmp_path):
     """A vLLM importable in the user's environment (here a site folder on PYTHONPATH holding
-    0.11.2's files and metadata) is what a plain ``vllm-v1`` checks, its version printed;
+    0.10.2's files and metadata) is what a plain ``vllm-v1`` checks, its version printed;
     ``@pinned`` still takes the pinned sources."""
-    _have("vllm-v1", "0.11.2")
-    src = install.find(install.ENGINES["vllm-v1"], "0.11.2")
+    _have("vllm-v1", "0.10.2")
+    src = install.find(install.ENGINES["vllm-v1"], "0.10.2")
     site = tmp_path / "site"
     site.mkdir()
     (site / "vllm").symlink_to(src / "vllm")
-    (site / "vllm-0.11.2.dist-info").symlink_to(src / "vllm-0.11.2.dist-info")
+    (site / "vllm-0.10.2.dist-info").symlink_to(src / "vllm-0.10.2.dist-info")
     env = {"PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
     p = _cli("verify", "vllm-v1", "--blocks", "6", "--block-size", "2", "--ops", "300", env=env)
     assert p.returncode == 0, p.stderr
-    assert f"engine: vllm 0.11.2 installed in this environment ({site})" in p.stdout
+    assert f"engine: vllm 0.10.2 installed in this environment ({site})" in p.stdout
     p = _cli("verify", "vllm-v1@pinned", "--ops", "100", env=env)
     assert p.returncode == 0 and "engine: vllm 0.33.0 from the pinned sources" in p.stdout
     # an environment's vLLM outside the range is not checked, and the verdict says so
     p = _cli("verify", "vllm-v0", "--blocks", "6", "--block-size", "2", "--ops", "100", env=env)
     assert ("engine: vllm 0.8.5 from the pinned sources" in p.stdout and
-            "(the vllm 0.11.2 of this environment is outside vllm-v0's range 0.4.2 .. 0.8.5)"
+            "(the vllm 0.10.2 of this environment is outside vllm-v0's range 0.4.2 .. 0.8.5)"
             in p.stdout), p.stdout[-600:]
 
 
@@ -190,5 +190,5 @@ def test_install_list_shows_ranges_and_what_is_installed():
     assert p.returncode == 0, p.stderr
     lines = {ln.split(":")[0]: ln for ln in p.stdout.splitlines()}
     assert set(install.ENGINES) <= set(lines)
-    assert "vllm 0.11.2 .. 0.33.0 (pinned 0.33.0)" in lines["vllm-v1"]
+    assert "vllm 0.10.2 .. 0.33.0 (pinned 0.33.0)" in lines["vllm-v1"]
     assert "0.33.0" in lines["vllm-v1"].split("installed:")[1]

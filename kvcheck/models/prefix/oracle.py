@@ -100,7 +100,8 @@ class VllmV1View:
 
     def entries(self):
         out = []
-        for key, val in self.pool.cached_block_hash_to_block._cache.items():
+        cached = self.pool.cached_block_hash_to_block  # a BlockHashToBlockMap (0.11 on)
+        for key, val in getattr(cached, "_cache", cached).items():  # or a dict of dicts
             for blk in (val.values() if isinstance(val, dict) else (val,)):
                 if blk.block_id != 0:
                     out.append((key, blk.block_id - 1))
