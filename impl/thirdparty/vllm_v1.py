@@ -56,6 +56,12 @@ Stand-ins (every other ``vllm.*`` import raises, see ``_loader``):
     (``get_dtype_size``) -- memory sizing, never a block decision. A ``dtype``
     placeholder and a 2-byte ``get_dtype_size``; ``MambaAttentionBackendEnum``
     is an empty enum (Mamba specs are not used).
+``vllm.v1.hisparse.layout`` (0.30 .. 0.32)
+    HiSparse's sizing helpers, imported by ``kv_cache_utils`` for turning a HiSparse
+    ``VllmConfig`` into a KV-cache config only: they raise.
+``vllm.envs``, 0.23 .. 0.28
+    also ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL``, read by the coordinator: ``None``, its
+    value when the variable is unset.
 ``vllm.utils`` and ``vllm.multimodal`` (0.10.x only)
     0.10.x's KV-cache modules import ``cdiv``, ``GiB_bytes``, ``sha256`` and
     ``get_dtype_size`` from the one ``vllm/utils/__init__.py`` (torch and the engine
@@ -255,6 +261,8 @@ class Request:
 
 def _stub_envs(mod: types.ModuleType, _: Loaded) -> None:
     mod.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES = True
+    # 0.23 .. 0.28: the coordinator reads it (unset: None, every replay boundary kept)
+    mod.VLLM_PREFIX_CACHE_RETENTION_INTERVAL = None
 
 
 def _stub_config(mod: types.ModuleType, _: Loaded) -> None:
@@ -374,6 +382,14 @@ def _stub_multimodal(mod: types.ModuleType, _: Loaded) -> None:
     mod.MULTIMODAL_REGISTRY = _Registry()
 
 
+def _stub_hisparse_layout(mod: types.ModuleType, _: Loaded) -> None:
+    """0.30 .. 0.32 ``kv_cache_utils`` imports HiSparse's sizing helpers, used only when a
+    ``VllmConfig`` with HiSparse is turned into a KV-cache config (never here)."""
+    for name in ("get_hisparse_gpu_memory_usage", "get_hisparse_host_pool_bytes",
+                 "get_hisparse_kv_cache_config", "get_hisparse_kv_cache_groups"):
+        setattr(mod, name, _unreachable("HiSparse KV-cache sizing"))
+
+
 def _stub_mem_utils(mod: types.ModuleType, _: Loaded) -> None:
     """0.20.x ``kv_cache_utils`` formats memory sizes for its log messages only."""
     mod.format_gib = lambda b: f"{b / (1 << 30):.2f}"
@@ -402,6 +418,7 @@ STUBS = {
     "vllm.v1.request": _stub_request,
     "vllm.utils.torch_utils": _stub_torch_utils,
     "vllm.utils.mem_utils": _stub_mem_utils,
+    "vllm.v1.hisparse.layout": _stub_hisparse_layout,
     "vllm.v1.attention.backends.registry": _stub_backend_registry,
     "torch": _stub_torch,
     "cbor2": _stub_cbor2,
