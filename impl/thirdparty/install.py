@@ -25,6 +25,7 @@ temporary directory, its Python files extracted, the wheel deleted
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -145,6 +146,7 @@ PINNED = "pinned"  # TARGET@pinned: the pinned sources even when the environment
 INSTALLED = "installed"  # TARGET@installed: the environment's engine, or an error
 
 
+@functools.cache
 def environment_version(engine: Engine) -> str | None:
     """The version of ``engine.dist`` installed in this environment (any), or ``None``."""
     import importlib.metadata
@@ -158,7 +160,8 @@ def environment_version(engine: Engine) -> str | None:
         return None
 
 
-def environment(engine: Engine) -> _loader.Dist | None:
+@functools.cache  # once per process: every target built (shrinking builds
+def environment(engine: Engine) -> _loader.Dist | None:  # hundreds) would look it up again
     """The engine as installed in this Python environment (``pip install vllm``), if its
     files are there and its version is one the adapter loads; nothing is imported."""
     import importlib.metadata
