@@ -192,3 +192,22 @@ def test_install_list_shows_ranges_and_what_is_installed():
     assert set(install.ENGINES) <= set(lines)
     assert "vllm 0.10.2 .. 0.33.0 (pinned 0.33.0)" in lines["vllm-v1"]
     assert "0.33.0" in lines["vllm-v1"].split("installed:")[1]
+
+
+def test_an_allowed_deviation_does_not_hide_a_later_bug():
+    """With F5's clauses allowed, vLLM PR #5364 on 0.5.0.post1 (a block reused from the
+    evictor keeps its computed mark) is still reported, and 0.5.1 passes."""
+    _have("vllm-v0", "0.5.0.post1")
+    _have("vllm-v0", "0.5.1")
+    allow = ["--allow", "append_slot: the sole holder of a partial block writes in place",
+             "--allow", "append_slot: a new block was free"]
+    base = ["verify-prefix", "--blocks", "8", "--block-size", "2", "--ops", "3000", *allow]
+    target = "benchmarks/historical/targets.py:v0_prefix_counted@"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", base[0], target + "0.5.0.post1",
+                        *base[1:]], capture_output=True, text=True, cwd=root)
+    assert p.returncode == 1, p.stderr
+    assert "allocate: every block the cached tokens skip holds the requested prefix" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", base[0], target + "0.5.1",
+                        *base[1:]], capture_output=True, text=True, cwd=root)
+    assert p.returncode == 0, p.stdout[-1500:]
