@@ -101,9 +101,8 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
            note="nano-vllm-fork BlockManager"),
     Engine("nano-vllm-npu", "nano-vllm-npu", "nanovllmnpu", pinned="0.0.2", low="0.0.1.post1",
            high="0.0.2", layout="target", runtime_deps=("xxhash", "numpy"),
-           note="nano-vllm-npu BlockManager (upstream nano-vllm's, freed blocks keep their "
-                "keys); sources for the historical benchmark's raw replays, no kvcheck "
-                "adapter yet"),
+           note="nano-vllm-npu BlockManager (upstream nano-vllm's: freed blocks keep their "
+                "keys), kvcheck.impl.thirdparty.nano_vllm_upstream:make@VERSION"),
 )}
 
 

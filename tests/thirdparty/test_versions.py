@@ -9,6 +9,7 @@ about 250 MB), or the test skips when the index cannot be reached.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -211,3 +212,17 @@ def test_an_allowed_deviation_does_not_hide_a_later_bug():
     p = subprocess.run([sys.executable, "-m", "kvcheck.cli", base[0], target + "0.5.1",
                         *base[1:]], capture_output=True, text=True, cwd=root)
     assert p.returncode == 0, p.stdout[-1500:]
+
+
+def test_nano_vllm_npu_stale_key_is_caught():
+    """nano-vllm-npu 0.0.2 keeps a freed block's key (nano-vllm #163): the prefix model
+    reports the stale key in a few operations (see benchmarks/historical, nano-vllm-163)."""
+    _have("nano-vllm-npu", "0.0.2")
+    from kvcheck.impl.thirdparty import nano_vllm_upstream
+
+    assert nano_vllm_upstream.make(4, 2).version == "0.0.2"
+    p = _cli("verify-prefix", "kvcheck.impl.thirdparty.nano_vllm_upstream:make@0.0.2",
+             "--blocks", "8", "--block-size", "2", "--ops", "3000", "--seed", "0", "--json")
+    assert p.returncode == 1, p.stderr
+    v = json.loads(p.stdout)["violation"]
+    assert v["violation"]["name"] == "no_partial_cached" and len(v["ops"]) <= 4
