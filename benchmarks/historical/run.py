@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     for e in others:
         status = "pending" if e["reach"] == "pending" else "out of reach"
         print(f"{e['id']} ({e['engine']}, {e['issue']}): {status}: {e['lacks']}")
+        if e.get("command"):
+            v = e["buggy"].rpartition("==")[2]
+            print(f"  kvcheck {' '.join(a.replace('{version}', v) for a in e['command'])}")
         if e.get("raw") and not args.dry_run and not args.no_raw:
             versions = [("buggy", e["buggy"])] + ([("fixed", e["fixed"])] if e["fixed"] else [])
             for _, v in versions:  # a release of a generation kvcheck installs; the replay
