@@ -2,6 +2,7 @@
 # Install the pinned third-party allocators that impl/thirdparty/ adapts.
 #
 #   bash scripts/install_thirdparty.sh [ENGINE[==VERSION] ...]   (default: vllm-v1 vllm-v0 nano-vllm)
+#   bash scripts/install_thirdparty.sh vllm-v1 vllm-v0 nano-vllm sglang aphrodite   (every adapted engine)
 #
 # A thin wrapper of `kvcheck install` (impl/thirdparty/install.py, which says what
 # is installed where): each release goes into its own directory,

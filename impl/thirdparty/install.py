@@ -99,6 +99,11 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
     Engine("nano-vllm", "nano-vllm-fork", "nanovllm", pinned="20260210", low="20260210",
            high="20260210", layout="target", runtime_deps=("xxhash", "numpy"),
            note="nano-vllm-fork BlockManager"),
+    Engine("sglang", "sglang", "sglang", pinned="0.5.23", low="0.5.23", high="0.5.23",
+           note="SGLang token/paged allocators and radix cache (its allocators run on torch "
+                "CPU tensors: torch==2.13.0 from the test extras)"),
+    Engine("aphrodite", "aphrodite-engine", "aphrodite", pinned="0.24.1", low="0.24.1",
+           high="0.24.1", note="aphrodite-engine, a vLLM v1 fork"),
     Engine("nano-vllm-npu", "nano-vllm-npu", "nanovllmnpu", pinned="0.0.2", low="0.0.1.post1",
            high="0.0.2", layout="target", runtime_deps=("xxhash", "numpy"),
            note="nano-vllm-npu BlockManager (upstream nano-vllm's: freed blocks keep their "

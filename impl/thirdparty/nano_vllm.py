@@ -138,7 +138,8 @@ class NanoVllmTarget:
         if n_tokens < 1:
             raise MisuseError(f"n_tokens must be positive, got {n_tokens!r}")
         s = self.preempted.get(seq)
-        if s is None or token_ids is not None or len(s) != n_tokens:
+        if s is None or len(s) != n_tokens or (
+                token_ids is not None and list(token_ids) != list(s.token_ids)):
             tokens = list(token_ids) if token_ids is not None else [
                 next(self._tokens) for _ in range(n_tokens)
             ]

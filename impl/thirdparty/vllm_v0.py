@@ -30,14 +30,29 @@ Stand-ins (every other ``vllm.*`` import raises, see ``_loader``):
 ``vllm.logger``
     ``init_logger`` returns a stdlib logger.
 ``vllm.sequence``
-    ``Sequence`` is only an annotation / used by the allocator's
-    ``get_num_cached_tokens`` helpers, which the block tables never call.
+    ``Sequence`` is only an annotation; ``ComputedBlocksTracker`` reads a
+    sequence's ``seq_id``, ``get_token_ids()``, ``extra_hash()`` (``None``: no
+    LoRA or multimodal inputs) and ``is_prefill()``, which ``_TrackedSeq``
+    provides for a prompt being admitted.
 
 Operations, as ``SelfAttnBlockSpaceManager`` drives the tables:
 
 ``allocate(seq, n)``
     ``BlockTable.allocate(token_ids)`` with ``n`` fresh token ids (or the
-    caller's ``token_ids``).
+    caller's ``token_ids``). With prefix caching it returns the engine's
+    cached-token count, the prompt tokens whose prefill the engine skips:
+    first, as the scheduler does before it allocates
+    (``Scheduler._get_num_new_uncached_and_cached_tokens`` ->
+    ``SelfAttnBlockSpaceManager.get_num_cached_tokens``), v0's own
+    ``ComputedBlocksTracker.get_num_cached_tokens`` on the prompt (the leading
+    full blocks whose hash is cached *and* computed, ``block_is_computed``:
+    active and marked computed, or in the evictor); after the allocation the
+    computed block ids are the table's first ``count / bs`` blocks
+    (``get_common_computed_block_ids`` of a one-sequence group), and the model
+    runner skips their tokens, all but the last token on a full hit
+    (``ModelInputForGPUBuilder._compute_for_prefix_cache_hit``: "Full hit. Only
+    compute the last token"; the runner imports torch, so that one rule is
+    restated here). The naive allocator reports nothing (``None``).
 ``append_slot(seq)``
     one decode token: ``BlockTable.append_token_ids([tok])`` (what
     ``append_slots`` does with the one unseen token, no lookahead), then
@@ -245,6 +260,31 @@ def append_tokens(table: Any, tokens: list[int], lookahead: int = 0) -> None:
         table.append_token_ids(tokens, num_lookahead_slots=lookahead)
 
 
+class _TrackedSeq:
+    """What v0's ``ComputedBlocksTracker`` reads of a ``Sequence`` being admitted."""
+
+    def __init__(self, seq_id: int, tokens: list[int]):
+        self.seq_id = seq_id
+        self._tokens = tokens
+
+    def get_token_ids(self) -> list[int]:
+        return self._tokens
+
+    def extra_hash(self) -> None:
+        return None
+
+    def is_prefill(self) -> bool:
+        return True
+
+
+def runner_skips(computed_blocks: int, n_tokens: int, block_size: int) -> int:
+    """The prompt tokens v0's model runner skips given its computed blocks
+    (``_compute_for_prefix_cache_hit``: a partial hit skips the blocks' tokens, a full
+    hit computes only the last token)."""
+    cached = computed_blocks * block_size
+    return cached if cached < n_tokens else n_tokens - 1
+
+
 class EngineGuardRefused(Refused):
     """The engine's caller check (``guard="engine"``: ``can_allocate`` /
     ``can_append_slots``) declined the operation; the allocator was not called."""
@@ -278,11 +318,22 @@ class VllmV0Target:
         self.preempted: dict[int, list[int]] = {}  # preempted seq -> its token ids
         self._tokens = itertools.count(1)
         self._caching = allocator_type == "prefix_caching"
+        # the engine's skip-prefill state (prefix caching only): SelfAttnBlockSpaceManager's
+        # ComputedBlocksTracker, whose shape moved between releases (see _cached_count)
+        tracker = getattr(mods["vllm.core.block.prefix_caching_block"], "ComputedBlocksTracker",
+                          None) if self._caching else None
+        self._counts = None if not self._caching else (
+            "tokens" if hasattr(tracker, "get_num_cached_tokens") else  # 0.6.5 on
+            "blocks" if tracker is not None else  # 0.5.1 .. 0.6.4
+            "allocator")  # 0.4.x .. 0.5.0: the allocator walks the table itself
+        self._computed = (tracker(self.allocator, block_size, True) if self._counts == "tokens"
+                          else tracker(self.allocator) if self._counts == "blocks" else None)
+        self._tracked: set[int] = set()  # sequences the tracker holds a record of
         self._clock = 0.0  # logical time for the engine's access marks (deterministic)
         self._marks_computed = True  # the release's engine calls mark_blocks_as_computed
 
     # -- operations ---------------------------------------------------------
-    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> None:
+    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> int | None:
         if seq in self.tables:
             raise MisuseError(f"sequence {seq!r} already exists")
         if n_tokens < 1:
@@ -296,20 +347,57 @@ class VllmV0Target:
         if len(tokens) != n_tokens:
             raise MisuseError("len(token_ids) != n_tokens")
         if self.guard == "engine":
-            need = self._BlockTable.get_num_required_blocks(tokens, self.block_size)
+            need = self._required_blocks(tokens)
             free = self.allocator.get_num_free_blocks(self._gpu_device())
             if need > free:
                 raise EngineGuardRefused(f"can_allocate: {need} blocks required > {free} free")
-        table = self._BlockTable(self.block_size, self.allocator)
+        cached = None
+        if self._counts == "tokens":  # the scheduler's count, taken before it allocates
+            cached = self._computed.get_num_cached_tokens(_TrackedSeq(seq, tokens))
+            self._tracked.add(seq)
+        table = self._new_table()
         try:
             table.allocate(tokens)
         except self._NoFree as exc:
+            self._untrack(seq)
             raise OutOfBlocks(f"vLLM v0 NoFreeBlocksError allocating {n_tokens} tokens") from exc
+        except BaseException:
+            self._untrack(seq)
+            raise
         self.preempted.pop(seq, None)
         self.tables[seq] = table
         self.tokens[seq] = tokens
         self.group[seq] = seq
+        if self._counts is None:
+            self._engine_step()
+            return None
+        computed = self._computed_blocks(seq, table, cached)  # before the step's marks
         self._engine_step()
+        return runner_skips(len(computed), n_tokens, self.block_size)
+
+    def _computed_blocks(self, seq: int, table: Any, cached: int | None) -> list[int]:
+        """The computed block ids of a one-sequence group, as the release's
+        ``SelfAttnBlockSpaceManager.get_common_computed_block_ids`` derives them when the
+        scheduler schedules the prompt (before the step's forward pass and its
+        ``mark_blocks_as_computed``): from 0.6.5 the table's first ``cached / bs`` blocks
+        (``ComputedBlocksTracker.get_num_cached_tokens``); 0.5.1 .. 0.6.4 the tracker's
+        ``get_cached_computed_blocks_and_update`` then the allocator's
+        ``get_common_computed_block_ids``; 0.4.x .. 0.5.0 the allocator's
+        ``get_common_computed_block_ids([block_ids])``, which walks the table itself."""
+        ids = table.physical_block_ids
+        if self._counts == "tokens":
+            return ids[: cached // self.block_size]
+        if self._counts == "blocks":
+            self._computed.add_seq(seq)
+            self._tracked.add(seq)
+            ids = self._computed.get_cached_computed_blocks_and_update(seq, ids)
+        return list(self.allocator.get_common_computed_block_ids([ids]))
+
+    def _untrack(self, seq: int) -> None:
+        """The engine forgets a sequence's computed-blocks record when it frees it."""
+        if seq in self._tracked:
+            self._tracked.discard(seq)
+            self._computed.remove_seq(seq)
 
     def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
         table = self._live(seq)
@@ -322,7 +410,7 @@ class VllmV0Target:
                 raise EngineGuardRefused(f"can_append_slots: {touched} block(s) touched > "
                                          f"{free} free")
         try:
-            table.append_token_ids([tok])
+            append_tokens(table, [tok])  # num_computed_slots=length where it exists (a window reads it)
         except self._NoFree as exc:
             raise OutOfBlocks("vLLM v0 NoFreeBlocksError appending one token") from exc
         finally:
@@ -334,6 +422,14 @@ class VllmV0Target:
         return ids[length // self.block_size], length % self.block_size, (
             cows[0][0] if cows else None
         )
+
+    def _new_table(self) -> Any:
+        """A sequence's table, as ``SelfAttnBlockSpaceManager._allocate_sequence`` builds it."""
+        return self._BlockTable(self.block_size, self.allocator)
+
+    def _required_blocks(self, tokens: list[int]) -> int:
+        """The blocks ``can_allocate`` asks for (watermark 0)."""
+        return self._BlockTable.get_num_required_blocks(tokens, self.block_size)
 
     def append_slots(self, seq: int, n_tokens: int, lookahead: int = 0) -> list[tuple[int, int]]:
         """``SelfAttnBlockSpaceManager.append_slots`` with ``n_tokens`` unseen tokens."""
@@ -373,6 +469,7 @@ class VllmV0Target:
         del self.tables[seq]
         del self.group[seq]
         self.tokens.pop(seq)
+        self._untrack(seq)
         self._engine_step()
 
     def admits(self, op) -> bool:

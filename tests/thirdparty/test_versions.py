@@ -203,7 +203,7 @@ def test_an_allowed_deviation_does_not_hide_a_later_bug():
     allow = ["--allow", "append_slot: the sole holder of a partial block writes in place",
              "--allow", "append_slot: a new block was free"]
     base = ["verify-prefix", "--blocks", "8", "--block-size", "2", "--ops", "3000", *allow]
-    target = "benchmarks/historical/targets.py:v0_prefix_counted@"
+    target = "kvcheck.impl.thirdparty.vllm_v0:make_prefix_guarded@"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     p = subprocess.run([sys.executable, "-m", "kvcheck.cli", base[0], target + "0.5.0.post1",
                         *base[1:]], capture_output=True, text=True, cwd=root)
