@@ -225,4 +225,6 @@ def test_nano_vllm_npu_stale_key_is_caught():
              "--blocks", "8", "--block-size", "2", "--ops", "3000", "--seed", "0", "--json")
     assert p.returncode == 1, p.stderr
     v = json.loads(p.stdout)["violation"]
-    assert v["violation"]["name"] == "no_partial_cached" and len(v["ops"]) <= 4
+    stale_key = {"allocate: cache hit returns a block holding the requested prefix",
+                 "no_partial_cached", "one_key_per_block"}  # the false hit, or its stale key
+    assert v["violation"]["name"] in stale_key and len(v["ops"]) <= 4, v["violation"]
