@@ -228,3 +228,16 @@ def test_nano_vllm_npu_stale_key_is_caught():
     stale_key = {"allocate: cache hit returns a block holding the requested prefix",
                  "no_partial_cached", "one_key_per_block"}  # the false hit, or its stale key
     assert v["violation"]["name"] in stale_key and len(v["ops"]) <= 4, v["violation"]
+
+
+def test_the_v1_sliding_window_adapter_takes_a_release():
+    """``vllm-v1-sliding@0.20.2``: the window adapter on another release of v1's range (its
+    ``remove_skipped_blocks`` without ``num_prompt_tokens``)."""
+    _have("vllm-v1", "0.20.2")
+    from kvcheck.impl.thirdparty import vllm_v1_sliding
+
+    assert vllm_v1_sliding.make(4, 2, version="0.20.2").version == "0.20.2"
+    p = _cli("verify", "vllm-v1-sliding@0.20.2", "--blocks", "8", "--block-size", "2",
+             "--ops", "1500")
+    assert p.returncode == 0 and "engine: vllm 0.20.2 from the pinned sources" in p.stdout, (
+        p.stdout[-800:] + p.stderr)
