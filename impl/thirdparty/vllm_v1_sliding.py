@@ -126,6 +126,11 @@ class VllmV1SlidingTarget(VllmV1Target):
             num_blocks, block_size, sliding_window, enable_caching, version)
         self.pool = self.manager.block_pool
         self.swa = self.manager.coordinator.single_type_managers[0]
+        if not (hasattr(self.manager, "remove_skipped_blocks")
+                and hasattr(self.swa, "get_num_skipped_tokens")):  # both from 0.14.0
+            raise MisuseError(f"vLLM {self.version}: the sliding-window adapter drives "
+                              f"KVCacheManager.remove_skipped_blocks and SlidingWindowManager."
+                              f"get_num_skipped_tokens, which this release lacks (0.14.0 on)")
         self.requests: dict[int, Request] = {}
         self.preempted: dict[int, Request] = {}
         self.drafts: dict[int, list[int]] = {}
