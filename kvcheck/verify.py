@@ -88,7 +88,7 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
                       seed=seed, extra=dict(extra or {}), allow=frozenset(allow))
     start = time.perf_counter()
     with Watchdog(timeout):  # importing the target is target code too
-        label, factory = resolve(target)
+        label, factory = m.resolve(target) or resolve(target)
     run = drive(m, factory, scope, options, seed, ops, progress, deadline)
     if run.violation is None and not run.history:  # nothing ran: nothing was checked
         raise TargetError(f"no operation ran on {label} ({ops} requested): nothing was checked")

@@ -30,3 +30,10 @@ TARGETS: dict[str, tuple[str, str]] = {
                       "the reference prefix cache with the prompt's write deferred to commit(seq): "
                       "keys published after the write"),
 }
+
+# Targets of the hybrid-pool model (``kvcheck verify-hybrid``): KV-cache groups sharing one pool.
+HYBRID_TARGETS: dict[str, tuple[str, str]] = {
+    "reference-hybrid": ("kvcheck.impl.hybrid_manager:HybridBlockManager",
+                         "the reference hybrid pool: a full-attention and a sliding-window "
+                         "group (window 2 x block size) sharing one pool, prefix caching"),
+}
