@@ -25,9 +25,8 @@ in blocks. On top of that the vocabulary of ``spec.state`` gains
 
 ``HYBRID_INVARIANTS`` are evaluated on that state after every operation; the
 per-operation clauses below (``allocate``, ``append_slot``, ``free_seq``) add
-what one request-level call must do to all its groups at once. An out-of-blocks
-failure changes nothing: ``spec.contracts.exception_safety`` over every
-(request, group) table.
+what one request-level call must do to all its groups at once; ``out_of_blocks``
+what a failed one may do (nothing but a legal window drop).
 """
 
 from __future__ import annotations
@@ -108,6 +107,28 @@ def free_seq(L, pre, post, op, seqs):
         yield "free_seq: the request holds no table in any group", q, L.not_(post.live(q))
 
 
+def out_of_blocks(L, pre, post, op, dom):
+    """An operation that fails with out-of-blocks changes nothing, except that it may first
+    release blocks behind a sliding window: the drop the step makes anyway (vLLM's
+    allocate_slots calls remove_skipped_blocks before it checks the free blocks: "we can do
+    this even if we cannot schedule this request"). Every table keeps its entries but for
+    pool entries of a sliding-window group that become null behind the window (as
+    window_nulls, at the unchanged length), a request the call would admit holds no table,
+    and each block's refcount drops by exactly the entries released from it."""
+    B = pre.block_size
+    for q in dom.seqs:
+        W = pre.window_of(q)
+        yield "out of blocks: every table unchanged but for sliding-window drops", q, L.and_(
+            post.live(q) == pre.live(q), post.nblocks(q) == pre.nblocks(q),
+            L.all_(L.or_(post.table(q, i) == pre.table(q, i),
+                         L.and_(post.table(q, i) == NULL, W >= 1,
+                                (i + 1) * B + W <= pre.length(q) + 1))
+                   for i in pre.positions(q)))
+    for b in dom.blocks:
+        yield "out of blocks: a refcount drops only by the entries released", b, \
+            post.ref(b) == pre.ref(b) - (pre.holders(b) - post.holders(b))
+
+
 CONTRACTS = {"allocate": allocate, "append_slot": append_slot, "free_seq": free_seq}
 
 
@@ -117,7 +138,7 @@ def clause_names() -> list[str]:
     import re
 
     names = []
-    for fn in CONTRACTS.values():
+    for fn in (*CONTRACTS.values(), out_of_blocks):
         names += re.findall(r'yield "([^"]+)"', inspect.getsource(fn))
     return names
 

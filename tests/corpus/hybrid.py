@@ -129,9 +129,23 @@ class KeyIgnoresGroup(HybridBlockManager):
         return (0, tuple(toks[: (i + 1) * self.block_size]))
 
 
+class PartialOnOOB(HybridBlockManager):
+    """An allocation that fits the full group but not the sliding one takes the full
+    group's blocks, then fails without giving them back (not all or nothing)."""
+
+    def allocate(self, seq, tokens):
+        nb = -(-len(tokens) // self.block_size)
+        if len(self.windows) * nb > len(self.free) >= nb and self._hit(list(tokens)) == 0:
+            for _ in range(nb):
+                self._take()
+            raise OutOfBlocks("no blocks left for the sliding group")
+        return super().allocate(seq, tokens)
+
+
+# -- legal variants -----------------------------------------------------------------
 class DropBeforeOOB(HybridBlockManager):
     """A decode step releases the blocks behind the window before it finds it cannot get
-    the new blocks: the out-of-blocks failure leaves the state changed."""
+    the new blocks (as vLLM's allocate_slots does): the drop is legal on its own."""
 
     def append_slot(self, seq, token):
         tables, toks = self._live(seq)
@@ -143,7 +157,6 @@ class DropBeforeOOB(HybridBlockManager):
         super().append_slot(seq, token)
 
 
-# -- legal variants -----------------------------------------------------------------
 class NoCaching(HybridBlockManager):
     """Never caches (every hit is 0 tokens)."""
 
@@ -202,8 +215,8 @@ HYBRID_CORPUS = {
     "drop-inside-window": (DropInsideWindow, "window_nulls", 2),
     "free-counts-nulls": (FreeCountsNulls, "num_free_agrees", 3),
     "key-ignores-group": (KeyIgnoresGroup, "allocate: a position inside the hit is served from the cache", 3),
-    "drop-before-oob": (DropBeforeOOB, "exception_safety: free list length unchanged", 3),
+    "partial-on-oob": (PartialOnOOB, "out of blocks: a refcount drops only by the entries released", 2),
 }
 HYBRID_LEGAL = {"no-caching": NoCaching, "keeps-window": KeepsWindow,
                 "drops-after-append": DropsAfterAppend, "lifo-free": LifoFree,
-                "three-groups": WideWindow}
+                "three-groups": WideWindow, "drops-before-oob": DropBeforeOOB}

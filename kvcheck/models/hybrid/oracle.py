@@ -24,7 +24,7 @@ from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, activ
 from kvcheck.errors import what_it_did
 from kvcheck.models.hybrid.model import OPS
 from kvcheck.spec import hybrid as H
-from kvcheck.spec.contracts import OK, OOB, Domain, exception_safety
+from kvcheck.spec.contracts import OK, OOB, Domain
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
 from kvcheck.spec.state import NULL, Snapshot
@@ -162,9 +162,10 @@ class HybridOracle:
             self.stats["oob"] += 1
             post = self._capture()
             self.post = post
-            dom = Domain(list(range(self.nb)), sorted(set(pre.seqs()) | set(post.seqs())))
-            return self._clauses(n, op, exception_safety, (pre, post, op, dom), pre, post,
-                                 exception_safety.__doc__)
+            seqs = set(pre.seqs()) | set(post.seqs()) | set(self._seqs(r))
+            dom = Domain(list(range(self.nb)), sorted(seqs))
+            return self._clauses(n, op, H.out_of_blocks, (pre, post, op, dom), pre, post,
+                                 H.out_of_blocks.__doc__) or self._invariants(n, post)
         served: set = set()
         if kind == "allocate":
             cached = self._cached(result)
@@ -327,7 +328,7 @@ class HybridOracle:
             log: list = []
             rpre, rpost = evidence.Recorder(pre, "pre", log), evidence.Recorder(post, "post", log)
             rargs = tuple(rpre if a is pre else rpost if a is post else a for a in args)
-            if fn is exception_safety:
+            if fn is H.out_of_blocks:
                 rargs = (*rargs[:3], evidence.tagged_domain(args[3]))
             else:
                 rargs = (*rargs[:3], [evidence.tag("seq", q) for q in args[3]])
