@@ -36,4 +36,9 @@ HYBRID_TARGETS: dict[str, tuple[str, str]] = {
     "reference-hybrid": ("kvcheck.impl.hybrid_manager:HybridBlockManager",
                          "the reference hybrid pool: a full-attention and a sliding-window "
                          "group (window 2 x block size) sharing one pool, prefix caching"),
+    "vllm-v1-hybrid": ("kvcheck.impl.thirdparty.vllm_v1_hybrid:make",
+                       "vLLM 0.33.0 v1 KVCacheManager, HybridKVCacheCoordinator: full attention "
+                       "+ sliding window 2 x block size sharing one pool, prefix caching"),
+    "vllm-v1-hybrid-odd": ("kvcheck.impl.thirdparty.vllm_v1_hybrid:make_odd_window",
+                           "vllm-v1-hybrid with a sliding window of block size + 1 tokens"),
 }
