@@ -55,3 +55,23 @@ def test_cli_verify_hybrid(tmp_path, capsys):
     assert out["verdict"] == "pass" and out["windows"] == [0, 4]
     assert main(["verify-hybrid", "no_such_module:X"], isolate=False) == 2
     assert main(["verify-hybrid", "reference"], isolate=False) == 2  # not a hybrid target
+
+
+def test_state_machine_drives_hybrid_pools():
+    import unittest
+
+    from hypothesis import settings
+
+    from kvcheck.verify import make_state_machine
+
+    def run(target):
+        m = make_state_machine(target, 8, 2, model="hybrid")
+        m.TestCase.settings = settings(max_examples=40, stateful_step_count=20, deadline=None,
+                                       derandomize=True, database=None)
+        return unittest.TextTestRunner(verbosity=0, stream=open("/dev/null", "w")).run(
+            m.TestCase("runTest"))
+
+    ok = run("reference-hybrid")
+    assert not ok.failures and not ok.errors
+    bad = run(HYBRID_CORPUS["window-drop-in-full"][0])
+    assert len(bad.failures) == 1 and "window_nulls" in bad.failures[0][1]

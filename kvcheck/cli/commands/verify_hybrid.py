@@ -11,7 +11,8 @@ from kvcheck.cli.commands import checking
 
 HYBRID_MIX = ("allocate", "free_seq")
 FULL_HELP = ("accepted for symmetry with the other checking commands: the hybrid oracle reads "
-             "the whole pool after every operation in both modes")
+             "the whole pool after every operation in both modes (default: off, the same "
+             "checks)")
 
 
 def add_parser(sub) -> None:

@@ -92,6 +92,10 @@ class HybridOracle:
     def live(self) -> list[int]:
         return list(self.tokens)
 
+    def live_seqs(self) -> list[int]:
+        """The live requests (what the Hypothesis state machine draws from)."""
+        return list(self.tokens)
+
     def num_free(self) -> int:
         return self.post.num_free() if self.post is not None else 0
 
