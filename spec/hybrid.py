@@ -113,7 +113,8 @@ def out_of_blocks(L, pre, post, op, dom):
     allocate_slots calls remove_skipped_blocks before it checks the free blocks: "we can do
     this even if we cannot schedule this request"). Every table keeps its entries but for
     pool entries of a sliding-window group that become null behind the window (as
-    window_nulls, at the unchanged length), a request the call would admit holds no table,
+    window_nulls, at the unchanged length; the dropped entries extend the null prefix, as
+    vLLM's remove_skipped_blocks does), a request the call would admit holds no table,
     and each block's refcount drops by exactly the entries released from it."""
     B = pre.block_size
     for q in dom.seqs:
@@ -122,7 +123,8 @@ def out_of_blocks(L, pre, post, op, dom):
             post.live(q) == pre.live(q), post.nblocks(q) == pre.nblocks(q),
             L.all_(L.or_(post.table(q, i) == pre.table(q, i),
                          L.and_(post.table(q, i) == NULL, W >= 1,
-                                (i + 1) * B + W <= pre.length(q) + 1))
+                                (i + 1) * B + W <= pre.length(q) + 1,
+                                True if i == 0 else post.table(q, i - 1) == NULL))
                    for i in pre.positions(q)))
     for b in dom.blocks:
         yield "out of blocks: a refcount drops only by the entries released", b, \
