@@ -37,6 +37,10 @@ def test_buggy_pool_caught_minimal(name):
 def test_legal_variant_passes(name, bs):
     r = verify(HYBRID_LEGAL[name], 10, bs, 1500, 1, model="hybrid")
     assert r.ok, r.violation
+    if name == "drops-before-oob":  # the allowance was exercised, not just permitted
+        assert r.state.stats["oob_dropping"] > 0
+    else:
+        assert r.state.stats["oob_dropping"] == 0
 
 
 def test_trace_round_trip_and_replay(tmp_path):

@@ -198,6 +198,16 @@ class LifoFree(HybridBlockManager):
             self.free.insert(0, b)
 
 
+class DropsKeysOnFree(HybridBlockManager):
+    """A block returning to the pool loses its cache key (no evictable blocks, nothing
+    revived: fewer hits, legal)."""
+
+    def _release(self, b):
+        super()._release(b)
+        if self.ref[b] == 0 and b in self.key_of:
+            del self.cache[self.key_of.pop(b)]
+
+
 class WideWindow(HybridBlockManager):
     """Three groups: full attention and two sliding windows (1 and 3 x block size)."""
 
@@ -219,4 +229,5 @@ HYBRID_CORPUS = {
 }
 HYBRID_LEGAL = {"no-caching": NoCaching, "keeps-window": KeepsWindow,
                 "drops-after-append": DropsAfterAppend, "lifo-free": LifoFree,
-                "three-groups": WideWindow, "drops-before-oob": DropBeforeOOB}
+                "three-groups": WideWindow, "drops-before-oob": DropBeforeOOB,
+                "drops-keys-on-free": DropsKeysOnFree}

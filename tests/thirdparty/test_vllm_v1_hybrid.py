@@ -20,6 +20,8 @@ def test_vllm_hybrid_passes(target, bs, nb):
     assert r.ok, r.violation and (r.violation.name, r.violation.witness)
     st = r.state.stats
     assert st["hits"] > 0 and st["dropped"] > 0 and st["oob"] > 0
+    if bs == 1:  # vLLM drops behind the window before it finds too few blocks (allowed)
+        assert st["oob_dropping"] > 0
 
 
 def test_sliding_hit_served_with_null_entries():

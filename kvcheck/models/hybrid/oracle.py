@@ -75,7 +75,7 @@ class HybridOracle:
         self.filled: dict[int, int] = {}  # block -> slots holding that content
         self.post = None
         self.stats = {"allocate": 0, "hits": 0, "append_slot": 0, "free_seq": 0, "dropped": 0,
-                      "oob": 0}
+                      "oob": 0, "oob_dropping": 0}
         try:
             with guarded(None):
                 self.post = self._capture()
@@ -166,6 +166,8 @@ class HybridOracle:
             self.stats["oob"] += 1
             post = self._capture()
             self.post = post
+            if self._drops(pre, post, r):  # the allowance: a drop before the failure
+                self.stats["oob_dropping"] += 1
             seqs = set(pre.seqs()) | set(post.seqs()) | set(self._seqs(r))
             dom = Domain(list(range(self.nb)), sorted(seqs))
             return self._clauses(n, op, H.out_of_blocks, (pre, post, op, dom), pre, post,
@@ -201,10 +203,15 @@ class HybridOracle:
         if op.kind == "allocate" and any(op.cached):
             st["hits"] += 1
         if op.kind == "append_slot":
-            for q in self._seqs(op.seq):
-                old, new = pre.base.tables.get(q, ()), post.base.tables.get(q, ())
-                st["dropped"] += sum(1 for i, b in enumerate(new)
-                                     if b == NULL and i < len(old) and old[i] != NULL)
+            st["dropped"] += self._drops(pre, post, op.seq)
+
+    def _drops(self, pre, post, r: int) -> int:
+        """Entries of request ``r`` that were pool blocks before and are null after."""
+        n = 0
+        for q in self._seqs(r):
+            old, new = pre.base.tables.get(q, ()), post.base.tables.get(q, ())
+            n += sum(1 for i, b in enumerate(new) if b == NULL and i < len(old) and old[i] != NULL)
+        return n
 
     def _oob(self, exc) -> bool:
         try:
