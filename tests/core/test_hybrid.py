@@ -79,3 +79,58 @@ def test_state_machine_drives_hybrid_pools():
     assert not ok.failures and not ok.errors
     bad = run(HYBRID_CORPUS["window-drop-in-full"][0])
     assert len(bad.failures) == 1 and "window_nulls" in bad.failures[0][1]
+
+
+# -- a misbehaving hybrid target is reported, never a traceback ---------------------
+from kvcheck.impl.hybrid_manager import HybridBlockManager  # noqa: E402
+
+
+class GarbageResult(HybridBlockManager):
+    def allocate(self, seq, tokens):
+        super().allocate(seq, tokens)
+        return "lots"
+
+
+class RaisingTable(HybridBlockManager):
+    def block_table(self, seq, group):
+        if group == 1 and len(self.tables) > 1:
+            raise RuntimeError("boom")
+        return super().block_table(seq, group)
+
+
+class CrashingAppend(HybridBlockManager):
+    def append_slot(self, seq, token):
+        raise ValueError("no")
+
+
+class NoWindows(HybridBlockManager):
+    windows = ()
+
+    def __init__(self, num_blocks, block_size):
+        super().__init__(num_blocks, block_size)
+        self.windows = ()
+
+
+@pytest.mark.parametrize("cls,kind,name", [(GarbageResult, "malformed", "allocate result"),
+                                           (RaisingTable, "malformed", "observation"),
+                                           (CrashingAppend, "crash", "append_slot")])
+def test_misbehaving_target_is_a_violation(cls, kind, name):
+    r = verify(cls, 8, 2, 500, 0, model="hybrid", shrink_budget=10)
+    assert not r.ok and (r.violation.kind, r.violation.name) == (kind, name)
+    assert r.violation.witness
+
+
+def test_bad_hybrid_target_is_bad_input(capsys):
+    assert main(["verify-hybrid", "tests/core/test_hybrid.py:NoWindows"], isolate=False) == 2
+    err = capsys.readouterr().err
+    assert "windows" in err and "Traceback" not in err
+
+
+def test_hybrid_trace_loading_is_strict():
+    from kvcheck.check.trace import TraceError
+
+    r = verify(HYBRID_CORPUS["free-one-group"][0], 8, 2, 3000, 0, model="hybrid")
+    data = json.loads(r.trace.dumps())
+    data["ops"][0]["tokens"] = []
+    with pytest.raises(TraceError, match="at least one token"):
+        Trace.loads(json.dumps(data))

@@ -83,7 +83,7 @@ STATE_SCHEMA = {  # every live request's tables (one per group), lengths, refcou
         "tables": {"type": "object", "maxProperties": 100000, "propertyNames": _KEYS,
                    "additionalProperties": {"type": "array", "maxItems": 64, "items": {
                        "type": "array", "maxItems": 1048576,
-                       "items": {"type": "integer"}}}},
+                       "items": {"$ref": "#/$defs/block"}}}},
         "lens": {"type": "object", "maxProperties": 100000, "propertyNames": _KEYS,
                  "additionalProperties": {"$ref": "#/$defs/count"}},
         "refs": _BLOCKS,
