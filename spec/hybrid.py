@@ -53,7 +53,8 @@ def window_nulls(L, s, q):
     """Only a sliding-window group drops blocks, and only blocks no later token can
     attend to: a null entry at position i of a group with window W lies wholly before
     the window of the next token (position len), i.e. (i+1)*B <= len - W + 1; a
-    full-attention group (window 0) has no null entry."""
+    full-attention group (window 0) has no null entry. (Between steps; a step's own
+    tokens need more, see the allocate and append_slot contracts.)"""
     B, W = s.block_size, s.window_of(q)
     return L.all_(
         L.implies(L.and_(i < s.nblocks(q), s.table(q, i) == NULL),
@@ -75,7 +76,9 @@ def allocate(L, pre, post, op, seqs):
     group reports the same number of cached tokens, a whole number of blocks that
     leaves at least one prompt token to compute; every position inside it is served
     from the cache with a full block that held exactly that prefix in the same group
-    (or, in a sliding-window group, is a null entry behind the window)."""
+    (or, in a sliding-window group, is a null entry behind the window). The step
+    computes the tokens from the hit on, so a null entry lies wholly before the window
+    of the first of them (position cached): (i+1)*B <= cached - W + 1."""
     cached = op.cached
     B = post.block_size
     first = cached[0]
@@ -88,16 +91,34 @@ def allocate(L, pre, post, op, seqs):
         for i in post.positions(q):
             yield "allocate: a position inside the hit is served from the cache", q, \
                 L.implies(i * B < first, L.or_(post.served(q, i), post.table(q, i) == NULL))
+    for q in seqs:
+        yield "allocate: a null entry lies behind the window of the first token computed", q, \
+            _behind(L, post, q, first)
 
 
 def append_slot(L, pre, post, op, seqs):
     """A decode step writes the new token (position len - 1 after it) in every group,
-    into a pool block of that group's table that no other table entry names."""
+    into a pool block of that group's table that no other table entry names; the
+    token attends to the W tokens ending with it, so a null entry lies wholly before
+    them: (i+1)*B <= len - W (dropping against the length after the step, the next
+    token's window, releases a block this token still reads)."""
     pos = (post.length(seqs[0]) - 1) // post.block_size
     for q in seqs:
         b = post.table(q, pos)
         yield "append_slot: each group writes the token into a block it holds alone", q, \
             L.and_(b != NULL, post.holders(b) == 1)
+    for q in seqs:
+        yield "append_slot: a null entry lies behind the window of the token written", q, \
+            _behind(L, post, q, post.length(q) - 1)
+
+
+def _behind(L, s, q, first):
+    """Every null entry of q's table lies wholly before the window of the token at position
+    ``first`` (which attends to first - W + 1 .. first)."""
+    B, W = s.block_size, s.window_of(q)
+    return L.all_(L.implies(L.and_(i < s.nblocks(q), s.table(q, i) == NULL),
+                            (i + 1) * B + W <= first + 1)
+                  for i in s.positions(q))
 
 
 def free_seq(L, pre, post, op, seqs):

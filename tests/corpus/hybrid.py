@@ -93,6 +93,41 @@ class DropInsideWindow(HybridBlockManager):
         return 0 if W == 0 else max(0, (end - W + 1) // self.block_size + 1)
 
 
+class DropsForNextToken(HybridBlockManager):
+    """A decode step drops against the length after it (the *next* token's window): the
+    block holding the first token of the new token's own window is released before the
+    step's attention reads it."""
+
+    def _drops(self, seq):
+        length = len(self.tokens[seq]) + 1
+        return [(g, i) for g, t in enumerate(self.tables[seq])
+                for i in range(min(self._needed_from(g, length), len(t))) if t[i] != NULL]
+
+    def append_slot(self, seq, token):
+        tables, toks = self._live(seq)
+        if len(toks) % self.block_size == 0:
+            freed = sum(1 for g, i in self._drops(seq) if self.ref[tables[g][i]] == 1)
+            if len(tables) > len(self.free) + freed:
+                raise OutOfBlocks("a decode step needs a block per group")
+        super().append_slot(seq, token)
+
+
+class PrefillDropsForLastToken(HybridBlockManager):
+    """An admission drops the sliding group's blocks behind the window of the prompt's
+    *last* token: the prefill computes every prompt token, and the first ones attend to
+    the blocks just released."""
+
+    def allocate(self, seq, tokens):
+        out = super().allocate(seq, tokens)
+        n = len(self.tokens[seq])
+        for g, table in enumerate(self.tables[seq]):
+            for i in range(min(self._needed_from(g, n - 1), len(table))):
+                if table[i] != NULL:
+                    self._release(table[i])
+                    table[i] = NULL
+        return out
+
+
 class FullHitNoTokenLeft(HybridBlockManager):
     """A prompt wholly in the cache is served whole: no token is left to compute (the
     engine needs one to produce the next token's logits; vLLM caps hits at n - 1)."""
@@ -171,24 +206,6 @@ class KeepsWindow(HybridBlockManager):
         return []
 
 
-class DropsAfterAppend(HybridBlockManager):
-    """Drops against the length after the step (the new token's own window: still nothing a
-    later token attends to)."""
-
-    def _drops(self, seq):
-        length = len(self.tokens[seq]) + 1
-        return [(g, i) for g, t in enumerate(self.tables[seq])
-                for i in range(min(self._needed_from(g, length), len(t))) if t[i] != NULL]
-
-    def append_slot(self, seq, token):
-        tables, toks = self._live(seq)
-        if len(toks) % self.block_size == 0:
-            freed = sum(1 for g, i in self._drops(seq) if self.ref[tables[g][i]] == 1)
-            if len(tables) > len(self.free) + freed:
-                raise OutOfBlocks("a decode step needs a block per group")
-        super().append_slot(seq, token)
-
-
 class LifoFree(HybridBlockManager):
     """Freed blocks are reused first (LIFO free list)."""
 
@@ -222,12 +239,17 @@ HYBRID_CORPUS = {
     "full-hit-no-token-left": (FullHitNoTokenLeft,
                                "allocate: cached tokens are whole blocks and leave a token to compute", 2),
     "window-drop-in-full": (WindowDropInFull, "window_nulls", 2),
-    "drop-inside-window": (DropInsideWindow, "window_nulls", 2),
+    "drop-inside-window": (DropInsideWindow,
+                           "append_slot: a null entry lies behind the window of the token written", 2),
+    "prefill-drops-for-last-token": (PrefillDropsForLastToken,
+                                     "allocate: a null entry lies behind the window of the first "
+                                     "token computed", 1),
     "free-counts-nulls": (FreeCountsNulls, "num_free_agrees", 3),
     "key-ignores-group": (KeyIgnoresGroup, "allocate: a position inside the hit is served from the cache", 3),
+    "drops-for-next-token": (DropsForNextToken,
+                             "append_slot: a null entry lies behind the window of the token written", 2),
     "partial-on-oob": (PartialOnOOB, "out of blocks: a refcount drops only by the entries released", 2),
 }
-HYBRID_LEGAL = {"no-caching": NoCaching, "keeps-window": KeepsWindow,
-                "drops-after-append": DropsAfterAppend, "lifo-free": LifoFree,
+HYBRID_LEGAL = {"no-caching": NoCaching, "keeps-window": KeepsWindow, "lifo-free": LifoFree,
                 "three-groups": WideWindow, "drops-before-oob": DropBeforeOOB,
                 "drops-keys-on-free": DropsKeysOnFree}
