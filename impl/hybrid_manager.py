@@ -18,6 +18,9 @@ keeps one table per group; every new block comes from the one free list.
     to (``(i + 1) * B <= len - W + 1``, computed on the length before the step, as
     vLLM's ``remove_skipped_blocks(num_computed_tokens)``), then each group takes a
     block if the token starts one. A block the token completes is cached.
+``append_tokens(seq, tokens)``
+    the same for several tokens computed in one step (a chunk of a streamed prompt):
+    the drop is against the length before the step (the first new token's window).
 ``free_seq(seq)``
     every group's table, last block first; cached blocks stay findable (evictable).
 
@@ -35,7 +38,7 @@ NULL = -1  # kvcheck.spec.state.NULL
 
 
 class HybridBlockManager:
-    capabilities = frozenset({"allocate", "append_slot", "free_seq"})
+    capabilities = frozenset({"allocate", "append_slot", "append_tokens", "free_seq"})
 
     def __init__(self, num_blocks: int, block_size: int, windows: tuple[int, ...] | None = None,
                  caching: bool = True):
@@ -140,22 +143,29 @@ class HybridBlockManager:
         return out
 
     def append_slot(self, seq: int, token: int) -> None:
+        self.append_tokens(seq, [token])
+
+    def append_tokens(self, seq: int, tokens) -> None:
         tables, toks = self._live(seq)
+        new = list(tokens)
+        if not new:
+            raise MisuseError("a step appends at least one token")
         B, length = self.block_size, len(toks)
+        end = length + len(new)
         drops = self._drops(seq)
-        if length % B == 0:
-            freed = sum(1 for g, i in drops if self.ref[tables[g][i]] == 1)
-            if len(tables) > len(self.free) + freed:
-                raise OutOfBlocks("a decode step needs a block per group")
+        need = sum(-(-end // B) - len(t) for t in tables)
+        freed = sum(1 for g, i in drops if self.ref[tables[g][i]] == 1)
+        if need > len(self.free) + freed:
+            raise OutOfBlocks(f"{need} blocks needed for {len(new)} tokens")
         for g, i in drops:
             self._release(tables[g][i])
             tables[g][i] = NULL
-        toks.append(token)
+        toks.extend(new)
         for g, table in enumerate(tables):
-            if length % B == 0:
+            while len(table) < -(-end // B):
                 table.append(self._take())
-            if (length + 1) % B == 0:
-                self._publish(g, toks, length // B, table[length // B])
+            for i in range(length // B, end // B):
+                self._publish(g, toks, i, table[i])
 
     def free_seq(self, seq: int) -> None:
         tables, _ = self._live(seq)

@@ -24,7 +24,8 @@ in blocks. On top of that the vocabulary of ``spec.state`` gains
                        in q's group, and was full
 
 ``HYBRID_INVARIANTS`` are evaluated on that state after every operation; the
-per-operation clauses below (``allocate``, ``append_slot``, ``free_seq``) add
+per-operation clauses below (``allocate``, ``append_slot``, ``append_tokens``,
+``free_seq``) add
 what one request-level call must do to all its groups at once; ``out_of_blocks``
 what a failed one may do (nothing but a legal window drop).
 """
@@ -112,6 +113,25 @@ def append_slot(L, pre, post, op, seqs):
             _behind(L, post, q, post.length(q) - 1)
 
 
+def append_tokens(L, pre, post, op, seqs):
+    """A step computing n new tokens at once (the next chunk of a streamed prompt, as
+    chunked prefill schedules it) writes each of them, in every group, into a pool block
+    that group holds alone; the first of them (position len - n) attends to the W tokens
+    ending with it, so a null entry lies wholly before those: (i+1)*B <= len - n - W + 1
+    (dropping against the chunk's last token releases blocks its first tokens read)."""
+    B = post.block_size
+    first = post.length(seqs[0]) - op.n_tokens
+    for q in seqs:
+        yield "append_tokens: each group writes the new tokens into blocks it holds alone", q, \
+            L.all_(L.implies(L.and_(i * B < post.length(q), (i + 1) * B > first),
+                             L.and_(post.table(q, i) != NULL,
+                                    post.holders(post.table(q, i)) == 1))
+                   for i in post.positions(q))
+    for q in seqs:
+        yield "append_tokens: a null entry lies behind the window of the first new token", q, \
+            _behind(L, post, q, first)
+
+
 def _behind(L, s, q, first):
     """Every null entry of q's table lies wholly before the window of the token at position
     ``first`` (which attends to first - W + 1 .. first)."""
@@ -152,7 +172,8 @@ def out_of_blocks(L, pre, post, op, dom):
             post.ref(b) == pre.ref(b) - (pre.holders(b) - post.holders(b))
 
 
-CONTRACTS = {"allocate": allocate, "append_slot": append_slot, "free_seq": free_seq}
+CONTRACTS = {"allocate": allocate, "append_slot": append_slot, "append_tokens": append_tokens,
+             "free_seq": free_seq}
 
 
 def clause_names() -> list[str]:

@@ -27,6 +27,10 @@ they share):
     one decode step: the token is appended (``append_output_token_ids``, which hashes a
     block it completes), then ``allocate_slots(req, 1)`` (which first runs
     ``remove_skipped_blocks``); ``None`` -> ``OutOfBlocks`` with the token popped again.
+``append_tokens(seq, tokens)``
+    a step computing several tokens, as chunked prefill schedules the next chunk of a
+    request whose tokens are known: they join the request (``append_output_token_ids``),
+    then ``allocate_slots(req, n)``; ``None`` -> ``OutOfBlocks`` with them removed again.
 ``free_seq(seq)``
     ``KVCacheManager.free(req)``.
 
@@ -75,7 +79,7 @@ def build_hybrid_manager(num_blocks: int, block_size: int, window: int):
 class VllmV1HybridTarget:
     """A hybrid-pool target over a real vLLM v1 ``KVCacheManager`` (see module docstring)."""
 
-    capabilities = frozenset({"allocate", "append_slot", "free_seq"})
+    capabilities = frozenset({"allocate", "append_slot", "append_tokens", "free_seq"})
 
     def __init__(self, num_blocks: int, block_size: int, window: int | None = None):
         if num_blocks < 1 or block_size < 1:
@@ -121,6 +125,24 @@ class VllmV1HybridTarget:
             del req.block_hashes[hashes_before:]
             raise OutOfBlocks("vLLM allocate_slots returned None for one decode token")
         req.num_computed_tokens = length + 1
+
+    def append_tokens(self, seq: int, tokens: Sequence[int]) -> None:
+        """A step computing ``len(tokens)`` new tokens (the next chunk of a streamed
+        prompt): the tokens join the request, then ``allocate_slots(req, n)``, as the
+        scheduler schedules a running request's next chunk."""
+        req = self._live(seq)
+        tokens = list(tokens)
+        if not tokens:
+            raise MisuseError("a step appends at least one token")
+        length = req.num_computed_tokens
+        hashes_before = len(req.block_hashes)
+        req.append_output_token_ids(tokens)
+        if self.manager.allocate_slots(req, len(tokens)) is None:
+            del req._all_token_ids[length:]
+            del req._output_token_ids[len(req._output_token_ids) - len(tokens):]
+            del req.block_hashes[hashes_before:]
+            raise OutOfBlocks(f"vLLM allocate_slots returned None for {len(tokens)} tokens")
+        req.num_computed_tokens = length + len(tokens)
 
     def free_seq(self, seq: int) -> None:
         req = self._live(seq)

@@ -20,6 +20,7 @@ def test_reference_passes_and_reaches_every_class(bs):
     assert r.ok, r.violation
     st = r.state.stats
     assert st["hits"] > 0 and st["dropped"] > 0 and st["oob"] > 0 and st["free_seq"] > 0
+    assert st["append_tokens"] > 0
 
 
 @pytest.mark.parametrize("name", sorted(HYBRID_CORPUS))

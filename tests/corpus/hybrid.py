@@ -128,6 +128,24 @@ class PrefillDropsForLastToken(HybridBlockManager):
         return out
 
 
+class ChunkDropsForLastToken(HybridBlockManager):
+    """A multi-token step drops behind the window of its *last* token: its first tokens
+    still attend to the blocks released."""
+
+    def _drops(self, seq):
+        self._pending = getattr(self, "_pending", 0)
+        end = len(self.tokens[seq]) + max(self._pending - 1, 0)
+        return [(g, i) for g, t in enumerate(self.tables[seq])
+                for i in range(min(self._needed_from(g, end), len(t))) if t[i] != NULL]
+
+    def append_tokens(self, seq, tokens):
+        self._pending = len(list(tokens))
+        try:
+            super().append_tokens(seq, tokens)
+        finally:
+            self._pending = 0
+
+
 class FullHitNoTokenLeft(HybridBlockManager):
     """A prompt wholly in the cache is served whole: no token is left to compute (the
     engine needs one to produce the next token's logits; vLLM caps hits at n - 1)."""
@@ -248,6 +266,9 @@ HYBRID_CORPUS = {
     "key-ignores-group": (KeyIgnoresGroup, "allocate: a position inside the hit is served from the cache", 3),
     "drops-for-next-token": (DropsForNextToken,
                              "append_slot: a null entry lies behind the window of the token written", 2),
+    "chunk-drops-for-last-token": (ChunkDropsForLastToken,
+                                   "append_tokens: a null entry lies behind the window of the "
+                                   "first new token", 2),
     "partial-on-oob": (PartialOnOOB, "out of blocks: a refcount drops only by the entries released", 2),
 }
 HYBRID_LEGAL = {"no-caching": NoCaching, "keeps-window": KeepsWindow, "lifo-free": LifoFree,

@@ -51,4 +51,7 @@ class HybridDriver:
         if (roll < self.w["allocate"] + self.w["free_seq"] or len(state.tokens[seq]) > 8 * self.bs
                 or (starved and roll < 6)):
             return _make("free_seq", seq=seq)
+        if "append_tokens" in self.caps and rng.random() < 0.25:
+            n = rng.randint(2, 2 * self.bs + 1)
+            return _make("append_tokens", seq=seq, tokens=[rng.randrange(VOCAB) for _ in range(n)])
         return _make("append_slot", seq=seq, token=rng.randrange(VOCAB))

@@ -3,7 +3,9 @@
 in every KV-cache group of one shared pool (vLLM v1's hybrid coordinator).
 
 A hybrid target offers those three operations (``allocate(seq, tokens)`` returns the
-cached tokens it served, per group, or one count for all) and reads back as
+cached tokens it served, per group, or one count for all), optionally
+``append_tokens(seq, tokens)`` (several tokens computed in one step: a chunk of a
+streamed prompt), and reads back as
 
     windows                 the groups' windows, one per group (0: full attention)
     block_table(seq, g)     request seq's table in group g (``KeyError``: none);
@@ -70,6 +72,9 @@ OPS = {
                            "items": {"type": "integer"}}),), doc=_doc("allocate")),
     "append_slot": OpSpec("append_slot", _make, (Arg("seq", SEQ), Arg("token", VALUE)),
                           doc=_doc("append_slot")),
+    # only for a target with append_tokens(seq, tokens): n tokens computed in one step
+    "append_tokens": OpSpec("append_tokens", _make, (Arg("seq", SEQ), Arg("tokens", TOKENS)),
+                            doc=_doc("append_tokens")),
     "free_seq": OpSpec("free_seq", _make, (Arg("seq", SEQ),), doc=_doc("free_seq")),
 }
 
@@ -105,6 +110,8 @@ class HybridModel(Model):
             head = f"allocate(seq={op.seq}, tokens={list(op.tokens)})"
         elif op.kind == "append_slot":
             head = f"append_slot(seq={op.seq}, token={op.token!r})"
+        elif op.kind == "append_tokens":
+            head = f"append_tokens(seq={op.seq}, tokens={list(op.tokens)})"
         else:
             head = f"free_seq(seq={op.seq})"
         if op.outcome == "oob":
@@ -118,6 +125,8 @@ class HybridModel(Model):
 
         if d["op"] == "allocate" and not d["tokens"]:
             raise TraceError(f"{where}.tokens: a prompt has at least one token")
+        if d["op"] == "append_tokens" and not d["tokens"]:
+            raise TraceError(f"{where}.tokens: a step appends at least one token")
         if d["op"] == "append_slot" and (type(d["token"]) is not int
                                          or not -(2**63) <= d["token"] < 2**63):
             raise TraceError(f"{where}.token: expected a token id (a 64-bit integer), got "
@@ -200,6 +209,8 @@ class HybridModel(Model):
             return f"request {op.seq} admitted with {len(op.tokens)} prompt tokens{hit}"
         if op.kind == "append_slot":
             return f"request {op.seq} decodes one token"
+        if op.kind == "append_tokens":
+            return f"request {op.seq} computes {len(op.tokens)} new tokens in one step"
         return f"request {op.seq} is freed"
 
     def pool_of(self, state: dict) -> dict | None:

@@ -74,7 +74,8 @@ class HybridOracle:
         self.content: dict[int, tuple] = {}  # block -> (group, prefix its content is under)
         self.filled: dict[int, int] = {}  # block -> slots holding that content
         self.post = None
-        self.stats = {"allocate": 0, "hits": 0, "append_slot": 0, "free_seq": 0, "dropped": 0,
+        self.stats = {"allocate": 0, "hits": 0, "append_slot": 0, "append_tokens": 0,
+                      "free_seq": 0, "dropped": 0,
                       "oob": 0, "oob_dropping": 0}
         try:
             with guarded(None):
@@ -106,6 +107,8 @@ class HybridOracle:
             return False
         if op.kind == "allocate":
             return op.seq not in self.tokens and len(op.tokens) >= 1
+        if op.kind == "append_tokens" and not op.tokens:
+            return False
         return op.seq in self.tokens
 
     def step(self, op, watchdog=None):
@@ -151,6 +154,8 @@ class HybridOracle:
                 result = self.target.allocate(r, list(op.tokens))
             elif kind == "append_slot":
                 result = self.target.append_slot(r, op.token)
+            elif kind == "append_tokens":
+                result = self.target.append_tokens(r, list(op.tokens))
             else:
                 result = self.target.free_seq(r)
             op.outcome = OK
@@ -182,6 +187,8 @@ class HybridOracle:
             self.tokens[r] = list(op.tokens)
         elif kind == "append_slot":
             self.tokens[r].append(op.token)
+        elif kind == "append_tokens":
+            self.tokens[r].extend(op.tokens)
         else:
             gone = self.tokens.pop(r)
         post = self._capture({r: gone} if kind == "free_seq" else None)
@@ -202,7 +209,7 @@ class HybridOracle:
         st[op.kind] += 1
         if op.kind == "allocate" and any(op.cached):
             st["hits"] += 1
-        if op.kind == "append_slot":
+        if op.kind in ("append_slot", "append_tokens"):
             st["dropped"] += self._drops(pre, post, op.seq)
 
     def _drops(self, pre, post, r: int) -> int:
@@ -265,7 +272,8 @@ class HybridOracle:
                 start = max(op.cached[g], 0) // B
                 positions = range(start, len(t))
             else:
-                positions = [(len(toks) - 1) // B]
+                first = len(toks) - (1 if op.kind == "append_slot" else len(op.tokens))
+                positions = range(first // B, (len(toks) - 1) // B + 1)
             for i in positions:
                 if i < len(t) and t[i] != NULL:
                     end = min(len(toks), (i + 1) * B)
