@@ -121,10 +121,17 @@ def test_misbehaving_target_is_a_violation(cls, kind, name):
     assert r.violation.witness
 
 
-def test_bad_hybrid_target_is_bad_input(capsys):
-    assert main(["verify-hybrid", "tests/core/test_hybrid.py:NoWindows"], isolate=False) == 2
+class WindowOfOne(HybridBlockManager):
+    def __init__(self, num_blocks, block_size):
+        super().__init__(num_blocks, block_size, windows=(0, 1))
+
+
+@pytest.mark.parametrize("name,says", [("NoWindows", "windows must list"),
+                                       ("WindowOfOne", "window of 1 token")])
+def test_bad_hybrid_target_is_bad_input(capsys, name, says):
+    assert main(["verify-hybrid", f"tests/core/test_hybrid.py:{name}"], isolate=False) == 2
     err = capsys.readouterr().err
-    assert "windows" in err and "Traceback" not in err
+    assert says in err and "Traceback" not in err
 
 
 def test_hybrid_trace_loading_is_strict():

@@ -25,6 +25,14 @@ def test_the_out_of_blocks_allowance_keeps_every_table_invariant():
     assert all(r.result == "proved" for r in rows), [(r.property, r.detail) for r in rows]
 
 
+def test_a_window_of_one_token_is_outside_what_the_allowance_keeps():
+    """Why a hybrid target's windows must be 0 or >= 2: with W = 1 a failed step may drop
+    the block of the last token (vLLM does), which null_entries forbids."""
+    rows = {r.property: r for r in oob_allowance(SCOPE, (0, 1))}
+    assert rows["out-of-blocks allowance keeps null_entries"].result == "violated"
+    assert rows["out-of-blocks allowance keeps window_nulls"].result == "proved"
+
+
 def _weakened(drop: str):
     """``out_of_blocks`` with one condition on a dropped entry left out."""
     from kvcheck.spec.state import NULL

@@ -7,7 +7,7 @@ cached tokens it served, per group, or one count for all), optionally
 ``append_tokens(seq, tokens)`` (several tokens computed in one step: a chunk of a
 streamed prompt), and reads back as
 
-    windows                 the groups' windows, one per group (0: full attention)
+    windows                 the groups' windows, one per group (0: full attention; else >= 2)
     block_table(seq, g)     request seq's table in group g (``KeyError``: none);
                             ``None`` or ``kvcheck.spec.state.NULL`` is a null entry
     table_identity(seq, g)  optional: the table object (aliasing)

@@ -56,6 +56,11 @@ def build(factory, scope, options):
     if not windows or any(type(w) is not int or w < 0 for w in windows):
         raise TargetError(f"{type(target).__name__}.windows must list one window (an int >= 0, "
                           f"0 = full attention) per KV-cache group, got {windows!r:.60}")
+    if 1 in windows:  # see docs/hybrid.md: the one shape the block-manager spec cannot state
+        raise TargetError(f"{type(target).__name__}.windows has a sliding window of 1 token: a "
+                          f"token attending to itself only may drop the block of the last "
+                          f"token, which null_entries forbids; kvcheck checks windows of at "
+                          f"least 2 tokens")
     if options.out_of_blocks is not None:
         target.is_out_of_blocks = lambda exc: isinstance(exc, options.out_of_blocks)
     return target
