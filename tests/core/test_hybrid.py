@@ -11,7 +11,8 @@ import pytest
 from kvcheck.check.trace import Trace
 from kvcheck.cli import main
 from kvcheck.verify import replay_trace, verify
-from tests.corpus.hybrid import HYBRID_CORPUS, HYBRID_LEGAL
+
+from corpus.hybrid import HYBRID_CORPUS, HYBRID_LEGAL
 
 
 @pytest.mark.parametrize("bs", [1, 2, 4])
@@ -129,7 +130,7 @@ class WindowOfOne(HybridBlockManager):
 @pytest.mark.parametrize("name,says", [("NoWindows", "windows must list"),
                                        ("WindowOfOne", "window of 1 token")])
 def test_bad_hybrid_target_is_bad_input(capsys, name, says):
-    assert main(["verify-hybrid", f"tests/core/test_hybrid.py:{name}"], isolate=False) == 2
+    assert main(["verify-hybrid", f"{__file__}:{name}"], isolate=False) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
 

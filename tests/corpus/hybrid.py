@@ -244,10 +244,11 @@ class DropsKeysOnFree(HybridBlockManager):
 
 
 class WideWindow(HybridBlockManager):
-    """Three groups: full attention and two sliding windows (1 and 3 x block size)."""
+    """Three groups: full attention and two sliding windows (block size, at least 2, and
+    3 x block size)."""
 
     def __init__(self, num_blocks, block_size):
-        super().__init__(num_blocks, block_size, windows=(0, max(1, block_size), 3 * block_size))
+        super().__init__(num_blocks, block_size, windows=(0, max(2, block_size), 3 * block_size))
 
 
 HYBRID_CORPUS = {
