@@ -16,6 +16,9 @@ TARGETS: dict[str, tuple[str, str]] = {
                          "reference-engine with sliding-window drops (null blocks behind a window)"),
     "vllm-v1": ("kvcheck.impl.thirdparty.vllm_v1:make",
                 "vLLM 0.33.0 v1 KVCacheManager/BlockPool, prefix caching (no fork)"),
+    "vllm-v1-lifecycle": ("kvcheck.impl.thirdparty.vllm_v1_lifecycle:make",
+                          "vLLM 0.33.0 v1 KVCacheManager as vllm-v1, the prompt's forward pass "
+                          "as commit(seq) (allocate_slots publishes hashes before it)"),
     "vllm-v1-sliding": ("kvcheck.impl.thirdparty.vllm_v1_sliding:make",
                         "vLLM 0.33.0 v1 KVCacheManager, one sliding-window group (window B+1)"),
     "vllm-v0": ("kvcheck.impl.thirdparty.vllm_v0:make",
