@@ -23,7 +23,8 @@ Three steps, ``SchedulingPolicy.PRIORITY``, chunked prefill, 4 usable blocks
    ``_preempt_request(A)`` -> ``kv_cache_manager.free(A)``; C's retry succeeds
    (it evicts A's last block, the head of the free queue). Forward: only C's
    token is written. A's second block was never written and keeps its hash.
-3. schedule, waiting loop: A resumes: ``get_computed_blocks(A)`` returns A's
+   update_from_output: C has its two tokens (``max_tokens=2``) and finishes.
+3. schedule, waiting loop (nothing is running): A resumes: ``get_computed_blocks(A)`` returns A's
    first *and second* block, ``num_computed_tokens = 2B``: the scheduler will
    compute only A's last block and attention reads the second block's KV, which
    no forward pass ever wrote.
@@ -143,13 +144,19 @@ def replay(block_size: int, fix: bool = False) -> dict:
     c.num_computed_tokens += 1
     scheduled[c] = 1
     forward(scheduled)
+    # update_from_output: C reaches its max_tokens (2) and finishes: _free_request
+    c.append_output_token_ids(301)
+    c.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    manager.free(c)
+    running.remove(c)
+    log.append("  update_from_output: C finishes (max_tokens 2): free(C)")
     published_unwritten = [bid for bid, h in cached().items()
                            if h and (kv.get(bid) is None or None in kv[bid])]
     log.append(f"  after the step: cache (block -> hashed) {cached()}; hashed but never "
                f"written: {published_unwritten}")
 
     # -- step 3 -------------------------------------------------------------------
-    log.append("step 3: schedule (waiting loop): A resumes")
+    log.append("step 3: schedule (waiting loop, nothing running): A resumes")
     computed, hits, _ = manager.get_computed_blocks(a)
     hit_ids = [b.block_id for b in computed.blocks[0]]
     bad = [bid for i, bid in enumerate(hit_ids)
