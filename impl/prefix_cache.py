@@ -334,3 +334,110 @@ class CommittingPrefixCachingBlockManager(PrefixCachingBlockManager):
     def free_seq(self, seq: int) -> None:
         super().free_seq(seq)
         self.pending.pop(seq, None)  # freed before its write: nothing is published
+
+
+class EnginePrefixCachingBlockManager(PrefixCachingBlockManager):
+    """The reference prefix cache with the operations engines use beyond the seed's four
+    (as ``block_manager.EngineBlockManager``): ``append_slots`` (the slots of several
+    tokens, with their ids, and lookahead), ``rollback`` of rejected tokens (their blocks
+    kept as reservation), ``rebase`` (beam search) and ``preempt`` (free for recompute).
+
+    The cache stays true to the KV it names through each of them:
+
+    * ``rollback`` leaves a full block partial (its tokens past the new end are gone
+      from the sequence, and the next write lands in it in place): every block it makes
+      partial loses its key at once, so no key ever names a block about to be rewritten;
+    * ``rebase`` drops the child's references (its full blocks keep their keys, the
+      content they hold is intact: they become evictable at refcount 0) and shares the
+      source's blocks, taking the source's token history and key chain with them, so
+      the next block the child fills is keyed by the history whose KV it holds;
+    * ``preempt`` is ``free_seq``: the keys of written blocks stay (a recompute of the
+      same tokens finds them), nothing unwritten is ever published.
+
+    A table may hold blocks beyond its tokens after a rollback or a lookahead:
+    ``len(tables[seq]) == ceil((lens[seq] + reserved) / block_size)``.
+    """
+
+    def _unkey_from(self, seq: int, n: int) -> None:
+        """Drop the key of every block of seq's table from the one holding token n on."""
+        table = self.tables[seq]
+        for block in table[n // self.block_size:]:
+            key = self.key_of.get(block)
+            if key is not None:
+                self._uncache(block, key)
+
+    def append_slots(self, seq: int, n_tokens: int, lookahead: int = 0,
+                     token_ids: Sequence[int] | None = None) -> list[tuple[int, int]]:
+        """Reserve and write the slots of ``n_tokens`` more tokens (``token_ids``), and
+        ``lookahead`` slots beyond them, all or nothing: the ``(src, dst)`` copies the caller
+        makes before writing. New blocks past the last block; a shared block a new token
+        lands in is replaced by a fresh one (copied first if it holds earlier tokens); a
+        block the sequence holds alone is written in place. Each block a token fills gets
+        its key."""
+        table = self._live(seq)
+        _check_size("n_tokens", n_tokens)
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
+            raise MisuseError(f"lookahead must be a non-negative integer, got {lookahead!r}")
+        if token_ids is None:
+            new_tokens = [next(self._invented) for _ in range(n_tokens)]
+        else:
+            new_tokens = list(token_ids)
+            if len(new_tokens) != n_tokens or not all(type(t) is int for t in new_tokens):
+                raise MisuseError(f"token_ids must be {n_tokens} integers")
+        n, bs = self.lens[seq], self.block_size
+        first, last = n // bs, (n + n_tokens - 1) // bs
+        grow = max(0, -(-(n + n_tokens + lookahead) // bs) - len(table))
+        shared = [i for i in range(first, min(last, len(table) - 1) + 1) if self.ref[table[i]] > 1]
+        if grow + len(shared) > self._available():
+            raise OutOfBlocks(f"need {grow + len(shared)} blocks, {self._available()} free")
+        fresh = [self._take() for _ in range(grow + len(shared))]  # allocate before releasing
+        copies = []
+        for i, new in zip(shared, fresh, strict=False):
+            old = table[i]
+            self._release(old)
+            table[i] = new
+            if i == first and n % bs:
+                copies.append((old, new))
+        table.extend(fresh[len(shared):])
+        tokens, keys = self.tokens[seq], self.keys[seq]
+        for tok in new_tokens:
+            tokens.append(tok)
+            if len(tokens) % bs == 0:  # this token fills its block: register the block's key
+                key = block_key(keys[-1] if keys else None, tokens[-bs:])
+                keys.append(key)
+                self._register(table[len(tokens) // bs - 1], key)
+        self.lens[seq] = n + n_tokens
+        return copies
+
+    def rollback(self, seq: int, n_tokens: int) -> None:
+        """Drop the last ``n_tokens`` tokens (at least one stays); their blocks are kept as
+        reservation, and every block the rollback makes partial loses its key."""
+        self._live(seq)
+        _check_size("n_tokens", n_tokens)
+        if n_tokens >= self.lens[seq]:
+            raise MisuseError(f"rollback of {n_tokens} tokens leaves sequence {seq!r} none")
+        left = self.lens[seq] - n_tokens
+        self._unkey_from(seq, left)
+        self.lens[seq] = left
+        del self.tokens[seq][left:]
+        del self.keys[seq][left // self.block_size:]
+
+    def rebase(self, source: int, child: int) -> None:
+        """Re-point live ``child`` at ``source``'s history: it drops its own blocks and
+        shares every block of ``source`` (refcount +1 each), with its tokens and keys."""
+        table = self._live(source)
+        old = self._live(child)
+        if child == source:
+            raise MisuseError(f"sequence {child!r} cannot be rebased onto itself")
+        for block in table:  # take the new references before dropping the old
+            self.ref[block] += 1
+        for block in reversed(old):
+            self._release(block)
+        self.tables[child] = list(table)
+        self.lens[child] = self.lens[source]
+        self.tokens[child] = list(self.tokens[source])
+        self.keys[child] = list(self.keys[source])
+
+    def preempt(self, seq: int) -> None:
+        """Preempt ``seq`` for recompute: everything it holds is released, as by free_seq."""
+        self.free_seq(seq)

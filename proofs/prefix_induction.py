@@ -38,6 +38,16 @@ as a consequence of the invariants and the ``hit`` rule, and so is publish
 after write, twice: a hit never returns a block whose slots are not all
 written, and a block whose last holder lets go before it was written (freed
 or preempted before its commit) is not cached afterwards (vLLM PR #43569).
+
+And the cached-token count (``spec.prefix.cached_tokens``): an allocation that
+reports the tokens of the blocks its lookup served (each taken by the ``hit``
+rule for the prefix the prompt asks there, the lookup walking only the blocks
+wholly within the prompt's first n - 1 tokens, as the reference does) satisfies
+every clause of it, for every prompt length the scope holds: each block the count
+skips holds the requested prefix, the count stops at the hits, and a prompt fully
+in the cache leaves a token to compute. ``lookup`` / ``counted`` replace the
+counting rule (how many blocks the lookup may walk, the count reported), to show
+a weakened one refuted (vLLM PR #11186 and #5364 shapes).
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ import time
 
 import z3
 
-from kvcheck.spec.prefix import cache_hits
+from kvcheck.spec.prefix import cache_hits, cached_tokens
 
 from .induction import Proof, _portfolio, _verdict
 from .prefix_model import PrefixModel, _scope
@@ -74,11 +84,24 @@ class _Encoding:
                 *[i.holds_for(L, s, b) for i in self.blocks for b in near]]
 
 
+def lookup_limit(n_tokens: int, block_size: int) -> int:
+    """The counting rule's lookup: only blocks wholly within the first n - 1 tokens (the
+    last token is always computed; the reference's ``_lookup_limit``)."""
+    return (n_tokens - 1) // block_size
+
+
+def counted(L, hits, n_tokens: int, block_size: int):
+    """The counting rule's report: the tokens of the blocks served from the cache."""
+    return hits * block_size
+
+
 def prove_prefix_invariants(scope, steps=None, invariants=None, timeout_ms: int | None = 60_000,
-                            encoding: str = "auto") -> list[Proof]:
+                            encoding: str = "auto", lookup=lookup_limit,
+                            count=counted) -> list[Proof]:
     """Every prefix invariant, per block step. ``scope``: a ``PrefixScope`` or a
     ``PrefixModelScope``; ``steps``: rule name -> rule (default the spec's);
-    ``encoding``: "bv", "int" or "auto" (portfolio, bit-vectors first)."""
+    ``encoding``: "bv", "int" or "auto" (portfolio, bit-vectors first); ``lookup`` and
+    ``count``: the cached-token counting rule (default the reference's)."""
     sc = _scope(scope)
     names = ("bv", "int") if encoding == "auto" else (encoding,)
     encs = [_Encoding(sc, steps, invariants, e) for e in names]
@@ -142,6 +165,25 @@ def prove_prefix_invariants(scope, steps=None, invariants=None, timeout_ms: int 
         out.append(Proof(ENGINE, "publish after write: a cache hit never returns a block whose "
                          "content is not written", where, _verdict(r), time.perf_counter() - t0,
                          "implied by the hit rule and key_after_write"))
+        t0 = time.perf_counter()
+        B, N = sc.block_size, sc.num_blocks
+        lengths = range(1, N * B + 1)
+        failing, unknown = [], []
+        for n in lengths:
+            r = _portfolio(encs, lambda e, n=n: _cached_tokens_query(e, n, lookup, count),
+                           timeout_ms, key="prefix.cached_tokens")
+            if r == z3.sat:
+                failing.append(n)
+            elif r != z3.unsat:
+                unknown.append(n)
+        result = "violated" if failing else ("unknown" if unknown else "proved")
+        detail = (f"refuted for a prompt of {failing[0]} token(s)" if failing else
+                  f"solver gave up on prompts of {unknown} tokens" if unknown else
+                  f"every prompt of 1..{N * B} tokens; implied by the hit rule, the "
+                  "invariants and the lookup stopping before the last token")
+        out.append(Proof(ENGINE, "cached tokens: the count an allocation reports skips only "
+                         "blocks holding the requested prefix and leaves a token to compute",
+                         where, result, time.perf_counter() - t0, detail))
     if "release" in first.kinds:
         def early_free(e):  # vLLM PR #43569: freed before its write, still findable
             body, _ = e.steps["release", FOCUS]
@@ -154,3 +196,26 @@ def prove_prefix_invariants(scope, steps=None, invariants=None, timeout_ms: int 
                          "findable", where, _verdict(r), time.perf_counter() - t0,
                          "implied by the release rule and key_after_write"))
     return out
+
+
+def _cached_tokens_query(e, n: int, lookup, count):
+    """A prompt of ``n`` tokens in blocks 0, 1, ... (distinct blocks; by symmetry any),
+    its first ``hits`` full blocks served by the hit rule for the prefixes it asks, the
+    count reported by the counting rule: some clause of ``spec.prefix.cached_tokens``
+    fails (sat: refuted; unsat: proved for this length)."""
+    L, s, m = e.L, e.s, e.model
+    B, N = m.scope.block_size, m.scope.num_blocks
+    table = list(range(min(-(-n // B), N)))
+    full = min(n // B, len(table))
+    tag = f"ct{n}"
+    wants = [L.var(f"{tag}.want{i}") for i in range(full)]
+    hits = L.var(f"{tag}.hits")
+    facts = [hits >= 0, hits <= min(lookup(n, B), full)]
+    for i, w in enumerate(wants):
+        req = [f for c, _, f in m.steps["hit"](L, s, e.s2, i, w) if c == "requires"]
+        facts += [w >= 0, w < m.scope.ids, L.implies(i < hits, L.and_(*req))]
+    reported = count(L, hits, n, B)
+    hyp = [m.well_formed(s), *[g.formula(L, s) for g in e.globals],
+           *[i.holds_for(L, s, b) for i in e.blocks for b in table]]
+    goal = [f for _, _, f in cached_tokens(L, s, table, wants, n, hits, reported)]
+    return [*hyp, *facts, z3.Not(z3.And(*goal))]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the pinned third-party allocators that impl/thirdparty/ adapts.
 #
-#   bash scripts/install_thirdparty.sh [vllm-v1] [vllm-v0] [nano-vllm]   (default: all)
+#   bash scripts/install_thirdparty.sh [vllm-v1] [vllm-v0] [nano-vllm] [sglang] [aphrodite]
+#   (default: vllm-v1 vllm-v0 nano-vllm; sglang and aphrodite are optional, asked for by name)
 #
 # Each goes into its own directory, $KVCHECK_THIRDPARTY_DIR/<dist>-<version>/
 # (default ~/.cache/kvcheck/thirdparty/), never into site-packages: both vLLM
@@ -12,6 +13,10 @@
 #   the package's *.py files (vllm 0.33.0: ~57 MB, vllm 0.8.5: ~12 MB) and delete
 #   the wheel. `pip install --no-deps --target` would unpack ~1 GB of .so files
 #   that nothing here loads.
+# * sglang 0.5.23 (optional): a 39 MB cp311 wheel; its *.py files (~68 MB) are
+#   extracted the same way (impl/thirdparty/sglang.py loads four allocator files).
+#   Its allocators run on torch CPU tensors: install torch==2.13.0 (test extras).
+# * aphrodite-engine 0.24.1 (optional, a vLLM v1 fork): a 336 MB wheel, ~41 MB of *.py.
 # * nano-vllm-fork is a 28 KB pure-Python wheel: `pip install --no-deps --target`.
 # * xxhash (nano-vllm's hash) and numpy are real runtime dependencies of the
 #   loaded modules and are installed normally into the current interpreter.
@@ -84,7 +89,9 @@ for key in "${want[@]}"; do
         vllm-v1) install_py_only vllm 0.33.0 vllm ;;
         vllm-v0) install_py_only vllm 0.8.5 vllm ;;
         nano-vllm) install_target nano-vllm-fork 20260210; need_runtime_deps=1 ;;
-        *) echo "unknown third-party package '$key' (known: vllm-v1 vllm-v0 nano-vllm)" >&2; exit 2 ;;
+        sglang) install_py_only sglang 0.5.23 sglang ;;
+        aphrodite) install_py_only aphrodite-engine 0.24.1 aphrodite ;;
+        *) echo "unknown third-party package '$key' (known: vllm-v1 vllm-v0 nano-vllm sglang aphrodite)" >&2; exit 2 ;;
     esac
 done
 

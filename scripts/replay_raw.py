@@ -16,7 +16,14 @@ trace ``target``                                       raw replay
 ``...vllm_v0:make_guarded`` / ``make_prefix_guarded``  ``replay_vllm_v0_guarded`` below, then the
                                                        unguarded ``replay_vllm_v0`` for comparison
 ``nano-vllm`` (``...nano_vllm:make``)                  ``replay_nano_vllm(ops, n, bs, checked=True)``
+``sglang-token`` / ``sglang-paged``                    ``raw_sglang.replay_sglang_allocator(ops, n,
+                                                       bs, paged)``
+``...sglang_radix:make_evict_first``                   ``raw_sglang.replay_sglang_radix(ops, n, bs)``
 =====================================================  ===========================================
+
+SGLang ids are the trace's + 1 (SGLang's page 0 is its padding page); SGLang keeps no
+refcounts, so the raw check's refcount is the holders SGLang itself records: a tree
+page's ``lock_ref``, else the rows naming the page.
 
 vLLM v1 is built with one more block than the trace's pool: the adapter does
 the same, because vLLM reserves block 0 as its null block (so raw vLLM ids are
@@ -49,11 +56,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from kvcheck.check.trace import Trace, TraceError  # noqa: E402
-from kvcheck.impl.thirdparty import raw  # noqa: E402
+from kvcheck.impl.thirdparty import raw, raw_sglang  # noqa: E402
 
 V0 = "kvcheck.impl.thirdparty.vllm_v0:"
 V1 = "kvcheck.impl.thirdparty.vllm_v1:"
 NANO = "kvcheck.impl.thirdparty.nano_vllm:"
+SGL = "kvcheck.impl.thirdparty.sglang:"
+SGL_RADIX = "kvcheck.impl.thirdparty.sglang_radix:"
 
 # trace target -> (family, options)
 TARGETS: dict[str, tuple[str, dict]] = {
@@ -68,18 +77,27 @@ TARGETS: dict[str, tuple[str, dict]] = {
     V0 + "make_prefix_guarded": ("vllm-v0-guarded", {"allocator_type": "prefix_caching"}),
     "nano-vllm": ("nano-vllm", {}),
     NANO + "make": ("nano-vllm", {}),
+    "sglang-token": ("sglang", {"paged": False}),
+    SGL + "make_token": ("sglang", {"paged": False}),
+    "sglang-paged": ("sglang", {"paged": True}),
+    SGL + "make_paged": ("sglang", {"paged": True}),
+    SGL_RADIX + "make_evict_first": ("sglang-radix", {}),
 }
 
 # What each library raises when it runs out of blocks (anything else raised is a crash).
 OOB_RAISED = {"vllm-v0": ("NoFreeBlocksError",), "vllm-v0-guarded": ("NoFreeBlocksError",),
-              "nano-vllm": (), "vllm-v1": ()}
+              "nano-vllm": (), "vllm-v1": (), "sglang": (), "sglang-radix": ()}
 
 
 def raw_ops(trace: Trace) -> list[tuple]:
     """The trace's requested operations as ``raw`` tuples."""
     out = []
     for op in trace.ops:
-        if op.kind == "allocate":
+        if op.kind == "allocate" and getattr(op, "tokens", ()):  # a prefix trace: its prompt
+            out.append(("allocate", op.seq, len(op.tokens), list(op.tokens)))
+        elif op.kind == "append_slot" and getattr(op, "tokens", ()):
+            out.append(("append_slot", op.seq, op.tokens[0]))
+        elif op.kind == "allocate":
             out.append(("allocate", op.seq, op.n_tokens))
         elif op.kind == "fork":
             out.append(("fork", op.seq, op.child))
@@ -182,12 +200,23 @@ def _view(family: str, rec: dict, block_size: int) -> dict:
     if family.startswith("vllm-v0"):
         return {"tables": rec["tables"], "lens": rec["num_full_slots"],
                 "refs": dict(enumerate(rec["refcount"])), "free": rec["free"]}
+    if family.startswith("sglang"):  # SGLang page ids; holders as SGLang records them
+        tables, locked = rec["pages"], rec.get("tree_pages_lock_ref", {})
+        refs = {b: locked.get(b, sum(t.count(b) for t in tables.values()))
+                for b in range(1, rec["num_pages"] + 1)}
+        # An unlocked tree page is the tree's to evict: structurally free, as for every
+        # prefix cache; the tree itself is compared on a failed step ("cache").
+        free = rec["free_pages"] + [b for b, ref in locked.items() if ref == 0]
+        return {"tables": tables, "lens": rec["lens"], "refs": refs, "free": free,
+                **({"cache": locked} if family == "sglang-radix" else {})}
     return {"tables": rec["tables"], "lens": rec["len"], "refs": dict(enumerate(rec["ref_count"])),
             "free": rec["free"]}
 
 
 def _failed(family: str, result: Any) -> str | None:
     """'oob', 'crash' or None for a step's recorded result."""
+    if family.startswith("sglang") and isinstance(result, str) and result.startswith("alloc "):
+        return "oob"  # "alloc returned None": SGLang's out-of-memory answer
     if isinstance(result, str):
         if result.startswith("refused"):
             return "oob"
@@ -246,8 +275,8 @@ def deviations(family: str, records: list[dict], ops: list[tuple], block_size: i
         if fail == "oob":
             before = prev if prev is not None else {
                 "tables": {}, "refs": {b: 0 for b in v["refs"]}, "free": sorted(v["refs"])}
-            for key in ("tables", "refs"):
-                if before[key] != v[key]:
+            for key in ("tables", "refs", "cache"):
+                if key in v and before.get(key, {}) != v[key]:
                     found.append(f"{ops[i][0]} failed ({rec['result']}) but changed {key}: "
                                  f"{before[key]} -> {v[key]}")
             if sorted(before["free"]) != sorted(v["free"]):
@@ -296,6 +325,12 @@ def replay(trace: Trace, then: list[tuple] = ()) -> dict:
                f"compare raw.replay_vllm_v0(ops, {n}, {bs}, {_kw(opts)})")
         records = replay_vllm_v0_guarded(ops, n, bs, **opts)
         unguarded = raw.replay_vllm_v0(copy.deepcopy(ops), n, bs, **opts)
+    elif family == "sglang":
+        how = f"raw_sglang.replay_sglang_allocator(ops, num_pages={n}, page_size={bs}, {_kw(opts)})"
+        records = raw_sglang.replay_sglang_allocator(ops, n, bs, **opts)
+    elif family == "sglang-radix":
+        how = f"raw_sglang.replay_sglang_radix(ops, num_pages={n}, page_size={bs})"
+        records = raw_sglang.replay_sglang_radix(ops, n, bs)
     else:
         how = f"raw.replay_nano_vllm(ops, num_blocks={n}, block_size={bs}, checked=True)"
         records = raw.replay_nano_vllm(ops, n, bs, checked=True)

@@ -102,7 +102,10 @@ def one_key_per_block(L, s, b):
 @prefix_invariant("block")
 def no_partial_cached(L, s, b):
     """Partial blocks are never in the cache: a cached block is full in
-    every table that holds it."""
+    every table that holds it. A rollback that leaves a cached full block
+    partial in a table (its tokens past the new end are dropped, and the next
+    token is written into it in place) drops the block's key with it; a rebase
+    or a copy that overwrites a cached block likewise."""
     return L.implies(s.cached(b), L.not_(s.partial(b)))
 
 
@@ -121,7 +124,9 @@ def key_after_write(L, s, b):
 @prefix_invariant("block")
 def cache_content(L, s, b):
     """Every cached key names a block whose content is exactly that prefix
-    (the block's tokens and every token before them)."""
+    (the block's tokens and every token before them): the token history a
+    block is keyed by is the history whose KV it holds, after every fork,
+    rebase, rollback and preemption."""
     return L.implies(s.cached(b), s.content_ok(b))
 
 
@@ -179,10 +184,8 @@ def cached_tokens(L, pre, table, wants, n_tokens: int, hits: int, reported):
     bs = pre.block_size
     yield "reported cached tokens are a count", None, reported >= 0
     for i, (b, want) in enumerate(zip(table, wants, strict=False)):
-        if not i * bs < reported:
-            break
-        yield "every block the cached tokens skip holds the requested prefix", i, L.and_(
-            pre.content(b) >= 0, pre.content(b) == want)
+        yield "every block the cached tokens skip holds the requested prefix", i, L.implies(
+            i * bs < reported, L.and_(pre.content(b) >= 0, pre.content(b) == want))
     yield "cached tokens stop at the blocks served from the cache", None, reported <= hits * bs
     yield "a prompt fully in the cache leaves at least one token to compute", None, (
         reported <= n_tokens - 1)

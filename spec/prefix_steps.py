@@ -13,11 +13,21 @@ as it was:
     register         a block that became full gets its key
     release          one holder lets go (free_seq, the source of a copy-on-write)
     fork             one more holder (fork shares every block of the parent)
+    unregister       a key leaves the cache of an in-use block (before a rollback
+                     makes the block partial)
+    truncate         a rollback cuts a holder's tokens inside block ``a``: the block
+                     is partial in that table, only its first ``arg`` slots kept
 
 E.g. ``allocate`` of a 2.5-block prompt with one hit is ``hit``, then
 ``take_free``/``take_evictable``, B ``write``s and ``register`` for the second
 block and ``take_*`` plus B/2 ``write``s for the third; a copy-on-write is
 ``take_*``, ``write``s of the copied tokens and ``release`` of the source.
+The engine's operations beyond the seed's four are sequences of the same steps:
+``rollback`` is, for each block it makes partial, ``unregister`` (if keyed) then
+``truncate`` (and ``release`` of a block it gives back); ``rebase`` is ``fork`` of
+each of the source's blocks then ``release`` of each of the child's old ones;
+``preempt`` is ``free_seq``'s ``release``s; ``append_slots`` is ``take_*``,
+``write``, ``register`` and ``release`` (a replaced shared block) as above.
 
 Each rule is a generator of ``(clause, name, formula)`` over the prefix
 vocabulary of ``kvcheck.spec.prefix`` (a ``pre`` and a ``post`` state):
@@ -168,6 +178,37 @@ def fork(L, pre, post, a, arg=None) -> Iterator[Clause]:
     yield from frame(L, pre, post, a, "ref")
 
 
+def unregister(L, pre, post, a, arg=None) -> Iterator[Clause]:
+    """A key leaves the cache of an in-use block (the reference's rollback, before it
+    makes the block partial: the next token is written into it in place, over the KV
+    the key names); the block keeps its holders and what it holds."""
+    yield "requires", "in use", pre.ref(a) >= 1
+    yield "requires", "cached", pre.cached(a)
+    yield "ensures", "its key leaves the cache", L.and_(
+        post.cache_entries(a) == pre.cache_entries(a) - 1,
+        post.meaning(a) == L.ite(post.cache_entries(a) >= 1, pre.meaning(a), -1))
+    yield "ensures", "lists unchanged", L.and_(post.free_list_len() == pre.free_list_len(),
+                                               post.evictable_len() == pre.evictable_len())
+    yield from frame(L, pre, post, a, "cache_entries", "meaning")
+
+
+def truncate(L, pre, post, a, arg=None) -> Iterator[Clause]:
+    """A rollback cuts a holder's tokens inside block ``a``, keeping its first ``arg``
+    slots: the block is partial in that table, and for its writer (the next token lands
+    in slot ``arg``, in place) it holds no complete prefix. Only an unkeyed block: a
+    keyed one loses its key first (``unregister``)."""
+    yield "requires", "in use", pre.ref(a) >= 1
+    yield "requires", "no key (unregistered first)", L.not_(pre.cached(a))
+    yield "requires", "slots kept: fewer than a block", L.and_(arg >= 0, arg < pre.block_size,
+                                                             arg <= pre.filled(a))
+    yield "ensures", "partial in the table", post.partial(a)
+    yield "ensures", "only the kept slots count, no complete prefix", L.and_(
+        post.filled(a) == arg, post.content(a) == -1)
+    yield "ensures", "lists unchanged", L.and_(post.free_list_len() == pre.free_list_len(),
+                                               post.evictable_len() == pre.evictable_len())
+    yield from frame(L, pre, post, a, "partial", "filled", "content")
+
+
 STEPS = {
     "take_free": take_free,
     "take_evictable": take_evictable,
@@ -176,4 +217,6 @@ STEPS = {
     "register": register,
     "release": release,
     "fork": fork,
+    "unregister": unregister,
+    "truncate": truncate,
 }

@@ -125,9 +125,9 @@ class NanoVllmTarget:
             raise MisuseError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.manager = load()["nanovllm.engine.block_manager"].BlockManager(
-            num_blocks, block_size
-        )
+        mods = load()  # once: each load() checks the install on disk
+        self.manager = mods["nanovllm.engine.block_manager"].BlockManager(num_blocks, block_size)
+        self._Status = mods["nanovllm.engine.sequence"].SequenceStatus
         self.seqs: dict[int, Any] = {}
         self.preempted: dict[int, Any] = {}  # preempted seq -> its Sequence, to re-admit
         self._tokens = itertools.count(1)
@@ -138,7 +138,8 @@ class NanoVllmTarget:
         if n_tokens < 1:
             raise MisuseError(f"n_tokens must be positive, got {n_tokens!r}")
         s = self.preempted.get(seq)
-        if s is None or token_ids is not None or len(s) != n_tokens:
+        if s is None or len(s) != n_tokens or (
+                token_ids is not None and list(token_ids) != list(s.token_ids)):
             tokens = list(token_ids) if token_ids is not None else [
                 next(self._tokens) for _ in range(n_tokens)
             ]
@@ -149,7 +150,7 @@ class NanoVllmTarget:
             raise OutOfBlocks(f"nano-vllm can_allocate is False for {n_tokens} tokens")
         self.manager.allocate(s)
         self.preempted.pop(seq, None)
-        s.status = load()["nanovllm.engine.sequence"].SequenceStatus.RUNNING
+        s.status = self._Status.RUNNING
         self.seqs[seq] = s
         return s.num_cached_tokens  # what the model runner skips (``seq[num_cached_tokens:]``)
 
@@ -174,7 +175,7 @@ class NanoVllmTarget:
     def preempt(self, seq: int) -> None:
         """``Scheduler.preempt``: WAITING, ``deallocate``; the Sequence kept to re-admit."""
         s = self._live(seq)
-        s.status = load()["nanovllm.engine.sequence"].SequenceStatus.WAITING
+        s.status = self._Status.WAITING
         self.manager.deallocate(s)
         del self.seqs[seq]
         self.preempted[seq] = s

@@ -23,14 +23,29 @@ Stand-ins (every other ``vllm.*`` import raises, see ``_loader``):
 ``vllm.logger``
     ``init_logger`` returns a stdlib logger.
 ``vllm.sequence``
-    ``Sequence`` is only an annotation / used by the allocator's
-    ``get_num_cached_tokens`` helpers, which the block tables never call.
+    ``Sequence`` is only an annotation; ``ComputedBlocksTracker`` reads a
+    sequence's ``seq_id``, ``get_token_ids()``, ``extra_hash()`` (``None``: no
+    LoRA or multimodal inputs) and ``is_prefill()``, which ``_TrackedSeq``
+    provides for a prompt being admitted.
 
 Operations, as ``SelfAttnBlockSpaceManager`` drives the tables:
 
 ``allocate(seq, n)``
     ``BlockTable.allocate(token_ids)`` with ``n`` fresh token ids (or the
-    caller's ``token_ids``).
+    caller's ``token_ids``). With prefix caching it returns the engine's
+    cached-token count, the prompt tokens whose prefill the engine skips:
+    first, as the scheduler does before it allocates
+    (``Scheduler._get_num_new_uncached_and_cached_tokens`` ->
+    ``SelfAttnBlockSpaceManager.get_num_cached_tokens``), v0's own
+    ``ComputedBlocksTracker.get_num_cached_tokens`` on the prompt (the leading
+    full blocks whose hash is cached *and* computed, ``block_is_computed``:
+    active and marked computed, or in the evictor); after the allocation the
+    computed block ids are the table's first ``count / bs`` blocks
+    (``get_common_computed_block_ids`` of a one-sequence group), and the model
+    runner skips their tokens, all but the last token on a full hit
+    (``ModelInputForGPUBuilder._compute_for_prefix_cache_hit``: "Full hit. Only
+    compute the last token"; the runner imports torch, so that one rule is
+    restated here). The naive allocator reports nothing (``None``).
 ``append_slot(seq)``
     one decode token: ``BlockTable.append_token_ids([tok])`` (what
     ``append_slots`` does with the one unseen token, no lookahead), then
@@ -201,6 +216,31 @@ def free_block_ids(gpu: Any) -> list[int]:
     return free
 
 
+class _TrackedSeq:
+    """What v0's ``ComputedBlocksTracker`` reads of a ``Sequence`` being admitted."""
+
+    def __init__(self, seq_id: int, tokens: list[int]):
+        self.seq_id = seq_id
+        self._tokens = tokens
+
+    def get_token_ids(self) -> list[int]:
+        return self._tokens
+
+    def extra_hash(self) -> None:
+        return None
+
+    def is_prefill(self) -> bool:
+        return True
+
+
+def runner_skips(computed_blocks: int, n_tokens: int, block_size: int) -> int:
+    """The prompt tokens v0's model runner skips given its computed blocks
+    (``_compute_for_prefix_cache_hit``: a partial hit skips the blocks' tokens, a full
+    hit computes only the last token)."""
+    cached = computed_blocks * block_size
+    return cached if cached < n_tokens else n_tokens - 1
+
+
 class EngineGuardRefused(Refused):
     """The engine's caller check (``guard="engine"``: ``can_allocate`` /
     ``can_append_slots``) declined the operation; the allocator was not called."""
@@ -224,6 +264,7 @@ class VllmV0Target:
         mods = load()
         self._BlockTable = mods["vllm.core.block.block_table"].BlockTable
         self._NoFree = mods["vllm.core.block.interfaces"].BlockAllocator.NoFreeBlocksError
+        self._gpu = mods["vllm.utils"].Device.GPU  # looked up once: load() checks the install
         self.allocator = build_allocator(num_blocks, block_size, allocator_type)
         self.gpu = gpu_allocator(self.allocator)
         self.tables: dict[int, Any] = {}
@@ -232,10 +273,13 @@ class VllmV0Target:
         self.preempted: dict[int, list[int]] = {}  # preempted seq -> its token ids
         self._tokens = itertools.count(1)
         self._caching = allocator_type == "prefix_caching"
+        # the engine's skip-prefill state (prefix caching only): SelfAttnBlockSpaceManager's
+        self._computed = mods["vllm.core.block.prefix_caching_block"].ComputedBlocksTracker(
+            self.allocator, block_size, True) if self._caching else None
         self._clock = 0.0  # logical time for the engine's access marks (deterministic)
 
     # -- operations ---------------------------------------------------------
-    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> None:
+    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> int | None:
         if seq in self.tables:
             raise MisuseError(f"sequence {seq!r} already exists")
         if n_tokens < 1:
@@ -249,20 +293,36 @@ class VllmV0Target:
         if len(tokens) != n_tokens:
             raise MisuseError("len(token_ids) != n_tokens")
         if self.guard == "engine":
-            need = self._BlockTable.get_num_required_blocks(tokens, self.block_size)
+            need = self._required_blocks(tokens)
             free = self.allocator.get_num_free_blocks(self._gpu_device())
             if need > free:
                 raise EngineGuardRefused(f"can_allocate: {need} blocks required > {free} free")
-        table = self._BlockTable(self.block_size, self.allocator)
+        cached = None
+        if self._computed is not None:  # the scheduler's count, taken before it allocates
+            cached = self._computed.get_num_cached_tokens(_TrackedSeq(seq, tokens))
+        table = self._new_table()
         try:
             table.allocate(tokens)
         except self._NoFree as exc:
+            self._untrack(seq)
             raise OutOfBlocks(f"vLLM v0 NoFreeBlocksError allocating {n_tokens} tokens") from exc
+        except BaseException:
+            self._untrack(seq)
+            raise
         self.preempted.pop(seq, None)
         self.tables[seq] = table
         self.tokens[seq] = tokens
         self.group[seq] = seq
         self._engine_step()
+        if cached is None:
+            return None
+        computed = table.physical_block_ids[: cached // self.block_size]
+        return runner_skips(len(computed), n_tokens, self.block_size)
+
+    def _untrack(self, seq: int) -> None:
+        """The engine forgets a sequence's computed-blocks record when it frees it."""
+        if self._computed is not None and seq in self._computed._seq_id_to_blocks_hashes:
+            self._computed.remove_seq(seq)
 
     def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
         table = self._live(seq)
@@ -275,7 +335,7 @@ class VllmV0Target:
                 raise EngineGuardRefused(f"can_append_slots: {touched} block(s) touched > "
                                          f"{free} free")
         try:
-            table.append_token_ids([tok])
+            table.append_token_ids([tok], num_computed_slots=length)  # (read only with a window)
         except self._NoFree as exc:
             raise OutOfBlocks("vLLM v0 NoFreeBlocksError appending one token") from exc
         finally:
@@ -287,6 +347,14 @@ class VllmV0Target:
         return ids[length // self.block_size], length % self.block_size, (
             cows[0][0] if cows else None
         )
+
+    def _new_table(self) -> Any:
+        """A sequence's table, as ``SelfAttnBlockSpaceManager._allocate_sequence`` builds it."""
+        return self._BlockTable(self.block_size, self.allocator)
+
+    def _required_blocks(self, tokens: list[int]) -> int:
+        """The blocks ``can_allocate`` asks for (watermark 0)."""
+        return self._BlockTable.get_num_required_blocks(tokens, self.block_size)
 
     def append_slots(self, seq: int, n_tokens: int, lookahead: int = 0) -> list[tuple[int, int]]:
         """``SelfAttnBlockSpaceManager.append_slots`` with ``n_tokens`` unseen tokens."""
@@ -327,6 +395,7 @@ class VllmV0Target:
         del self.tables[seq]
         del self.group[seq]
         self.tokens.pop(seq)
+        self._untrack(seq)
         self._engine_step()
 
     def admits(self, op) -> bool:
@@ -365,7 +434,7 @@ class VllmV0Target:
         return table
 
     def _gpu_device(self) -> Any:
-        return load()["vllm.utils"].Device.GPU
+        return self._gpu
 
     def _observed(self, seq: int):
         """Observation of an unknown sequence raises ``KeyError`` (the oracle's "no table")."""

@@ -67,7 +67,10 @@ class Target(Protocol):
     # ``admits(op) -> bool``, where an engine can express only part of an operation's
     # precondition (vLLM v1 rolls back only the draft tokens of its last step): an
     # operation it does not admit is never issued (drawn, replayed or explored), so
-    # it narrows what is checked and must say so in the adapter's documentation.
+    # it narrows what is checked and must say so in the adapter's documentation;
+    # ``drop_window: int``, the window an engine drops behind by itself before each step
+    # (its appends ``admits`` only once that drop is done): the random driver draws
+    # ``drop_behind_window`` with it, and ``prove``'s exploration tries it.
 
     def num_free(self) -> int:
         """The allocator's own count of free blocks (cheap). The spec holds it to

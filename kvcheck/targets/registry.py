@@ -16,12 +16,27 @@ TARGETS: dict[str, tuple[str, str]] = {
                          "reference-engine with sliding-window drops (null blocks behind a window)"),
     "vllm-v1": ("kvcheck.impl.thirdparty.vllm_v1:make",
                 "vLLM 0.33.0 v1 KVCacheManager/BlockPool, prefix caching (no fork)"),
+    "vllm-v1-lifecycle": ("kvcheck.impl.thirdparty.vllm_v1_lifecycle:make",
+                          "vLLM 0.33.0 v1 KVCacheManager as vllm-v1, the prompt's forward pass "
+                          "as commit(seq) (allocate_slots publishes hashes before it)"),
+    "vllm-v1-sliding": ("kvcheck.impl.thirdparty.vllm_v1_sliding:make",
+                        "vLLM 0.33.0 v1 KVCacheManager, one sliding-window group (window B+1)"),
     "vllm-v0": ("kvcheck.impl.thirdparty.vllm_v0:make",
                 "vLLM 0.8.5 v0 BlockTable on the naive allocator, copy-on-write fork"),
     "vllm-v0-prefix": ("kvcheck.impl.thirdparty.vllm_v0:make_prefix",
                        "vLLM 0.8.5 v0 BlockTable on the prefix-caching allocator"),
+    "vllm-v0-sliding": ("kvcheck.impl.thirdparty.vllm_v0_sliding:make",
+                        "vLLM 0.8.5 v0 BlockTable with a sliding window (naive allocator)"),
     "nano-vllm": ("kvcheck.impl.thirdparty.nano_vllm:make",
                   "nano-vllm-fork 20260210 BlockManager, xxhash prefix caching (no fork)"),
+    "sglang-token": ("kvcheck.impl.thirdparty.sglang:make_token",
+                     "SGLang 0.5.23 TokenToKVPoolAllocator (page size 1; no refcounts, no fork)"),
+    "sglang-paged": ("kvcheck.impl.thirdparty.sglang:make_paged",
+                     "SGLang 0.5.23 PagedTokenToKVPoolAllocator, page size = block size (no fork)"),
+    "sglang-radix": ("kvcheck.impl.thirdparty.sglang_radix:make",
+                     "SGLang 0.5.23 RadixCache over its allocator: tree locks, LRU eviction (no fork)"),
+    "aphrodite": ("kvcheck.impl.thirdparty.aphrodite:make",
+                  "aphrodite-engine 0.24.1 v1 KVCacheManager (a vLLM v1 fork), prefix caching"),
     "device": ("kvcheck.impl.device.manager:make",
                "paged K/V on torch (cuda if present, else cpu), Triton kernels or torch fallback"),
     "prefix": ("kvcheck.impl.prefix_cache:PrefixCachingBlockManager",
@@ -29,6 +44,9 @@ TARGETS: dict[str, tuple[str, str]] = {
     "prefix-commit": ("kvcheck.impl.prefix_cache:CommittingPrefixCachingBlockManager",
                       "the reference prefix cache with the prompt's write deferred to commit(seq): "
                       "keys published after the write"),
+    "prefix-engine": ("kvcheck.impl.prefix_cache:EnginePrefixCachingBlockManager",
+                      "the reference prefix cache with append_slots, rollback, rebase, preempt "
+                      "(keys dropped from the blocks a rollback makes partial)"),
 }
 
 # Targets of the hybrid-pool model (``kvcheck verify-hybrid``): KV-cache groups sharing one pool.

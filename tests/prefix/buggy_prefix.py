@@ -5,8 +5,11 @@ thing. ``CORPUS`` maps a name to (class, the violation names kvcheck may
 report for it, the longest acceptable shrunk trace).
 """
 
+from legal_prefix import RebaseCopiesIntoOwnBlock
+
 from kvcheck.impl.prefix_cache import (
     CommittingPrefixCachingBlockManager,
+    EnginePrefixCachingBlockManager,
     PrefixCachingBlockManager,
     block_key,
 )
@@ -175,6 +178,71 @@ class PublishedOnEarlyFree(CommittingPrefixCachingBlockManager):
         super().free_seq(seq)
 
 
+# -- the cache through rollback, rebase and preemption (EnginePrefixCachingBlockManager) --
+class RollbackKeepsKey(EnginePrefixCachingBlockManager):
+    """A rollback of rejected speculative tokens into a cached full block keeps the
+    block's key: the block is partial in its table now, and the sequence's next token
+    is written into it in place, over the KV the key still names."""
+
+    def _unkey_from(self, seq, n):
+        pass  # bug: the blocks the rollback makes partial stay cached
+
+
+class RebaseKeepsOldRefs(EnginePrefixCachingBlockManager):
+    """A beam-search rebase re-points the child at the source's blocks without dropping
+    the references of the child's old table: its blocks never return to the pool (and
+    never become evictable), refcounts count a table that is gone."""
+
+    def rebase(self, source, child):
+        table = self._live(source)
+        self._live(child)
+        for block in table:
+            self.ref[block] += 1
+        # bug: the child's old blocks are not released
+        self.tables[child] = list(table)
+        self.lens[child] = self.lens[source]
+        self.tokens[child] = list(self.tokens[source])
+        self.keys[child] = list(self.keys[source])
+
+
+class RebaseCopiesIntoKeyedBlock(RebaseCopiesIntoOwnBlock):
+    """A rebase copies the source's partial last block into the child's own last block
+    (legal: a block only the child held), but that block was a cached full block and
+    keeps its key, which now names a block holding the source's partial tail."""
+
+    FORGETS_KEY = True  # bug: the copy overwrites a cached block, its key stays
+
+
+class PreemptPublishesUnwritten(CommittingPrefixCachingBlockManager,
+                               EnginePrefixCachingBlockManager):
+    """vLLM PR #43569 through preemption: a request preempted before its forward pass
+    ran has its scheduled blocks cached on the way out, as if computed; the recompute
+    (or any request with that prefix) hits blocks whose KV was never written."""
+
+    def preempt(self, seq):
+        if seq in self.pending:
+            self.commit(seq)  # bug: publishes what was never written
+        super().preempt(seq)
+
+
+class SharedWrittenInPlace(EnginePrefixCachingBlockManager):
+    """append_slots writes into the block it lands in even when another table shares it
+    (a fork, a cache hit): after a rollback into a shared full block, the next token
+    overwrites in place the KV the other holders read."""
+
+    def append_slots(self, seq, n_tokens, lookahead=0, token_ids=None):
+        ref = self.ref
+        table = self._live(seq)
+        saved = {b: ref[b] for b in table}
+        for b in table:  # bug: every block looks held alone, so none is replaced
+            ref[b] = 1
+        try:
+            return super().append_slots(seq, n_tokens, lookahead, token_ids)
+        finally:
+            for b, r in saved.items():
+                ref[b] = r
+
+
 CORPUS = {
     "evicted-left-in-map": (EvictedLeftInMap, {"allocate: cache hit returns a block holding "
                                                "the requested prefix", "cache_content",
@@ -194,4 +262,14 @@ CORPUS = {
         "allocate: cached tokens stop at the blocks served from the cache"}, 3),
     "published-before-write": (PublishedBeforeWrite, {"key_after_write"}, 1),
     "published-on-early-free": (PublishedOnEarlyFree, {"key_after_write"}, 2),
+    "rollback-keeps-key": (RollbackKeepsKey, {"no_partial_cached"}, 2),
+    "rebase-keeps-old-refs": (RebaseKeepsOldRefs, {
+        "rebase: refcount +1 per entry of the child's table, -1 per entry it had"}, 4),
+    "rebase-copies-into-keyed-block": (RebaseCopiesIntoKeyedBlock, {
+        "no_partial_cached", "key_after_write", "cache_content"}, 5),
+    "preempt-publishes-unwritten": (PreemptPublishesUnwritten, {"key_after_write"}, 2),
+    "shared-written-in-place": (SharedWrittenInPlace, {
+        "append_slots: every block a new token lands in is the sequence's alone",
+        "append_slots: a block the sequence holds alone is written in place",
+        "append_slots: refcounts change only as the sequence's table does"}, 4),
 }

@@ -5,7 +5,11 @@ choice the spec allows; kvcheck must accept every one (``LEGAL`` maps a name
 to the class).
 """
 
-from kvcheck.impl.prefix_cache import PrefixCachingBlockManager
+from kvcheck.impl.prefix_cache import (
+    CommittingPrefixCachingBlockManager,
+    EnginePrefixCachingBlockManager,
+    PrefixCachingBlockManager,
+)
 
 
 class MostRecentEvicted(PrefixCachingBlockManager):
@@ -65,6 +69,72 @@ class ReportsFewer(PrefixCachingBlockManager):
         return max(0, super().allocate(seq, n_tokens, token_ids) - self.block_size)
 
 
+# -- through rollback, rebase and preemption (EnginePrefixCachingBlockManager) ---------
+class RollbackReleasesBlocks(EnginePrefixCachingBlockManager):
+    """A rollback releases the blocks wholly past the new last token instead of keeping
+    them as reservation: their content is intact, so a keyed one stays cached and
+    becomes evictable; only the block now holding the last token loses its key."""
+
+    def rollback(self, seq, n_tokens):
+        super().rollback(seq, n_tokens)
+        table, keep = self.tables[seq], -(-self.lens[seq] // self.block_size)
+        for block in reversed(table[keep:]):
+            self._release(block)
+        del table[keep:]
+
+    def _unkey_from(self, seq, n):
+        table, bs = self.tables[seq], self.block_size
+        if n % bs:  # (blocks past it are released above, their keys still true)
+            block = table[n // bs]
+            if block in self.key_of:
+                self._uncache(block, self.key_of[block])
+
+
+class RebaseCopiesIntoOwnBlock(EnginePrefixCachingBlockManager):
+    """A rebase copies the source's partial last block into the child's own last block
+    (eagerly, into a block only the child held), dropping that block's key first: the
+    copy overwrites the content the key named."""
+
+    FORGETS_KEY = False
+
+    def rebase(self, source, child):
+        table, old = self._live(source), self._live(child)
+        n, bs = self.lens[source], self.block_size
+        t = (n - 1) // bs
+        dst = old[-1] if old else None
+        if (n % bs == 0 or len(table) != t + 1 or dst is None or self.ref[dst] != 1
+                or dst in table or old.count(dst) != 1 or child == source):
+            return super().rebase(source, child)
+        if not self.FORGETS_KEY and dst in self.key_of:
+            self._uncache(dst, self.key_of[dst])
+        for block in table[:t]:
+            self.ref[block] += 1
+        for block in reversed(old[:-1]):
+            self._release(block)
+        self.tables[child] = [*table[:t], dst]
+        self.lens[child] = n
+        self.tokens[child] = list(self.tokens[source])
+        self.keys[child] = list(self.keys[source])
+        return [(table[t], dst)]
+
+
+class PreemptDropsKeys(EnginePrefixCachingBlockManager):
+    """A preemption forgets the keys of the preempted sequence's blocks it alone held
+    (never caching a preempted request's content): its recompute finds nothing."""
+
+    def preempt(self, seq):
+        for block in self._live(seq):
+            key = self.key_of.get(block)
+            if key is not None and self.ref[block] == 1:
+                self._uncache(block, key)
+        super().preempt(seq)
+
+
+class CommitEngine(CommittingPrefixCachingBlockManager, EnginePrefixCachingBlockManager):
+    """Publish after write, with rollback, rebase and preemption (a sequence preempted
+    before its write publishes nothing)."""
+
+
 LEGAL = {
     "recomputes-last-block": PrefixCachingBlockManager,  # the reference's own choice
     "most-recent-evicted": MostRecentEvicted,
@@ -73,4 +143,9 @@ LEGAL = {
     "shares-last-block": SharesLastBlock,
     "reports-no-count": ReportsNoCount,
     "reports-fewer": ReportsFewer,
+    "prefix-engine": EnginePrefixCachingBlockManager,  # rollback drops the keys it makes partial
+    "rollback-releases-blocks": RollbackReleasesBlocks,
+    "rebase-copies-into-own-block": RebaseCopiesIntoOwnBlock,
+    "preempt-drops-keys": PreemptDropsKeys,
+    "commit-engine": CommitEngine,
 }

@@ -62,9 +62,10 @@ def test_reference_passes_prefix_oracle(nb, bs, seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_reference_passes_structural_oracle(seed):
-    r = verify("prefix", 8, 2, 3000, seed)
-    assert r.ok
+@pytest.mark.parametrize("target", ["prefix", "prefix-engine"])
+def test_reference_passes_structural_oracle(seed, target):
+    r = verify(target, 8, 2, 3000, seed)
+    assert r.ok, render(r.trace)
 
 
 @pytest.mark.parametrize("name", sorted(CORPUS))
@@ -156,7 +157,7 @@ def test_commit_is_published_after_write():
     assert m.allocate(2, 3, [1, 2, 9]) == 2
 
 
-@pytest.mark.parametrize("target", ["prefix", "prefix-commit"])
+@pytest.mark.parametrize("target", ["prefix", "prefix-commit", "prefix-engine"])
 def test_every_cache_class_occurs_at_defaults(target, capsys):
     """At default settings the driver reaches every cache state: hit, partial hit,
     revival, eviction, a key cached after its parent's key is gone, identical prompts
@@ -167,3 +168,83 @@ def test_every_cache_class_occurs_at_defaults(target, capsys):
     assert set(cov["counts"]) == {"hit", "partial_hit", "revived", "evicted", "orphan", "repeat",
                                   "out_of_blocks"}
     assert all(n > 0 for n in cov["counts"].values()), cov["counts"]
+
+
+# -- the cache through rollback, rebase and preemption (issue 15: the keys themselves) ------
+def test_engine_reference_keeps_its_keys_true():
+    """The reference with the engine's operations: a rollback into a cached full block
+    drops its key (the next write lands in it in place); a rebase shares the source's
+    blocks and continues its key chain; a preemption is a free (written keys stay)."""
+    from kvcheck.impl.prefix_cache import EnginePrefixCachingBlockManager as E
+
+    m = E(6, 2)
+    m.allocate(0, 5, [1, 2, 3, 4, 5])
+    a, b, _ = m.tables[0]
+    assert set(m.cache.values()) == {a, b}
+    m.rollback(0, 2)  # 3 tokens left: block b is partial now
+    assert set(m.cache.values()) == {a} and m.tables[0] == [a, b, m.tables[0][2]]
+    assert m.append_slots(0, 2, token_ids=[7, 8]) == [] and m.lens[0] == 5
+    assert set(m.cache.values()) == {a, b}  # b full again, keyed by [1, 2, 3, 7]
+    assert m.allocate(1, 5, [1, 2, 3, 7, 9]) == 4
+    m.allocate(2, 3, [5, 6, 1])
+    m.rebase(0, 2)
+    assert m.tables[2] == m.tables[0] and m.tokens[2] == m.tokens[0] and m.keys[2] == m.keys[0]
+    m.preempt(2)
+    assert 2 not in m.tables and set(m.cache.values()) >= {a, b}
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("nb,bs,seed", [(16, 4, 0), (8, 2, 1), (5, 1, 2)])
+def test_engine_reference_passes_with_every_operation(nb, bs, seed, mode):
+    """The prefix model drives rollback (into cached blocks too), rebase, preemption and
+    append_slots where a target offers them; the reference that keeps its keys true
+    through each passes, with every cache class still reached."""
+    r = verify_prefix("prefix-engine", nb, bs, 1500, seed, mode=mode)
+    assert r.ok, render(r.trace)
+    st = r.state.stats
+    assert st.rollbacks and st.rollbacks_into_cached and st.rebases and st.preempts
+    assert st.append_slots and st.hit_allocations and st.revived and st.evicted
+
+
+def test_seed_only_target_sees_the_stream_it_always_did():
+    """The operations beyond the seed's four are drawn only for a target offering them:
+    with the seed's capabilities the driver draws the same stream with or without the
+    run state it reads them from; offering them changes the stream."""
+    from types import SimpleNamespace
+
+    from kvcheck.models.prefix.driver import PrefixDriver
+
+    state = SimpleNamespace(reserved={1: 1}, lengths={0: 5, 1: 3, 2: 4},
+                            tokens_of=lambda q: [1, 2, 3])
+
+    def stream(caps, with_state):
+        d = PrefixDriver(0, 8, 2, frozenset(caps))
+        return [repr(d.next_op([0, 1, 2], 3, state=state if with_state else None))
+                for _ in range(400)]
+
+    seed_ops = {"allocate", "append_slot", "fork", "free_seq"}
+    assert stream(seed_ops, True) == stream(seed_ops, False)
+    engine = stream(seed_ops | {"rollback", "rebase", "preempt", "append_slots"}, True)
+    assert engine != stream(seed_ops, False)
+    assert {"rollback", "rebase", "preempt", "append_slots"} <= {o.split("'")[1] for o in engine}
+
+
+def test_nano_vllm_reports_cached_tokens_through_preemption():
+    """nano-vllm through the lifecycle: a preempted sequence re-admitted with the tokens
+    it had is the engine's own kept ``Sequence`` (as its scheduler re-queues it), and
+    allocate reports that Sequence's ``num_cached_tokens``: 0 here, since nano-vllm drops
+    a block's hash when its last holder lets go; a live holder's blocks are hit."""
+    pytest.importorskip("xxhash")
+    from kvcheck.impl.thirdparty import nano_vllm
+
+    try:
+        t = nano_vllm.make(8, 2)
+    except Exception as exc:  # noqa: BLE001 - the wheel is not installed here
+        pytest.skip(f"nano-vllm not available: {exc}")
+    assert t.allocate(0, 5, [1, 2, 3, 4, 5]) == 0
+    kept = t.seqs[0]
+    t.preempt(0)
+    assert t.allocate(0, 5, [1, 2, 3, 4, 5]) == 0 and t.seqs[0] is kept
+    assert t.allocate(1, 5, [1, 2, 3, 4, 9]) == 4  # seq 0's two full blocks, still held
+    r = verify_prefix("nano-vllm", 16, 4, 3000, 1)
+    assert r.state.stats.preempts  # the prefix model drives nano-vllm's preemptions now

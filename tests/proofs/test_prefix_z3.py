@@ -85,7 +85,8 @@ def test_publish_before_write_is_caught():
 def test_every_step_is_enabled_on_a_reachable_path():
     """Not vacuous: from the initial pool, a path through every rule exists (block 0)."""
     path = ["take_free", "write", "write", "register", "fork", "release", "release", "hit",
-            "release", "take_evictable", "write", "release"]
+            "release", "take_evictable", "write", "write", "register", "unregister", "truncate",
+            "release"]
     assert set(path) == set(prefix_steps.STEPS)
     m = PrefixModel(PrefixModelScope(2, 2))
     states = [m.state(f"p{i}") for i in range(len(path) + 1)]
@@ -114,3 +115,55 @@ def test_step_rules_evaluate_concretely():
     assert all(f for _, _, f in prefix_steps.take_evictable(PY, pre, good, 0))
     failed = {n for _, n, f in prefix_steps.take_evictable(PY, pre, stale, 0) if not f}
     assert failed == {"its key leaves the cache"}
+
+
+CACHED_TOKENS = ("cached tokens: the count an allocation reports skips only blocks holding the "
+                 "requested prefix and leaves a token to compute")
+
+
+def test_cached_token_count_row_is_proved():
+    rows = {r.property: r for r in prove_prefix_invariants(SMALL)}
+    assert rows[CACHED_TOKENS].result == "proved", rows[CACHED_TOKENS]
+    assert "every prompt of 1..8 tokens" in rows[CACHED_TOKENS].detail
+
+
+def _hit_any_cached(L, pre, post, a, arg=None):
+    """A lookup that takes any cached block, whatever prefix its key names."""
+    for clause, name, f in prefix_steps.hit(L, pre, post, a, arg):
+        if name == "cached under the requested prefix's key":
+            f = pre.cached(a)
+        yield clause, name, f
+
+
+def test_weakened_cached_token_rules_are_caught():
+    """A lookup walking the prompt's last block too (vLLM PR #11186: a prompt fully in the
+    cache computes nothing), a count past the blocks served (PR #5364: a block reused from
+    the evictor counted as computed), a hit on a block under another prefix's key: each
+    refutes the row, with the prompt length that breaks it."""
+    weak = {"lookup": dict(lookup=lambda n, bs: n // bs),
+            "count": dict(count=lambda L, hits, n, bs: (hits + 1) * bs),
+            "hit": dict(steps={**prefix_steps.STEPS, "hit": _hit_any_cached})}
+    for what, kw in weak.items():
+        row = {r.property: r for r in prove_prefix_invariants(SMALL, **kw)}[CACHED_TOKENS]
+        assert row.result == "violated", (what, row)
+        assert row.detail.startswith("refuted for a prompt of"), (what, row.detail)
+    row = {r.property: r for r in prove_prefix_invariants(SMALL, **weak["lookup"])}[CACHED_TOKENS]
+    assert row.detail == "refuted for a prompt of 2 token(s)"  # 2 tokens = 1 full block, all hit
+
+
+def _truncate_keeps_key(L, pre, post, a, arg=None):
+    """A rollback that cuts into a cached block and keeps its key."""
+    for clause, name, f in prefix_steps.truncate(L, pre, post, a, arg):
+        if name != "no key (unregistered first)":
+            yield clause, name, f
+
+
+def test_rollback_keeping_its_key_is_caught():
+    """The rollback steps (unregister, then truncate) preserve every invariant; a
+    truncate of a block that keeps its key (the corpus' rollback-keeps-key) is refuted."""
+    rows = {r.property: r for r in prove_prefix_invariants(SMALL)}
+    assert "unregister, truncate" in rows["no_partial_cached"].detail
+    steps = {**prefix_steps.STEPS, "truncate": _truncate_keeps_key}
+    rows = {r.property: r for r in prove_prefix_invariants(SMALL, steps=steps)}
+    assert rows["no_partial_cached"].result == "violated"
+    assert rows["no_partial_cached"].detail == "not preserved by truncate", rows["no_partial_cached"]

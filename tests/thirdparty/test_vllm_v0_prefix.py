@@ -126,3 +126,50 @@ def test_with_them_the_same_operations_run_clean(factory):
     _run(factory(6, 1), STALE_OPS)
     v, _ = replay(factory, 6, 1, [_op(k, q, toks) for k, q, toks in STALE_OPS])
     assert v is None
+
+
+# -- the engine's cached-token count (issue 15: spec.prefix.cached_tokens) -------------------
+def test_allocate_reports_the_engines_cached_token_count():
+    """With prefix caching, allocate returns v0's skip-prefill count: the scheduler's
+    ``ComputedBlocksTracker.get_num_cached_tokens`` (cached and computed leading blocks),
+    all but the last token on a full hit (the model runner's rule); blocks revived from
+    the evictor count (they are computed), and the oracle checks each count."""
+    ops = [_op("allocate", 0, [1, 2, 3, 4, 5]), _op("allocate", 1, [1, 2, 3, 4, 9]),
+           _op("free_seq", 0), _op("free_seq", 1), _op("allocate", 2, [1, 2, 3, 4]),
+           _op("allocate", 3, [1, 2, 7])]
+    for factory in (vllm_v0.make_prefix, GUARDED):
+        v, ran = replay(factory, 8, 2, ops)
+        assert v is None, v
+        got = [(o.hits, o.cached_tokens) for o in ran if o.kind == "allocate"]
+        assert got == [(0, 0), (2, 4), (2, 3), (1, 2)], got
+    assert vllm_v0.make(8, 2).allocate(0, 3, [1, 2, 3]) is None  # naive: nothing to report
+
+
+def test_a_count_without_the_runners_full_hit_rule_is_caught(monkeypatch):
+    """Teeth: were the count the tracker's alone on a full hit (nothing left to compute,
+    vLLM PR #11186's shape), the check fires on v0's own path, in two operations."""
+    monkeypatch.setattr(vllm_v0, "runner_skips", lambda blocks, n, bs: blocks * bs)
+    ops = [_op("allocate", 0, [1, 2]), _op("allocate", 1, [1, 2])]
+    v, _ = replay(vllm_v0.make_prefix, 8, 2, ops)
+    assert v is not None and v.name == ("allocate: a prompt fully in the cache leaves at least "
+                                        "one token to compute")
+
+
+@pytest.mark.parametrize("factory", ["vllm-v0-prefix",
+                                     "kvcheck.impl.thirdparty.vllm_v0:make_prefix_guarded"])
+def test_no_cached_token_clause_fires_on_v0(factory):
+    """What kvcheck says of v0's count: across seeds (forks off, so runs get past F5 more
+    often), every allocation's count holds until the run stops at one of v0's known
+    structural findings, never at a cached-token clause."""
+    from kvcheck.verify import verify
+
+    checked = 0
+    for seed in range(6):
+        r = verify(factory, 16, 4, 3000, seed, model="prefix", extra={"weights": {"fork": 0.0}},
+                   do_shrink=False)
+        st = r.state.stats if r.state is not None else None
+        checked += st.hit_allocations if st is not None else 0
+        if not r.ok:
+            assert "cached tokens" not in r.violation.name and "prompt fully in the cache" \
+                not in r.violation.name, r.violation.name
+    assert checked > 0

@@ -112,8 +112,12 @@ def report(args, result, command: str, passed: Callable[[object], str] | None = 
                  f"seed {args.seed}")
         written &= write_output(args.junit, junit_run(command, args.target, where, result.seconds,
                                                       result.violation, text) + "\n", "--junit")
+    from kvcheck.targets import vacuity
+
+    vac = vacuity.of_result(result)  # what this verdict could not have checked (declared)
     if args.json:
-        emit_json({**result.to_json(), **(json_extra(result) if json_extra else {})})
+        emit_json({**result.to_json(), **(json_extra(result) if json_extra else {}),
+                   **({"vacuous": vac} if vac else {})})
         return exit_code(0 if result.ok else 1, written)
     _print_deviations(result)
     if result.ok:
@@ -135,6 +139,8 @@ def report(args, result, command: str, passed: Callable[[object], str] | None = 
         print(render(result.trace, source=args.trace_out if written else None))
         if args.trace_out and written:
             print(f"trace written to {args.trace_out}")
+    if vac:
+        print(vacuity.line(vac))
     return exit_code(0 if result.ok else 1, written)
 
 

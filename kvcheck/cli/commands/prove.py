@@ -85,15 +85,32 @@ def run(args) -> int:
     if args.trace_out and report.counterexample is not None:
         written &= write_output(args.trace_out, report.counterexample.dumps() + "\n",
                                 "--trace-out")
+    vac = _vacuous(args)  # what the target declares this verdict could not check
     if args.json:
-        emit_json(report.to_json())
+        emit_json({**report.to_json(), **({"vacuous": vac} if vac else {})})
         return exit_code(0 if report.ok else 1, written)
     print(table(report))
     verdict = "PASS" if report.ok else "FAIL"
     print(f"{verdict} {report.target}: {report.summary()} [{report.seconds:.1f} s]")
     if report.counterexample is not None:
         print(render(report.counterexample, "Shortest counterexample"))
+    if vac:
+        from kvcheck.targets import vacuity
+
+        print(vacuity.line(vac))
     return exit_code(0 if report.ok else 1, written)
+
+
+def _vacuous(args) -> dict:
+    """``kvcheck.targets.vacuity.vacuous`` of the target, built at the run's scope."""
+    from kvcheck.targets import vacuity
+    from kvcheck.targets.loading import TargetError, build, resolve
+
+    try:
+        _, factory = resolve(args.target)
+        return vacuity.vacuous(build(factory, args.blocks, args.block_size))
+    except TargetError:
+        return {}
 
 
 def table(report) -> str:

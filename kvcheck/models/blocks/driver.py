@@ -9,7 +9,8 @@ them (``capabilities``): multi-token reservations with lookahead, rollbacks of
 rejected tokens, rebases of one live sequence onto another, and preemptions,
 each preempted sequence re-admitted later with everything it had (an
 allocation of the same id and length: a recompute), and sliding-window drops of
-the blocks behind a window of up to two blocks. A target with only the
+the blocks behind a window of up to two blocks (or behind the window the
+target's engine drops behind itself, ``Target.drop_window``). A target with only the
 seed's four operations sees exactly the stream it always did.
 """
 
@@ -28,8 +29,11 @@ class RandomDriver:
     WEIGHTS = ("allocate", "fork", "free_seq", "max_prompt")
 
     def __init__(self, seed: int, num_blocks: int, block_size: int, capabilities,
-                 weights: dict | None = None):
+                 weights: dict | None = None, drop_window: int | None = None):
         self.rng = random.Random(seed)
+        # the window a target's engine drops behind by itself (``Target.drop_window``):
+        # its drops are drawn with that window, and more often (its appends wait for them)
+        self.drop_window = drop_window
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.caps = capabilities
@@ -72,9 +76,12 @@ class RandomDriver:
     def _extra_op(self, live: list[int], state) -> Op | None:
         """One of the operations beyond the seed's four, about one time in five."""
         rng, can, bs = self.rng, self._can, self.block_size
-        if can["drop_behind_window"] and live and rng.random() < 0.05:
+        hint = self.drop_window
+        if can["drop_behind_window"] and live and rng.random() < (0.05 if hint is None else 0.25):
             # sliding-window attention: a window of up to two blocks' worth of tokens
             seq = live[int(rng.random() * len(live))]
+            if hint is not None:
+                return Op("drop_behind_window", seq, n_tokens=hint)
             return Op("drop_behind_window", seq, n_tokens=1 + int(rng.random() * 2 * bs))
         r = rng.random()
         if r >= 0.22:

@@ -174,7 +174,8 @@ class BlocksModel(Model):
         from kvcheck.models.blocks.driver import RandomDriver
 
         return _Driving(RandomDriver(seed, scope.num_blocks, scope.block_size, target.capabilities,
-                                     options.extra.get("weights")))
+                                     options.extra.get("weights"),
+                                     getattr(target, "drop_window", None)))
 
     # -- exploration ----------------------------------------------------------------
     def moves(self, state, scope: ExploreScope) -> list:
@@ -203,8 +204,9 @@ class BlocksModel(Model):
                 out += [Op("rebase", seq=q, child=r) for r in live if r != q]
             if "preempt" in caps:
                 out.append(Op("preempt", seq=q))
-            if "drop_behind_window" in caps:  # a window of one token, and of a block
-                out += [Op("drop_behind_window", seq=q, n_tokens=w) for w in sorted({1, bs})]
+            if "drop_behind_window" in caps:  # a window of one token, of a block, the engine's
+                wins = {1, bs, getattr(state.target, "drop_window", None) or 1}
+                out += [Op("drop_behind_window", seq=q, n_tokens=w) for w in sorted(wins)]
         return out
 
     def canonical(self, state) -> tuple:

@@ -18,7 +18,7 @@ from kvcheck.spec.state import NULL
 
 def _holders(s, b: int) -> list[str]:
     out = []
-    for q in s.seqs():
+    for q in sorted(s.seqs()):  # (in one order whichever state: fast and full agree)
         for i in s.positions(q):
             if s.table(q, i) == b:
                 out.append(f"sequence {q} (position {i})")

@@ -1,10 +1,19 @@
-"""The prefix model's seeded workload: shared prefixes under pool pressure."""
+"""The prefix model's seeded workload: shared prefixes under pool pressure.
+
+Where a target offers the block manager's operations beyond the seed's four
+(``capabilities``: ``rollback``, ``rebase``, ``preempt``, ``append_slots``), about
+one operation in five is one of them, as in the block manager's driver: rollbacks of
+up to a block and a token (often into a cached full block), rebases of one live
+sequence onto another, preemptions (each preempted sequence re-admitted later with
+every token it had: a recompute the cache may serve from its own freed blocks), and
+``append_slots`` writing the slots a rollback left reserved. A target with only the
+seed's operations sees exactly the stream it always did."""
 
 from __future__ import annotations
 
 import random
 
-from kvcheck.models.prefix.model import PrefixOp
+from kvcheck.models.prefix.model import EXTRA_OPS, PrefixOp
 
 
 class PrefixDriver:
@@ -26,6 +35,8 @@ class PrefixDriver:
                       for _ in range(3)]
         self.next_id = 0
         self.last_prompt: list[int] | None = None  # the allocation just drawn (commits aside)
+        self._extra = any(k in capabilities for k in EXTRA_OPS)
+        self.preempted: dict[int, tuple] = {}  # preempted seq -> its tokens, to re-admit
 
     def _new_id(self) -> int:
         self.next_id += 1
@@ -38,8 +49,14 @@ class PrefixDriver:
         toks = base[:cut] + [rng.randrange(3) for _ in range(rng.randint(0, 2 * bs))]
         return toks or [rng.randrange(3)]
 
-    def next_op(self, live: list[int], free_blocks: int, uncommitted=None) -> PrefixOp:
-        op = self._next(live, free_blocks, uncommitted)
+    def next_op(self, live: list[int], free_blocks: int, uncommitted=None, state=None) -> PrefixOp:
+        """The next operation; ``state`` (the oracle: ``lengths``, ``reserved``,
+        ``tokens_of``) lets the operations beyond the seed's four be drawn."""
+        op = None
+        if self._extra and state is not None:
+            op = self._extra_op(live, state, uncommitted or ())
+        if op is None:
+            op = self._next(live, free_blocks, uncommitted)
         if op.kind != "commit":
             self.last_prompt = list(op.tokens) if op.kind == "allocate" else None
         return op
@@ -66,3 +83,40 @@ class PrefixDriver:
         if r < 0.1 * wf + 0.3 * fullness * wr + 0.05 * wr:
             return PrefixOp("free_seq", seq=rng.choice(live))
         return PrefixOp("append_slot", seq=rng.choice(live), tokens=(rng.randrange(3),))
+
+    def _extra_op(self, live: list[int], state, uncommitted) -> PrefixOp | None:
+        """One of the operations beyond the seed's four, about one time in five (a
+        sequence with reserved slots writes them with append_slots before anything else;
+        a sequence admitted but not written yet may be preempted before its write)."""
+        rng, caps, bs = self.rng, self.caps, self.bs
+        reserved = state.reserved
+        if uncommitted and "preempt" in caps and rng.random() < 0.1:
+            seq = rng.choice(sorted(uncommitted))
+            self.preempted[seq] = tuple(state.tokens_of(seq))
+            return PrefixOp("preempt", seq=seq)
+        live = [q for q in live if q not in uncommitted]
+        if "append_slots" in caps:
+            pending = [q for q in live if reserved.get(q)]
+            if pending and rng.random() < 0.5:
+                seq = rng.choice(pending)
+                toks = tuple(rng.randrange(3) for _ in range(1 + int(rng.random() * bs)))
+                return PrefixOp("append_slots", seq=seq, n_tokens=len(toks), tokens=toks)
+        r = rng.random()
+        if r >= 0.22:
+            return None
+        if self.preempted and r < 0.04:  # re-admitted for recompute, with every token it had
+            seq = rng.choice(sorted(self.preempted))
+            toks = self.preempted.pop(seq)
+            return PrefixOp("allocate", seq=seq, n_tokens=len(toks), tokens=toks)
+        if not live:
+            return None
+        seq = rng.choice(live)
+        n = state.lengths.get(seq, 0)
+        if r < 0.14 and "rollback" in caps and n >= 2:
+            return PrefixOp("rollback", seq=seq, n_tokens=1 + int(rng.random() * min(n - 1, bs + 1)))
+        if r < 0.18 and "rebase" in caps and len(live) >= 2:
+            return PrefixOp("rebase", seq=seq, child=rng.choice([q for q in live if q != seq]))
+        if r >= 0.18 and "preempt" in caps:
+            self.preempted[seq] = tuple(state.tokens_of(seq))
+            return PrefixOp("preempt", seq=seq)
+        return None

@@ -36,8 +36,8 @@ from kvcheck.check.model import (
     ScopeField,
     register,
 )
+from kvcheck.models.blocks.model import _COPIES, BlockScope
 from kvcheck.models.blocks.model import STATE_SCHEMA as BLOCKS_STATE
-from kvcheck.models.blocks.model import BlockScope
 from kvcheck.spec import contracts
 from kvcheck.spec import prefix as P
 from kvcheck.spec.contracts import Op
@@ -59,7 +59,7 @@ class PrefixOp(Op):
 
 
 def _make(kind: str, **args) -> PrefixOp:
-    if kind == "allocate":
+    if kind in ("allocate", "append_slots"):
         toks = tuple(args.pop("tokens"))
         return PrefixOp(kind, n_tokens=len(toks), tokens=toks, **args)
     if kind == "append_slot":
@@ -84,7 +84,19 @@ OPS = {
     "free_seq": OpSpec("free_seq", _make, (Arg("seq", SEQ),), doc=_doc("free_seq")),
     # only for a target with commit(seq): the engine wrote seq's prompt (publish after write)
     "commit": OpSpec("commit", _make, (Arg("seq", SEQ),), doc=_doc("commit")),
+    # only for a target offering them (its capabilities), as in the block manager's model:
+    # the reserved slots a rollback leaves are written by append_slots, with their token ids
+    "append_slots": OpSpec("append_slots", _make, (Arg("seq", SEQ), Arg("tokens", TOKENS),
+                                                   Arg("lookahead", COUNT, low=0)),
+                           results=(_COPIES,), doc=_doc("append_slots")),
+    "rollback": OpSpec("rollback", _make, (Arg("seq", SEQ), Arg("n_tokens", COUNT)),
+                       doc=_doc("rollback")),
+    "rebase": OpSpec("rebase", _make, (Arg("seq", SEQ, key="source"), Arg("child", SEQ)),
+                     results=(_COPIES,), doc=_doc("rebase")),
+    "preempt": OpSpec("preempt", _make, (Arg("seq", SEQ),), doc=_doc("preempt")),
 }
+# The block manager's operations the prefix model drives where a target offers them.
+EXTRA_OPS = ("append_slots", "rollback", "rebase", "preempt")
 
 _BLOCKS = {"type": "array", "maxItems": 1048576, "items": {"$ref": "#/$defs/block"}}
 STATE_SCHEMA = copy.deepcopy(BLOCKS_STATE)  # the block manager's state, and the cache's
@@ -146,6 +158,15 @@ class PrefixModel(Model):
             head = f"fork(parent={op.seq}, child={op.child})"
         elif op.kind == "commit":
             head = f"commit(seq={op.seq})"
+        elif op.kind == "append_slots":
+            la = f", lookahead={op.lookahead}" if op.lookahead else ""
+            head = f"append_slots(seq={op.seq}, tokens={_tokens(op.tokens)}{la})"
+        elif op.kind == "rollback":
+            head = f"rollback(seq={op.seq}, n_tokens={op.n_tokens})"
+        elif op.kind == "rebase":
+            head = f"rebase(source={op.seq}, child={op.child})"
+        elif op.kind == "preempt":
+            head = f"preempt(seq={op.seq})"
         else:
             head = f"free_seq(seq={op.seq})"
         if op.outcome == "oob":
@@ -154,6 +175,8 @@ class PrefixModel(Model):
             return f"{head} -> refused"
         if op.kind == "append_slot" and op.block is not None:
             return f"{head} -> (block={op.block}, offset={op.offset}, cow_src={op.cow_src})"
+        if op.kind in ("append_slots", "rebase") and op.copies:
+            return f"{head} -> copies {list(map(list, op.copies))}"
         if op.kind == "allocate" and op.hits:
             return f"{head} -> {_plural(op.hits, 'block')} from the cache"
         return head
@@ -202,9 +225,11 @@ class PrefixModel(Model):
 
     def driver(self, seed: int, scope, target, options: Options):
         from kvcheck.models.prefix.driver import PrefixDriver
-        from kvcheck.models.prefix.oracle import committer
+        from kvcheck.models.prefix.oracle import committer, takes_token_ids
 
         caps = set(target.capabilities) | ({"commit"} if committer(target) else set())
+        if not takes_token_ids(target):  # (a prefix cache keys blocks by their tokens)
+            caps.discard("append_slots")
         return _Driving(PrefixDriver(seed, scope.num_blocks, scope.block_size, frozenset(caps),
                                      options.extra.get("weights")))
 
@@ -251,12 +276,12 @@ class PrefixModel(Model):
             return narrate(op, before, after, block_size).replace(
                 "nothing may change", "nothing may change, the cache included")
         words = [narrate(op, before, after, block_size)]
-        if op.kind == "free_seq" and before is not None and after is not None:
+        if op.kind in ("free_seq", "preempt") and before is not None and after is not None:
             back = sorted(set(after.get("free", [])) - set(before.get("free", [])), key=_order)
             evictable = set(after.get("evictable", []))
             keyed = [b for b in back if b in evictable]
             plain = [b for b in back if b not in evictable]
-            words = [f"sequence {op.seq} is freed"]
+            words = [f"sequence {op.seq} is {'preempted' if op.kind == 'preempt' else 'freed'}"]
             if plain:
                 words.append(f"block(s) {_blocks(plain)} return to the free list")
             if keyed:
@@ -278,7 +303,7 @@ class PrefixModel(Model):
                 left = [b for b in left if b not in revived]
             if left:
                 words.append(f"evictable block(s) {_blocks(left)} evicted for new content")
-            if joined and op.kind != "free_seq":  # (said above for a free)
+            if joined and op.kind not in ("free_seq", "preempt"):  # (said above for a free)
                 words.append(f"block(s) {_blocks(joined)} now evictable (still cached)")
             new = sorted(keyed1 - keyed0, key=_order)
             gone = sorted(keyed0 - keyed1 - set(left), key=_order)
@@ -352,7 +377,7 @@ class _Driving:
 
     def next_op(self, state):
         return self.driver.next_op(state.live(), state.num_free(),
-                                   getattr(state, "uncommitted", None))
+                                   getattr(state, "uncommitted", None), state=state)
 
 
 def _fold_append(model: PrefixModel, ops: list, i: int) -> list | None:
@@ -366,7 +391,9 @@ def _fold_append(model: PrefixModel, ops: list, i: int) -> list | None:
             cand[j] = _make("allocate", seq=q, tokens=(*ops[j].tokens, ops[i].token))
             del cand[i]
             return cand
-        if ops[j].kind == "fork" and ops[j].child == q:
+        if ops[j].kind in ("fork", "rebase") and ops[j].child == q:
+            return None
+        if ops[j].kind in ("rollback", "preempt", "append_slots") and ops[j].seq == q:
             return None
     return None
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 from dataclasses import dataclass
 
 from kvcheck.check import evidence
@@ -197,6 +198,20 @@ def _view_for(target):
                       "(cache_entries/evictable_blocks/free_list_blocks)")
 
 
+def takes_token_ids(target) -> bool:
+    """Whether the target's ``append_slots`` takes the tokens' ids (``token_ids=``): a
+    prefix cache keys the blocks they fill by them, so the prefix model drives
+    append_slots only on a target that does."""
+    fn = getattr(target, "append_slots", None)
+    if not callable(fn):
+        return False
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "token_ids" or p.kind is p.VAR_KEYWORD for p in params)
+
+
 def committer(target):
     """The target's ``commit(seq)`` (the engine wrote seq's prompt: publish after write),
     or None: a target without one writes the prompt within ``allocate``."""
@@ -280,12 +295,18 @@ class PrefixShadow(ShadowMemory):
             o.uncommitted[seq] = later
 
     def append(self, seq, block, offset, cow_src):
-        o, g, bs = self.oracle, self.oracle.ghost, self.block_size
+        o = self.oracle
         tok = o.pending.tokens[0]
         if cow_src is not None:
             self.copy(cow_src, block)
         self.write(block, offset, tok)
         self.expect_one_more(seq, tok)
+        self._wrote(seq, block, offset)
+
+    def _wrote(self, seq, block, offset):
+        """The ghost after seq's token at ``offset`` of ``block``: the block holds that many
+        of seq's slots for its current content, a complete prefix once full."""
+        g, bs = self.oracle.ghost, self.block_size
         g.filled[block] = offset + 1
         chain = g.chains[seq]
         if offset + 1 == bs:
@@ -294,6 +315,33 @@ class PrefixShadow(ShadowMemory):
             g.content[block] = chain[-1]
         else:
             g.content[block] = -1
+
+    def extend(self, seq, n, table):
+        """append_slots: the caller writes the operation's token ids after seq's last token,
+        through its table (the copies the target asked for are made before)."""
+        bs, pos = self.block_size, self.length(seq)
+        for tok in self.oracle.pending.tokens:
+            k, off = divmod(pos, bs)
+            self.write(table[k], off, tok)
+            self.expect_one_more(seq, tok)
+            self._wrote(seq, table[k], off)
+            pos += 1
+
+    def truncate(self, seq, n):
+        """rollback: seq keeps its first n tokens. Nothing is written: every block keeps
+        what it holds (a block a rollback made partial still holds its old prefix until
+        the next write lands in it), only seq's chain of full-block prefixes is cut."""
+        super().truncate(seq, n)
+        g = self.oracle.ghost
+        del g.chains[seq][n // self.block_size:]
+
+    def copy(self, src, dst):
+        """A copy the target asked for (a rebase's or a reservation's): dst holds what src
+        holds, data and ghost alike."""
+        super().copy(src, dst)
+        g = self.oracle.ghost
+        g.filled[dst] = g.filled.get(src, 0)
+        g.content[dst] = g.content.get(src, -1)
 
     def fork(self, parent, child):
         super().fork(parent, child)
@@ -327,6 +375,8 @@ class _Structural(Oracle):
             return got
         if op.kind == "append_slot":
             return t.append_slot(op.seq, op.tokens[0])
+        if op.kind == "append_slots":
+            return t.append_slots(op.seq, op.n_tokens, op.lookahead, token_ids=list(op.tokens))
         return super()._call(op)
 
     def _step_fast(self, op, delta):
@@ -358,7 +408,13 @@ class Stats:
     orphans: int = 0  # states with a key cached while its parent block's key is gone
     repeats: int = 0  # allocations of the very prompt the operation before allocated
     commits: int = 0  # commit(seq): a prompt written (a target with commit only)
-    freed_uncommitted: int = 0  # a sequence freed before its prompt was written
+    freed_uncommitted: int = 0  # a sequence freed (or preempted) before its prompt was written
+    # the block manager's operations beyond the seed's four (a target offering them only)
+    rollbacks: int = 0
+    rollbacks_into_cached: int = 0  # a rollback that made a block cached before it partial
+    rebases: int = 0
+    preempts: int = 0
+    append_slots: int = 0  # multi-token writes (the slots a rollback left reserved)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -402,6 +458,7 @@ class PrefixOracle:
         self.pending: PrefixOp | None = None
         self.pending_hits = 0
         self.commit_fn = committer(target)
+        self.slot_tokens = takes_token_ids(target)  # append_slots with token ids
         self.uncommitted: dict[int, list] = {}  # seq -> (block, filled, content) its commit writes
         self.s = _Structural(target, self, mode, timeout, compiled)
         self.violation = self.s.violation
@@ -422,6 +479,21 @@ class PrefixOracle:
                     wd.leave()
 
     # -- RunState -----------------------------------------------------------------------
+    @property
+    def lengths(self) -> dict:
+        """Each live sequence's token count (the driver's view)."""
+        return self.s.lengths
+
+    @property
+    def reserved(self) -> dict:
+        """Each live sequence's reserved slots beyond its tokens, where it has any."""
+        return self.s.reserved
+
+    def tokens_of(self, seq: int) -> list:
+        """The token ids ``seq`` holds (what a preempted sequence is re-admitted with)."""
+        sh = self.s.shadow
+        return sh.tokens(seq, 0, sh.length(seq))
+
     def live_seqs(self) -> list[int]:
         return self.s.live_seqs()
 
@@ -435,8 +507,11 @@ class PrefixOracle:
     def valid(self, op: PrefixOp) -> bool:
         if op.kind == "commit":
             return self.commit_fn is not None and op.seq in self.uncommitted
-        if op.kind in ("append_slot", "fork") and op.seq in self.uncommitted:
-            return False  # decoding and forking come after the prompt is written
+        if op.kind in ("append_slot", "fork", "append_slots", "rollback", "rebase") and (
+                op.seq in self.uncommitted or (op.kind == "rebase" and op.child in self.uncommitted)):
+            return False  # decoding, forking, rollbacks, rebases come after the prompt's write
+        if op.kind == "append_slots" and (len(op.tokens) != op.n_tokens or not self.slot_tokens):
+            return False
         if op.kind == "allocate" and len(op.tokens) != op.n_tokens:
             return False
         if op.kind == "append_slot" and len(op.tokens) != 1:
@@ -455,7 +530,7 @@ class PrefixOracle:
                 v = self._commit(op, wd)
                 self.violation = v
                 return v
-            unwritten = op.kind == "free_seq" and op.seq in self.uncommitted
+            unwritten = op.kind in ("free_seq", "preempt") and op.seq in self.uncommitted
             v = self.s.step(op, wd)
             self.steps = self.s.steps
             if v is None:
@@ -729,6 +804,15 @@ class PrefixOracle:
             st.refused += 1
             return
         st.orphans += self._orphaned(post)
+        if op.kind == "rollback":
+            st.rollbacks += 1
+            if pre is not None:
+                st.rollbacks_into_cached += any(
+                    pre.cached(b) for b in self.s._state().table_tuple(op.seq)[
+                        self.s.lengths[op.seq] // self.block_size:])
+        st.rebases += op.kind == "rebase"
+        st.preempts += op.kind == "preempt"
+        st.append_slots += op.kind == "append_slots"
         if op.kind == "allocate":
             st.allocations += 1
             st.hit_blocks += self.pending_hits
@@ -736,7 +820,7 @@ class PrefixOracle:
             st.partial_hits += 0 < self.pending_hits < (op.n_tokens - 1) // self.block_size
             st.repeats += (last is not None and last.kind == "allocate" and last.outcome == OK
                            and last.tokens == op.tokens)
-        if pre is None or op.kind not in ("allocate", "append_slot"):
+        if pre is None or op.kind not in ("allocate", "append_slot", "append_slots"):
             return
         table = self.s._state().table_tuple(op.seq)
         hits = set(table[: self.pending_hits]) if op.kind == "allocate" else set()

@@ -1,0 +1,322 @@
+"""Adapters: SGLang 0.5.23's token and paged KV allocators as ``Target`` s.
+
+What runs is the wheel's own ``sglang/srt/mem_cache/allocator/{__init__,base,token,
+paged}.py`` (see ``_loader``), unchanged, on torch CPU tensors: the free list is
+``free_pages`` (+ ``release_pages`` / ``staged_pages`` under ``need_sort``), a
+torch ``int64`` tensor, as on the GPU. Install: ``bash scripts/install_thirdparty.sh
+sglang`` (optional: not in the default set).
+
+Stand-ins (every other ``sglang.*`` import raises, see ``_loader``):
+
+``sglang.srt.utils``
+    the package's ``__init__`` star-imports ``utils/common.py``, which imports
+    triton, psutil, PIL, starlette, requests and the engine. The stand-in holds the
+    *real* functions ``paged.py`` imports -- ``get_num_new_pages``,
+    ``get_bool_env_var``, ``is_hip``, ``next_power_of_2`` (and ``ceil_div``, which
+    one of them calls) -- compiled from the installed ``utils/common.py`` itself
+    (each function's own source, taken with ``ast``; nothing rewritten).
+``sglang.srt.platforms``
+    ``current_platform``: only ``capabilities.supports_triton`` is read (by
+    ``PagedTokenToKVPoolAllocator.__init__``); the stand-in says ``False``, as
+    ``platforms/cpu.py`` declares, so the allocator takes its torch path
+    (``alloc_extend_naive`` / ``alloc_decode_naive``, the real functions of
+    ``paged.py``). The Triton kernels are the CUDA path; not run here.
+``sglang.kernels.ops.memory.allocator``
+    ``alloc_extend_kernel`` / ``alloc_decode_kernel``: imported by ``paged.py``,
+    called only when ``supports_triton``; the stand-ins raise if ever called.
+
+Not loaded: ``ReqToTokenPool`` (``memory_pool.py``: 260 KB importing triton and the
+kernel packages). Its state is one ``req_to_token`` row per request (the slots of
+the request's tokens, in order) plus a free row index; the adapter keeps that row
+itself (``rows``), written exactly where the scheduler writes it, and derives every
+view below from it. So the adapter is the *caller*: it plays
+``ScheduleBatch.prepare_for_extend`` / ``prepare_for_decode`` (``alloc_for_extend``
+/ ``alloc_for_decode``) and ``release_kv_cache`` without a radix tree (the
+``ChunkCache`` path, ``--disable-radix-cache``).
+
+Operations:
+
+``allocate(seq, n)``
+    a prefill of ``n`` new tokens with no cached prefix: token allocator
+    ``alloc(n)``; paged allocator ``alloc_extend(prefix_lens=[0], seq_lens=[n],
+    last_loc=[-1], extend_num_tokens=n)`` (``last_loc`` -1 is what
+    ``get_last_loc`` gives a request without prefix). ``None`` -> ``OutOfBlocks``.
+``append_slot(seq)``
+    one decode token: token ``alloc(1)``; paged ``alloc_decode(seq_lens=[L+1],
+    last_loc=[row[L-1]])`` (``seq_lens`` already counts the new token, as
+    ``prepare_for_decode`` passes it). The slot ``s`` is ``(page(s), s % page_size)``.
+    ``cow_src`` is ``None``: SGLang never copies.
+``free_seq(seq)``
+    ``release_kv_cache`` without a tree: ``free_kv_row`` of the row's
+    ``[0, len)``, i.e. ``allocator.free_segments([(row[:len], 0)])`` (what
+    ``free_kv_row_segments`` calls with no sliding window), then the row is
+    dropped (``ReqToTokenPool.free``).
+``fork``, ``append_slots``, ``rollback``, ``rebase``, ``preempt``
+    not offered: SGLang has no fork and no copy-on-write (sharing is the radix
+    tree's, under tree locks); retraction frees through ``release_kv_cache`` as
+    ``free_seq`` does.
+
+Block ids. SGLang reserves page 0 (slot 0 is the padding slot, ``free_pages`` is
+``arange(1, num_pages + 1)``); kvcheck's block ``b`` is SGLang's page ``b + 1``. The
+token allocator is the paged view at page size 1 (a slot is a page), so
+``sglang-token`` takes ``block_size == 1`` only.
+
+Observation, and what it makes vacuous (``vacuous`` below, printed with the
+verdict): SGLang keeps **no refcounts**; a page is held by the request rows naming
+it. ``refcount(b)`` is the number of live rows naming page ``b``, so
+*refcount conservation* holds by construction (vacuous), while the free-list rules
+compare those holders with the allocator's own free list: *a held page is never on
+the free list and never handed out again*, and *free list + held pages partition
+the pool*, each checked. ``free_blocks`` = ``get_all_free_pages()`` (free plus
+staged), ``num_free`` = ``available_size() // page_size``. The table and length
+views are the adapter's row (``ReqToTokenPool``'s stand-in), so *no aliasing* and
+*length agrees* are vacuous too.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..errors import MisuseError, OutOfBlocks
+from . import _loader
+from ._loader import Dist, Loaded
+
+SGLANG = Dist("sglang", "sglang", "0.5.23", "sglang")
+
+ALLOCATOR = "sglang.srt.mem_cache.allocator"
+FILES = (ALLOCATOR, f"{ALLOCATOR}.base", f"{ALLOCATOR}.token", f"{ALLOCATOR}.paged")
+UTILS_FUNCTIONS = ("ceil_div", "get_num_new_pages", "get_bool_env_var", "is_hip",
+                   "next_power_of_2")
+
+# What this target's verdict cannot have checked (``kvcheck.targets.vacuity``).
+VACUOUS = {
+    "refcount_conservation": "SGLang keeps no refcounts: a page's count is the number of "
+                             "request rows naming it, derived from those rows",
+    "no_aliasing": "the tables are req_to_token rows kept by the adapter (ReqToTokenPool's "
+                   "stand-in), one per request",
+    "length_agrees": "the token count is the adapter's (the request's seqlen)",
+}
+
+
+def real_functions(mod: types.ModuleType, loaded: Loaded, rel: str,
+                   names: Sequence[str], env: dict) -> None:
+    """Compile the top-level functions or classes ``names`` of the installed file ``rel``
+    into ``mod``: each one's own source text, as the file has it (decorators included)."""
+    path = loaded.root / rel
+    tree = ast.parse(path.read_text(), str(path))
+    found = {node.name: node for node in tree.body
+             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ImportError(f"{rel} of {loaded.dist.dist} {loaded.dist.version} has no "
+                          f"{', '.join(missing)}")
+    module = ast.Module(body=[found[n] for n in names], type_ignores=[])
+    ns = mod.__dict__
+    ns.update(env)
+    exec(compile(module, str(path), "exec"), ns)  # noqa: S102 - the engine's own source
+
+
+def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:
+    import functools
+    import logging
+    import os
+    from typing import Optional
+
+    import torch
+
+    real_functions(mod, loaded, "sglang/srt/utils/common.py", UTILS_FUNCTIONS, {
+        "torch": torch, "os": os, "lru_cache": functools.lru_cache, "Optional": Optional,
+        "logger": logging.getLogger("kvcheck.thirdparty.sglang.utils"),
+        "_warned_bool_env_var_keys": set(),
+    })
+
+
+def _stub_platforms(mod: types.ModuleType, _: Loaded) -> None:
+    mod.current_platform = types.SimpleNamespace(
+        capabilities=types.SimpleNamespace(supports_triton=False))
+
+
+def _stub_kernels(mod: types.ModuleType, _: Loaded) -> None:
+    def _never(name):
+        def kernel(*_a, **_k):
+            raise RuntimeError(f"{name} is the Triton path; kvcheck runs the torch one")
+
+        class Launcher:
+            def __getitem__(self, _grid):
+                return kernel
+        return Launcher()
+
+    mod.alloc_extend_kernel = _never("alloc_extend_kernel")
+    mod.alloc_decode_kernel = _never("alloc_decode_kernel")
+
+
+STUBS = {"sglang.srt.utils": _stub_utils, "sglang.srt.platforms": _stub_platforms,
+         "sglang.kernels.ops.memory.allocator": _stub_kernels}
+
+
+def load() -> Loaded:
+    """SGLang's allocator modules (``ThirdPartyMissing`` if not installed)."""
+    return _loader.load(SGLANG, FILES, STUBS, entry=FILES)
+
+
+def allocators() -> types.ModuleType:
+    return load()[ALLOCATOR]
+
+
+class SglangAllocatorTarget:
+    """``Target`` over a real SGLang token or paged allocator (see module docstring)."""
+
+    capabilities = frozenset({"allocate", "append_slot", "free_seq"})
+    vacuous = VACUOUS
+
+    def __init__(self, num_blocks: int, block_size: int, paged: bool, need_sort: bool = False):
+        import torch
+
+        if num_blocks < 1 or block_size < 1:
+            raise MisuseError("num_blocks and block_size must be positive")
+        if not paged and block_size != 1:
+            raise MisuseError(f"SGLang's TokenToKVPoolAllocator has page size 1, not "
+                              f"{block_size}: use --block-size 1 (or sglang-paged)")
+        self.torch = torch
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.paged = paged
+        mods = allocators()
+        size = num_blocks * block_size
+        if paged:
+            self.alloc = mods.PagedTokenToKVPoolAllocator(size, block_size, torch.float16, "cpu",
+                                                          None, need_sort)
+        else:
+            self.alloc = mods.TokenToKVPoolAllocator(size, torch.float16, "cpu", None, need_sort)
+        self.rows: dict[int, Any] = {}  # seq -> req_to_token row (int64 slots)
+
+    def _t(self, values):
+        return self.torch.tensor(values, dtype=self.torch.int64)
+
+    # -- operations -----------------------------------------------------------
+    def allocate(self, seq: int, n_tokens: int) -> None:
+        if seq in self.rows:
+            raise MisuseError(f"sequence {seq!r} already exists")
+        if n_tokens < 1:
+            raise MisuseError(f"n_tokens must be positive, got {n_tokens!r}")
+        if self.paged:
+            zero, lens = self._t([0]), self._t([n_tokens])
+            out = self.alloc.alloc_extend(zero, zero.clone(), lens, lens.clone(), self._t([-1]),
+                                          n_tokens)
+        else:
+            out = self.alloc.alloc(n_tokens)
+        if out is None:
+            raise OutOfBlocks(f"SGLang alloc for {n_tokens} tokens returned None")
+        self.rows[seq] = out.clone()
+
+    def append_slot(self, seq: int) -> tuple[int, int, int | None]:
+        row = self._live(seq)
+        length = len(row)
+        if self.paged:
+            lens = self._t([length + 1])
+            out = self.alloc.alloc_decode(lens, lens.clone(), row[length - 1 : length].clone())
+        else:
+            out = self.alloc.alloc(1)
+        if out is None:
+            raise OutOfBlocks("SGLang decode alloc returned None")
+        self.rows[seq] = self.torch.cat((row, out))
+        slot = int(out[0])
+        return slot // self.block_size - 1, slot % self.block_size, None
+
+    def free_seq(self, seq: int) -> None:
+        row = self._live(seq)
+        self.alloc.free_segments([(row, 0)])
+        del self.rows[seq]
+
+    def _live(self, seq: int):
+        row = self.rows.get(seq)
+        if row is None:
+            raise MisuseError(f"unknown sequence {seq!r}")
+        return row
+
+    # -- observation ------------------------------------------------------------
+    def block_table(self, seq: int) -> Sequence[int]:
+        """The row's pages in order: page ``i`` is the page of slot ``row[i * B]`` (every
+        slot of a page's span must lie in it at its offset; ``row_pages`` checks)."""
+        return row_pages(self.rows[seq].tolist(), self.block_size)
+
+    def refcount(self, block: int) -> int:
+        return sum(block in self.block_table(s) for s in self.rows)
+
+    def refcounts(self) -> Sequence[int]:
+        counts = [0] * self.num_blocks
+        for s in self.rows:
+            for b in self.block_table(s):
+                if isinstance(b, int) and 0 <= b < self.num_blocks:
+                    counts[b] += 1
+        return counts
+
+    def free_blocks(self) -> Iterable[int]:
+        return [p - 1 for p in self.alloc.get_all_free_pages().tolist()]
+
+    def num_free(self) -> int:
+        return int(self.alloc.available_size()) // self.block_size
+
+    def table_identity(self, seq: int) -> object | None:
+        return None
+
+    def seq_len(self, seq: int) -> int | None:
+        return len(self.rows[seq])
+
+    def is_out_of_blocks(self, exc: BaseException) -> bool:
+        return isinstance(exc, OutOfBlocks)
+
+
+MISALIGNED = -2  # no pool block, and not the null placeholder (spec.state.NULL, -1)
+
+
+class MisalignedRow(int):
+    """A table entry for a page whose slots are not one page's consecutive slots."""
+
+    def __new__(cls, page: int, slots: Sequence[int]):
+        obj = super().__new__(cls, MISALIGNED)
+        obj.slots = list(slots)
+        obj.page = page
+        return obj
+
+    def __repr__(self) -> str:
+        return f"<slots {self.slots} not one page's consecutive slots>"
+
+
+def row_pages(row: Sequence[int], page_size: int) -> list[int]:
+    """kvcheck block ids of a ``req_to_token`` row: the page of each ``page_size`` span,
+    minus one (SGLang's page 0 is the padding page). A span whose slots are not that
+    page's slots at their offsets reads as ``MISALIGNED`` (-2, no pool block), so the
+    oracle reports it."""
+    out: list[int] = []
+    for i in range(0, len(row), page_size):
+        span = row[i : i + page_size]
+        page = span[0] // page_size
+        if any(s != page * page_size + k for k, s in enumerate(span)):
+            out.append(MisalignedRow(page, span))
+        else:
+            out.append(page - 1)
+    return out
+
+
+def make_token(num_blocks: int, block_size: int) -> SglangAllocatorTarget:
+    """``TokenToKVPoolAllocator`` (page size 1: a block is a slot)."""
+    return SglangAllocatorTarget(num_blocks, block_size, paged=False)
+
+
+def make_paged(num_blocks: int, block_size: int) -> SglangAllocatorTarget:
+    """``PagedTokenToKVPoolAllocator`` with ``page_size = block_size``."""
+    return SglangAllocatorTarget(num_blocks, block_size, paged=True)
+
+
+def make_token_sorted(num_blocks: int, block_size: int) -> SglangAllocatorTarget:
+    """The token allocator with ``need_sort`` (frees staged in ``release_pages``)."""
+    return SglangAllocatorTarget(num_blocks, block_size, paged=False, need_sort=True)
+
+
+def make_paged_sorted(num_blocks: int, block_size: int) -> SglangAllocatorTarget:
+    """The paged allocator with ``need_sort`` (frees staged in ``staged_pages``)."""
+    return SglangAllocatorTarget(num_blocks, block_size, paged=True, need_sort=True)

@@ -1,0 +1,267 @@
+"""SGLang 0.5.23 (token / paged allocators, radix cache) and aphrodite-engine 0.24.1.
+
+Both are optional engines (``bash scripts/install_thirdparty.sh sglang aphrodite``): each
+group of tests skips, saying so, when its sources are not installed. The SGLang traces
+live in ``docs/traces/sglang/`` (described in docs/findings.md) so that
+``test_findings.py``, which needs only the default engines, does not read them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from kvcheck.check.trace import Trace
+from kvcheck.cli import main as kvcheck
+from kvcheck.impl.thirdparty import _loader
+from kvcheck.impl.thirdparty.aphrodite import APHRODITE
+from kvcheck.impl.thirdparty.sglang import SGLANG
+from kvcheck.targets import vacuity
+from kvcheck.targets.loading import TargetError
+from kvcheck.verify import verify
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = ROOT / "docs" / "traces" / "sglang"
+
+needs_sglang = pytest.mark.skipif(
+    not _loader.is_installed(SGLANG) or importlib.util.find_spec("torch") is None,
+    reason="SGLang 0.5.23 sources (bash scripts/install_thirdparty.sh sglang) or torch missing")
+needs_aphrodite = pytest.mark.skipif(
+    not _loader.is_installed(APHRODITE),
+    reason="aphrodite-engine 0.24.1 sources missing (bash scripts/install_thirdparty.sh aphrodite)")
+
+SGL = "kvcheck.impl.thirdparty.sglang:"
+RADIX = "kvcheck.impl.thirdparty.sglang_radix:"
+
+
+def _replay_raw():
+    spec = importlib.util.spec_from_file_location("replay_raw", ROOT / "scripts" / "replay_raw.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# -- the allocators ---------------------------------------------------------------------
+@needs_sglang
+@pytest.mark.parametrize("target,blocks,bs", [
+    ("sglang-token", 8, 1), ("sglang-token", 3, 1), (SGL + "make_token_sorted", 6, 1),
+    ("sglang-paged", 8, 4), ("sglang-paged", 3, 2), ("sglang-paged", 4, 16),
+    (SGL + "make_paged_sorted", 6, 2),
+])
+def test_allocators_pass(target, blocks, bs):
+    r = verify(target, blocks, bs, 1500, seed=1)
+    assert r.ok, r.trace and r.trace.violation
+    assert r.ops == 1500  # every operation ran (the three offered are all the driver draws)
+
+
+@needs_sglang
+def test_token_allocator_takes_page_size_1_only(capsys):
+    assert kvcheck(["verify", "sglang-token", "--block-size", "2", "--ops", "10"]) == 2
+    assert "TokenToKVPoolAllocator has page size 1" in capsys.readouterr().err
+
+
+@needs_sglang
+def test_paged_allocator_at_page_size_1_hands_out_a_free_slot():
+    """S1: ``alloc_decode`` at page size 1 counts no new page (``seq_lens % 1 == 1`` is
+    never true) and returns ``last_loc + 1`` without taking it off the free list."""
+    r = verify("sglang-paged", 8, 1, 200, seed=0)
+    assert not r.ok
+    assert r.trace.violation.name == ("append_slot: free list shrinks by one exactly when a "
+                                      "block is taken")
+    assert len(r.trace.ops) == 2
+    # the allocator SGLang builds at page size 1 is the token one, which holds
+    assert verify("sglang-token", 8, 1, 200, seed=0).ok
+
+
+@needs_sglang
+def test_verdict_lists_vacuous_invariants(capsys):
+    assert kvcheck(["verify", "sglang-token", "--blocks", "4", "--block-size", "1",
+                    "--ops", "50"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("PASS sglang-token")
+    assert "VACUOUS for this target: refcount_conservation (SGLang keeps no refcounts" in out
+    assert "the contracts of fork," in out
+    assert kvcheck(["verify", "sglang-paged", "--blocks", "4", "--block-size", "2",
+                    "--ops", "50", "--json"]) == 0
+    vac = json.loads(capsys.readouterr().out)["vacuous"]
+    assert "refcount_conservation" in vac and vac["fork"].startswith("not offered")
+    # a target that declares nothing prints nothing of the kind
+    assert kvcheck(["verify", "reference", "--ops", "20"]) == 0
+    assert "VACUOUS" not in capsys.readouterr().out
+
+
+def _scrambled_pages(blocks, bs):
+    """A paged allocator whose prefill hands out a page's slots out of order."""
+    from kvcheck.impl.thirdparty.sglang import make_paged
+
+    t = make_paged(blocks, bs)
+    real = t.alloc.alloc_extend
+
+    def alloc_extend(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return None if out is None else out.flip(0)
+    t.alloc.alloc_extend = alloc_extend
+    return t
+
+
+@needs_sglang
+def test_a_row_off_its_pages_is_caught():
+    r = verify(_scrambled_pages, 4, 2, 500, seed=0)
+    assert not r.ok and len(r.trace.ops) <= 2, r.trace.violation
+    assert "[-2]" in r.trace.violation.witness  # the row's page reads as no pool block
+
+
+@needs_sglang
+def test_prove_lists_vacuous_invariants():
+    import types
+
+    from kvcheck.cli.commands import prove
+
+    vac = prove._vacuous(types.SimpleNamespace(target="sglang-token", blocks=3, block_size=1))
+    assert "refcount_conservation" in vac and "fork" in vac
+    assert prove._vacuous(types.SimpleNamespace(target="reference", blocks=3, block_size=1)) == {}
+
+
+def test_vacuous_names_are_the_spec_s():
+    class Typo:
+        capabilities = frozenset({"allocate"})
+        vacuous = {"refcount_conservaton": "typo"}
+
+    with pytest.raises(TargetError, match="no invariant of the spec"):
+        vacuity.vacuous(Typo())
+
+    class NotDeclared:
+        capabilities = frozenset({"allocate"})
+
+    assert vacuity.vacuous(NotDeclared()) == {}
+
+
+# -- the radix cache ---------------------------------------------------------------------
+@needs_sglang
+@pytest.mark.parametrize("blocks,bs", [(8, 4), (8, 2), (6, 1), (3, 2)])
+def test_radix_cache_passes_the_prefix_model(blocks, bs):
+    r = verify("sglang-radix", blocks, bs, 1500, seed=2, model="prefix")
+    assert r.ok, r.trace and r.trace.violation
+    st = r.state.stats
+    assert st.hit_allocations > 0 and st.evicted > 0 and st.revived > 0, st
+    if blocks > 3:
+        assert st.oob > 0, st
+
+
+@needs_sglang
+@pytest.mark.parametrize("bs", [4, 1])
+def test_radix_cache_passes_the_block_model(bs):
+    assert verify("sglang-radix", 8, bs, 1500, seed=0).ok
+
+
+@needs_sglang
+def test_radix_refcounts_are_the_tree_s_locks():
+    from kvcheck.impl.thirdparty.sglang_radix import make
+
+    t = make(8, 2)
+    t.allocate(0, 5, [1, 2, 3, 4, 5])
+    t.allocate(1, 6, [1, 2, 3, 4, 9, 9])
+    assert t.block_table(1)[:2] == t.block_table(0)[:2]  # two pages shared through the tree
+    refs = t.refcounts()
+    assert refs[t.block_table(0)[0]] == 2 == refs[t.block_table(0)[1]]
+    t.tree.dec_lock_ref(t.reqs[1].lock.node)  # a lock dropped behind the rows' back
+    assert t.refcounts()[t.block_table(0)[0]] == 1  # read from lock_ref, not from the rows
+
+
+def _locked_eviction(blocks, bs):
+    """A radix cache whose leaf bookkeeping forgets the lock: locked leaves evictable."""
+    from kvcheck.impl.thirdparty.sglang_radix import make
+
+    t = make(blocks, bs)
+    tree = t.tree
+    real = tree._update_leaf_status
+
+    def update(node):
+        real(node)
+        if node is not tree.root_node and not node.evicted and not any(
+                not c.evicted for c in node.children.values()):
+            tree.evictable_leaves.add(node)
+    tree._update_leaf_status = update
+    return t
+
+
+def _lock_leak(blocks, bs):
+    """A release that forgets ``unlock``: the lock outlives the request."""
+    from kvcheck.impl.thirdparty.sglang_radix import make
+
+    t = make(blocks, bs)
+    t.tree.unlock = lambda lock: None
+    return t
+
+
+@needs_sglang
+@pytest.mark.parametrize("model", ["prefix", "blocks"])
+def test_eviction_of_a_locked_node_is_caught(model):
+    r = verify(_locked_eviction, 4, 2, 3000, seed=0, model=model)
+    assert not r.ok
+    assert len(r.trace.ops) <= 6, r.trace.ops
+
+
+@needs_sglang
+def test_a_leaked_lock_is_caught():
+    r = verify(_lock_leak, 4, 2, 2000, seed=0, model="prefix")
+    assert not r.ok
+    # the tree's lock count (the refcount here) outlives the request that held it
+    assert "refcount" in r.trace.violation.name or r.trace.violation.name in (
+        "refcount_conservation", "pool_partition", "evictable_keyed"), r.trace.violation
+
+
+@needs_sglang
+def test_evict_then_fail_is_the_engine_order():
+    r = verify(RADIX + "make_evict_first", 8, 2, 2000, seed=0, model="prefix")
+    assert not r.ok
+    assert r.trace.violation.name == "allocate: exception_safety: cache unchanged"
+    assert verify("sglang-radix", 8, 2, 2000, seed=0, model="prefix").ok
+
+
+# -- the traces: kvcheck replay, raw replay, a passing reference -----------------------------
+@needs_sglang
+@pytest.mark.parametrize("name,reference", [
+    ("sglang-paged-block-size-1.json", "sglang-token"),
+    ("sglang-radix-evict-first.json", "sglang-radix"),
+])
+def test_traces_reproduce_raw_and_pass_elsewhere(name, reference, capsys):
+    path = TRACES / name
+    assert name in (ROOT / "docs" / "findings.md").read_text()
+    assert kvcheck(["replay", str(path)]) == 1
+    assert capsys.readouterr().out.startswith("REPRODUCED on ")
+    trace = Trace.load(path)
+    r = _replay_raw().replay(trace)
+    first = next((i for i, d in enumerate(r["deviations"], 1) if d), None)
+    assert first == trace.violation.step, r["deviations"]
+    text = " ".join(r["deviations"][first - 1])
+    if "exception_safety" in trace.violation.name:
+        assert "failed" in text and "changed cache" in text, text
+    else:
+        assert "on the free list while seqs" in text, text
+    assert kvcheck(["replay", str(path), "--target", reference]) == 0
+
+
+# -- aphrodite ----------------------------------------------------------------------------
+@needs_aphrodite
+def test_aphrodite_target_is_the_v1_adapter_on_aphrodite():
+    from kvcheck.impl.thirdparty import aphrodite, vllm_v1
+
+    a = aphrodite.make(4, 2)
+    assert type(a.manager).__module__.startswith("kvcheck_tp_aphrodite")
+    assert a.capabilities == vllm_v1.VllmV1Target.capabilities
+    if _loader.is_installed(_loader.VLLM_V1):  # same fields as the adapter it reuses
+        assert set(vars(a)) == set(vars(vllm_v1.make(4, 2)))
+
+
+@needs_aphrodite
+@pytest.mark.parametrize("blocks,bs", [(8, 4), (4, 1), (3, 2)])
+def test_aphrodite_passes(blocks, bs):
+    r = verify("aphrodite", blocks, bs, 1500, seed=0)
+    assert r.ok, r.trace and r.trace.violation
+    r = verify("aphrodite", blocks, bs, 1500, seed=0, model="prefix")
+    assert r.ok, r.trace and r.trace.violation
+    assert r.state.stats.hit_allocations > 0
