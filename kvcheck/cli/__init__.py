@@ -23,6 +23,7 @@ COMMANDS = [
     "verify-scheduler",
     "simulate",
     "verify-prefix",
+    "verify-hybrid",
     "verify-device",
     "plan",
     "replay",

@@ -19,6 +19,9 @@ TARGETS: dict[str, tuple[str, str]] = {
                          "reference-engine with sliding-window drops (null blocks behind a window)"),
     "vllm-v1": ("kvcheck.impl.thirdparty.vllm_v1:make",
                 "vLLM v1 KVCacheManager/BlockPool (0.33.0; @0.10.2..0.33.0), prefix caching, no fork"),
+    "vllm-v1-lifecycle": ("kvcheck.impl.thirdparty.vllm_v1_lifecycle:make",
+                          "vLLM 0.33.0 v1 KVCacheManager as vllm-v1, the prompt's forward pass "
+                          "as commit(seq) (allocate_slots publishes hashes before it)"),
     "vllm-v1-sliding": ("kvcheck.impl.thirdparty.vllm_v1_sliding:make",
                         "vLLM 0.33.0 v1 KVCacheManager, one sliding-window group (window B+1)"),
     "vllm-v0": ("kvcheck.impl.thirdparty.vllm_v0:make",
@@ -47,4 +50,16 @@ TARGETS: dict[str, tuple[str, str]] = {
     "prefix-engine": ("kvcheck.impl.prefix_cache:EnginePrefixCachingBlockManager",
                       "the reference prefix cache with append_slots, rollback, rebase, preempt "
                       "(keys dropped from the blocks a rollback makes partial)"),
+}
+
+# Targets of the hybrid-pool model (``kvcheck verify-hybrid``): KV-cache groups sharing one pool.
+HYBRID_TARGETS: dict[str, tuple[str, str]] = {
+    "reference-hybrid": ("kvcheck.impl.hybrid_manager:HybridBlockManager",
+                         "the reference hybrid pool: a full-attention and a sliding-window "
+                         "group (window 2 x block size) sharing one pool, prefix caching"),
+    "vllm-v1-hybrid": ("kvcheck.impl.thirdparty.vllm_v1_hybrid:make",
+                       "vLLM 0.33.0 v1 KVCacheManager, HybridKVCacheCoordinator: full attention "
+                       "+ sliding window 2 x block size sharing one pool, prefix caching"),
+    "vllm-v1-hybrid-odd": ("kvcheck.impl.thirdparty.vllm_v1_hybrid:make_odd_window",
+                           "vllm-v1-hybrid with a sliding window of block size + 1 tokens"),
 }
