@@ -152,7 +152,27 @@ def replay_nano_vllm_163(role_version: str) -> tuple[bool, str]:
                          f"served from another prefix: {wrong or 'none'}")
 
 
+def replay_vllm_43569(version: str) -> tuple[bool, str]:
+    """PR #43569 (open): ``scripts/replay_raw_v1_commit.py``'s scheduler-order replay on
+    vLLM's own ``KVCacheManager`` (priority preemption between ``allocate_slots`` and the
+    step's write): the resumed request is served a cached block no forward pass wrote.
+    The script drives the pinned 0.33.0 only."""
+    import importlib.util
+    from pathlib import Path
+
+    if version != vllm_v1.load().dist.version:
+        raise ValueError(f"the replay drives vLLM {vllm_v1.load().dist.version}, not {version}")
+    path = Path(__file__).resolve().parents[2] / "scripts" / "replay_raw_v1_commit.py"
+    spec = importlib.util.spec_from_file_location("kvcheck_replay_raw_v1_commit", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.replay(2)
+    return bool(out["unwritten_hits"]), (f"block size 2: the resumed request hits blocks "
+                                        f"{out['hit_blocks']}, unwritten: {out['unwritten_hits']}")
+
+
 REPLAYS = {
+    "vllm-43569": replay_vllm_43569,
     "nano-vllm-163": replay_nano_vllm_163,
     "nano-vllm-144": replay_nano_vllm_144,
     "vllm-4761": replay_vllm_4761,
