@@ -14,7 +14,7 @@ import time
 from multiprocessing.connection import wait as wait_for
 
 from kvcheck.campaign.plan import RunSpec
-from kvcheck.campaign.worker import BEHIND, POLL, Watched, preload
+from kvcheck.campaign.worker import POLL, Watched, preload
 from kvcheck.errors import UsageError
 
 
@@ -42,10 +42,8 @@ class LocalPool:
     def free(self) -> int:
         return self.capacity - len(self.running)
 
-    def submit(self, spec: RunSpec, behind: bool = False) -> None:
-        """Start ``spec``; ``behind``: at the lowest priority (niceness ``BEHIND``), so that
-        it runs on what the runs in flight leave of the machine (never slowing them)."""
-        self.running[spec.run] = Watched(spec, self.log, BEHIND if behind else 0)
+    def submit(self, spec: RunSpec) -> None:
+        self.running[spec.run] = Watched(spec, self.log)
 
     def wait(self, timeout: float) -> list[tuple[RunSpec, dict]]:
         """The runs that finished within ``timeout`` seconds (at least one look at each)."""
@@ -140,9 +138,7 @@ class RayPool:
     def free(self) -> int:
         return self.capacity - len(self.running)
 
-    def submit(self, spec: RunSpec, behind: bool = False) -> None:
-        """Start ``spec`` as a task (``behind`` is for local processes: a Ray worker's
-        priority is the cluster's)."""
+    def submit(self, spec: RunSpec) -> None:
         self.running[self.task.remote(spec.to_json())] = (spec, time.monotonic())
 
     def wait(self, timeout: float) -> list[tuple[RunSpec, dict]]:

@@ -31,7 +31,6 @@ from kvcheck.campaign.plan import RunSpec
 
 GRACE = 5.0  # seconds beyond twice the timeout before a stuck call's process is killed
 POLL = 0.25  # seconds between looks at a child's heartbeat
-BEHIND = 19  # the niceness of a run started while the campaign's first run is in flight
 
 
 PRELOAD = {  # kvcheck's own modules a run of each model needs (never the target's)
@@ -148,13 +147,11 @@ class _Recorder:
         self.conn.send(("record", {"r": "done", "step": self.step, "text": op.kind, "op": data}))
 
 
-def _child(conn, spec_json: dict, record: bool, beat, log: str | None, nice: int = 0) -> None:
+def _child(conn, spec_json: dict, record: bool, beat, log: str | None) -> None:
     """The child: run the spec, send its result, end without running anything else."""
     code = 0
     try:
         _die_with_parent()
-        if nice:
-            os.nice(nice)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign's Ctrl-C is the parent's
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         fd = os.open(log or os.devnull, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -211,15 +208,14 @@ def _context():
 class _Child:
     """One forked child running one spec, with its heartbeat and messages."""
 
-    def __init__(self, spec: RunSpec, record: bool, log: str | None, kill_at: int | None = None,
-                 nice: int = 0):
+    def __init__(self, spec: RunSpec, record: bool, log: str | None, kill_at: int | None = None):
         self.beat = mmap.mmap(-1, mmap.PAGESIZE)
         ctx = _context()
         self.conn, w = ctx.Pipe(duplex=False)
         sys.stdout.flush()
         sys.stderr.flush()
-        self.proc = ctx.Process(target=_child, daemon=True,
-                                args=(w, spec.to_json(), record, self.beat, log, nice))
+        self.proc = ctx.Process(target=_child, args=(w, spec.to_json(), record, self.beat, log),
+                                daemon=True)
         self.proc.start()
         w.close()
         self.records: list[dict] = []
@@ -277,13 +273,12 @@ class _Child:
 
 class Watched:
     """One run, watched: the run in a child; if the target ends that child, the recording
-    re-run in a second one; then the result (``pump`` returns it once there is one).
-    ``nice``: the children's niceness (``BEHIND`` for a run that must not slow the first)."""
+    re-run in a second one; then the result (``pump`` returns it once there is one)."""
 
-    def __init__(self, spec: RunSpec, log: str | None = None, nice: int = 0):
-        self.spec, self.log, self.nice = spec, log, nice
+    def __init__(self, spec: RunSpec, log: str | None = None):
+        self.spec, self.log = spec, log
         self.started = time.monotonic()
-        self.child = _Child(spec, record=False, log=log, nice=nice)
+        self.child = _Child(spec, record=False, log=log)
         self.first: _Child | None = None  # the child the target ended, while re-running
 
     @property
@@ -300,7 +295,7 @@ class Watched:
             return c.result
         if self.first is None:  # the target ended the run: re-run it, recording
             self.first = c
-            self.child = _Child(self.spec, record=True, log=self.log, nice=self.nice,
+            self.child = _Child(self.spec, record=True, log=self.log,
                                 kill_at=c.seen[0] if c.hung and c.seen else None)
             return None
         return died(self.spec, self.first, c, time.monotonic() - self.started)

@@ -65,17 +65,3 @@ class MeetsAnother(BlockManager):
         met = len(list(where.glob("*.here"))) >= 2
         (where / f"{os.getpid()}.{'met' if met else 'alone'}").write_text("")
         super().__init__(num_blocks, block_size)
-
-
-class NotesItsPriority(BlockManager):
-    """Correct; its constructor notes the niceness of the process it runs in (in
-    ``$KVCHECK_TEST_NICE``, a directory: one file per run, named by the pool's shape and the
-    process id), and the run at 32 blocks x 4 (a campaign's run 0) takes a second longer, so
-    that the runs beside it start while it is in flight."""
-
-    def __init__(self, num_blocks, block_size):
-        where = Path(os.environ["KVCHECK_TEST_NICE"])
-        (where / f"{num_blocks}x{block_size}-{os.getpid()}").write_text(str(os.nice(0)))
-        if (num_blocks, block_size) == (32, 4):
-            time.sleep(1.0)
-        super().__init__(num_blocks, block_size)

@@ -380,36 +380,3 @@ def test_run_0_is_verify_at_its_defaults_recorded_like_any_run_and_resume_keeps_
     p = campaign("reference", "--runs", "1", out=old)
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert "draws its runs by plan 99" in p.stderr
-
-
-def test_the_runs_beside_run_0_run_behind_it(tmp_path):
-    import os
-
-    from kvcheck.campaign.worker import BEHIND
-
-    base = os.nice(0)
-    nice = tmp_path / "nice"
-    nice.mkdir()
-    env = {**os.environ, "KVCHECK_TEST_NICE": str(nice)}
-
-    def noted():  # (shape, niceness) of every run's process
-        got = sorted((f.name.split("-")[0], int(f.read_text())) for f in nice.iterdir())
-        for f in nice.iterdir():
-            f.unlink()
-        return got
-
-    def run(*args, out):
-        p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "campaign",
-                            f"{SLOW}:NotesItsPriority", *args, "--out", str(out)],
-                           capture_output=True, text=True, timeout=300, env=env)
-        assert p.returncode == 0, p.stdout + p.stderr
-        return p
-
-    run("--runs", "2", "--workers", "2", out=tmp_path / "two")
-    got = noted()
-    assert ("32x4", base) in got and len(got) == 2  # run 0 at the campaign's own priority
-    assert [n for shape, n in got if shape != "32x4"] == [min(base + BEHIND, 19)]  # run 1: behind
-    run("--runs", "3", "--workers", "1", out=tmp_path / "one")
-    assert [n for _, n in noted()] == [base] * 3  # each started after run 0 ended
-    run("--runs", "2", "--workers", "2", out=tmp_path / "one")  # resumed: no run 0 to lead
-    assert [n for _, n in noted()] == [base] * 2
