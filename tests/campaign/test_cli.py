@@ -380,3 +380,37 @@ def test_run_0_is_verify_at_its_defaults_recorded_like_any_run_and_resume_keeps_
     p = campaign("reference", "--runs", "1", out=old)
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert "draws its runs by plan 99" in p.stderr
+
+
+def test_the_runs_beside_run_0_run_behind_it_until_it_ends(tmp_path):
+    import os
+
+    from kvcheck.campaign.worker import BEHIND, can_restore
+
+    base = os.nice(0)
+    nice = tmp_path / "nice"
+    nice.mkdir()
+    env = {**os.environ, "KVCHECK_TEST_NICE": str(nice)}
+
+    def run(*args, out):
+        p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "campaign",
+                            f"{SLOW}:NotesItsPriority", "--timeout", "30", *args, "--out",
+                            str(out)], capture_output=True, text=True, timeout=300, env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        got = sorted((f.name.split("-")[0], [int(x) for x in f.read_text().split()])
+                     for f in nice.iterdir())
+        for f in nice.iterdir():
+            f.unlink()
+        return got
+
+    got = run("--runs", "2", "--workers", "2", out=tmp_path / "two")
+    assert len(got) == 2 and ("32x4", [base]) in got, got  # run 0 at the campaign's priority
+    (beside,) = [seen for shape, seen in got if shape != "32x4"]
+    if can_restore():  # behind run 0 while it ran, then back to the campaign's priority
+        assert beside == [min(base + BEHIND, 19), base], got
+    else:  # never lowered where it could not be raised back
+        assert beside == [base], got
+    got = run("--runs", "3", "--workers", "1", out=tmp_path / "one")
+    assert [seen for _, seen in got] == [[base]] * 3  # each started after run 0 ended
+    got = run("--runs", "2", "--workers", "2", out=tmp_path / "one")  # resumed: no run 0
+    assert [seen for _, seen in got] == [[base]] * 2
