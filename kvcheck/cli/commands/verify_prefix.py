@@ -8,6 +8,7 @@ which ``kvcheck replay`` and ``kvcheck report`` read like any other.
 from __future__ import annotations
 
 from kvcheck.cli.commands import checking
+from kvcheck.defaults import RUN
 
 FULL_HELP = ("check the whole allocator after every operation: slower, the same verdicts "
              "(default: off: the block manager's structure is checked where each operation "
@@ -23,7 +24,9 @@ def add_parser(sub) -> None:
                                    "rule held, 1 on a violation, 2 on bad input.")
     from kvcheck.cli.commands.verify import _allow_flag
 
-    checking.add_run_flags(p, "prefix", "prefix-caching allocator", 16, 4, 5000, 30.0, FULL_HELP,
+    d = RUN["prefix"]
+    checking.add_run_flags(p, "prefix", "prefix-caching allocator", d["num_blocks"], d["block_size"],
+                           d["ops"], 30.0, FULL_HELP,
                            mix=checking.PREFIX_MIX, extra=_allow_flag)
     p.set_defaults(run=run)
 
