@@ -30,8 +30,8 @@ manager; 0.4.0 also ``vllm/core/interfaces.py`` and ``vllm/core/evictor.py``) th
 
 Why there is no ``Target`` adapter yet: the spec's contracts describe an
 allocation taking ``ceil(n / B)`` distinct free blocks and an append taking a free
-block at a boundary; a cyclic window allocates ``min(ceil(n / B), W)`` and reuses
-the block leaving the window (benchmarks/historical/catalogue.json, vllm-1556;
+block at a boundary; a cyclic window allocates ``min(ceil(n / B), W)`` blocks and at
+a boundary past ``W`` reuses ``block_table[len % W]`` in place (benchmarks/historical/catalogue.json, vllm-1556;
 docs/findings.md F10).
 """
 
