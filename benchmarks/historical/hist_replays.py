@@ -9,7 +9,7 @@ state said. On the buggy release ``reproduced`` must be True, on the fixed one F
 
 from __future__ import annotations
 
-from kvcheck.impl.thirdparty import nano_vllm, vllm_v0, vllm_v1
+from kvcheck.impl.thirdparty import nano_vllm, vllm_v0, vllm_v0_legacy, vllm_v1
 
 
 def _v0(version: str, allocator_type: str, num_blocks: int, block_size: int):
@@ -171,6 +171,59 @@ def replay_vllm_43569(version: str) -> tuple[bool, str]:
                                         f"{out['hit_blocks']}, unwritten: {out['unwritten_hits']}")
 
 
+def replay_vllm_1556(version: str) -> tuple[bool, str]:
+    """#1556 / PR #3347: BlockSpaceManager v1 with a sliding window of one block (block
+    size 2, window 2 tokens, 4 blocks). The scheduler allocates a group of two sequences
+    (``best_of=2``) sharing a 3-token prompt: the table [x, x] names block x at positions
+    0 and 1 (cyclic reuse), refcount 2. The first sequence's next token copies the shared
+    last block (``append_slot``: ``free(x)``, x at refcount 1); freeing that sequence walks
+    ``set(block_table)``, which still names x at position 0, and frees x again; freeing the
+    second sequence then raises "Double free!". 0.4.0 frees only the table's last window."""
+    running = vllm_v0_legacy.SequenceStatus.RUNNING
+    m = vllm_v0_legacy.build(version, num_blocks=4, block_size=2, sliding_window=2)
+    a, c = vllm_v0_legacy.Seq(0, 3, 2), vllm_v0_legacy.Seq(1, 3, 2)
+    m.allocate(vllm_v0_legacy.Group(a, c))
+    a.status = c.status = running
+    shared = m.get_block_table(a)
+    a.n_tokens += 1
+    cow = m.append_slot(a)
+    after = m.get_block_table(a)
+    try:
+        m.free(a)
+        m.free(c)
+    except ValueError as exc:
+        return True, (f"tables {shared} (both), append_slot copies {cow} -> {after}; "
+                      f"freeing both: {exc}")
+    free = m.get_num_free_gpu_blocks()
+    return free != 4, (f"tables {shared} (both), append_slot copies {cow} -> {after}; "
+                       f"both freed: {free} of 4 blocks free")
+
+
+def replay_v1_window_stale_entry(version: str) -> tuple[bool, str]:
+    """Not a catalogue entry (no fixed release): what PR #3347 left in BlockSpaceManager v1
+    (0.3.3 and 0.4.0 alike; the v1 manager's fork and free read the same to 0.6.x). Window
+    of two blocks, block size 1, 6 blocks. A group of two sequences shares the 3-token
+    prompt [x0, x1, x0]; the first sequence's next two tokens reuse x1 and x0 and copy each
+    away from the sharer (``append_slot``: n1, n0), but entries 0 and 1 still name x0 and
+    x1, and the cycle (``block_table[len % W]``) brings x1 back for the sixth token:
+    refcount 1, held by the other sequence alone, so ``append_slot`` writes into it in
+    place. Returns whether that write happened (the other sequence's live block)."""
+    running = vllm_v0_legacy.SequenceStatus.RUNNING
+    m = vllm_v0_legacy.build(version, num_blocks=6, block_size=1, sliding_window=2)
+    a, c = vllm_v0_legacy.Seq(0, 3, 1), vllm_v0_legacy.Seq(1, 3, 1)
+    m.allocate(vllm_v0_legacy.Group(a, c))
+    a.status = c.status = running
+    steps = []
+    for _ in range(3):
+        a.n_tokens += 1
+        steps.append(m.append_slot(a))
+    mine, theirs = m.get_block_table(a), m.get_block_table(c)
+    written = mine[-1]
+    crossed = written in theirs[-2:] and steps[-1] is None
+    return crossed, (f"other sequence {theirs}; this one {mine} after copies {steps}: the "
+                     f"sixth token is written in place into block {written}")
+
+
 REPLAYS = {
     "vllm-43569": replay_vllm_43569,
     "nano-vllm-163": replay_nano_vllm_163,
@@ -178,4 +231,5 @@ REPLAYS = {
     "vllm-4761": replay_vllm_4761,
     "vllm-5364": replay_vllm_5364,
     "vllm-42571": replay_vllm_42571,
+    "vllm-1556": replay_vllm_1556,
 }
