@@ -10,12 +10,13 @@
    (``tests/corpus/buggy.py``), and of the registered third-party targets with a known
    finding that are importable here (``nano-vllm``: only at block size 1): ``kvcheck
    verify TARGET`` at its defaults (32 blocks x 4, 10,000 operations, seed 0) versus
-   ``kvcheck campaign TARGET`` at its defaults (one worker per core, 1 minute) with
-   ``--stop-on-failure`` (which changes only when it stops). Both are whole commands,
-   timed from their start until they print the violation (shrunk) and until they exit,
-   one after the other in the same run, each the fastest of ``--repeat``.
-   ``speed-up`` is verify's seconds over the campaign's, until each printed the violation;
-   a ``verify`` that passes missed the bug.
+   ``kvcheck campaign TARGET`` at its defaults (one worker per core, 1 minute; its run 0
+   is that ``verify`` run, the swarm beside it) with ``--stop-on-failure`` (which changes
+   only when it stops). Both are whole commands, timed from their start until they print
+   the violation (shrunk) and until they exit, one after the other in the same run, each
+   the fastest of ``--repeat``. ``speed-up`` is verify's seconds over the campaign's,
+   until each printed the violation; a ``verify`` that passes missed the bug. ``load`` is
+   the 1-minute load average after the entry's commands (this machine may be shared).
 
     python3 benchmarks/campaign.py                      # both parts, Ray where installed
     python3 benchmarks/campaign.py --runs 60 --no-ray   # longer throughput part, local only
@@ -200,7 +201,8 @@ def main(argv=None) -> int:
             print("seconds until the violation was printed (after shrinking), then until the "
                   "command exited; speed-up: verify's first / the campaign's first")
             print(f"{'entry':<24} {'verify':>7} {'printed':>8} {'exited':>7} {'campaign':>9} "
-                  f"{'printed':>8} {'exited':>7} {'speed-up':>9}  first signature (run: shape)")
+                  f"{'printed':>8} {'exited':>7} {'speed-up':>9} {'load':>5}  "
+                  f"first signature (run: shape)")
             faster = missed_found = both = 0
             for name, target in rows:
                 r = first_violation(target, args.campaign_time, tmp, args.repeat)
@@ -224,7 +226,8 @@ def main(argv=None) -> int:
                         if "clause" in r else r.get("error", ""))
                 print(f"{name:<24} {r['verify']:>7} {secs(r['verify_first']):>8} "
                       f"{r['verify_s']:>7.2f} {r['campaign']:>9} {secs(r['campaign_first']):>8} "
-                      f"{r['campaign_s']:>7.2f} {ratio:>9}  {what}", flush=True)
+                      f"{r['campaign_s']:>7.2f} {ratio:>9} {os.getloadavg()[0]:>5.2f}  {what}",
+                      flush=True)
             print(f"campaign at least as fast as verify on {faster} of the {both} entries both "
                   f"found; found {missed_found} that verify at its defaults missed; "
                   f"{len(rows)} entries")

@@ -88,7 +88,7 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
                       seed=seed, extra=dict(extra or {}), allow=frozenset(allow))
     start = time.perf_counter()
     with Watchdog(timeout):  # importing the target is target code too
-        label, factory = resolve(target)
+        label, factory = m.resolve(target) or resolve(target)
     run = drive(m, factory, scope, options, seed, ops, progress, deadline)
     if run.violation is None and not run.history:  # nothing ran: nothing was checked
         raise TargetError(f"no operation ran on {label} ({ops} requested): nothing was checked")
@@ -141,7 +141,7 @@ def make_state_machine(factory, num_blocks: int = 8, block_size: int = 4, out_of
         {"num_blocks": num_blocks, "block_size": block_size})
     options = Options(mode=mode, timeout=timeout, out_of_blocks=out_of_blocks)
     with Watchdog(timeout):
-        label, fac = resolve(factory)
+        label, fac = m.resolve(factory) or resolve(factory)
         probe = m.build(fac, scope, options)  # fails early on bad input
     bounds = {"n_tokens": max_tokens or 3 * block_size, "tokens": max_tokens or 3 * block_size}
 

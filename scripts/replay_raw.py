@@ -110,7 +110,7 @@ def raw_ops(trace: Trace) -> list[tuple]:
 
 # -- guarded vLLM v0 ------------------------------------------------------------------
 def replay_vllm_v0_guarded(ops: list[tuple], num_blocks: int, block_size: int,
-                           allocator_type: str = "naive") -> list[dict]:
+                           allocator_type: str = "naive", version: str | None = None) -> list[dict]:
     """``raw.replay_vllm_v0`` with ``SelfAttnBlockSpaceManager``'s capacity checks first.
 
     The checks use vLLM's own functions: ``BlockTable.get_num_required_blocks``
@@ -121,7 +121,7 @@ def replay_vllm_v0_guarded(ops: list[tuple], num_blocks: int, block_size: int,
     """
     from kvcheck.impl.thirdparty import vllm_v0
 
-    mods = vllm_v0.load()
+    mods = vllm_v0.load(version)
     BlockTable = mods["vllm.core.block.block_table"].BlockTable  # noqa: N806
     GPU = mods["vllm.utils"].Device.GPU  # noqa: N806
     allocator = mods["vllm.core.block.cpu_gpu_block_allocator"].CpuGpuBlockAllocator.create(
@@ -164,7 +164,7 @@ def replay_vllm_v0_guarded(ops: list[tuple], num_blocks: int, block_size: int,
                               f"{free} free")
                 else:
                     table.append_token_ids([tok])
-                    result = {"cows": allocator.clear_copy_on_writes()}
+                    result = {"cows": vllm_v0.copy_pairs(allocator.clear_copy_on_writes())}
             elif op[0] == "append_slots":  # SelfAttnBlockSpaceManager.can_append_slots first
                 _, seq, n, lookahead = op
                 table = tables[seq]
@@ -174,9 +174,8 @@ def replay_vllm_v0_guarded(ops: list[tuple], num_blocks: int, block_size: int,
                     result = (f"refused by the engine guard: {touched} block(s) touched > "
                               f"{free} free")
                 else:
-                    table.append_token_ids(toks, num_lookahead_slots=lookahead,
-                                           num_computed_slots=table.num_full_slots)
-                    result = {"cows": allocator.clear_copy_on_writes()}
+                    vllm_v0.append_tokens(table, toks, lookahead)
+                    result = {"cows": vllm_v0.copy_pairs(allocator.clear_copy_on_writes())}
             elif op[0] == "fork":
                 tables[op[2]] = tables[op[1]].fork()
                 result = None
@@ -306,11 +305,20 @@ def _parse_op(text: str) -> tuple:
 
 def replay(trace: Trace, then: list[tuple] = ()) -> dict:
     """Replay ``trace`` raw (and ``then``); the records, unguarded comparison and deviations."""
+    target, version = trace.target, None
+    head, colon, attr = target.rpartition(":")
+    if "@" in (attr if colon else target):  # TARGET@VERSION: that release of the engine
+        target, _, version = target.rpartition("@")
     try:
-        family, opts = TARGETS[trace.target]
+        family, opts = TARGETS[target]
     except KeyError:
         raise TraceError(f"no raw replay for target {trace.target!r} "
-                         f"(known: {', '.join(sorted(TARGETS))})") from None
+                         f"(known: {', '.join(sorted(TARGETS))}, each also as TARGET@VERSION "
+                         f"for the vLLM ones)") from None
+    if version is not None:
+        if family == "nano-vllm":
+            raise TraceError(f"no raw replay for {trace.target!r}: nano-vllm has one release")
+        opts = {**opts, "version": version}
     ops = raw_ops(trace) + list(then)
     n, bs = trace.num_blocks, trace.block_size
     unguarded = None

@@ -27,7 +27,9 @@ vLLM installed in the same interpreter, coexist.
 
 Install directories: ``$KVCHECK_THIRDPARTY_DIR/<dist>-<version>/`` if the
 environment variable is set, else ``~/.cache/kvcheck/thirdparty/<dist>-<version>/``
-(see ``scripts/install_thirdparty.sh``).
+(``kvcheck install ENGINE[==VERSION]``, see ``install.py``); or, for the engine
+installed in the user's own environment, its site-packages folder (``Dist.root``;
+the files are still executed by this loader, never imported as ``vllm``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Dist:
     dist: str  # PyPI distribution name
     version: str  # pinned version
     top: str  # top-level import package inside it
+    root: str = ""  # a folder holding ``top`` (an environment's site-packages); "" = the cache
 
     @property
     def dirname(self) -> str:
@@ -66,7 +69,14 @@ class Dist:
 
     @property
     def install_hint(self) -> str:
-        return f"bash {INSTALL_SCRIPT} {self.key}"
+        return f"kvcheck install {self.key}=={self.version}"
+
+    @property
+    def source(self) -> str:
+        """Where the files come from, in words (printed with a verdict)."""
+        if self.root:
+            return f"{self.dist} {self.version} installed in this environment ({self.root})"
+        return f"{self.dist} {self.version} from the pinned sources in {install_dir(self)}"
 
 
 VLLM_V1 = Dist("vllm-v1", "vllm", "0.33.0", "vllm")
@@ -84,11 +94,15 @@ def base_dir() -> Path:
 
 def install_dir(dist: Dist) -> Path:
     """Where ``dist`` is installed (the directory holding its top package)."""
+    if dist.root:
+        return Path(dist.root)
     return base_dir() / dist.dirname
 
 
 def is_installed(dist: Dist) -> bool:
     root = install_dir(dist)
+    if dist.root:
+        return (root / dist.top).is_dir()
     marker = root / MARKER
     return (
         (root / dist.top).is_dir()
@@ -120,7 +134,7 @@ class Loaded:
         self.root = root
         self.prefix = "kvcheck_tp_" + "".join(
             c if c.isalnum() else "_" for c in f"{dist.key}_{dist.version}"
-        )
+        ) + ("_env" if dist.root else "")
         self.files = set(files)
         self.stubs = dict(stubs)
         self.modules: dict[str, types.ModuleType] = {}

@@ -91,6 +91,7 @@ class AphroditeTarget(vllm_v1.VllmV1Target):
             raise MisuseError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.version = APHRODITE.version  # the release loaded (as vllm_v1's targets say)
         self.manager, self._hasher = build_manager(num_blocks, block_size, enable_caching)
         self.pool = self.manager.block_pool
         self.requests = {}

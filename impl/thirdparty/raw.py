@@ -35,11 +35,14 @@ def _raised(exc: BaseException) -> str:
 
 # -- vLLM v1 ----------------------------------------------------------------------
 def replay_vllm_v1(ops: list[Op], num_gpu_blocks: int, block_size: int,
-                   enable_caching: bool = True) -> list[dict]:
-    """vLLM 0.33.0 ``KVCacheManager`` with ``num_gpu_blocks`` blocks *including* the null block."""
+                   enable_caching: bool = True, version: str | None = None) -> list[dict]:
+    """vLLM v1 ``KVCacheManager`` (0.33.0, or ``version``) with ``num_gpu_blocks`` blocks
+    *including* the null block."""
+    import inspect
+
     from . import vllm_v1
 
-    mods = vllm_v1.load()
+    mods = vllm_v1.load(version)
     iface = mods["vllm.v1.kv_cache_interface"]
     utils = mods["vllm.v1.core.kv_cache_utils"]
     hashing = mods["vllm.utils.hashing"]
@@ -50,9 +53,11 @@ def replay_vllm_v1(ops: list[Op], num_gpu_blocks: int, block_size: int,
     config = iface.KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[],
                                  kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], spec)])
     utils.init_none_hash(hashing.sha256)
-    manager = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager(
-        config, max_model_len=1 << 40, scheduler_block_size=block_size,
-        hash_block_size=block_size, enable_caching=enable_caching)
+    manager_cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
+    kwargs = {"max_model_len": 1 << 40, "scheduler_block_size": block_size,
+              "hash_block_size": block_size, "enable_caching": enable_caching}
+    params = inspect.signature(manager_cls.__init__).parameters  # the release's keywords
+    manager = manager_cls(config, **{k: v for k, v in kwargs.items() if k in params})
     hasher = utils.get_request_block_hasher(block_size, hashing.sha256) if enable_caching else None
     pool = manager.block_pool
     tokens = itertools.count(1)
@@ -76,7 +81,8 @@ def replay_vllm_v1(ops: list[Op], num_gpu_blocks: int, block_size: int,
             if op[0] == "allocate":
                 _, seq, n = op
                 req = Request(str(seq), [next(tokens) for _ in range(n)], hasher)
-                computed, num_computed, _ = manager.get_computed_blocks(req)
+                got = manager.get_computed_blocks(req)  # 2 items to 0.20.x, 3 after
+                computed, num_computed = got[0], got[1]
                 got = manager.allocate_slots(req, n - num_computed, num_computed, computed)
                 if got is not None:
                     req.num_computed_tokens = n
@@ -104,11 +110,13 @@ def replay_vllm_v1(ops: list[Op], num_gpu_blocks: int, block_size: int,
 
 # -- vLLM v0 ----------------------------------------------------------------------
 def replay_vllm_v0(ops: list[Op], num_blocks: int, block_size: int,
-                   allocator_type: str = "naive") -> list[dict]:
-    """vLLM 0.8.5 ``BlockTable`` on ``CpuGpuBlockAllocator.create(allocator_type, ...)``."""
+                   allocator_type: str = "naive", version: str | None = None) -> list[dict]:
+    """vLLM v0 ``BlockTable`` (0.8.5, or ``version``) on
+    ``CpuGpuBlockAllocator.create(allocator_type, ...)``. Copy-on-writes are recorded as
+    ``(src, dst)`` pairs whatever form the release returns them in."""
     from . import vllm_v0
 
-    mods = vllm_v0.load()
+    mods = vllm_v0.load(version)
     BlockTable = mods["vllm.core.block.block_table"].BlockTable  # noqa: N806
     Device = mods["vllm.utils"].Device  # noqa: N806
     allocator = mods["vllm.core.block.cpu_gpu_block_allocator"].CpuGpuBlockAllocator.create(
@@ -122,7 +130,9 @@ def replay_vllm_v0(ops: list[Op], num_blocks: int, block_size: int,
     def state() -> dict:
         return {
             "tables": {s: list(t.physical_block_ids) for s, t in tables.items()},
-            "block_objects": {s: [b.block_id for b in t.blocks] for s, t in tables.items()},
+            "block_objects": {s: [b.block_id for b in (t.blocks if hasattr(type(t), "blocks")
+                                                          else t._blocks)]  # 0.4.x: no property
+                              for s, t in tables.items()},
             "num_full_slots": {s: t.num_full_slots for s, t in tables.items()},
             "refcount": [refcounter.get(b) for b in range(num_blocks)],
             "free": vllm_v0.free_block_ids(gpu),
@@ -140,14 +150,11 @@ def replay_vllm_v0(ops: list[Op], num_blocks: int, block_size: int,
                 result = None
             elif op[0] == "append_slot":
                 tables[op[1]].append_token_ids([next(tokens)])
-                result = {"cows": allocator.clear_copy_on_writes()}
+                result = {"cows": vllm_v0.copy_pairs(allocator.clear_copy_on_writes())}
             elif op[0] == "append_slots":  # SelfAttnBlockSpaceManager.append_slots
                 _, seq, n, lookahead = op
-                table = tables[seq]
-                table.append_token_ids([next(tokens) for _ in range(n)],
-                                       num_lookahead_slots=lookahead,
-                                       num_computed_slots=table.num_full_slots)
-                result = {"cows": allocator.clear_copy_on_writes()}
+                vllm_v0.append_tokens(tables[seq], [next(tokens) for _ in range(n)], lookahead)
+                result = {"cows": vllm_v0.copy_pairs(allocator.clear_copy_on_writes())}
             elif op[0] == "fork":
                 _, parent, child = op
                 tables[child] = tables[parent].fork()

@@ -1,6 +1,13 @@
-"""Adapter: vLLM v0 ``BlockTable`` + block allocators (vllm==0.8.5) as a ``Target``.
+"""Adapter: vLLM v0 ``BlockTable`` + block allocators (vllm 0.4.2 .. 0.8.5) as a ``Target``.
 
-vLLM 0.8.5 is the last release with the v0 block manager. What runs is its own
+Releases: block manager v2 (``vllm/core/block/``) from 0.4.2, its first, to 0.8.5, the
+last with the v0 engine; 0.8.5 by default (``vllm-v0@VERSION`` for another, installed by
+``kvcheck install vllm-v0==VERSION``; the vLLM of this environment when it is in range,
+see ``install.select``). What moved between releases is detected by what the files
+have, not by the version string: the evictor module (``evictor_v2.py`` to 0.5.x), the
+copy-on-write record (a ``{src: [dst]}`` dict before 0.5.0, ``(src, dst)`` pairs after),
+``append_token_ids``' ``num_computed_slots`` (0.6 on) and ``mark_blocks_as_computed``
+(raises in the releases that track computed blocks incrementally). What runs is its own
 code, executed from the wheel's files (see ``_loader``):
 ``vllm/core/block/{block_table, common, interfaces, naive_block,
 prefix_caching_block, cpu_gpu_block_allocator}.py`` and ``vllm/core/evictor.py``.
@@ -13,7 +20,7 @@ Stand-ins (every other ``vllm.*`` import raises, see ``_loader``):
 
 ``vllm.utils``
     ``Device`` (an enum with members ``GPU``, ``CPU``), ``cdiv`` (ceiling
-    division) and ``chunk_list`` (consecutive slices) -- the three names the
+    division) and ``chunk_list`` (consecutive slices, as a list) -- the three names the
     block modules import; the real module imports torch and much of the engine.
     They are re-implemented here, not copied, with the same results.
 ``vllm.platforms``
@@ -127,8 +134,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import MisuseError, OutOfBlocks, Refused
-from . import _loader
-from ._loader import VLLM_V0, Loaded
+from . import _loader, install
+from ._loader import Loaded
 
 FILES = (
     "vllm.core.block.block_table",
@@ -149,9 +156,9 @@ def _stub_utils(mod: types.ModuleType, _: Loaded) -> None:
     def cdiv(a: int, b: int) -> int:
         return (a + b - 1) // b
 
-    def chunk_list(items: list, size: int):
-        for start in range(0, len(items), size):
-            yield items[start : start + size]
+    def chunk_list(items: list, size: int) -> list:
+        # a list: 0.4.x-0.5.x concatenate its result to a list; 0.6 on iterate it
+        return [items[start : start + size] for start in range(0, len(items), size)]
 
     mod.Device = Device
     mod.cdiv = cdiv
@@ -181,17 +188,34 @@ STUBS = {
 }
 
 
-def load() -> Loaded:
-    """vLLM 0.8.5's v0 block modules (``ThirdPartyMissing`` if not installed)."""
+ENGINE_KEY = "vllm-v0"  # its row in install.ENGINES: the releases this adapter loads
+
+
+def files(root) -> tuple[str, ...]:
+    """The module files to execute, by what the release has: the evictor module is
+    ``vllm/core/evictor_v2.py`` up to 0.5.x (beside the v1 block manager's
+    ``evictor_v1.py``), ``vllm/core/evictor.py`` from 0.6.0."""
+    evictor = "vllm.core.evictor" if (root / "vllm/core/evictor.py").is_file() else (
+        "vllm.core.evictor_v2")
+    return (*FILES[:-1], evictor)
+
+
+def load(version: str | None = None) -> Loaded:
+    """vLLM's v0 block modules at ``version`` (see ``install.select``: default the vLLM
+    installed in this environment if it is in range, else 0.8.5); ``ThirdPartyMissing``
+    if not installed."""
+    dist = install.select(ENGINE_KEY, version)
+    root = _loader.require(dist)
     return _loader.load(
-        VLLM_V0, FILES, STUBS,
+        dist, files(root), STUBS,
         entry=("vllm.core.block.block_table", "vllm.core.block.cpu_gpu_block_allocator"),
     )
 
 
-def build_allocator(num_blocks: int, block_size: int, allocator_type: str = "naive"):
+def build_allocator(num_blocks: int, block_size: int, allocator_type: str = "naive",
+                    mods: Loaded | None = None):
     """A real ``CpuGpuBlockAllocator`` with ``num_blocks`` GPU blocks and no CPU blocks."""
-    mods = load()
+    mods = mods or load()
     return mods["vllm.core.block.cpu_gpu_block_allocator"].CpuGpuBlockAllocator.create(
         allocator_type=allocator_type,
         num_gpu_blocks=num_blocks,
@@ -200,9 +224,9 @@ def build_allocator(num_blocks: int, block_size: int, allocator_type: str = "nai
     )
 
 
-def gpu_allocator(allocator: Any) -> Any:
+def gpu_allocator(allocator: Any, mods: Loaded | None = None) -> Any:
     """The GPU ``NaiveBlockAllocator`` / ``PrefixCachingBlockAllocator`` inside."""
-    mods = load()
+    mods = mods or load()
     return allocator._allocators[mods["vllm.utils"].Device.GPU]
 
 
@@ -214,6 +238,26 @@ def free_block_ids(gpu: Any) -> list[int]:
     if evictor is not None:
         free += list(evictor.free_table)
     return free
+
+
+def copy_pairs(cows: Any) -> list[tuple[int, int]]:
+    """``clear_copy_on_writes()`` as ``(src, dst)`` pairs: a list of pairs from 0.5.0, a
+    ``{src: [dst, ...]}`` dict before."""
+    if isinstance(cows, dict):
+        return [(src, dst) for src, dsts in cows.items() for dst in dsts]
+    return [(src, dst) for src, dst in cows]
+
+
+def append_tokens(table: Any, tokens: list[int], lookahead: int = 0) -> None:
+    """``BlockTable.append_token_ids`` as ``SelfAttnBlockSpaceManager.append_slots`` calls
+    it: with ``num_computed_slots`` where the release has that parameter (0.6.x on)."""
+    import inspect
+
+    if "num_computed_slots" in inspect.signature(table.append_token_ids).parameters:
+        table.append_token_ids(tokens, num_lookahead_slots=lookahead,
+                               num_computed_slots=table.num_full_slots)
+    else:
+        table.append_token_ids(tokens, num_lookahead_slots=lookahead)
 
 
 class _TrackedSeq:
@@ -253,7 +297,7 @@ class VllmV0Target:
                               "preempt"})
 
     def __init__(self, num_blocks: int, block_size: int, allocator_type: str = "naive",
-                 guard: str | None = None):
+                 guard: str | None = None, version: str | None = None):
         if num_blocks < 1 or block_size < 1:
             raise MisuseError("num_blocks and block_size must be positive")
         if guard not in (None, "engine"):
@@ -261,12 +305,13 @@ class VllmV0Target:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.guard = guard
-        mods = load()
+        mods = load(version)  # not kept: the module table is shared, never copied
+        self.version = mods.dist.version
+        self._gpu = mods["vllm.utils"].Device.GPU
         self._BlockTable = mods["vllm.core.block.block_table"].BlockTable
         self._NoFree = mods["vllm.core.block.interfaces"].BlockAllocator.NoFreeBlocksError
-        self._gpu = mods["vllm.utils"].Device.GPU  # looked up once: load() checks the install
-        self.allocator = build_allocator(num_blocks, block_size, allocator_type)
-        self.gpu = gpu_allocator(self.allocator)
+        self.allocator = build_allocator(num_blocks, block_size, allocator_type, mods)
+        self.gpu = gpu_allocator(self.allocator, mods)
         self.tables: dict[int, Any] = {}
         self.tokens: dict[int, list[int]] = {}  # seq -> its token ids
         self.group: dict[int, int] = {}  # seq -> its sequence group (fork relatives share one)
@@ -274,9 +319,18 @@ class VllmV0Target:
         self._tokens = itertools.count(1)
         self._caching = allocator_type == "prefix_caching"
         # the engine's skip-prefill state (prefix caching only): SelfAttnBlockSpaceManager's
-        self._computed = mods["vllm.core.block.prefix_caching_block"].ComputedBlocksTracker(
-            self.allocator, block_size, True) if self._caching else None
+        # ComputedBlocksTracker, whose shape moved between releases (see _cached_count)
+        tracker = getattr(mods["vllm.core.block.prefix_caching_block"], "ComputedBlocksTracker",
+                          None) if self._caching else None
+        self._counts = None if not self._caching else (
+            "tokens" if hasattr(tracker, "get_num_cached_tokens") else  # 0.6.5 on
+            "blocks" if tracker is not None else  # 0.5.1 .. 0.6.4
+            "allocator")  # 0.4.x .. 0.5.0: the allocator walks the table itself
+        self._computed = (tracker(self.allocator, block_size, True) if self._counts == "tokens"
+                          else tracker(self.allocator) if self._counts == "blocks" else None)
+        self._tracked: set[int] = set()  # sequences the tracker holds a record of
         self._clock = 0.0  # logical time for the engine's access marks (deterministic)
+        self._marks_computed = True  # the release's engine calls mark_blocks_as_computed
 
     # -- operations ---------------------------------------------------------
     def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> int | None:
@@ -298,8 +352,9 @@ class VllmV0Target:
             if need > free:
                 raise EngineGuardRefused(f"can_allocate: {need} blocks required > {free} free")
         cached = None
-        if self._computed is not None:  # the scheduler's count, taken before it allocates
+        if self._counts == "tokens":  # the scheduler's count, taken before it allocates
             cached = self._computed.get_num_cached_tokens(_TrackedSeq(seq, tokens))
+            self._tracked.add(seq)
         table = self._new_table()
         try:
             table.allocate(tokens)
@@ -313,15 +368,35 @@ class VllmV0Target:
         self.tables[seq] = table
         self.tokens[seq] = tokens
         self.group[seq] = seq
-        self._engine_step()
-        if cached is None:
+        if self._counts is None:
+            self._engine_step()
             return None
-        computed = table.physical_block_ids[: cached // self.block_size]
+        computed = self._computed_blocks(seq, table, cached)  # before the step's marks
+        self._engine_step()
         return runner_skips(len(computed), n_tokens, self.block_size)
+
+    def _computed_blocks(self, seq: int, table: Any, cached: int | None) -> list[int]:
+        """The computed block ids of a one-sequence group, as the release's
+        ``SelfAttnBlockSpaceManager.get_common_computed_block_ids`` derives them when the
+        scheduler schedules the prompt (before the step's forward pass and its
+        ``mark_blocks_as_computed``): from 0.6.5 the table's first ``cached / bs`` blocks
+        (``ComputedBlocksTracker.get_num_cached_tokens``); 0.5.1 .. 0.6.4 the tracker's
+        ``get_cached_computed_blocks_and_update`` then the allocator's
+        ``get_common_computed_block_ids``; 0.4.x .. 0.5.0 the allocator's
+        ``get_common_computed_block_ids([block_ids])``, which walks the table itself."""
+        ids = table.physical_block_ids
+        if self._counts == "tokens":
+            return ids[: cached // self.block_size]
+        if self._counts == "blocks":
+            self._computed.add_seq(seq)
+            self._tracked.add(seq)
+            ids = self._computed.get_cached_computed_blocks_and_update(seq, ids)
+        return list(self.allocator.get_common_computed_block_ids([ids]))
 
     def _untrack(self, seq: int) -> None:
         """The engine forgets a sequence's computed-blocks record when it frees it."""
-        if self._computed is not None and seq in self._computed._seq_id_to_blocks_hashes:
+        if seq in self._tracked:
+            self._tracked.discard(seq)
             self._computed.remove_seq(seq)
 
     def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
@@ -335,11 +410,11 @@ class VllmV0Target:
                 raise EngineGuardRefused(f"can_append_slots: {touched} block(s) touched > "
                                          f"{free} free")
         try:
-            table.append_token_ids([tok], num_computed_slots=length)  # (read only with a window)
+            append_tokens(table, [tok])  # num_computed_slots=length where it exists (a window reads it)
         except self._NoFree as exc:
             raise OutOfBlocks("vLLM v0 NoFreeBlocksError appending one token") from exc
         finally:
-            cows = self.allocator.clear_copy_on_writes()
+            cows = copy_pairs(self.allocator.clear_copy_on_writes())
         assert len(cows) <= 1, cows
         self.tokens[seq].append(tok)
         ids = table.physical_block_ids
@@ -369,13 +444,12 @@ class VllmV0Target:
                 raise EngineGuardRefused(f"can_append_slots: {touched} block(s) touched > "
                                          f"{free} free")
         try:
-            table.append_token_ids(toks, num_lookahead_slots=lookahead,
-                                   num_computed_slots=table.num_full_slots)
+            append_tokens(table, toks, lookahead)
         except self._NoFree as exc:
             raise OutOfBlocks(f"vLLM v0 NoFreeBlocksError appending {n_tokens} tokens and "
                               f"{lookahead} lookahead slots") from exc
         finally:
-            cows = self.allocator.clear_copy_on_writes()
+            cows = copy_pairs(self.allocator.clear_copy_on_writes())
         self.tokens[seq].extend(toks)
         self._engine_step()
         return [(src, dst) for src, dst in cows]
@@ -425,7 +499,13 @@ class VllmV0Target:
         self._clock += 1.0
         for table in self.tables.values():
             self.allocator.mark_blocks_as_accessed(table.physical_block_ids, self._clock)
-        self.allocator.mark_blocks_as_computed([])
+        if self._marks_computed:
+            try:
+                self.allocator.mark_blocks_as_computed([])
+            except NotImplementedError:
+                # 0.5.1 .. 0.6.x track computed blocks incrementally: their allocator's
+                # mark_blocks_as_computed raises, and their block manager never calls it
+                self._marks_computed = False
 
     def _live(self, seq: int) -> Any:
         table = self.tables.get(seq)
@@ -468,23 +548,25 @@ class VllmV0Target:
         return isinstance(exc, EngineGuardRefused)
 
 
-def make(num_blocks: int, block_size: int) -> VllmV0Target:
+def make(num_blocks: int, block_size: int, version: str | None = None) -> VllmV0Target:
     """vLLM v0, naive allocator (no prefix caching), unguarded."""
-    return VllmV0Target(num_blocks, block_size, "naive")
+    return VllmV0Target(num_blocks, block_size, "naive", version=version)
 
 
-def make_prefix(num_blocks: int, block_size: int) -> VllmV0Target:
+def make_prefix(num_blocks: int, block_size: int, version: str | None = None) -> VllmV0Target:
     """vLLM v0, prefix-caching allocator, unguarded."""
-    return VllmV0Target(num_blocks, block_size, "prefix_caching")
+    return VllmV0Target(num_blocks, block_size, "prefix_caching", version=version)
 
 
-def make_guarded(num_blocks: int, block_size: int) -> VllmV0Target:
+def make_guarded(num_blocks: int, block_size: int, version: str | None = None) -> VllmV0Target:
     """vLLM v0 naive, with ``SelfAttnBlockSpaceManager``'s capacity checks first; a check
     that says no is a refusal (``EngineGuardRefused``), see the module docstring."""
-    return VllmV0Target(num_blocks, block_size, "naive", guard="engine")
+    return VllmV0Target(num_blocks, block_size, "naive", guard="engine", version=version)
 
 
-def make_prefix_guarded(num_blocks: int, block_size: int) -> VllmV0Target:
+def make_prefix_guarded(num_blocks: int, block_size: int,
+                        version: str | None = None) -> VllmV0Target:
     """vLLM v0 prefix caching, with ``SelfAttnBlockSpaceManager``'s capacity checks first;
     a check that says no is a refusal (``EngineGuardRefused``), see the module docstring."""
-    return VllmV0Target(num_blocks, block_size, "prefix_caching", guard="engine")
+    return VllmV0Target(num_blocks, block_size, "prefix_caching", guard="engine",
+                        version=version)

@@ -1,4 +1,17 @@
-"""Adapter: vLLM v1 ``KVCacheManager`` / ``BlockPool`` (vllm==0.33.0) as a ``Target``.
+"""Adapter: vLLM v1 ``KVCacheManager`` / ``BlockPool`` (vllm 0.10.2 .. 0.33.0) as a ``Target``.
+
+Releases: 0.33.0 by default; ``vllm-v1@VERSION`` loads another of 0.10.2 .. 0.33.0
+(``kvcheck install vllm-v1==VERSION``), and a plain ``vllm-v1`` loads the vLLM of this
+environment when its version is in that range (``install.select``; ``vllm-v1@pinned``
+forces 0.33.0). Differences are detected by feature: files a release lacks are not
+loaded, ``KVCacheManager``'s keyword ``scheduler_block_size`` is passed only where it
+exists, ``get_computed_blocks`` returns two items (to 0.20.x) or three; 0.10.x's
+KV-cache modules import their helpers from the one ``vllm/utils/__init__.py`` (which
+imports torch and the engine: stood in below, ``vllm.utils``), its
+``kv_cache_interface`` imports ``vllm.multimodal`` and its ``FullAttentionSpec`` has a
+``use_mla`` field. Releases before 0.10.2 are not loaded: 0.10.1 has no request block
+hasher (the manager hashed blocks itself) and its ``sha256`` helpers differ; the v1
+manager exists from 0.6.5, without ``BlockPool`` or a coordinator until 0.8/0.9.
 
 What runs is vLLM's own code, executed from the installed wheel's files (see
 ``_loader``): ``vllm/v1/core/{kv_cache_manager, kv_cache_coordinator,
@@ -43,6 +56,20 @@ Stand-ins (every other ``vllm.*`` import raises, see ``_loader``):
     (``get_dtype_size``) -- memory sizing, never a block decision. A ``dtype``
     placeholder and a 2-byte ``get_dtype_size``; ``MambaAttentionBackendEnum``
     is an empty enum (Mamba specs are not used).
+``vllm.v1.hisparse.layout`` (0.30 .. 0.32)
+    HiSparse's sizing helpers, imported by ``kv_cache_utils`` for turning a HiSparse
+    ``VllmConfig`` into a KV-cache config only: they raise.
+``vllm.envs``, 0.23 .. 0.28
+    also ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL``, read by the coordinator: ``None``, its
+    value when the variable is unset.
+``vllm.utils`` and ``vllm.multimodal`` (0.10.x only)
+    0.10.x's KV-cache modules import ``cdiv``, ``GiB_bytes``, ``sha256`` and
+    ``get_dtype_size`` from the one ``vllm/utils/__init__.py`` (torch and the engine
+    behind it): re-implemented with the same results (``sha256`` is SHA-256 of the
+    pickled input, vLLM's block-hash function). Its ``kv_cache_interface`` imports
+    ``MULTIMODAL_REGISTRY`` only to size encoder pages: a stand-in that raises. The
+    ``Request`` stand-in also carries 0.10.x's names ``mm_positions``, ``mm_hashes`` and
+    ``sampling_params`` (``None``: no prompt logprobs, caching applies).
 ``cbor2``
     Imported by ``vllm/utils/hashing.py`` for the ``*_cbor`` hash functions only;
     we use ``sha256`` (pickle + SHA-256), which does not touch it.
@@ -141,8 +168,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import MisuseError, OutOfBlocks
-from . import _loader
-from ._loader import VLLM_V1, Loaded
+from . import _loader, install
+from ._loader import Loaded
 
 FILES = (
     "vllm.v1.core.kv_cache_manager",
@@ -157,6 +184,7 @@ FILES = (
     "vllm.v1.hisparse.block_pool",
     "vllm.utils.math_utils",
     "vllm.utils.hashing",
+    "vllm.utils.mem_constants",  # 0.11.x .. 0.12.x (GiB_bytes, for log messages)
 )
 
 
@@ -198,6 +226,9 @@ class Request:
         self.lora_request = None
         self.cache_salt = None
         self.mm_features: list = []
+        self.mm_positions: list = []  # 0.10.x: its names of the multimodal inputs, and
+        self.mm_hashes: list = []
+        self.sampling_params = None  # its prompt-logprobs check (None: caching applies)
         self.prompt_embeds = None
         self._prompt_embeds_per_block_hashes = None
         self.session_id = None
@@ -230,6 +261,8 @@ class Request:
 
 def _stub_envs(mod: types.ModuleType, _: Loaded) -> None:
     mod.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES = True
+    # 0.23 .. 0.28: the coordinator reads it (unset: None, every replay boundary kept)
+    mod.VLLM_PREFIX_CACHE_RETENTION_INTERVAL = None
 
 
 def _stub_config(mod: types.ModuleType, _: Loaded) -> None:
@@ -315,6 +348,51 @@ def _stub_torch(mod: types.ModuleType, _: Loaded) -> None:
 
 def _stub_torch_utils(mod: types.ModuleType, _: Loaded) -> None:
     mod.get_dtype_size = lambda _dtype: 2
+    # 0.20.x: the page size of an NVFP4 KV cache (a dtype we never build)
+    mod.nvfp4_kv_cache_full_dim = _unreachable("NVFP4 KV-cache sizing")
+
+
+def _stub_utils_module(mod: types.ModuleType, _: Loaded) -> None:
+    """To 0.10.x ``vllm/utils/__init__.py`` is one module holding the helpers the KV-cache
+    modules import (later releases split them into ``vllm/utils/*.py``); it imports torch
+    and much of the engine. Re-implemented, not copied, with the same results: ``cdiv``
+    (ceiling division), ``GiB_bytes``, ``sha256`` (SHA-256 of the pickled input, vLLM's
+    block-hash function), ``get_dtype_size`` (page sizing only, as above); the
+    ``*_cbor`` hashes are never selected."""
+    import hashlib
+    import pickle
+
+    mod.cdiv = lambda a, b: -(a // -b)
+    mod.GiB_bytes = 1 << 30
+    mod.sha256 = lambda value: hashlib.sha256(
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    mod.sha256_cbor = _unreachable("cbor hashing")
+    mod.get_dtype_size = lambda _dtype: 2
+
+
+def _stub_multimodal(mod: types.ModuleType, _: Loaded) -> None:
+    """0.10.x ``kv_cache_interface`` imports ``MULTIMODAL_REGISTRY`` to size a
+    cross-attention (encoder) spec's pages, which we never build."""
+
+    class _Registry:
+        def __getattr__(self, name: str):
+            raise NotImplementedError("kvcheck stand-in: the multimodal registry is not "
+                                      "supported by the adapter")
+
+    mod.MULTIMODAL_REGISTRY = _Registry()
+
+
+def _stub_hisparse_layout(mod: types.ModuleType, _: Loaded) -> None:
+    """0.30 .. 0.32 ``kv_cache_utils`` imports HiSparse's sizing helpers, used only when a
+    ``VllmConfig`` with HiSparse is turned into a KV-cache config (never here)."""
+    for name in ("get_hisparse_gpu_memory_usage", "get_hisparse_host_pool_bytes",
+                 "get_hisparse_kv_cache_config", "get_hisparse_kv_cache_groups"):
+        setattr(mod, name, _unreachable("HiSparse KV-cache sizing"))
+
+
+def _stub_mem_utils(mod: types.ModuleType, _: Loaded) -> None:
+    """0.20.x ``kv_cache_utils`` formats memory sizes for its log messages only."""
+    mod.format_gib = lambda b: f"{b / (1 << 30):.2f}"
 
 
 def _stub_backend_registry(mod: types.ModuleType, _: Loaded) -> None:
@@ -339,45 +417,80 @@ STUBS = {
     "vllm.v1.metrics.stats": _stub_stats,
     "vllm.v1.request": _stub_request,
     "vllm.utils.torch_utils": _stub_torch_utils,
+    "vllm.utils.mem_utils": _stub_mem_utils,
+    "vllm.v1.hisparse.layout": _stub_hisparse_layout,
     "vllm.v1.attention.backends.registry": _stub_backend_registry,
     "torch": _stub_torch,
     "cbor2": _stub_cbor2,
 }
 
 
-def load() -> Loaded:
-    """vLLM 0.33.0's v1 KV-cache modules (``ThirdPartyMissing`` if not installed)."""
-    return _loader.load(VLLM_V1, FILES, STUBS, entry=("vllm.v1.core.kv_cache_manager",))
+ENGINE_KEY = "vllm-v1"  # its row in install.ENGINES: the releases this adapter loads
 
 
-def build_manager(num_blocks: int, block_size: int, enable_caching: bool = True):
+def load(version: str | None = None) -> Loaded:
+    """vLLM's v1 KV-cache modules at ``version`` (see ``install.select``: default the vLLM
+    installed in this environment if it is in range, else 0.33.0); ``ThirdPartyMissing``
+    if not installed. Files a release does not have (0.20.x has no ``kv_cache_spec_registry``,
+    ``kv_cache_layout`` or ``hisparse`` and imports none of them; ``mem_constants`` is
+    imported by 0.11.x-0.12.x only) are left out."""
+    dist = install.select(ENGINE_KEY, version)
+    root = _loader.require(dist)
+    files = tuple(f for f in FILES if (root / (f.replace(".", "/") + ".py")).is_file())
+    stubs = STUBS
+    if not (root / "vllm/utils/math_utils.py").is_file():  # 0.10.x: one vllm.utils module
+        stubs = {**STUBS, "vllm.utils": _stub_utils_module, "vllm.multimodal": _stub_multimodal}
+    return _loader.load(dist, files, stubs, entry=("vllm.v1.core.kv_cache_manager",))
+
+
+def hash_fn(mods: Loaded):
+    """vLLM's ``sha256`` block-hash function (``vllm.utils.hashing`` from 0.11, the
+    ``vllm.utils`` module before)."""
+    if "vllm.utils.hashing" in mods.files:
+        return mods["vllm.utils.hashing"].sha256
+    return mods["vllm.utils"].sha256
+
+
+def computed_blocks(manager: Any, req: Any) -> tuple[Any, int]:
+    """``get_computed_blocks(req)`` as ``(blocks, num_computed)``: 0.20.x returns those two,
+    later releases a third item too."""
+    got = manager.get_computed_blocks(req)
+    return got[0], got[1]
+
+
+def build_manager(num_blocks: int, block_size: int, enable_caching: bool = True,
+                  mods: Loaded | None = None):
     """A real ``KVCacheManager`` with ``num_blocks`` *usable* blocks (plus vLLM's null block).
 
     Returns ``(manager, block_hasher)``; ``block_hasher`` is vLLM's
     ``get_request_block_hasher(block_size, sha256)``, to give each ``Request``.
     """
-    mods = load()
+    mods = mods or load()
     iface = mods["vllm.v1.kv_cache_interface"]
     utils = mods["vllm.v1.core.kv_cache_utils"]
-    hashing = mods["vllm.utils.hashing"]
+    sha256 = hash_fn(mods)
     torch = mods["torch"]
+    import dataclasses
+
+    extra = {"use_mla": False} if "use_mla" in {  # a field of the spec to 0.10.x
+        f.name for f in dataclasses.fields(iface.FullAttentionSpec)} else {}
     spec = iface.FullAttentionSpec(
-        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16, **extra
     )
     config = iface.KVCacheConfig(
         num_blocks=num_blocks + 1,
         kv_cache_tensors=[],
         kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], spec)],
     )
-    utils.init_none_hash(hashing.sha256)
-    manager = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager(
-        config,
-        max_model_len=1 << 40,
-        scheduler_block_size=block_size,
-        hash_block_size=block_size,
-        enable_caching=enable_caching,
-    )
-    hasher = utils.get_request_block_hasher(block_size, hashing.sha256) if enable_caching else None
+    utils.init_none_hash(sha256)
+    cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
+    kwargs = {"max_model_len": 1 << 40, "scheduler_block_size": block_size,
+              "hash_block_size": block_size, "enable_caching": enable_caching}
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters  # scheduler_block_size: 0.2x on
+    manager = cls(config, **{k: v for k, v in kwargs.items() if k in params})
+    hasher = utils.get_request_block_hasher(block_size, sha256) if enable_caching else None
     return manager, hasher
 
 
@@ -387,12 +500,15 @@ class VllmV1Target:
     capabilities = frozenset({"allocate", "append_slot", "free_seq", "append_slots", "rollback",
                               "preempt"})
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 version: str | None = None):
         if num_blocks < 1 or block_size < 1:
             raise MisuseError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.manager, self._hasher = build_manager(num_blocks, block_size, enable_caching)
+        mods = load(version)  # not kept: the module table is shared, never copied
+        self.version = mods.dist.version
+        self.manager, self._hasher = build_manager(num_blocks, block_size, enable_caching, mods)
         self.pool = self.manager.block_pool
         self.requests: dict[int, Request] = {}
         self.preempted: dict[int, Request] = {}  # preempted requests, waiting to resume
@@ -423,7 +539,7 @@ class VllmV1Target:
             if len(tokens) != n_tokens:
                 raise MisuseError("len(token_ids) != n_tokens")
             req = Request(str(seq), tokens, self._hasher)
-        computed, num_computed, _ = self.manager.get_computed_blocks(req)
+        computed, num_computed = computed_blocks(self.manager, req)
         new = self.manager.allocate_slots(
             req, n_tokens - num_computed, num_computed, computed
         )
@@ -566,11 +682,11 @@ class VllmV1Target:
         return self.pool.null_block
 
 
-def make(num_blocks: int, block_size: int) -> VllmV1Target:
+def make(num_blocks: int, block_size: int, version: str | None = None) -> VllmV1Target:
     """vLLM v1 with prefix caching (its default)."""
-    return VllmV1Target(num_blocks, block_size, enable_caching=True)
+    return VllmV1Target(num_blocks, block_size, enable_caching=True, version=version)
 
 
-def make_no_cache(num_blocks: int, block_size: int) -> VllmV1Target:
+def make_no_cache(num_blocks: int, block_size: int, version: str | None = None) -> VllmV1Target:
     """vLLM v1 with prefix caching disabled."""
-    return VllmV1Target(num_blocks, block_size, enable_caching=False)
+    return VllmV1Target(num_blocks, block_size, enable_caching=False, version=version)

@@ -69,34 +69,42 @@ from collections.abc import Sequence
 from kvcheck.spec.state import NULL
 
 from ..errors import MisuseError
-from .vllm_v1 import Request, VllmV1Target, load
+from .vllm_v1 import Request, VllmV1Target, hash_fn, load
+
+ENGINE_KEY = "vllm-v1"  # the releases of vllm_v1's range (TARGET@VERSION), as vllm-v1
 
 
 def build_manager(num_blocks: int, block_size: int, sliding_window: int,
-                  enable_caching: bool = True):
+                  enable_caching: bool = True, version: str | None = None):
     """A real ``KVCacheManager`` over one ``SlidingWindowSpec`` group, with
-    ``num_blocks`` usable blocks (plus vLLM's null block). ``(manager, hasher)``."""
-    mods = load()
+    ``num_blocks`` usable blocks (plus vLLM's null block). ``(manager, hasher)``.
+    ``version``: the vLLM release (``vllm_v1.load``; keywords a release lacks are not
+    passed, as in ``vllm_v1.build_manager``)."""
+    import dataclasses
+    import inspect
+
+    mods = load(version)
     iface = mods["vllm.v1.kv_cache_interface"]
     utils = mods["vllm.v1.core.kv_cache_utils"]
-    hashing = mods["vllm.utils.hashing"]
+    sha256 = hash_fn(mods)
+    extra = {"use_mla": False} if "use_mla" in {
+        f.name for f in dataclasses.fields(iface.SlidingWindowSpec)} else {}
     spec = iface.SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=1,
-                                   dtype=mods["torch"].float16, sliding_window=sliding_window)
+                                   dtype=mods["torch"].float16, sliding_window=sliding_window,
+                                   **extra)
     config = iface.KVCacheConfig(
         num_blocks=num_blocks + 1,
         kv_cache_tensors=[],
         kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], spec)],
     )
-    utils.init_none_hash(hashing.sha256)
-    manager = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager(
-        config,
-        max_model_len=1 << 40,
-        scheduler_block_size=block_size,
-        hash_block_size=block_size,
-        enable_caching=enable_caching,
-    )
-    hasher = utils.get_request_block_hasher(block_size, hashing.sha256) if enable_caching else None
-    return manager, hasher
+    utils.init_none_hash(sha256)
+    cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
+    kwargs = {"max_model_len": 1 << 40, "scheduler_block_size": block_size,
+              "hash_block_size": block_size, "enable_caching": enable_caching}
+    params = inspect.signature(cls.__init__).parameters
+    manager = cls(config, **{k: v for k, v in kwargs.items() if k in params})
+    hasher = utils.get_request_block_hasher(block_size, sha256) if enable_caching else None
+    return manager, hasher, mods.dist.version
 
 
 class VllmV1SlidingTarget(VllmV1Target):
@@ -105,7 +113,7 @@ class VllmV1SlidingTarget(VllmV1Target):
     capabilities = VllmV1Target.capabilities | {"drop_behind_window"}
 
     def __init__(self, num_blocks: int, block_size: int, sliding_window: int,
-                 enable_caching: bool = True):
+                 enable_caching: bool = True, version: str | None = None):
         if num_blocks < 1 or block_size < 1:
             raise MisuseError("num_blocks and block_size must be positive")
         if sliding_window < 2:
@@ -114,10 +122,15 @@ class VllmV1SlidingTarget(VllmV1Target):
         self.block_size = block_size
         self.sliding_window = sliding_window
         self.drop_window = sliding_window - 1  # the spec's window (see module docstring)
-        self.manager, self._hasher = build_manager(num_blocks, block_size, sliding_window,
-                                                   enable_caching)
+        self.manager, self._hasher, self.version = build_manager(
+            num_blocks, block_size, sliding_window, enable_caching, version)
         self.pool = self.manager.block_pool
         self.swa = self.manager.coordinator.single_type_managers[0]
+        if not (hasattr(self.manager, "remove_skipped_blocks")
+                and hasattr(self.swa, "get_num_skipped_tokens")):  # both from 0.14.0
+            raise MisuseError(f"vLLM {self.version}: the sliding-window adapter drives "
+                              f"KVCacheManager.remove_skipped_blocks and SlidingWindowManager."
+                              f"get_num_skipped_tokens, which this release lacks (0.14.0 on)")
         self.requests: dict[int, Request] = {}
         self.preempted: dict[int, Request] = {}
         self.drafts: dict[int, list[int]] = {}
@@ -145,7 +158,7 @@ class VllmV1SlidingTarget(VllmV1Target):
         if kind == "allocate":
             req = self.preempted.get(op.seq)
             if req is not None and req.num_tokens == op.n_tokens:
-                computed, _, _ = self.manager.get_computed_blocks(req)
+                computed = self.manager.get_computed_blocks(req)[0]  # 2 or 3 items
                 return not any(b.is_null for b in computed.blocks[0])
             return True
         return super().admits(op)
@@ -159,8 +172,11 @@ class VllmV1SlidingTarget(VllmV1Target):
             raise MisuseError(f"this engine's window keeps {self.drop_window} tokens "
                               f"(sliding_window={self.sliding_window}), not {window}")
         self._verify(seq, req, 0)
-        self.manager.remove_skipped_blocks(req.request_id, req.num_computed_tokens,
-                                           num_prompt_tokens=req.num_prompt_tokens)
+        import inspect
+
+        extra = {"num_prompt_tokens": req.num_prompt_tokens} if "num_prompt_tokens" in (
+            inspect.signature(self.manager.remove_skipped_blocks).parameters) else {}  # later
+        self.manager.remove_skipped_blocks(req.request_id, req.num_computed_tokens, **extra)
 
     # -- observation ---------------------------------------------------------------
     def block_table(self, seq: int) -> Sequence[int]:
@@ -170,21 +186,25 @@ class VllmV1SlidingTarget(VllmV1Target):
         return self.pool.blocks[block + 1].ref_cnt
 
 
-def make_window(num_blocks: int, block_size: int, sliding_window: int) -> VllmV1SlidingTarget:
+def make_window(num_blocks: int, block_size: int, sliding_window: int,
+                version: str | None = None) -> VllmV1SlidingTarget:
     """vLLM v1, one sliding-window group of ``sliding_window`` tokens, prefix caching on."""
-    return VllmV1SlidingTarget(num_blocks, block_size, sliding_window)
+    return VllmV1SlidingTarget(num_blocks, block_size, sliding_window, version=version)
 
 
-def make(num_blocks: int, block_size: int) -> VllmV1SlidingTarget:
+def make(num_blocks: int, block_size: int, version: str | None = None) -> VllmV1SlidingTarget:
     """Sliding window ``W = block_size + 1`` (the spec's window: one block of tokens)."""
-    return VllmV1SlidingTarget(num_blocks, block_size, block_size + 1)
+    return VllmV1SlidingTarget(num_blocks, block_size, block_size + 1, version=version)
 
 
-def make_wide(num_blocks: int, block_size: int) -> VllmV1SlidingTarget:
+def make_wide(num_blocks: int, block_size: int,
+              version: str | None = None) -> VllmV1SlidingTarget:
     """Sliding window ``W = 2 * block_size + 1`` (the spec's window: two blocks)."""
-    return VllmV1SlidingTarget(num_blocks, block_size, 2 * block_size + 1)
+    return VllmV1SlidingTarget(num_blocks, block_size, 2 * block_size + 1, version=version)
 
 
-def make_no_cache(num_blocks: int, block_size: int) -> VllmV1SlidingTarget:
+def make_no_cache(num_blocks: int, block_size: int,
+                  version: str | None = None) -> VllmV1SlidingTarget:
     """``make`` with prefix caching disabled."""
-    return VllmV1SlidingTarget(num_blocks, block_size, block_size + 1, enable_caching=False)
+    return VllmV1SlidingTarget(num_blocks, block_size, block_size + 1, enable_caching=False,
+                               version=version)

@@ -1,7 +1,10 @@
 """What each run of a campaign checks: its seed, shape and operation mix (swarm testing).
 
-Every run draws its own configuration from the campaign's seed and the run's number
-(``draw``), so a campaign is reproducible and resuming it continues the same sequence:
+Run 0 is the model's checking command at its defaults with the campaign's seed
+(``kvcheck verify`` at 32 blocks x 4, 10,000 operations: ``kvcheck.defaults``), so a
+campaign checks at least what that command checks, and finds what it finds as soon as it
+would. Every later run draws its own configuration from the campaign's seed and the run's
+number (``draw``), so a campaign is reproducible and resuming it continues the same sequence:
 
 * a pool from tiny (one block) to large (4,096 blocks), block sizes 1 to 32 (1 often:
   some bugs show only there), prompts scaled with the block size;
@@ -10,6 +13,9 @@ Every run draws its own configuration from the campaign's seed and the run's num
   favours one kind reaches interleavings the default mix makes rare (a pool kept full,
   long shared chains);
 * a number of operations (the scheduler: requests; the device: a batch-step share).
+
+``PLAN`` numbers this sequence: plan 1 (campaigns begun before run 0 was the command's
+defaults) drew every run, run 0 included; a resumed campaign keeps the plan it began with.
 
 A ``RunSpec`` is small, picklable and JSON; ``command()`` is the one ``kvcheck`` command
 line that re-runs it exactly (the checking commands take the mix as ``--mix``).
@@ -22,6 +28,9 @@ import re
 import shlex
 from dataclasses import asdict, dataclass, field
 
+from kvcheck.defaults import RUN
+
+PLAN = 2  # run 0: the checking command at its defaults; runs 1, 2, ...: the swarm
 MODELS = ("blocks", "prefix", "scheduler", "device")
 COMMANDS = {"blocks": "verify", "prefix": "verify-prefix", "scheduler": "verify-scheduler",
             "device": "verify-device"}
@@ -101,6 +110,8 @@ class RunSpec:
         words = f"{s['num_blocks']} x {s['block_size']}"
         if "watermark" in s:
             words += f", watermark {s['watermark']}, {self.ops} requests"
+            if self.extra.get("workloads", 1) != 1:
+                words += f" x {self.extra['workloads']} workloads"
         else:
             words += f", {self.ops} ops"
         mix = self.extra.get("weights")
@@ -117,7 +128,7 @@ class RunSpec:
                 "--block-size", str(s["block_size"])]
         if self.model == "scheduler":
             argv += ["--watermark", str(s["watermark"]), "--requests", str(self.ops),
-                     "--workloads", "1"]
+                     "--workloads", str(self.extra.get("workloads", 1))]
             if self.block_manager:
                 argv += ["--block-manager", self.block_manager]
         else:
@@ -151,10 +162,40 @@ def _factor(rng: random.Random, zero: float) -> float:
     return round(2.0 ** rng.uniform(-2.0, 2.0), 2)
 
 
-def draw(settings: Settings, run: int) -> RunSpec:
-    """Run ``run`` of the campaign with ``settings``: the same every time it is drawn."""
+def defaults(settings: Settings, run: int = 0) -> RunSpec:
+    """The model's checking command at its defaults (``kvcheck.defaults``) with the
+    campaign's seed and settings, as run ``run`` (the scheduler: all of its workloads)."""
     model = settings.model
-    rng = random.Random(f"kvcheck-campaign:{model}:{settings.seed}:{run}")
+    d = RUN[model]
+    scope: dict = {"num_blocks": d["num_blocks"], "block_size": d["block_size"]}
+    extra: dict = {}
+    if model == "scheduler":
+        scope["watermark"] = d["watermark"]
+        ops = d["requests"]
+        extra["workloads"] = d["workloads"]
+    else:
+        ops = d["ops"]
+        if "batch_prob" in d:
+            extra["batch_prob"] = d["batch_prob"]
+    return RunSpec(run, model, settings.target, settings.seed, scope, ops, extra,
+                   settings.timeout, settings.shrink_seconds, settings.out_of_blocks,
+                   settings.block_manager)
+
+
+def is_defaults(run: int, plan: int = PLAN) -> bool:
+    """Whether run ``run`` of a campaign drawn by ``plan`` is the command at its defaults."""
+    return plan >= 2 and run == 0
+
+
+def draw(settings: Settings, run: int, plan: int = PLAN) -> RunSpec:
+    """Run ``run`` of the campaign with ``settings``: the same every time it is drawn. Under
+    plan 2 (``PLAN``) run 0 is the command at its defaults (``defaults``) and run ``n`` the
+    swarm's draw ``n - 1``; under plan 1 run ``n`` is the swarm's draw ``n``."""
+    if is_defaults(run, plan):
+        return defaults(settings)
+    index = run - 1 if plan >= 2 else run
+    model = settings.model
+    rng = random.Random(f"kvcheck-campaign:{model}:{settings.seed}:{index}")
     seed = rng.getrandbits(31)
     nb = rng.choice(POOLS[model])
     bs = rng.choice(BLOCK_SIZES[model])

@@ -14,7 +14,7 @@ import time
 from multiprocessing.connection import wait as wait_for
 
 from kvcheck.campaign.plan import RunSpec
-from kvcheck.campaign.worker import POLL, Watched, preload
+from kvcheck.campaign.worker import BEHIND, POLL, Watched, can_restore, preload
 from kvcheck.errors import UsageError
 
 
@@ -38,12 +38,21 @@ class LocalPool:
         self.log = log
         self.running: dict[int, Watched] = {}
         self.where = f"{self.capacity} local process{'es' if self.capacity != 1 else ''}"
+        self.behind = BEHIND if can_restore() else 0  # lowered only where it can be undone
 
     def free(self) -> int:
         return self.capacity - len(self.running)
 
-    def submit(self, spec: RunSpec) -> None:
-        self.running[spec.run] = Watched(spec, self.log)
+    def submit(self, spec: RunSpec, behind: bool = False) -> None:
+        """Start ``spec``; ``behind``: at the lowest priority until ``ahead`` (where this
+        process may raise it back: else at its own), so that it runs on what the runs in
+        flight leave of the machine, never slowing them."""
+        self.running[spec.run] = Watched(spec, self.log, self.behind if behind else 0)
+
+    def ahead(self) -> None:
+        """Every run in flight back to this process's priority."""
+        for w in self.running.values():
+            w.restore()
 
     def wait(self, timeout: float) -> list[tuple[RunSpec, dict]]:
         """The runs that finished within ``timeout`` seconds (at least one look at each)."""
@@ -138,8 +147,13 @@ class RayPool:
     def free(self) -> int:
         return self.capacity - len(self.running)
 
-    def submit(self, spec: RunSpec) -> None:
+    def submit(self, spec: RunSpec, behind: bool = False) -> None:
+        """Start ``spec`` as a task (``behind`` is for local processes: a Ray worker's
+        priority is the cluster's)."""
         self.running[self.task.remote(spec.to_json())] = (spec, time.monotonic())
+
+    def ahead(self) -> None:
+        pass
 
     def wait(self, timeout: float) -> list[tuple[RunSpec, dict]]:
         if not self.running:

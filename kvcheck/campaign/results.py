@@ -2,9 +2,10 @@
 
 The directory holds
 
-* ``campaign.json``: the state (settings, the next run number, the tallies, the total
-  coverage, every signature with its shortest trace), rewritten atomically after every run,
-  so that a second ``kvcheck campaign`` with the same ``--out`` continues where it stopped;
+* ``campaign.json``: the state (settings, the plan its runs are drawn by, the next run
+  number, the tallies, the total coverage, every signature with its shortest trace),
+  rewritten atomically after every run, so that a second ``kvcheck campaign`` with the
+  same ``--out`` continues where it stopped;
 * ``runs.jsonl``: one line per run: its parameters, the command that re-runs it, its
   verdict, operations, seconds, coverage, and its signature if it failed;
 * ``traces/<id>.json`` and ``traces/<id>.html``: each signature's shortest trace, in the one
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 
 from kvcheck.campaign import coverage as cov
-from kvcheck.campaign.plan import RunSpec, Settings, show_duration
+from kvcheck.campaign.plan import PLAN, RunSpec, Settings, show_duration
 from kvcheck.errors import UsageError
 
 FORMAT, VERSION = "kvcheck.campaign", 1
@@ -63,7 +64,7 @@ class Store:
         self.dir = Path(out)
         self.settings = settings
         self.state = {"format": FORMAT, "version": VERSION, "settings": settings.to_json(),
-                      "next_run": 0, "runs": dict.fromkeys(TALLIES, 0), "ops": 0,
+                      "plan": PLAN, "next_run": 0, "runs": dict.fromkeys(TALLIES, 0), "ops": 0,
                       "run_seconds": 0.0, "seconds": 0.0, "coverage": {}, "capabilities": None,
                       "signatures": {}, "sessions": [], "bad_input": None}
         self.resumed = False
@@ -93,6 +94,11 @@ class Store:
                                      f"{theirs.get(k)!r}, not {mine[k]!r}: use another --out "
                                      f"to start a new campaign")
             old["settings"] = mine
+            old.setdefault("plan", 1)  # begun before run 0 was the command's defaults
+            if old["plan"] not in range(1, PLAN + 1):
+                raise UsageError(f"--out {self.dir}: the campaign there draws its runs by plan "
+                                 f"{old['plan']!r}, which this kvcheck does not know; use "
+                                 f"another --out")
             self.state.update(old)
             self.resumed = True
         else:
@@ -126,6 +132,11 @@ class Store:
                 d.rmdir()  # only when empty
             except OSError:
                 pass
+
+    @property
+    def plan(self) -> int:
+        """How this campaign draws its runs (``kvcheck.campaign.plan.PLAN``)."""
+        return self.state["plan"]
 
     @property
     def next_run(self) -> int:

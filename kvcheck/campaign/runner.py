@@ -4,6 +4,12 @@
 (``results.Store``), starts the pool (``pools``), keeps every worker busy with the next
 run drawn (``plan.draw``), records each run as it finishes, cuts the runs still in flight
 when the time is up (a cut run is never counted as passed), and writes the summary.
+
+A new campaign's run 0 is the model's command at its defaults (``plan.defaults``), started
+first: the campaign's first verdict is that command's run, and the swarm beside it finds
+what that command misses, or finds it sooner. The local runs started while run 0 is in
+flight run at the lowest priority until it ends (``pools.LocalPool.submit``), on what it
+leaves of the machine, then at the campaign's own: on a busy machine they do not slow it.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvcheck.campaign.plan import Settings, draw
+from kvcheck.campaign.plan import Settings, draw, is_defaults
 from kvcheck.campaign.results import Store, now_iso
 
 REFUSED_IN_A_ROW = 20  # refused runs, none completed: the target cannot be run at all
@@ -72,6 +78,7 @@ class Campaign:
         deadline = start + self.budget.seconds if self.budget.seconds else None
         started, stop = 0, False
         refused_row = 0
+        lead = None  # run 0 (the command's defaults), while in flight: the others run behind it
 
         def elapsed() -> float:
             return time.monotonic() - start
@@ -90,7 +97,10 @@ class Campaign:
                 out_of_time = deadline is not None and now >= deadline
                 while (not stop and not out_of_time and pool.free() > 0
                        and (self.budget.runs is None or started < self.budget.runs)):
-                    pool.submit(draw(self.settings, store.take()))
+                    spec = draw(self.settings, store.take(), store.plan)
+                    pool.submit(spec, behind=lead is not None)
+                    if is_defaults(spec.run, store.plan):
+                        lead = spec.run
                     started += 1
                 if not pool.running:
                     break
@@ -100,6 +110,9 @@ class Campaign:
                     break
                 wait = 0.25 if deadline is None else max(0.0, min(0.25, deadline - now))
                 for spec, result in pool.wait(wait):
+                    if spec.run == lead:
+                        lead = None
+                        pool.ahead()
                     found = store.record(spec, result, before + elapsed())
                     verdict = result.get("verdict")
                     refused_row = refused_row + 1 if verdict == "refused" else 0

@@ -31,6 +31,33 @@ from kvcheck.campaign.plan import RunSpec
 
 GRACE = 5.0  # seconds beyond twice the timeout before a stuck call's process is killed
 POLL = 0.25  # seconds between looks at a child's heartbeat
+BEHIND = 19  # the niceness added to a run started beside the campaign's first run
+
+
+def renice(pid: int, added: int) -> bool:
+    """Set process ``pid``'s niceness to this process's plus ``added`` (at most 19); whether
+    the system allowed it (raising a priority back needs CAP_SYS_NICE or RLIMIT_NICE)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + added))
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def can_restore() -> bool:
+    """Whether this process may raise a child's priority back to its own (Linux: the
+    CAP_SYS_NICE capability, or an RLIMIT_NICE that allows its niceness)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+        if soft == resource.RLIM_INFINITY or 20 - soft <= os.getpriority(os.PRIO_PROCESS, 0):
+            return True
+        with open("/proc/self/status", encoding="ascii") as f:
+            caps = next((line.split()[1] for line in f if line.startswith("CapEff:")), "0")
+        return bool(int(caps, 16) >> 23 & 1)  # CAP_SYS_NICE
+    except (OSError, ValueError, AttributeError, ImportError):
+        return False
 
 
 PRELOAD = {  # kvcheck's own modules a run of each model needs (never the target's)
@@ -116,7 +143,8 @@ def _scheduler(spec: RunSpec):
 
     s = spec.scope
     return verify(spec.target, s["num_blocks"], s["block_size"], s["watermark"], spec.ops,
-                  spec.seed, 1, spec.timeout, shrink_budget=spec.shrink_seconds,
+                  spec.seed, spec.extra.get("workloads", 1), spec.timeout,
+                  shrink_budget=spec.shrink_seconds,
                   block_manager=spec.block_manager, out_of_blocks=spec.out_of_blocks)
 
 
@@ -207,7 +235,8 @@ def _context():
 class _Child:
     """One forked child running one spec, with its heartbeat and messages."""
 
-    def __init__(self, spec: RunSpec, record: bool, log: str | None, kill_at: int | None = None):
+    def __init__(self, spec: RunSpec, record: bool, log: str | None, kill_at: int | None = None,
+                 nice: int = 0):
         self.beat = mmap.mmap(-1, mmap.PAGESIZE)
         ctx = _context()
         self.conn, w = ctx.Pipe(duplex=False)
@@ -216,6 +245,8 @@ class _Child:
         self.proc = ctx.Process(target=_child, args=(w, spec.to_json(), record, self.beat, log),
                                 daemon=True)
         self.proc.start()
+        if nice:
+            renice(self.proc.pid, nice)
         w.close()
         self.records: list[dict] = []
         self.result: dict | None = None
@@ -272,12 +303,13 @@ class _Child:
 
 class Watched:
     """One run, watched: the run in a child; if the target ends that child, the recording
-    re-run in a second one; then the result (``pump`` returns it once there is one)."""
+    re-run in a second one; then the result (``pump`` returns it once there is one).
+    ``nice``: added to the children's niceness until ``restore``."""
 
-    def __init__(self, spec: RunSpec, log: str | None = None):
-        self.spec, self.log = spec, log
+    def __init__(self, spec: RunSpec, log: str | None = None, nice: int = 0):
+        self.spec, self.log, self.nice = spec, log, nice
         self.started = time.monotonic()
-        self.child = _Child(spec, record=False, log=log)
+        self.child = _Child(spec, record=False, log=log, nice=nice)
         self.first: _Child | None = None  # the child the target ended, while re-running
 
     @property
@@ -294,10 +326,16 @@ class Watched:
             return c.result
         if self.first is None:  # the target ended the run: re-run it, recording
             self.first = c
-            self.child = _Child(self.spec, record=True, log=self.log,
+            self.child = _Child(self.spec, record=True, log=self.log, nice=self.nice,
                                 kill_at=c.seen[0] if c.hung and c.seen else None)
             return None
         return died(self.spec, self.first, c, time.monotonic() - self.started)
+
+    def restore(self) -> None:
+        """Back to this process's priority (from ``nice``)."""
+        if self.nice:
+            self.nice = 0
+            renice(self.child.proc.pid, 0)
 
     def kill(self) -> None:
         self.child.kill()

@@ -95,7 +95,7 @@ def op_schemas(model) -> dict:
 
 
 @cache
-def _schema(models: tuple[str, ...] = ("blocks", "prefix", "scheduler", "device")) -> dict:
+def _schema(models: tuple[str, ...] = ("blocks", "prefix", "scheduler", "device", "hybrid")) -> dict:
     s = json.loads(json.dumps(_envelope()))
     s["title"] = "kvcheck counterexample trace, version 2"
     conditions = []

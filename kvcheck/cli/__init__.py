@@ -23,11 +23,13 @@ COMMANDS = [
     "verify-scheduler",
     "simulate",
     "verify-prefix",
+    "verify-hybrid",
     "verify-device",
     "plan",
     "replay",
     "report",
     "campaign",
+    "install",
 ]
 
 

@@ -38,7 +38,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-SUPERVISED = frozenset({"verify", "verify-prefix", "verify-scheduler", "verify-device", "prove",
+SUPERVISED = frozenset({"verify", "verify-prefix", "verify-scheduler", "verify-device", "verify-hybrid",
+                        "prove",
                         "replay"})
 GRACE = 5.0  # seconds beyond twice the timeout before a stuck child is killed
 _FILE_FLAGS = ("trace_out", "junit", "pytest_out", "output")

@@ -32,10 +32,97 @@ def resolve(spec) -> tuple[str, object]:
         raise TargetError(f"target must be a name or module:attr, got {spec!r}")
     if spec in TARGETS:
         return spec, _import_attr(TARGETS[spec][0])
+    name, at, version = spec.partition("@")
+    if at and name in TARGETS and ":" not in spec:
+        return spec, versioned(name, version)
+    where, colon, attr = spec.rpartition(":")
+    if colon and "@" in attr:  # module:factory@VERSION, file.py:factory@VERSION
+        attr, _, version = attr.partition("@")
+        return location(spec), with_version(_import_attr(f"{where}:{attr}"), spec, version)
     if ":" not in spec:
         names = ", ".join(sorted(TARGETS))
         raise TargetError(f"unknown target {spec!r}: use module:attr, file.py:attr or one of: {names}")
     return location(spec), _import_attr(spec)
+
+
+def versioned(name: str, version: str):
+    """The factory of registered target ``name`` at ``version`` (``vllm-v0@0.4.2``): the
+    adapter of an engine generation loads any release of its range (``kvcheck install``);
+    ``@pinned`` / ``@installed`` pick the pinned sources / this environment's engine."""
+    import functools
+
+    factory = _import_attr(TARGETS[name][0])
+    key = getattr(sys.modules.get(factory.__module__), "ENGINE_KEY", None)
+    if key is None or not version:
+        raise TargetError(f"target {name!r} has no versions (TARGET@VERSION is for the "
+                          f"engine adapters: {', '.join(sorted(versioned_targets()))})")
+    from kvcheck.impl.thirdparty import install
+
+    try:
+        install.select(key, version)
+    except install.InstallError as exc:
+        raise TargetError(str(exc)) from None
+    except install.ThirdPartyMissing as exc:
+        raise TargetError(str(exc)) from None
+    return functools.partial(factory, version=version)
+
+
+def with_version(factory, spec: str, version: str):
+    """``factory`` with ``version=`` bound: a factory that takes a ``version`` keyword (the
+    engine adapters' ``make``, ``make_prefix_guarded``, ...) is asked for that release."""
+    import functools
+    import inspect
+
+    try:
+        takes = "version" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if not takes or not version:
+        raise TargetError(f"target {spec!r}: the factory takes no version (TARGET@VERSION is "
+                          f"for factories with a 'version' keyword, as the engine adapters')")
+    key = getattr(sys.modules.get(getattr(factory, "__module__", "")), "ENGINE_KEY", None)
+    if key is not None:
+        from kvcheck.impl.thirdparty import install
+
+        try:
+            install.select(key, version)
+        except (install.InstallError, install.ThirdPartyMissing) as exc:
+            raise TargetError(str(exc)) from None
+    return functools.partial(factory, version=version)
+
+
+def versioned_targets() -> list[str]:
+    """Registered targets whose adapter loads a range of releases (``TARGET@VERSION``)."""
+    return [name for name, (where, _) in TARGETS.items()
+            if where.startswith("kvcheck.impl.thirdparty.") and getattr(
+                importlib.import_module(where.partition(":")[0]), "ENGINE_KEY", None)]
+
+
+def engine_source(spec) -> str | None:
+    """Which engine sources a registered third-party target (``NAME`` or ``NAME@VERSION``)
+    loads, in words (``vllm 0.33.0 from the pinned sources in ...``); ``None`` for others."""
+    if not isinstance(spec, str):
+        return None
+    name, _, version = spec.partition("@")
+    if name not in TARGETS or ":" in spec:
+        return None
+    module = importlib.import_module(TARGETS[name][0].partition(":")[0])
+    key = getattr(module, "ENGINE_KEY", None)
+    if key is None:
+        return None
+    from kvcheck.impl.thirdparty import install
+
+    try:
+        dist = install.select(key, version or None)
+    except (install.InstallError, install.ThirdPartyMissing):
+        return None
+    text = dist.source
+    engine = install.ENGINES[key]
+    other = None if version or dist.root else install.environment_version(engine)
+    if other:  # the user's own engine was not checked: say why
+        text += (f" (the {engine.dist} {other} of this environment is outside {key}'s range "
+                 f"{engine.range})")
+    return text
 
 
 def _is_file(where: str) -> bool:

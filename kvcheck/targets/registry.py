@@ -2,6 +2,9 @@
 
 Each entry maps a short name to ``module:attr`` of a factory called as
 ``factory(num_blocks, block_size)``; the module is imported only when used.
+A third-party adapter whose module names an ``ENGINE_KEY`` (a row of
+``impl/thirdparty/install.py``'s ``ENGINES``) also takes ``NAME@VERSION``
+(``vllm-v0@0.4.2``, ``@pinned``, ``@installed``): ``factory(n, b, version=...)``.
 """
 
 TARGETS: dict[str, tuple[str, str]] = {
@@ -15,13 +18,16 @@ TARGETS: dict[str, tuple[str, str]] = {
     "reference-window": ("kvcheck.impl.block_manager:WindowBlockManager",
                          "reference-engine with sliding-window drops (null blocks behind a window)"),
     "vllm-v1": ("kvcheck.impl.thirdparty.vllm_v1:make",
-                "vLLM 0.33.0 v1 KVCacheManager/BlockPool, prefix caching (no fork)"),
+                "vLLM v1 KVCacheManager/BlockPool (0.33.0; @0.10.2..0.33.0), prefix caching, no fork"),
+    "vllm-v1-lifecycle": ("kvcheck.impl.thirdparty.vllm_v1_lifecycle:make",
+                          "vLLM 0.33.0 v1 KVCacheManager as vllm-v1, the prompt's forward pass "
+                          "as commit(seq) (allocate_slots publishes hashes before it)"),
     "vllm-v1-sliding": ("kvcheck.impl.thirdparty.vllm_v1_sliding:make",
                         "vLLM 0.33.0 v1 KVCacheManager, one sliding-window group (window B+1)"),
     "vllm-v0": ("kvcheck.impl.thirdparty.vllm_v0:make",
-                "vLLM 0.8.5 v0 BlockTable on the naive allocator, copy-on-write fork"),
+                "vLLM v0 BlockTable (0.8.5; @0.4.2..0.8.5), naive allocator, copy-on-write fork"),
     "vllm-v0-prefix": ("kvcheck.impl.thirdparty.vllm_v0:make_prefix",
-                       "vLLM 0.8.5 v0 BlockTable on the prefix-caching allocator"),
+                       "vLLM v0 BlockTable (0.8.5; @0.4.2..0.8.5), prefix-caching allocator"),
     "vllm-v0-sliding": ("kvcheck.impl.thirdparty.vllm_v0_sliding:make",
                         "vLLM 0.8.5 v0 BlockTable with a sliding window (naive allocator)"),
     "nano-vllm": ("kvcheck.impl.thirdparty.nano_vllm:make",
@@ -44,4 +50,16 @@ TARGETS: dict[str, tuple[str, str]] = {
     "prefix-engine": ("kvcheck.impl.prefix_cache:EnginePrefixCachingBlockManager",
                       "the reference prefix cache with append_slots, rollback, rebase, preempt "
                       "(keys dropped from the blocks a rollback makes partial)"),
+}
+
+# Targets of the hybrid-pool model (``kvcheck verify-hybrid``): KV-cache groups sharing one pool.
+HYBRID_TARGETS: dict[str, tuple[str, str]] = {
+    "reference-hybrid": ("kvcheck.impl.hybrid_manager:HybridBlockManager",
+                         "the reference hybrid pool: a full-attention and a sliding-window "
+                         "group (window 2 x block size) sharing one pool, prefix caching"),
+    "vllm-v1-hybrid": ("kvcheck.impl.thirdparty.vllm_v1_hybrid:make",
+                       "vLLM 0.33.0 v1 KVCacheManager, HybridKVCacheCoordinator: full attention "
+                       "+ sliding window 2 x block size sharing one pool, prefix caching"),
+    "vllm-v1-hybrid-odd": ("kvcheck.impl.thirdparty.vllm_v1_hybrid:make_odd_window",
+                           "vllm-v1-hybrid with a sliding window of block size + 1 tokens"),
 }

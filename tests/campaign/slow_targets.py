@@ -65,3 +65,28 @@ class MeetsAnother(BlockManager):
         met = len(list(where.glob("*.here"))) >= 2
         (where / f"{os.getpid()}.{'met' if met else 'alone'}").write_text("")
         super().__init__(num_blocks, block_size)
+
+
+class NotesItsPriority(BlockManager):
+    """Correct; its constructor notes the niceness of the process it runs in, in
+    ``$KVCHECK_TEST_NICE`` (a directory: one file per process, named by the pool's shape and
+    the process id). The run at 32 blocks x 4 (a campaign's run 0) first waits a second, so
+    that the runs beside it start while it is in flight; another run started at a raised
+    niceness waits (up to 20 s) until its niceness is back to that of its parent, the
+    campaign, and notes it again."""
+
+    def __init__(self, num_blocks, block_size):
+        note = Path(os.environ["KVCHECK_TEST_NICE"]) / f"{num_blocks}x{block_size}-{os.getpid()}"
+        seen = [os.nice(0)]
+        note.write_text(" ".join(map(str, seen)))
+        if (num_blocks, block_size) == (32, 4):
+            time.sleep(1.0)
+        else:
+            parent = os.getpriority(os.PRIO_PROCESS, os.getppid())
+            deadline = time.monotonic() + 20.0
+            if seen[0] != parent:
+                while os.nice(0) != parent and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                seen.append(os.nice(0))
+                note.write_text(" ".join(map(str, seen)))
+        super().__init__(num_blocks, block_size)

@@ -339,3 +339,78 @@ def test_the_progress_line_is_drawn_only_on_a_terminal(tmp_path):
     assert "runs done" not in stdout
     piped = campaign("reference", "--runs", "2", out=tmp_path / "piped")
     assert piped.returncode == 0 and "runs done" not in piped.stderr + piped.stdout
+
+
+def test_run_0_is_verify_at_its_defaults_recorded_like_any_run_and_resume_keeps_the_plan(
+        tmp_path):
+    from kvcheck.campaign.plan import Settings, draw
+
+    out = tmp_path / "c"
+    p = campaign("reference", "--runs", "1", out=out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (line,) = runs(out)
+    assert line["run"] == 0 and line["verdict"] == "pass" and line["ops"] == 10_000
+    assert line["shape"] == "32 x 4, 10000 ops"
+    assert line["command"] == ("kvcheck verify reference --blocks 32 --block-size 4 --ops 10000 "
+                               "--seed 0 --shrink-seconds 30")
+    assert sum(line["coverage"].values()) == 10_000  # counted like any run
+    s = summary(out)
+    assert s["runs"]["completed"] == 1 and s["ops"] == 10_000
+    assert s["coverage"]["total"] == line["coverage"]
+    assert json.loads((out / "campaign.json").read_text())["plan"] == 2
+    again = campaign("reference", "--runs", "2", out=out)
+    assert again.returncode == 0, again.stdout + again.stderr
+    settings = Settings("reference")
+    specs = sorted((r["spec"] for r in runs(out)), key=lambda x: x["run"])
+    assert specs == [draw(settings, n).to_json() for n in range(3)]
+    # a campaign begun before run 0 was the defaults (no plan in its state) resumes its own
+    # sequence: run n is the swarm's draw n
+    old = tmp_path / "old"
+    assert campaign("reference", "--runs", "1", out=old).returncode == 0
+    state = json.loads((old / "campaign.json").read_text())
+    del state["plan"]
+    (old / "campaign.json").write_text(json.dumps(state))
+    p = campaign("reference", "--runs", "2", out=old)
+    assert p.returncode == 0, p.stdout + p.stderr
+    specs = sorted((r["spec"] for r in runs(old)), key=lambda x: x["run"])
+    assert specs[1:] == [draw(settings, n, plan=1).to_json() for n in (1, 2)]
+    assert json.loads((old / "campaign.json").read_text())["plan"] == 1
+    state["plan"] = 99
+    (old / "campaign.json").write_text(json.dumps(state))
+    p = campaign("reference", "--runs", "1", out=old)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "draws its runs by plan 99" in p.stderr
+
+
+def test_the_runs_beside_run_0_run_behind_it_until_it_ends(tmp_path):
+    import os
+
+    from kvcheck.campaign.worker import BEHIND, can_restore
+
+    base = os.nice(0)
+    nice = tmp_path / "nice"
+    nice.mkdir()
+    env = {**os.environ, "KVCHECK_TEST_NICE": str(nice)}
+
+    def run(*args, out):
+        p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "campaign",
+                            f"{SLOW}:NotesItsPriority", "--timeout", "30", *args, "--out",
+                            str(out)], capture_output=True, text=True, timeout=300, env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        got = sorted((f.name.split("-")[0], [int(x) for x in f.read_text().split()])
+                     for f in nice.iterdir())
+        for f in nice.iterdir():
+            f.unlink()
+        return got
+
+    got = run("--runs", "2", "--workers", "2", out=tmp_path / "two")
+    assert len(got) == 2 and ("32x4", [base]) in got, got  # run 0 at the campaign's priority
+    (beside,) = [seen for shape, seen in got if shape != "32x4"]
+    if can_restore():  # behind run 0 while it ran, then back to the campaign's priority
+        assert beside == [min(base + BEHIND, 19), base], got
+    else:  # never lowered where it could not be raised back
+        assert beside == [base], got
+    got = run("--runs", "3", "--workers", "1", out=tmp_path / "one")
+    assert [seen for _, seen in got] == [[base]] * 3  # each started after run 0 ended
+    got = run("--runs", "2", "--workers", "2", out=tmp_path / "one")  # resumed: no run 0
+    assert [seen for _, seen in got] == [[base]] * 2

@@ -7,11 +7,21 @@ from __future__ import annotations
 
 import shlex
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from kvcheck.campaign import coverage as cov
-from kvcheck.campaign.plan import MODELS, RunSpec, Settings, draw, mix_text, parse_duration
+from kvcheck.campaign.plan import (
+    COMMANDS,
+    MODELS,
+    RunSpec,
+    Settings,
+    draw,
+    is_defaults,
+    mix_text,
+    parse_duration,
+)
 from kvcheck.campaign.worker import execute
 from kvcheck.check.model import Options
 from kvcheck.check.run import drive
@@ -27,6 +37,8 @@ from kvcheck.models.prefix.driver import PrefixDriver
 from kvcheck.spec.logic import PY
 from kvcheck.spec.outcomes import classify
 from kvcheck.targets.loading import build, resolve
+
+BUGGY = Path(__file__).resolve().parents[1] / "corpus" / "buggy.py"
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -47,6 +59,45 @@ def test_draws_are_reproducible_and_spread(model):
         assert any(m.get("allocate", 1.0) < 0.5 for m in mixes)
     else:
         assert {x.scope["watermark"] for x in specs} >= {0, 1, 2}
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("seed", [0, 9])
+def test_run_0_is_the_command_at_its_defaults(model, seed):
+    """Run 0's command parses to the model's command given only the target and the seed
+    (the campaign's shrink budget apart), and the swarm follows it: run n + 1 is the draw
+    that was run n before run 0 was the defaults (plan 1), which a resumed old campaign
+    keeps."""
+    s = Settings("reference", model, seed=seed)
+    spec = draw(s, 0)
+    assert is_defaults(0) and not is_defaults(1) and not is_defaults(0, plan=1)
+    ran = vars(build_parser().parse_args(shlex.split(spec.command())[1:]))
+    bare = vars(build_parser().parse_args([COMMANDS[model], "reference", "--seed", str(seed)]))
+    assert ran.pop("shrink_seconds") == s.shrink_seconds
+    bare.pop("shrink_seconds")
+    assert {k: v for k, v in ran.items() if k != "run"} == \
+        {k: v for k, v in bare.items() if k != "run"}
+    for n in range(20):
+        old = draw(s, n, plan=1).to_json()
+        assert draw(s, n + 1).to_json() == {**old, "run": n + 1}
+        assert old["run"] == n
+
+
+@pytest.mark.parametrize("entry", ["aliasing-fork", "no-copy-on-write", "release-before-allocate"])
+def test_run_0_finds_what_verify_at_its_defaults_finds(entry):
+    """The same run: the same operations until the same violation, shrunk alike."""
+    from kvcheck.verify import verify
+
+    from corpus.buggy import CORPUS
+
+    target = f"{BUGGY}:{CORPUS[entry][0].__name__}"
+    r = verify(target, shrink_budget=30.0)
+    got = execute(draw(Settings(target), 0))
+    assert not r.ok and got["verdict"] == "fail"
+    assert (got["ops"], got["original_length"]) == (r.ops, r.original_length)
+    assert got["violation"]["name"] == r.violation.name
+    assert len(got["trace"]["ops"]) == len(r.trace.ops)
+    assert sum(got["coverage"].values()) > 0
 
 
 def test_mix_reads_back_exactly():

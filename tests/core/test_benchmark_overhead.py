@@ -30,3 +30,12 @@ def test_overhead_prints_one_line_per_target_and_size():
 def test_overhead_rejects_bad_sizes():
     r = _run("--blocks", "0")
     assert r.returncode != 0 and "must be positive" in r.stderr
+
+
+def test_overhead_times_by_cpu_time_when_asked():
+    r = _run("--targets", "reference", "--blocks", "32", "--ops", "1000", "--repeat", "1",
+             "--clock", "cpu")
+    assert r.returncode == 0, r.stderr
+    (row,) = [line.split() for line in r.stdout.splitlines()[1:]]
+    assert row[:2] == ["reference", "32"] and float(row[2]) > 0 and float(row[3]) > 0
+    assert _run("--clock", "sundial").returncode != 0

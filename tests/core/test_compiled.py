@@ -98,6 +98,8 @@ def test_a_branch_on_a_bound_variable_is_refused():
 def test_every_contract_and_invariant_compiles():
     for kind in CONTRACTS:
         assert checks.step(kind, Ghost, After)
+        for outcome in ("ok", "oob", "refused"):
+            assert checks.step_for(kind, outcome, Ghost, After)
         assert checks.precondition(kind, Ghost)
     assert checks.state_invariants(Snapshot)
 
@@ -265,6 +267,33 @@ def _run_lockstep(factory, nb, bs, ops, seed):
             assert (a.step, a.kind, a.name, a.element) == (b.step, b.kind, b.name, b.element)
             return a
     return None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_per_outcome_steps_agree_with_the_whole_contract(seed, monkeypatch):
+    """The oracle's step checks, each traced for one outcome, give what the check of the
+    whole contract (every outcome's branch) gives, on every operation of faulty runs."""
+    import kvcheck.models.blocks.oracle as oracle_mod
+
+    calls, outcomes = [0], set()
+
+    def paired(kind, outcome, own):
+        whole = checks.step(kind, Ghost, After)
+
+        def check(pre, post, op, blocks, live):
+            got = own(pre, post, op, blocks, live)
+            assert op.outcome == outcome
+            assert got == whole(pre, post, op, blocks, live), (kind, outcome, op)
+            calls[0] += 1
+            outcomes.add(outcome)
+            return got
+        return check
+
+    for kind, by_outcome in list(oracle_mod._STEPS.items()):
+        monkeypatch.setitem(oracle_mod._STEPS, kind,
+                            {o: paired(kind, o, f) for o, f in by_outcome.items()})
+    _run_lockstep(Faulty.factory(seed, 0.02), 6, 2, 400, seed)
+    assert calls[0] > 0 and "ok" in outcomes
 
 
 @pytest.mark.parametrize("seed", range(300))

@@ -358,7 +358,7 @@ def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
     from kvcheck.impl.thirdparty import _loader
 
     monkeypatch.setenv(_loader.ENV_DIR, str(tmp_path))
-    with pytest.raises(_loader.ThirdPartyMissing, match="install_thirdparty.sh vllm-v0"):
+    with pytest.raises(_loader.ThirdPartyMissing, match="kvcheck install vllm-v0==0.8.5"):
         _loader.load(_loader.VLLM_V0, ["vllm.core.block.block_table"], {},
                      entry=["vllm.core.block.block_table"])
 

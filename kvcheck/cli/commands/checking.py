@@ -113,11 +113,13 @@ def report(args, result, command: str, passed: Callable[[object], str] | None = 
         written &= write_output(args.junit, junit_run(command, args.target, where, result.seconds,
                                                       result.violation, text) + "\n", "--junit")
     from kvcheck.targets import vacuity
+    from kvcheck.targets.loading import engine_source
 
     vac = vacuity.of_result(result)  # what this verdict could not have checked (declared)
+    engine = engine_source(args.target)  # the engine release a third-party target ran
     if args.json:
         emit_json({**result.to_json(), **(json_extra(result) if json_extra else {}),
-                   **({"vacuous": vac} if vac else {})})
+                   **({"vacuous": vac} if vac else {}), **({"engine": engine} if engine else {})})
         return exit_code(0 if result.ok else 1, written)
     _print_deviations(result)
     if result.ok:
@@ -141,6 +143,8 @@ def report(args, result, command: str, passed: Callable[[object], str] | None = 
             print(f"trace written to {args.trace_out}")
     if vac:
         print(vacuity.line(vac))
+    if engine:
+        print(f"engine: {engine}")
     return exit_code(0 if result.ok else 1, written)
 
 

@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from kvcheck.defaults import SEED
+
 
 class OneLineParser(argparse.ArgumentParser):
     """Bad arguments: one line on stderr, ``PROGRAM: error: ...``, exit 2 (also
@@ -102,7 +104,7 @@ def add_pool(p, blocks: int, block_size: int, blocks_help: str = "pool size") ->
 
 
 def add_seed(p) -> None:
-    p.add_argument("--seed", type=nonneg_int, default=0, metavar="N",
+    p.add_argument("--seed", type=nonneg_int, default=SEED, metavar="N",
                    help="random seed, an integer: the same seed gives the same run "
                         "(default: %(default)s)")
 

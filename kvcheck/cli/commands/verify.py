@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvcheck.cli.commands import checking
+from kvcheck.defaults import RUN
 
 
 def add_parser(sub) -> None:
@@ -11,7 +12,9 @@ def add_parser(sub) -> None:
                                    "on a violation print a minimal counterexample. Exit 0 when "
                                    "every invariant and contract held, 1 on a violation, 2 on "
                                    "bad input.")
-    checking.add_run_flags(p, "reference", "allocator", 32, 4, 10_000, 60.0, extra=_allow_flag,
+    d = RUN["blocks"]
+    checking.add_run_flags(p, "reference", "allocator", d["num_blocks"], d["block_size"], d["ops"],
+                           60.0, extra=_allow_flag,
                            mix=checking.BLOCK_MIX)
     p.set_defaults(run=run)
 

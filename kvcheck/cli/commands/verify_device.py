@@ -6,6 +6,7 @@ import argparse
 
 from kvcheck.cli.commands import checking
 from kvcheck.cli.commands.common import positive_int
+from kvcheck.defaults import RUN
 
 MAX_SHAPE = 1048576  # the largest store size a trace's scope records
 
@@ -35,7 +36,8 @@ FULL_HELP = ("check the whole structure after every operation: slower, exact (de
 
 
 def _own_flags(p) -> None:
-    p.add_argument("--batch-prob", type=probability, default=0.3, metavar="P",
+    p.add_argument("--batch-prob", type=probability, default=RUN["device"]["batch_prob"],
+                   metavar="P",
                    help="where the driver appends a token, the fraction of times a batched "
                         "decode step over a random set of the live sequences runs instead "
                         "(default: %(default)g)")
@@ -61,7 +63,9 @@ def add_parser(sub) -> None:
                                    "against the spec. On a violation print a minimal "
                                    "counterexample. Exit 0 when everything held, 1 on a "
                                    "violation, 2 on bad input.")
-    checking.add_run_flags(p, "device", "data target", 16, 4, 2000, 30.0, FULL_HELP,
+    d = RUN["device"]
+    checking.add_run_flags(p, "device", "data target", d["num_blocks"], d["block_size"], d["ops"],
+                           30.0, FULL_HELP,
                            ops_help=", a decode step counting as one", out_of_blocks=False,
                            extra=_own_flags, mix=checking.BLOCK_MIX)
     p.set_defaults(run=run)

@@ -8,6 +8,7 @@ which ``kvcheck replay`` and ``kvcheck report`` read like any other.
 from __future__ import annotations
 
 from kvcheck.cli.commands import checking
+from kvcheck.defaults import RUN
 
 FULL_HELP = ("check the whole allocator and its whole cache after every operation: slower, the "
              "same verdicts (default: off: the fast mode checks the block manager's structure "
@@ -23,14 +24,21 @@ def add_parser(sub) -> None:
                                    "evictions, reuse) under the prefix-cache oracle; on a "
                                    "violation print a shrunk counterexample. Exit 0 when every "
                                    "rule held, 1 on a violation, 2 on bad input.")
-    checking.add_run_flags(p, "prefix", "prefix-caching allocator", 16, 4, 5000, 30.0, FULL_HELP,
-                           mix=checking.PREFIX_MIX)
+    from kvcheck.cli.commands.verify import _allow_flag
+
+    d = RUN["prefix"]
+    checking.add_run_flags(p, "prefix", "prefix-caching allocator", d["num_blocks"], d["block_size"],
+                           d["ops"], 30.0, FULL_HELP,
+                           mix=checking.PREFIX_MIX, extra=_allow_flag)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    return checking.report(args, checking.run(args, "verify-prefix", "prefix"), "verify-prefix",
-                           _passed, _json)
+    from kvcheck.cli.commands.verify import allowed_clauses
+
+    allow = allowed_clauses(args.allow)
+    return checking.report(args, checking.run(args, "verify-prefix", "prefix", allow=allow),
+                           "verify-prefix", _passed, _json)
 
 
 def _passed(r) -> str:

@@ -21,6 +21,7 @@ from kvcheck.cli.commands.common import (
     stopped_note,
     write_output,
 )
+from kvcheck.defaults import RUN
 
 
 def add_parser(sub) -> None:
@@ -41,12 +42,13 @@ def add_parser(sub) -> None:
     p.add_argument("--out-of-blocks", metavar="module:Name",
                    help="the block manager's out-of-blocks exception class, to name it when it "
                         "escapes the scheduler (default: any exception class named OutOfBlocks)")
-    add_pool(p, 16, 4)
-    p.add_argument("--watermark", type=nonneg_int, default=1, metavar="BLOCKS",
+    d = RUN["scheduler"]
+    add_pool(p, d["num_blocks"], d["block_size"])
+    p.add_argument("--watermark", type=nonneg_int, default=d["watermark"], metavar="BLOCKS",
                    help="free blocks admission keeps in reserve, in blocks (default: %(default)s)")
-    p.add_argument("--requests", type=positive_int, default=12, metavar="N",
+    p.add_argument("--requests", type=positive_int, default=d["requests"], metavar="N",
                    help="requests per workload (default: %(default)s)")
-    p.add_argument("--workloads", type=positive_int, default=20, metavar="N",
+    p.add_argument("--workloads", type=positive_int, default=d["workloads"], metavar="N",
                    help="seeded workloads to run, with seeds SEED, SEED+1, ... "
                         "(default: %(default)s)")
     add_seed(p)

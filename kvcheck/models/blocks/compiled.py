@@ -4,6 +4,7 @@ name the state classes the functions will be given, for their inline code:
 
     precondition(kind, Pre)(pre, op)          spec.contracts.precondition
     step(kind, Pre, Post)(pre, post, op, blocks, live)
+    step_for(kind, outcome, Pre, Post)      the same, for operations of that outcome only
                                               spec.contracts.CONTRACTS[kind] on the fast-mode
                                               domain (``blocks`` the touched blocks, the op's own
                                               sequences), then every state invariant not needing
@@ -40,13 +41,16 @@ FAST_INVARIANTS = [i for i in INVARIANTS if "free_list" not in i.needs]
 
 
 class _TOp:
-    """A symbolic operation of a known kind."""
+    """A symbolic operation of a known kind (and, if given, a known outcome: then the
+    spec's branches on the outcome are decided while tracing)."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, outcome: str | None = None):
         self.kind = kind
         for f in dataclasses.fields(contracts.Op):
             if f.name != "kind":
                 setattr(self, f.name, Term("sym", f.name))
+        if outcome is not None:
+            self.outcome = outcome
 
 
 def _op_seqs(op: _TOp) -> tuple:
@@ -89,10 +93,12 @@ def state_invariants_source(inline: dict) -> str:
                            {**SYMS, **_sizes("post")}, inline)
 
 
-def step_source(kind: str, inline: dict) -> str:
+def step_source(kind: str, inline: dict, outcome: str | None = None) -> str:
     """The contract of ``kind`` and the fast invariants after it, in one function
-    (one prelude, subterms shared between the two)."""
-    op = _TOp(kind)
+    (one prelude, subterms shared between the two). With ``outcome``: for operations
+    of that outcome only (the spec's branches on it taken while tracing, so the
+    function reads only what that outcome's clauses read)."""
+    op = _TOp(kind, outcome)
     pre, post = TState("pre"), TState("post")
     dom = Domain(TDomain(Term("sym", "blocks")), _op_seqs(op))
 
@@ -100,7 +106,8 @@ def step_source(kind: str, inline: dict) -> str:
         yield from (f for _, _, f in contracts.clauses(TL, pre, post, op, dom))
         yield from _invariant_clauses(post, every=False)
 
-    return function_source(f"step_{kind}", ["pre", "post", "op", "blocks", "live"],
+    name = f"step_{kind}" if outcome is None else f"step_{kind}_{outcome}"
+    return function_source(name, ["pre", "post", "op", "blocks", "live"],
                            trace(clauses), {**SYMS, **_sizes("pre")}, inline)
 
 
@@ -130,6 +137,15 @@ def step(kind: str, pre: type | None = None, post: type | None = None):
 
     assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
     return _compile(step_source(kind, inline_for(pre, post)), f"step_{kind}")
+
+
+@cache
+def step_for(kind: str, outcome: str, pre: type | None = None, post: type | None = None):
+    """``step(kind, pre, post)`` for operations that ended with ``outcome`` only."""
+    from kvcheck.models.blocks.ghost import After, Ghost
+
+    assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
+    return _compile(step_source(kind, inline_for(pre, post), outcome), f"step_{kind}_{outcome}")
 
 
 @cache

@@ -220,15 +220,20 @@ class After(TableTerms):
         self.impl_lengths = resolved
         self.holder_delta = {b: d for b, d in delta.items() if d}
         ic, counts = ghost.ident_count, {}
-        for q in seqs:
+        if len(seqs) == 1:  # (the common case: the loop below, for one sequence)
+            q = seqs[0]
             mine = idents[q]
-            if mine is None:
-                counts[q] = 1
-                continue
-            k = ic.get(mine, 0)
-            for r in seqs:
-                k += (idents[r] == mine) - (gi.get(r) == mine)
-            counts[q] = k
+            counts[q] = 1 if mine is None else ic.get(mine, 0) + (mine == mine) - (gi.get(q) == mine)
+        else:
+            for q in seqs:
+                mine = idents[q]
+                if mine is None:
+                    counts[q] = 1
+                    continue
+                k = ic.get(mine, 0)
+                for r in seqs:
+                    k += (idents[r] == mine) - (gi.get(r) == mine)
+                counts[q] = k
         self.sharer_counts = counts
         if blocks and (min(blocks) < 0 or max(blocks) >= n):
             blocks = {b for b in blocks if 0 <= b < n}

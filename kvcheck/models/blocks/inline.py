@@ -89,6 +89,7 @@ AFTER = {
                              {**_binds(r, "holder_delta"), f"{r}_gholders": f"{r}.ghost.holders_count"}),
     "occurrences": lambda r, q, b: (f"{_post_table(r, q)}.count({b})", _binds(r, "tables")),
     "impl_length": lambda r, q: (f"{r}_impl_lengths[{q}]", _binds(r, "impl_lengths")),
+    "reserved": lambda r, q: (f"{r}_reservations.get({q}, 0)", _binds(r, "reservations")),
     "sharers": lambda r, q: (f"{r}_sharer_counts[{q}]", _binds(r, "sharer_counts")),
     # ``other`` must be the Ghost bound to ``pre`` (the contracts' only use).
     "same_table": lambda r, q, other, p, upto: (

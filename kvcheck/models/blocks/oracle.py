@@ -60,7 +60,15 @@ def _compiled(build, *args):
         return None
 
 
-_STEPS = {k: _compiled(compiled_checks.step, k, Ghost, After) for k in contracts.CONTRACTS}
+def _steps_of(kind: str) -> dict | None:
+    """``kind``'s compiled step check for each outcome (each traced with its outcome
+    known, so it reads only what that outcome's clauses read); None where the tracer
+    cannot represent the spec text."""
+    out = {o: _compiled(compiled_checks.step_for, kind, o, Ghost, After) for o in (OK, OOB, REFUSED)}
+    return None if None in out.values() else out
+
+
+_STEPS = {k: _steps_of(k) for k in contracts.CONTRACTS}
 _PRECONDITIONS = {k: _compiled(compiled_checks.precondition, k, Ghost) for k in contracts.CONTRACTS}
 _STATE_INVARIANTS = _compiled(compiled_checks.state_invariants, Snapshot)
 # The fast mode's per-operation invariants, (invariant, predicate, domain) in spec
@@ -89,6 +97,9 @@ class Oracle:
         self._pos: dict[int, int] = {}  # seq -> its index in _order
         self.shadow = ShadowMemory(target.block_size)
         self.violation: Violation | None = None
+        # The operation ``valid`` last found to meet its precondition in the current state
+        # (``step`` need not evaluate it again); any change of state forgets it.
+        self._approved: Op | None = None
         # A target may narrow an operation's precondition to the calls its engine can
         # express (``Target.admits``): an operation it does not admit is never issued.
         self._admits = getattr(target, "admits", None)
@@ -158,7 +169,10 @@ class Oracle:
         if op.kind not in self.target.capabilities or not self._precondition(op):
             return False
         admits = self._admits
-        return admits is None or bool(admits(op))
+        if admits is None or admits(op):
+            self._approved = op
+            return True
+        return False
 
     def _precondition(self, op: Op) -> bool:
         if self.mode == "fast":
@@ -179,10 +193,12 @@ class Oracle:
         """
         if self.violation is not None:
             return self.violation
-        if op.kind not in self.target.capabilities:
-            raise Unsupported(op.kind)
-        if not self._precondition(op):
-            raise ValueError(f"precondition of {op.kind} fails: {op}")
+        if op is not self._approved:
+            if op.kind not in self.target.capabilities:
+                raise Unsupported(op.kind)
+            if not self._precondition(op):
+                raise ValueError(f"precondition of {op.kind} fails: {op}")
+        self._approved = None
         self.steps += 1
         if watchdog is None:
             watchdog = active_watchdog()
@@ -215,6 +231,7 @@ class Oracle:
         v = self.violation
         if v is None or v.kind not in ("contract", "invariant") or op.outcome is None:
             return False
+        self._approved = None
         try:
             delta = length_delta(self.lengths, op)
             lengths = {q: m for q, m in {**self.lengths, **delta}.items() if m is not None}
@@ -233,6 +250,7 @@ class Oracle:
         """Audit the whole allocator: every invariant, the frame, every sequence's data."""
         if self.violation is not None:
             return self.violation
+        self._approved = None
         if watchdog is None:
             watchdog = active_watchdog()
         if watchdog is not None:
@@ -344,21 +362,23 @@ class Oracle:
         name before or after, the blocks it returned): the compiled spec first;
         only when that fails, the spec itself, to name and explain the clause."""
         n, g, seqs = self.steps, self.ghost, tuple(delta)
+        kind = op.kind
         try:
-            kind = op.kind
             if kind == "append_slot":
                 extra = (op.block, op.cow_src)
             elif op.copies:
                 extra = [b for pair in op.copies for b in pair]
             else:
                 extra = ()
-            post = After(self.target, g, seqs, {q: m for q, m in delta.items() if m is not None},
-                         extra)
+            after = {q: m for q, m in delta.items() if m is not None}
+            post = After(self.target, g, seqs, after, extra)
             if kind not in _SINGLE:
                 self._reserve(op, g, post, post.reservations)
             blocks = post.blocks
-            live = [q for q in seqs if post.tables[q] is not None]
-            check = _STEPS[op.kind] if self.compiled else None
+            tables = post.tables
+            live = [q for q in seqs if tables[q] is not None]
+            steps = _STEPS[kind] if self.compiled else None
+            check = steps[op.outcome] if steps is not None else None
             if check is None or not check(g, post, op, blocks, live):
                 dom = Domain(sorted(blocks), seqs)
                 v = self._check_op(g, post, op, dom, n) or self._check_touched(post, dom, n)
@@ -370,12 +390,22 @@ class Oracle:
         first = self.lengths.get(op.seq, 0) if kind == "append_slots" else 0
         self._record(op, delta, post)
         lengths = self.lengths
+        mismatch, v = self.shadow.mismatch, None
+        # (the common case, every read-back right, tested directly; a mismatch is
+        # reported by ``_check_data`` as before)
         if kind == "append_slot" and op.outcome == OK:  # only the written block changed
-            v = self._check_data({op.seq: post.tables[op.seq]}, lengths, n, lengths[op.seq] - 1)
+            q = op.seq
+            if mismatch(q, tables[q], lengths[q] - 1) is not None:
+                v = self._check_data({q: tables[q]}, lengths, n, lengths[q] - 1)
         elif first:  # a reservation wrote from the old length on
-            v = self._check_data({op.seq: post.tables[op.seq]}, lengths, n, first)
+            q = op.seq
+            if mismatch(q, tables[q], first) is not None:
+                v = self._check_data({q: tables[q]}, lengths, n, first)
         else:
-            v = self._check_data({q: post.tables[q] for q in live}, lengths, n)
+            for q in live:
+                if mismatch(q, tables[q]) is not None:
+                    v = self._check_data({q: tables[q] for q in live}, lengths, n)
+                    break
         g.commit(post)
         return v
 

@@ -136,7 +136,8 @@ class VllmV1View:
 
     def entries(self):
         out = []
-        for key, val in self.pool.cached_block_hash_to_block._cache.items():
+        cached = self.pool.cached_block_hash_to_block  # a BlockHashToBlockMap (0.11 on)
+        for key, val in getattr(cached, "_cache", cached).items():  # or a dict of dicts
             for blk in (val.values() if isinstance(val, dict) else (val,)):
                 if blk.block_id != 0:
                     out.append((key, blk.block_id - 1))
@@ -645,6 +646,32 @@ class PrefixOracle:
                 wd.leave()
         self.violation = v
         return v
+
+    def resync(self, op: PrefixOp) -> bool:
+        """After a structural violation by ``op`` that the user allows (``--allow``: a
+        documented deviation such as vLLM v0's swap of a completed block for its cached
+        twin), take what the target did as the state to go on from: the structural
+        oracle resynchronises (``Oracle.resync``), then the cache is observed and every
+        prefix rule checked on it as after a passing step. False (the run stops on the
+        violation) if either cannot be done or a prefix rule fails there."""
+        v = self.violation
+        if v is None or v.kind not in ("contract", "invariant") or op.kind == "commit":
+            return False
+        if self.s.violation is None or not self.s.resync(op):
+            return False
+        self.violation = None
+        try:
+            post, v2 = self._observe_and_check(self.s.steps, op)
+        except OperationTimeout:
+            v2 = v
+        if v2 is not None:
+            self.violation = v
+            return False
+        self._count(op, post)
+        self.steps = self.s.steps
+        self._verified(post)  # (the fast mode's mirror rebuilt from the whole read)
+        self._live = None
+        return True
 
     def _commit(self, op: PrefixOp, wd) -> Violation | None:
         """commit(seq): call it, write the prompt into the ghost (the engine's forward pass),

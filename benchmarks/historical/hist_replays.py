@@ -1,0 +1,235 @@
+"""Raw replays of the catalogued bugs: the engine's own objects, no kvcheck adapter.
+
+Each ``replay_*(version)`` loads the release's files (``impl/thirdparty/_loader`` with the
+adapter module's stand-ins for the engine's unrelated imports, never its ``*Target``
+class), performs the bug's minimal operations with the engine's calls spelled out, and
+returns ``(reproduced, evidence)``: whether the release shows the bug, and what its own
+state said. On the buggy release ``reproduced`` must be True, on the fixed one False.
+"""
+
+from __future__ import annotations
+
+from kvcheck.impl.thirdparty import nano_vllm, vllm_v0, vllm_v0_legacy, vllm_v1
+
+
+def _v0(version: str, allocator_type: str, num_blocks: int, block_size: int):
+    mods = vllm_v0.load(version)
+    table_cls = mods["vllm.core.block.block_table"].BlockTable
+    allocator = mods["vllm.core.block.cpu_gpu_block_allocator"].CpuGpuBlockAllocator.create(
+        allocator_type=allocator_type, num_gpu_blocks=num_blocks, num_cpu_blocks=0,
+        block_size=block_size)
+    return mods, table_cls, allocator
+
+
+def replay_vllm_4761(version: str) -> tuple[bool, str]:
+    """PR #4761: a block popped from the evictor for new content stayed in
+    ``_cached_blocks`` under its old hash, so a later prompt with that old content is
+    served the block another sequence now writes. 5 blocks of 1 token."""
+    _, table_cls, alloc = _v0(version, "prefix_caching", 5, 1)
+    old = table_cls(1, alloc)
+    old.allocate([1, 2, 3])  # cached: three full blocks
+    old.free()  # -> evictor, still cached
+    other = table_cls(1, alloc)
+    other.allocate([4])
+    other.free()
+    writer = table_cls(1, alloc)
+    writer.allocate([5, 6])  # a miss: takes free blocks, then evicts a cached one
+    again = table_cls(1, alloc)
+    again.allocate([1, 2, 3])  # the old prompt again
+    shared = sorted(set(writer.physical_block_ids) & set(again.physical_block_ids))
+    return bool(shared), (f"tables [5, 6] -> {writer.physical_block_ids}, [1, 2, 3] again -> "
+                          f"{again.physical_block_ids}; shared: {shared or 'none'}")
+
+
+def replay_vllm_5364(version: str) -> tuple[bool, str]:
+    """PR #5364: a block reused from the evictor for new content kept its computed mark,
+    so the engine skips computing the new prompt's first block. 5 blocks of 1 token; the
+    computed prefix as the release's block manager derives it for one sequence."""
+    mods, table_cls, alloc = _v0(version, "prefix_caching", 5, 1)
+    gpu = vllm_v0.gpu_allocator(alloc, mods)
+    first = table_cls(1, alloc)
+    first.allocate([1, 2, 3, 4, 5])  # fills the pool, all cached
+    first.free()  # all evictable
+    new = table_cls(1, alloc)
+    new.allocate([6, 7])  # a miss: two blocks evicted for new content
+    ids = new.physical_block_ids
+    tracker_cls = getattr(mods["vllm.core.block.prefix_caching_block"],
+                          "ComputedBlocksTracker", None)
+    if tracker_cls is None:  # 0.4.x .. 0.5.0: the allocator walks the table
+        computed = gpu.get_common_computed_block_ids([ids])
+    else:  # 0.5.1 on: SelfAttnBlockSpaceManager's tracker
+        tracker = tracker_cls(gpu)
+        tracker.add_seq(1)
+        computed = gpu.get_common_computed_block_ids(
+            [tracker.get_cached_computed_blocks_and_update(1, ids)])
+    return bool(computed), (f"new prompt [6, 7] in blocks {ids}; computed (skipped) block "
+                            f"ids: {list(computed)}")
+
+
+def replay_vllm_42571(version: str) -> tuple[bool, str]:
+    """#42571 / PR #42612: one ``BlockPool.free_blocks`` call naming a block twice (as a
+    sliding-window request's block list can) decremented its refcount twice and queued it
+    twice: the free count runs ahead of the free queue. 4 blocks (one the null block)."""
+    mods = vllm_v1.load(version)
+    pool = mods["vllm.v1.core.block_pool"].BlockPool(
+        num_gpu_blocks=4, enable_caching=True, hash_block_size=1)
+    (block,) = pool.get_new_blocks(1)
+    pool.touch([block])  # a second holder: ref_cnt 2
+    pool.free_blocks([block, block])  # both references dropped in one call
+    queued = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    count = pool.get_num_free_blocks()
+    twice = queued.count(block.block_id) > 1 or count != len(queued)
+    return twice, (f"block {block.block_id}: ref_cnt {block.ref_cnt}; free queue {queued}, "
+                   f"get_num_free_blocks() = {count}")
+
+
+def replay_nano_vllm_144(version: str) -> tuple[bool, str]:
+    """nano-vllm #144: a prompt all of whose blocks hit the cache reports every token
+    cached (``num_cached_tokens == len(seq)``): the model runner has no token to compute.
+    ``version`` must be the pinned nano-vllm-fork (the adapter loads that one only)."""
+    mods = nano_vllm.load()
+    if mods.dist.version != version:
+        raise ValueError(f"nano-vllm {version} is not the pinned {mods.dist.version}")
+    manager = mods["nanovllm.engine.block_manager"].BlockManager(4, 2)
+    seqs = []
+    for _ in range(2):  # the same 2-token prompt twice, block size 2
+        seq = mods["nanovllm.engine.sequence"].Sequence([1, 2])
+        seq.block_size = 2
+        manager.allocate(seq)
+        seqs.append(seq)
+    second = seqs[1]
+    return second.num_cached_tokens >= len(second), (
+        f"second prompt of {len(second)} tokens: num_cached_tokens = "
+        f"{second.num_cached_tokens}, block_table {second.block_table}")
+
+
+def _nano_manager(key: str, version: str, num_blocks: int, block_size: int):
+    """A nano-vllm-shaped fork's ``BlockManager`` and ``Sequence`` class, loaded from the
+    release's files (its ``sampling_params`` stood in as the nano-vllm adapter does)."""
+    from kvcheck.impl.thirdparty import _loader, install
+
+    engine = install.ENGINES[key]
+    install.ensure(engine, version)
+    top = engine.top
+    stub = nano_vllm.STUBS["nanovllm.sampling_params"]
+    files = (f"{top}.engine.block_manager", f"{top}.engine.sequence")
+    mods = _loader.load(engine.dist_for(version), files, {f"{top}.sampling_params": stub},
+                        entry=files)
+    return (mods[f"{top}.engine.block_manager"].BlockManager(num_blocks, block_size),
+            mods[f"{top}.engine.sequence"].Sequence)
+
+
+def replay_nano_vllm_163(role_version: str) -> tuple[bool, str]:
+    """nano-vllm #163: a freed block keeps its ``hash_to_block_id`` entry; reused for a
+    miss, it gets new content under a new key, the old key still names it, and the
+    lookup guards only by the block's own token ids. So [1, 5] after [2, 5] is served the
+    block holding 5 after 2: a false hit (the KV was computed for another prefix).
+    ``role_version`` is ``nano-vllm-npu==0.0.2`` (buggy) or ``nano-vllm-fork==20260210``
+    (its deallocate drops the entry). 3 blocks of 1 token."""
+    dist, _, version = role_version.partition("==")
+    key = "nano-vllm-npu" if dist == "nano-vllm-npu" else "nano-vllm"
+    manager, seq_cls = _nano_manager(key, version, 3, 1)
+
+    def seq(tokens):
+        s = seq_cls(list(tokens))
+        s.block_size = 1
+        return s
+
+    a = seq([1, 5])
+    manager.allocate(a)
+    manager.deallocate(a)
+    b = seq([2, 5])
+    manager.allocate(b)
+    b_table = list(b.block_table)
+    held = {bid: (2, 5)[: i + 1] for i, bid in enumerate(b_table)}
+    manager.deallocate(b)
+    c = seq([1, 5])
+    manager.allocate(c)
+    wrong = [(i, bid) for i, bid in enumerate(c.block_table[: c.num_cached_tokens])
+             if held.get(bid, (1, 5)[: i + 1]) != (1, 5)[: i + 1]]
+    return bool(wrong), (f"[1, 5] then [2, 5] in {b_table}, then [1, 5] -> "
+                         f"{c.block_table} with {c.num_cached_tokens} cached token(s); "
+                         f"served from another prefix: {wrong or 'none'}")
+
+
+def replay_vllm_43569(version: str) -> tuple[bool, str]:
+    """PR #43569 (open): ``scripts/replay_raw_v1_commit.py``'s scheduler-order replay on
+    vLLM's own ``KVCacheManager`` (priority preemption between ``allocate_slots`` and the
+    step's write): the resumed request is served a cached block no forward pass wrote.
+    The script drives the pinned 0.33.0 only."""
+    import importlib.util
+    from pathlib import Path
+
+    if version != vllm_v1.load().dist.version:
+        raise ValueError(f"the replay drives vLLM {vllm_v1.load().dist.version}, not {version}")
+    path = Path(__file__).resolve().parents[2] / "scripts" / "replay_raw_v1_commit.py"
+    spec = importlib.util.spec_from_file_location("kvcheck_replay_raw_v1_commit", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.replay(2)
+    return bool(out["unwritten_hits"]), (f"block size 2: the resumed request hits blocks "
+                                        f"{out['hit_blocks']}, unwritten: {out['unwritten_hits']}")
+
+
+def replay_vllm_1556(version: str) -> tuple[bool, str]:
+    """#1556 / PR #3347: BlockSpaceManager v1 with a sliding window of one block (block
+    size 2, window 2 tokens, 4 blocks). The scheduler allocates a group of two sequences
+    (``best_of=2``) sharing a 3-token prompt: the table [x, x] names block x at positions
+    0 and 1 (cyclic reuse), refcount 2. The first sequence's next token copies the shared
+    last block (``append_slot``: ``free(x)``, x at refcount 1); freeing that sequence walks
+    ``set(block_table)``, which still names x at position 0, and frees x again; freeing the
+    second sequence then raises "Double free!". 0.4.0 frees only the table's last window."""
+    running = vllm_v0_legacy.SequenceStatus.RUNNING
+    m = vllm_v0_legacy.build(version, num_blocks=4, block_size=2, sliding_window=2)
+    a, c = vllm_v0_legacy.Seq(0, 3, 2), vllm_v0_legacy.Seq(1, 3, 2)
+    m.allocate(vllm_v0_legacy.Group(a, c))
+    a.status = c.status = running
+    shared = m.get_block_table(a)
+    a.n_tokens += 1
+    cow = m.append_slot(a)
+    after = m.get_block_table(a)
+    try:
+        m.free(a)
+        m.free(c)
+    except ValueError as exc:
+        return True, (f"tables {shared} (both), append_slot copies {cow} -> {after}; "
+                      f"freeing both: {exc}")
+    free = m.get_num_free_gpu_blocks()
+    return free != 4, (f"tables {shared} (both), append_slot copies {cow} -> {after}; "
+                       f"both freed: {free} of 4 blocks free")
+
+
+def replay_v1_window_stale_entry(version: str) -> tuple[bool, str]:
+    """Not a catalogue entry (no fixed release): what PR #3347 left in BlockSpaceManager v1
+    (0.3.3 and 0.4.0 alike; the v1 manager's fork and free read the same to 0.6.x). Window
+    of two blocks, block size 1, 6 blocks. A group of two sequences shares the 3-token
+    prompt [x0, x1, x0]; the first sequence's next two tokens reuse x1 and x0 and copy each
+    away from the sharer (``append_slot``: n1, n0), but entries 0 and 1 still name x0 and
+    x1, and the cycle (``block_table[len % W]``) brings x1 back for the sixth token:
+    refcount 1, held by the other sequence alone, so ``append_slot`` writes into it in
+    place. Returns whether that write happened (the other sequence's live block)."""
+    running = vllm_v0_legacy.SequenceStatus.RUNNING
+    m = vllm_v0_legacy.build(version, num_blocks=6, block_size=1, sliding_window=2)
+    a, c = vllm_v0_legacy.Seq(0, 3, 1), vllm_v0_legacy.Seq(1, 3, 1)
+    m.allocate(vllm_v0_legacy.Group(a, c))
+    a.status = c.status = running
+    steps = []
+    for _ in range(3):
+        a.n_tokens += 1
+        steps.append(m.append_slot(a))
+    mine, theirs = m.get_block_table(a), m.get_block_table(c)
+    written = mine[-1]
+    crossed = written in theirs[-2:] and steps[-1] is None
+    return crossed, (f"other sequence {theirs}; this one {mine} after copies {steps}: the "
+                     f"sixth token is written in place into block {written}")
+
+
+REPLAYS = {
+    "vllm-43569": replay_vllm_43569,
+    "nano-vllm-163": replay_nano_vllm_163,
+    "nano-vllm-144": replay_nano_vllm_144,
+    "vllm-4761": replay_vllm_4761,
+    "vllm-5364": replay_vllm_5364,
+    "vllm-42571": replay_vllm_42571,
+    "vllm-1556": replay_vllm_1556,
+}

@@ -1,0 +1,257 @@
+"""The historical-bug benchmark: does kvcheck find the bugs that really shipped?
+
+    python3 benchmarks/historical/run.py [--only ID ...] [--seeds N] [--dry-run] [--no-raw]
+
+For every catalogue entry in reach (``catalogue.json``, ``reach: "yes"``): installs the
+buggy and the fixed release's sources (``kvcheck install``: py files from the wheels,
+idempotent, nothing downloaded when installed), runs the entry's kvcheck command on each
+(``{version}`` replaced), and reports
+
+* caught: the buggy release fails with the expected violation (clause); another verdict
+  is a miss, printed with what kvcheck said;
+* false alarm: the fixed release does not pass (a documented deviation allowed by the
+  command's ``--allow`` is not an alarm; it is counted in the command's output);
+* seconds to the counterexample (kvcheck's own time for the search, shrinking included)
+  and the length of the shrunk trace;
+* the raw replay (``hist_replays.py``, the engine's own objects, no adapter): it must reproduce
+  on the buggy release and not on the fixed one.
+
+Entries out of reach, and pending ones, are listed with what kvcheck lacks and their raw
+replay (when they have one); they are not in the totals. The last line is
+``caught X/Y on buggy releases, Z false alarms on fixed releases``.
+
+``--dry-run`` checks the catalogue's schema and prints each command, installing and
+running nothing. Exit 0 when every entry in reach was caught with no false alarm and
+every raw replay agreed, 1 otherwise, 2 on a bad catalogue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+CATALOGUE = HERE / "catalogue.json"
+
+REQUIRED = ("id", "engine", "generation", "issue", "title", "buggy", "fixed", "reach")
+IN_REACH = ("command", "expected", "raw")
+
+
+class CatalogueError(Exception):
+    pass
+
+
+def load(path: Path = CATALOGUE) -> list[dict]:
+    """The catalogue's entries, checked (``CatalogueError`` names what is wrong)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CatalogueError(f"{path}: {exc}") from None
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise CatalogueError(f"{path}: no 'entries' list")
+    seen = set()
+    for e in entries:
+        where = f"entry {e.get('id', '?')!r}" if isinstance(e, dict) else "an entry"
+        if not isinstance(e, dict):
+            raise CatalogueError(f"{where} is not an object")
+        for key in REQUIRED:
+            if key not in e:
+                raise CatalogueError(f"{where}: no {key!r}")
+        if e["id"] in seen:
+            raise CatalogueError(f"{where}: id used twice")
+        seen.add(e["id"])
+        if e["reach"] not in ("yes", "pending", "no"):
+            raise CatalogueError(f"{where}: reach must be yes, pending or no")
+        if e["reach"] == "yes":
+            for key in IN_REACH:
+                if key not in e:
+                    raise CatalogueError(f"{where}: in reach but no {key!r}")
+            cmd = e["command"]
+            if not (isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd)):
+                raise CatalogueError(f"{where}: command must be a list of strings")
+            if e["fixed"] is None and "fixed_note" not in e:
+                raise CatalogueError(f"{where}: no fixed release and no fixed_note saying why")
+        else:
+            if not e.get("lacks"):
+                raise CatalogueError(f"{where}: out of reach but no 'lacks'")
+    return entries
+
+
+def _engine_key(entry: dict) -> str:
+    return entry["generation"]
+
+
+def install(entry: dict, version: str) -> str | None:
+    """Install ``version`` of the entry's engine generation; an error message or None."""
+    from kvcheck.impl.thirdparty import install as inst
+
+    engine = inst.ENGINES.get(_engine_key(entry))
+    if engine is None:
+        return f"no engine generation {_engine_key(entry)!r} in kvcheck install"
+    try:
+        if not engine.supports(version):
+            return f"{engine.key} loads {engine.range}, not {version}"
+        inst.ensure(engine, version)
+    except inst.InstallError as exc:
+        return str(exc)
+    return None
+
+
+def run_kvcheck(entry: dict, version: str, timeout: float, seed: int | None = None) -> dict:
+    """The entry's command on ``version`` (with ``--seed seed`` instead of the catalogue's,
+    if given): verdict, violation name, seconds, trace length."""
+    args = [a.replace("{version}", version) for a in entry["command"]]
+    if seed is not None:
+        if "--seed" in args:
+            i = args.index("--seed")
+            del args[i:i + 2]
+        args += ["--seed", str(seed)]
+    args += ["--json"]
+    start = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-m", "kvcheck.cli", *args], cwd=ROOT,
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"rc": None, "verdict": f"did not finish in {timeout:.0f} s", "wall": timeout}
+    out = {"rc": p.returncode, "wall": time.monotonic() - start, "args": args}
+    try:
+        data = json.loads(p.stdout)
+    except ValueError:
+        err = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        out["verdict"] = f"exit {p.returncode}: {err}"
+        return out
+    out["verdict"] = data.get("verdict")
+    out["seconds"] = data.get("seconds")
+    out["deviations"] = sum(d.get("count", 0) for d in (data.get("deviations") or {}).values()) \
+        if isinstance(data.get("deviations"), dict) else len(data.get("deviations") or [])
+    trace = data.get("violation")
+    if isinstance(trace, dict):
+        out["violation"] = (trace.get("violation") or {}).get("name")
+        out["length"] = len(trace.get("ops") or [])
+        out["original"] = data.get("original_length")
+    return out
+
+
+def raw_replay(entry: dict, version: str):
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import hist_replays
+
+    fn = getattr(hist_replays, entry["raw"])
+    try:
+        return fn(version)
+    except Exception as exc:  # noqa: BLE001 - a replay that cannot run is reported
+        return None, f"raw replay raised {type(exc).__name__}: {exc}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="*", default=None, metavar="ID")
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--no-raw", action="store_true", help="skip the raw replays")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per kvcheck run")
+    ap.add_argument("--seeds", type=int, default=1, metavar="N",
+                    help="run each command with N seeds (the catalogue's, then 1, 2, ...): a "
+                         "catch counts when every seed finds the expected clause, a false alarm "
+                         "when any seed fails on the fixed release (default: 1)")
+    args = ap.parse_args(argv)
+    try:
+        entries = load()
+    except CatalogueError as exc:
+        print(f"run.py: error: {exc}", file=sys.stderr)
+        return 2
+    if args.only is not None:
+        unknown = set(args.only) - {e["id"] for e in entries}
+        if unknown:
+            print(f"run.py: error: no entry {sorted(unknown)[0]!r}", file=sys.stderr)
+            return 2
+        entries = [e for e in entries if e["id"] in args.only]
+    in_reach = [e for e in entries if e["reach"] == "yes"]
+    caught = alarms = raw_bad = 0
+    for e in in_reach:
+        versions = [("buggy", e["buggy"])] + ([("fixed", e["fixed"])] if e["fixed"] else [])
+        print(f"{e['id']} ({e['engine']}, {e['issue']}): buggy {e['buggy']}, fixed "
+              f"{e['fixed'] or 'none: ' + e['fixed_note']}")
+        if args.dry_run:
+            for role, v in versions:
+                print(f"  {role}: kvcheck {' '.join(a.replace('{version}', v) for a in e['command'])}")
+            continue
+        results = {}
+        extra: dict[str, list] = {"buggy": [], "fixed": []}
+        for role, v in versions:
+            err = install(e, v)
+            if err:
+                results[role] = {"rc": None, "verdict": f"not installed: {err}"}
+                continue
+            results[role] = run_kvcheck(e, v, args.timeout)
+            extra[role] = [run_kvcheck(e, v, args.timeout, seed) for seed in
+                           range(1, args.seeds)]
+        b = results["buggy"]
+        ok = b.get("rc") == 1 and b.get("violation") == e["expected"] and all(
+            r.get("rc") == 1 and r.get("violation") == e["expected"] for r in extra["buggy"])
+        caught += ok
+        if ok:
+            print(f"  caught on {e['buggy']}: {e['expected']!r} in {b['seconds']:.2f} s, trace of "
+                  f"{b['length']} operations (shrunk from {b['original']})")
+            for seed, r in enumerate(extra["buggy"], 1):
+                print(f"    seed {seed}: in {r['seconds']:.2f} s, {r['length']} operations")
+        else:
+            print(f"  MISSED on {e['buggy']}: {b.get('violation') or b.get('verdict')} "
+                  f"(expected {e['expected']!r})")
+        if "fixed" in results:
+            f = results["fixed"]
+            bad = [r for r in extra["fixed"] if r.get("rc") != 0]
+            if f.get("rc") == 0 and bad:
+                f = bad[0]
+            if f.get("rc") == 0:
+                dev = f" ({f['deviations']} allowed deviations)" if f.get("deviations") else ""
+                seeds = f" ({args.seeds} seeds)" if args.seeds > 1 else ""
+                print(f"  no alarm on {e['fixed']}: pass in {f['seconds']:.2f} s{dev}{seeds}")
+            else:
+                alarms += 1
+                print(f"  FALSE ALARM on {e['fixed']}: {f.get('violation') or f.get('verdict')}")
+        if not args.no_raw:
+            raw_bad += _print_raw(e, versions)
+    others = [e for e in entries if e["reach"] != "yes"]
+    for e in others:
+        status = "pending" if e["reach"] == "pending" else "out of reach"
+        print(f"{e['id']} ({e['engine']}, {e['issue']}): {status}: {e['lacks']}")
+        if e.get("command"):
+            v = e["buggy"].rpartition("==")[2]
+            print(f"  kvcheck {' '.join(a.replace('{version}', v) for a in e['command'])}")
+        if e.get("raw") and not args.dry_run and not args.no_raw:
+            versions = [("buggy", e["buggy"])] + ([("fixed", e["fixed"])] if e["fixed"] else [])
+            for _, v in versions:  # a release of a generation kvcheck installs; the replay
+                install(e, v)  # reports what it cannot load (its own fork, or an error)
+            raw_bad += _print_raw(e, versions)
+    if args.dry_run:
+        print(f"catalogue ok: {len(in_reach)} entries in reach, {len(others)} pending or out of "
+              f"reach")
+        return 0
+    print(f"{len(others)} catalogued bug(s) pending or out of reach (not counted), "
+          f"{raw_bad} raw replay(s) disagreeing")
+    print(f"caught {caught}/{len(in_reach)} on buggy releases, {alarms} false alarms on fixed "
+          f"releases")
+    return 0 if caught == len(in_reach) and alarms == 0 and raw_bad == 0 else 1
+
+
+def _print_raw(e: dict, versions) -> int:
+    bad = 0
+    for role, v in versions:
+        got, evidence = raw_replay(e, v)
+        want = role == "buggy"
+        agree = got is want
+        bad += not agree
+        word = "reproduced" if got else ("not reproduced" if got is False else "error")
+        print(f"  raw replay on {v} ({role}): {word}{'' if agree else ' (DISAGREES)'}: {evidence}")
+    return bad
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""Install third-party allocator sources: ``kvcheck install ENGINE[==VERSION]``.
+
+Each engine generation kvcheck adapts is one row of ``ENGINES``: the PyPI
+distribution, its top-level package, the pinned version (what a plain
+``kvcheck verify vllm-v1`` runs) and the range of releases the adapter loads.
+Adding an engine is adding a row (and its adapter).
+
+What is installed: the release's ``*.py`` files of the top-level package (plus
+its ``.dist-info`` metadata), into ``$KVCHECK_THIRDPARTY_DIR/<dist>-<version>/``
+(default ``~/.cache/kvcheck/thirdparty/``), never into site-packages, so many
+releases of one package coexist. A vLLM wheel is 45 MB to 330 MB, almost all
+compiled CUDA kernels: it is downloaded with ``pip download --no-deps`` into a
+temporary directory, its Python files extracted, the wheel deleted
+(``layout="py-only"``). A small pure-Python wheel is installed whole with
+``pip install --no-deps --target`` (``layout="target"``).
+
+* Idempotent: a directory whose marker file names ``dist==version`` is left
+  alone, with no network access at all.
+* Offline: a wheel already on disk is used instead of the index when it lies in
+  ``$KVCHECK_WHEEL_DIR`` (a folder of ``*.whl`` files); a download that fails is
+  one line naming the release and pip's last words.
+* Bad input (an unknown engine, a version outside every adapter's range) is an
+  ``InstallError``: one line, exit 2 from the command line.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import _loader
+
+WHEEL_DIR_ENV = "KVCHECK_WHEEL_DIR"
+ThirdPartyMissing = _loader.ThirdPartyMissing
+
+
+class InstallError(Exception):
+    """Bad input or an install that could not be done (one line, exit 2)."""
+
+
+def version_key(version: str) -> tuple:
+    """Order of PEP 440 final and post releases (``0.5.0.post1`` after ``0.5.0``); a
+    pre-release sorts before its release. Enough for the versions in ``ENGINES``."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.post(\d+))?(?:\+.*)?", version)
+    if not m:
+        raise InstallError(f"cannot read version {version!r} (expected e.g. 0.4.2 or 0.5.0.post1)")
+    nums = tuple(int(x) for x in m.group(1).split("."))
+    nums += (0,) * (4 - len(nums))
+    pre = (0, m.group(2), int(m.group(3))) if m.group(2) else (1, "", 0)
+    return nums, pre, int(m.group(4) or 0)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine generation: the releases its adapter loads."""
+
+    key: str  # the name kvcheck uses (install ENGINE, the registered targets' prefix)
+    dist: str  # PyPI distribution
+    top: str  # top-level import package
+    pinned: str  # the version used when none is asked for
+    low: str  # oldest release the adapter loads (inclusive)
+    high: str  # newest release the adapter loads (inclusive)
+    layout: str = "py-only"  # "py-only" (extract *.py from the wheel) or "target" (pip --target)
+    runtime_deps: tuple[str, ...] = ()  # real imports of the loaded modules, installed normally
+    note: str = ""  # what the range is (printed with an unsupported version)
+    exclude: tuple[str, ...] = ()  # releases in [low, high] that it does not load, with reason
+
+    def supports(self, version: str) -> bool:
+        key = version_key(version)
+        return (version_key(self.low) <= key <= version_key(self.high)
+                and version not in self.exclude)
+
+    @property
+    def range(self) -> str:
+        return self.low if self.low == self.high else f"{self.low} .. {self.high}"
+
+    def dist_for(self, version: str | None = None) -> _loader.Dist:
+        return _loader.Dist(self.key, self.dist, version or self.pinned, self.top)
+
+
+ENGINES: dict[str, Engine] = {e.key: e for e in (
+    Engine("vllm-v1", "vllm", "vllm", pinned="0.33.0", low="0.10.2", high="0.33.0",
+           note="v1 KVCacheManager with BlockPool and KV-cache coordinator"),
+    Engine("vllm-v0", "vllm", "vllm", pinned="0.8.5", low="0.4.2", high="0.8.5",
+           note="v0 block manager v2 (vllm/core/block/): BlockTable, naive and "
+                "prefix-caching allocators"),
+    Engine("vllm-v0-legacy", "vllm", "vllm", pinned="0.4.0", low="0.3.3", high="0.4.0",
+           note="v0 BlockSpaceManager v1 (vllm/core/block_manager[_v1].py), before block "
+                "manager v2; loaded by impl/thirdparty/vllm_v0_legacy.py for raw replays, no "
+                "kvcheck Target yet"),
+    Engine("nano-vllm", "nano-vllm-fork", "nanovllm", pinned="20260210", low="20260210",
+           high="20260210", layout="target", runtime_deps=("xxhash", "numpy"),
+           note="nano-vllm-fork BlockManager"),
+    Engine("sglang", "sglang", "sglang", pinned="0.5.23", low="0.5.23", high="0.5.23",
+           note="SGLang token/paged allocators and radix cache (its allocators run on torch "
+                "CPU tensors: torch==2.13.0 from the test extras)"),
+    Engine("aphrodite", "aphrodite-engine", "aphrodite", pinned="0.24.1", low="0.24.1",
+           high="0.24.1", note="aphrodite-engine, a vLLM v1 fork"),
+    Engine("nano-vllm-npu", "nano-vllm-npu", "nanovllmnpu", pinned="0.0.2", low="0.0.1.post1",
+           high="0.0.2", layout="target", runtime_deps=("xxhash", "numpy"),
+           note="nano-vllm-npu BlockManager (upstream nano-vllm's: freed blocks keep their "
+                "keys), kvcheck.impl.thirdparty.nano_vllm_upstream:make@VERSION"),
+)}
+
+
+DEFAULT = ("vllm-v1", "vllm-v0", "nano-vllm")  # what a plain `kvcheck install` installs
+
+
+def engines_for(name: str) -> list[Engine]:
+    """The engines ``name`` denotes: an engine key, or a distribution (every engine of it)."""
+    if name in ENGINES:
+        return [ENGINES[name]]
+    return [e for e in ENGINES.values() if e.dist == name]
+
+
+def parse(requirement: str) -> tuple[Engine, str]:
+    """``ENGINE[==VERSION]`` or ``DIST==VERSION`` -> (engine, version); ``InstallError``."""
+    name, sep, version = requirement.strip().partition("==")
+    name = name.strip()
+    version = version.strip() if sep else ""
+    if sep and not version:
+        raise InstallError(f"{requirement!r}: no version after '=='")
+    candidates = engines_for(name)
+    if not candidates:
+        known = ", ".join(list(ENGINES) + sorted({e.dist for e in ENGINES.values()} - set(ENGINES)))
+        raise InstallError(f"unknown engine {name!r} (known: {known})")
+    if not version:
+        if len(candidates) > 1:
+            raise InstallError(
+                f"{name!r} names several engine generations "
+                f"({', '.join(e.key for e in candidates)}): give one, or {name}==VERSION")
+        return candidates[0], candidates[0].pinned
+    version_key(version)
+    for engine in candidates:
+        if engine.supports(version):
+            return engine, version
+    ranges = "; ".join(f"{e.key}: {e.range}" for e in candidates)
+    raise InstallError(f"{name} {version} is not supported by any kvcheck adapter ({ranges})")
+
+
+PINNED = "pinned"  # TARGET@pinned: the pinned sources even when the environment has the engine
+INSTALLED = "installed"  # TARGET@installed: the environment's engine, or an error
+
+
+@functools.cache
+def environment_version(engine: Engine) -> str | None:
+    """The version of ``engine.dist`` installed in this environment (any), or ``None``."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec(engine.top) is None:
+            return None
+        return importlib.metadata.version(engine.dist)
+    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
+        return None
+
+
+@functools.cache  # once per process: every target built (shrinking builds
+def environment(engine: Engine) -> _loader.Dist | None:  # hundreds) would look it up again
+    """The engine as installed in this Python environment (``pip install vllm``), if its
+    files are there and its version is one the adapter loads; nothing is imported."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(engine.top)
+        version = importlib.metadata.version(engine.dist)
+    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    pkg = Path(next(iter(spec.submodule_search_locations)))
+    try:
+        if not engine.supports(version):
+            return None
+    except InstallError:
+        return None
+    return _loader.Dist(engine.key, engine.dist, version, engine.top, root=str(pkg.parent))
+
+
+def select(key: str, version: str | None = None) -> _loader.Dist:
+    """Which sources the adapter of engine ``key`` loads (the ``@VERSION`` of a target):
+
+    * ``None`` -- the engine installed in this environment if its version is in the
+      adapter's range, else the pinned version from the cache;
+    * ``"pinned"`` -- the pinned version from the cache;
+    * ``"installed"`` -- the environment's engine (``ThirdPartyMissing`` if absent or
+      outside the range);
+    * a version -- that release from the cache (``kvcheck install KEY==VERSION``).
+
+    Whether the files are there is checked when they are loaded (``_loader.require``).
+    """
+    engine = ENGINES[key]
+    if version in (None, INSTALLED):
+        env = environment(engine)
+        if env is not None:
+            return env
+        if version == INSTALLED:
+            raise _loader.ThirdPartyMissing(
+                f"{engine.dist} {engine.range} is not installed in this Python environment "
+                f"({sys.executable})")
+        return engine.dist_for(engine.pinned)
+    if version == PINNED:
+        return engine.dist_for(engine.pinned)
+    if not engine.supports(version):
+        raise InstallError(f"{key} loads {engine.dist} {engine.range}, not {version}")
+    return engine.dist_for(version)
+
+
+def find(engine: Engine, version: str | None = None) -> Path | None:
+    """The install directory of ``engine`` at ``version`` if installed, else ``None``."""
+    dist = engine.dist_for(version)
+    return _loader.install_dir(dist) if _loader.is_installed(dist) else None
+
+
+def install(engine: Engine, version: str | None = None,
+            say: Callable[[str], None] = print) -> Path:
+    """Install ``engine`` at ``version`` (default: its pin) if it is not yet; its directory."""
+    version = version or engine.pinned
+    if not engine.supports(version):
+        raise InstallError(f"{engine.key} loads {engine.dist} {engine.range}, not {version}")
+    dist = engine.dist_for(version)
+    dest = _loader.install_dir(dist)
+    if _loader.is_installed(dist):
+        say(f"{engine.dist} {version}: already installed in {dest}")
+        _runtime_deps(engine, say)
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="kvcheck-wheel-") as tmp:
+        if engine.layout == "target":
+            _pip(["install", "--no-deps", "--target", str(partial), f"{engine.dist}=={version}"],
+                 engine, version)
+        else:
+            wheel = _local_wheel(engine.dist, version) or _download(engine, version, Path(tmp))
+            n = extract_py(wheel, partial, engine.top)
+            say(f"{engine.dist} {version}: extracted {n} files from {wheel.name}")
+    (partial / _loader.MARKER).write_text(f"{engine.dist}=={version}\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    partial.rename(dest)
+    say(f"{engine.dist} {version}: installed in {dest}")
+    _runtime_deps(engine, say)
+    return dest
+
+
+def ensure(engine: Engine, version: str | None = None) -> Path:
+    """The install directory, installing quietly if needed (for the benchmark and tests)."""
+    return find(engine, version) or install(engine, version, say=lambda _m: None)
+
+
+def extract_py(wheel: Path, dest: Path, top: str) -> int:
+    """Extract ``top``'s ``*.py`` files and the dist-info metadata of ``wheel`` into ``dest``."""
+    n = 0
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if (name.startswith(top + "/") and name.endswith(".py")) or (
+                    ".dist-info/" in name and name.endswith(("METADATA", "LICENSE", "RECORD"))):
+                z.extract(name, dest)
+                n += 1
+    if not (dest / top).is_dir():
+        raise InstallError(f"{wheel.name} holds no package {top!r}")
+    return n
+
+
+def _local_wheel(dist: str, version: str) -> Path | None:
+    folder = os.environ.get(WHEEL_DIR_ENV)
+    if not folder:
+        return None
+    norm = re.sub(r"[-_.]+", "_", dist).lower()
+    for whl in sorted(Path(folder).expanduser().glob("*.whl")):
+        parts = whl.name.split("-")
+        if len(parts) >= 2 and re.sub(r"[-_.]+", "_", parts[0]).lower() == norm \
+                and parts[1] == version:
+            return whl
+    return None
+
+
+def _download(engine: Engine, version: str, tmp: Path) -> Path:
+    _pip(["download", "--no-deps", "--only-binary=:all:", "-d", str(tmp),
+          f"{engine.dist}=={version}"], engine, version)
+    wheels = sorted(tmp.glob("*.whl"))
+    if not wheels:
+        raise InstallError(f"pip downloaded no wheel for {engine.dist}=={version}")
+    return wheels[0]
+
+
+def _pip(args: list[str], engine: Engine, version: str) -> None:
+    p = subprocess.run([sys.executable, "-m", "pip", "-q", *args], capture_output=True, text=True)
+    if p.returncode != 0:
+        lines = [ln.strip() for ln in (p.stderr + p.stdout).splitlines()
+                 if ln.strip() and not ln.lstrip().startswith("WARNING")]
+        last = lines[-1] if lines else f"pip exited {p.returncode}"
+        raise InstallError(f"cannot fetch {engine.dist}=={version} (offline? put its wheel in "
+                           f"${WHEEL_DIR_ENV}): {last}")
+
+
+def _runtime_deps(engine: Engine, say: Callable[[str], None]) -> None:
+    import importlib.util
+
+    missing = [m for m in engine.runtime_deps if importlib.util.find_spec(m) is None]
+    if missing:
+        say(f"installing runtime dependencies: {' '.join(missing)}")
+        p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            raise InstallError(f"cannot install {' '.join(missing)} (needed by {engine.key})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvcheck.impl.thirdparty.install ENGINE[==VERSION] ...`` (the shell script's)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        for req in argv or DEFAULT:
+            engine, version = parse(req)
+            install(engine, version)
+    except InstallError as exc:
+        print(f"kvcheck: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

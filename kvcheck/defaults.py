@@ -1,0 +1,21 @@
+"""The run each checking command makes when given no flags, per model: its pool, length and
+seed (``kvcheck verify``: 32 blocks x 4, 10,000 operations, seed 0).
+
+The commands take their defaults from here (``kvcheck.cli.commands``), and a campaign's
+first run is this run (``kvcheck.campaign.plan``), so a campaign always checks what the
+model's command at its defaults checks, before its swarm of drawn shapes. A plain module:
+importing it loads nothing else.
+"""
+
+from __future__ import annotations
+
+SEED = 0
+
+RUN = {
+    "blocks": {"num_blocks": 32, "block_size": 4, "ops": 10_000},  # kvcheck verify
+    "prefix": {"num_blocks": 16, "block_size": 4, "ops": 5_000},  # kvcheck verify-prefix
+    "device": {"num_blocks": 16, "block_size": 4, "ops": 2_000,  # kvcheck verify-device
+               "batch_prob": 0.3},
+    "scheduler": {"num_blocks": 16, "block_size": 4, "watermark": 1,  # kvcheck verify-scheduler
+                  "requests": 12, "workloads": 20},
+}
