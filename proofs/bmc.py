@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import z3
 
@@ -393,7 +394,7 @@ def _fresh_order(s2, fresh: tuple[int, ...]) -> list:
         return z3.Or(s2._ref[b] != 0, s2._free[b] != 1, *[names(q, i, b) for q, i in entries])
 
     out = []
-    for a, b in zip(fresh, fresh[1:]):
+    for a, b in pairwise(fresh):
         out.append(z3.Implies(used(b), used(a)))
         seen = z3.BoolVal(False)
         for q, i in entries:
@@ -496,9 +497,9 @@ def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encodi
     s, s2 = m.state("s"), m.state("s2")
     vs, vs2 = _state_vars(s), _state_vars(s2)
     bodies = []
-    for c, body in m.choice_bodies(s, s2, "x"):
+    for c, pre, body in m.choice_bodies(s, s2, "x"):
         f = z3.And(body, *_lowest_slot(s, [c]))
-        bodies.append((c, z3.substitute(f, (c.selector, z3.BoolVal(True)))))
+        bodies.append((c, pre, z3.substitute(f, (c.selector, z3.BoolVal(True)))))
     invs = [*m.invariants, SCOPE_BOUND]
     inv_of = [(inv.name, inv.formula(m.L, s2)) for inv in invs]
     inv2 = m.L.and_(*[f for _, f in inv_of])
@@ -536,10 +537,12 @@ def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encodi
                 order_cache[fresh] = _fresh_order(s2, fresh)
             solver.push()
             solver.add(*order_cache[fresh])
-            for c, body in bodies:
-                g = raw.subst(body, raw.frm, to)
-                if raw.truth(g) == -1:  # the state refutes this disjunct
-                    continue
+            # the disjuncts the state does not refute (-1: simplified to false), the
+            # precondition tried alone first (a much smaller term)
+            live = [(c, g) for c, pre, body in bodies
+                    if raw.truth(raw.subst(pre, raw.frm, to)) != -1
+                    and raw.truth(g := raw.subst(body, raw.frm, to)) != -1]
+            for c, g in live:  # (one query per disjunct: measured faster than one per state)
                 if out_of_time():
                     return res
                 solver.push()

@@ -124,9 +124,10 @@ class Model:
         return []
 
     def choice_bodies(self, s: SymState, s2: SymState, tag: str, kinds=None,
-                      symmetric: bool = False) -> list[tuple[Choice, z3.BoolRef]]:
+                      symmetric: bool = False) -> list[tuple[Choice, z3.BoolRef, z3.BoolRef]]:
         """Every disjunct of the step relation s -> s2 (restricted to ``kinds`` if given):
-        its choice and its body (precondition, scope bound and every contract clause)."""
+        its choice, its precondition and its body (the precondition, the scope's bound
+        and every contract clause)."""
         L, sc = self.L, self.scope
         dom = Domain(range(sc.num_blocks), range(sc.seqs))
         out = []
@@ -134,19 +135,20 @@ class Model:
             if kinds is not None and op.kind not in kinds:
                 continue
             sel = z3.Bool(f"{tag}.sel.{op.kind}.{op.seq}.{op.child}.{op.outcome}")
-            parts = [spec_contracts.precondition(L, s, op), *self._in_scope(s, op)]
+            pre = spec_contracts.precondition(L, s, op)
+            parts = [pre, *self._in_scope(s, op)]
             parts += [f for name, _, f in spec_contracts.clauses(L, s, s2, op, dom,
                                                                   self.contracts)
                       if not any(name.startswith(o) for o in self.omit)]
-            out.append((Choice(sel, op, n_var, la_var), L.and_(*parts)))
+            out.append((Choice(sel, op, n_var, la_var), L._b(pre), L.and_(*parts)))
         return out
 
     def step(self, s: SymState, s2: SymState, tag: str, kinds=None,
              symmetric: bool = False) -> tuple[z3.BoolRef, list[Choice]]:
         """The step relation s -> s2 and its choices (restricted to ``kinds`` if given)."""
         parts = self.choice_bodies(s, s2, tag, kinds, symmetric)
-        choices = [c for c, _ in parts]
-        return (z3.And(*[z3.Implies(c.selector, body) for c, body in parts],
+        choices = [c for c, _, _ in parts]
+        return (z3.And(*[z3.Implies(c.selector, body) for c, _, body in parts],
                        z3.Or([c.selector for c in choices])), choices)
 
 
