@@ -41,13 +41,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from itertools import pairwise
+from itertools import pairwise, permutations, product
 
 import z3
 
 from kvcheck.proofs.renaming import canonical_tables
 from kvcheck.spec.contracts import Op
 from kvcheck.spec.outcomes import OUTCOMES
+from kvcheck.spec.state import NULL
 from kvcheck.spec.symbolic import SymScope
 
 from .model import SCOPE_BOUND, Model, decode, decode_choice
@@ -484,7 +485,8 @@ def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encodi
     refutes is gone without a query, and the others are small queries over the successor's
     variables, enumerated by blocking clauses on them. Fresh blocks are taken in a canonical
     order (``_fresh_order``: this covers every operation that takes blocks, allocation,
-    appends, eager forks and rebases), new sequences take the lowest dead slot.
+    appends, eager forks and rebases), new sequences take the lowest dead slot, and states
+    are compared by ``exact_key`` (equal exactly when equal up to renaming).
     ``"step"``: the first enumeration (one query over the whole step relation per state,
     with the symmetry breaking of allocate and append_slot only), kept to compare."""
     if enumeration == "step":
@@ -511,7 +513,7 @@ def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encodi
     first = [_value(start.model().eval(v, model_completion=True)) for v in vs]
     raw = _Raw(vs, vs2)
     res = ReachResult(scope.describe(), 0, 0.0, states=1, per_depth=[1])
-    seen = {_abstract_key(first, scope)}
+    seen = {exact_key(first, scope)}
     if record is not None:
         record.append((0, first))
     frontier = [(first, [])]
@@ -553,7 +555,7 @@ def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encodi
                     after = raw.read(model)
                     raw.block(solver, after)
                     try:
-                        k = _abstract_key(after, scope)
+                        k = exact_key(after, scope)
                     except IndexError:  # a block id outside the pool: the invariants say so
                         k = tuple(after)
                     if k in seen:
@@ -650,22 +652,30 @@ def _bmc_bfs_step(scope: SymScope, depth: int, contracts=None, invariants=None,
 
 
 def exact_key(vals: list, scope: SymScope) -> tuple:
-    """A complete canonical form of a state's values: the least ``_abstract_key``-like key
-    over every order of its live slots (blocks numbered by first appearance in that order,
-    the others as a multiset). Two states have equal exact keys iff they are equal up to
-    renaming of blocks and slots. Exponential in the slots: for tests and small scopes."""
-    from itertools import permutations
-
+    """A complete canonical form of a state's values: two states have equal exact keys iff
+    they are equal up to renaming of blocks and slots. Live slots are sorted by a
+    renaming-invariant signature (length, reservation, the refcounts along the table);
+    among slots of equal signature every order is tried, and the least key wins (blocks
+    numbered by first appearance along the tables in that order, the others as a
+    multiset). Raises IndexError on a block id outside the pool."""
     ref, free, live, length, nb, tab, res = _unpack(vals, scope)
-    lives = [q for q in range(scope.seqs) if live[q]]
+    N = scope.num_blocks
+    sig = {q: (length[q], res[q], tuple(-1 if b == NULL else ref[b] for b in tab[q][:nb[q]]))
+           for q in range(scope.seqs) if live[q]}
+    groups: dict[tuple, list[int]] = {}
+    for q in sorted(sig, key=sig.__getitem__):
+        groups.setdefault(sig[q], []).append(q)
     best = None
-    for order in permutations(lives):
+    for parts in product(*[permutations(g) for g in groups.values()]):
         label: dict[int, int] = {}
-        rows = tuple((length[q], res[q], tuple(
-            b if b < 0 else label.setdefault(b, len(label)) for b in tab[q][:nb[q]]))
-            for q in order)
+        rows = []
+        for q in (q for part in parts for q in part):
+            if any(not (0 <= b < N or b == NULL) for b in tab[q][:nb[q]]):
+                raise IndexError("a block id outside the pool")
+            rows.append((length[q], res[q], tuple(
+                b if b == NULL else label.setdefault(b, len(label)) for b in tab[q][:nb[q]])))
         named = tuple(sorted((label[b], ref[b], free[b]) for b in label))
-        rest = tuple(sorted((ref[b], free[b]) for b in range(scope.num_blocks) if b not in label))
-        key = (rows, named, rest)
+        rest = tuple(sorted((ref[b], free[b]) for b in range(N) if b not in label))
+        key = (tuple(rows), named, rest)
         best = key if best is None or key < best else best
     return best
