@@ -3,9 +3,13 @@ vacuity/coverage check built on it.
 
 ``bmc_bfs`` (what ``kvcheck prove`` uses): breadth-first reachability in
 which Z3 enumerates, from each reached state, every successor the contracts
-allow; every successor is checked against the invariants and states equal up
-to renaming are expanded once. The first violation is a shortest
+allow; states equal up to renaming are expanded once and every new one is
+checked against the invariants. The first violation is a shortest
 counterexample; a clean run covers every run of up to ``depth`` operations.
+Per state, each disjunct of the step relation (an operation on its slots with
+an outcome) gets the state's values substituted and simplified, so a choice the
+state refutes costs no query and the rest are small ones; fresh blocks are
+taken in a canonical order (``_fresh_order``).
 
 ``bmc``: classic iterative deepening: unroll the step relation 1, 2, ...
 ``depth`` times and ask for a state breaking an invariant; the first
@@ -26,8 +30,9 @@ made the class impossible and that is still reported.
 
 Pruning, none of which loses a behaviour up to renaming:
   * symmetry: block ids are interchangeable, so a step that takes fresh
-    blocks takes the lowest-numbered free ones (in table order); sequence
-    slots are interchangeable, so allocate and fork use the lowest dead slot;
+    blocks takes the lowest-numbered free ones (in table order; in
+    ``bmc_bfs``, for every operation: ``_fresh_order``); sequence slots are
+    interchangeable, so allocate and fork use the lowest dead slot;
   * canonical garbage: dead slots and table positions past a table's end
     hold 0 (nothing in the spec reads them);
   * lemmas: when depth d is searched, depths < d had no violation, so every
