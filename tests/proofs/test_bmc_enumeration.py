@@ -18,9 +18,12 @@ SMALL = SymScope(num_blocks=4, block_size=2, seqs=3, max_tokens=4)
 def _per_depth(enumeration: str, depth: int) -> tuple[list[set], object]:
     record: list = []
     r = bmc_bfs(SMALL, depth, enumeration=enumeration, record=record)
-    by = defaultdict(set)
+    first: dict = {}  # each state up to renaming -> the depth it is first reached at
     for d, vals in record:
-        by[d].add(exact_key(vals, SMALL))
+        first.setdefault(exact_key(vals, SMALL), d)
+    by = defaultdict(set)
+    for key, d in first.items():
+        by[d].add(key)
     return [by[d] for d in range(depth + 1)], r
 
 
