@@ -6,6 +6,14 @@ to each goal (< 1 meets it), plus the encoding comparison behind the choice
 of a bit-vector/integer portfolio.
 
     python3 benchmarks/proofs.py [--quick]
+    python3 benchmarks/proofs.py --bmc [--bmc-budget S]
+
+``--bmc`` only: breadth-first BMC (issue 18: depth 10 at 4 slots x 8 blocks in
+under 120 s) with the per-choice enumeration ``kvcheck prove`` uses and the
+first, whole-step one (``enumeration="step"``, the code before), in this one run:
+depth completed, distinct states, transitions, seconds, and the ratio to the goal
+(seconds / goal when every depth was done; the budget ratio and the depth reached
+when it ran out).
 """
 
 from __future__ import annotations
@@ -18,11 +26,36 @@ from kvcheck.proofs.induction import prove_invariants
 from kvcheck.spec.symbolic import SymScope
 
 
+def bmc_only(budget: float | None) -> None:
+    cases = [(SymScope(num_blocks=6, block_size=2, seqs=3, max_tokens=6), 8, 60.0),
+             (SymScope(num_blocks=8, block_size=2, seqs=4, max_tokens=8), 10, 120.0)]
+    for scope, depth, goal in cases:
+        left = goal if budget is None else budget
+        print(f"bfs bmc at {scope.describe()}, to depth {depth}, goal {goal:g} s, "
+              f"budget {left:g} s")
+        for enumeration in ("step", "choice"):
+            r = bmc_bfs(scope, depth, budget=left, enumeration=enumeration)
+            done = r.complete and (r.depth == depth or r.violated is None)
+            verdict = (f"ratio {r.seconds / goal:.2f}" if done else
+                       f"budget ran out: ratio > {r.seconds / goal:.2f}")
+            print(f"  {enumeration:6s}: depth {r.depth} of {depth} in {r.seconds:6.1f} s, "
+                  f"{r.states} states, {r.transitions} transitions, new states per depth "
+                  f"{r.per_depth} ({verdict})", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="skip the single-encoding comparison")
-    ap.add_argument("--bmc-budget", type=float, default=60.0)
+    ap.add_argument("--bmc", action="store_true",
+                    help="only breadth-first BMC, both enumerations (issue 18's goal)")
+    ap.add_argument("--bmc-budget", type=float, default=None,
+                    help="seconds per BMC run (default: the goal's; 60 without --bmc)")
     args = ap.parse_args()
+    if args.bmc:
+        bmc_only(args.bmc_budget)
+        return
+    if args.bmc_budget is None:
+        args.bmc_budget = 60.0
 
     big = SymScope(num_blocks=16, block_size=2, seqs=4, max_tokens=8)
     print(f"induction at {big.describe()}")

@@ -3,9 +3,13 @@ vacuity/coverage check built on it.
 
 ``bmc_bfs`` (what ``kvcheck prove`` uses): breadth-first reachability in
 which Z3 enumerates, from each reached state, every successor the contracts
-allow; every successor is checked against the invariants and states equal up
-to renaming are expanded once. The first violation is a shortest
+allow; states equal up to renaming are expanded once and every new one is
+checked against the invariants. The first violation is a shortest
 counterexample; a clean run covers every run of up to ``depth`` operations.
+Per state, each disjunct of the step relation (an operation on its slots with
+an outcome) gets the state's values substituted and simplified, so a choice the
+state refutes costs no query and the rest are small ones; fresh blocks are
+taken in a canonical order (``_fresh_order``).
 
 ``bmc``: classic iterative deepening: unroll the step relation 1, 2, ...
 ``depth`` times and ask for a state breaking an invariant; the first
@@ -26,8 +30,9 @@ made the class impossible and that is still reported.
 
 Pruning, none of which loses a behaviour up to renaming:
   * symmetry: block ids are interchangeable, so a step that takes fresh
-    blocks takes the lowest-numbered free ones (in table order); sequence
-    slots are interchangeable, so allocate and fork use the lowest dead slot;
+    blocks takes the lowest-numbered free ones (in table order; in
+    ``bmc_bfs``, for every operation: ``_fresh_order``); sequence slots are
+    interchangeable, so allocate and fork use the lowest dead slot;
   * canonical garbage: dead slots and table positions past a table's end
     hold 0 (nothing in the spec reads them);
   * lemmas: when depth d is searched, depths < d had no violation, so every
@@ -41,15 +46,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import pairwise, permutations, product
 
 import z3
 
 from kvcheck.proofs.renaming import canonical_tables
 from kvcheck.spec.contracts import Op
 from kvcheck.spec.outcomes import OUTCOMES
+from kvcheck.spec.state import NULL
 from kvcheck.spec.symbolic import SymScope
 
-from .model import SCOPE_BOUND, Model, decode
+from .model import SCOPE_BOUND, Model, decode, decode_choice
 
 
 @dataclass
@@ -335,12 +342,8 @@ def _value(x) -> int | bool:
 
 def _abstract_key(vals: list, scope: SymScope) -> tuple:
     """A state's values with blocks and slots renamed canonically (equal keys: isomorphic)."""
-    N, S, T = scope.num_blocks, scope.seqs, scope.table_slots
-    ref, free = vals[:N], vals[N:2 * N]
-    live, length = vals[2 * N:2 * N + S], vals[2 * N + S:2 * N + 2 * S]
-    nb = vals[2 * N + 2 * S:2 * N + 3 * S]
-    tab = [vals[2 * N + 3 * S + q * T:2 * N + 3 * S + (q + 1) * T] for q in range(S)]
-    res = vals[2 * N + 3 * S + S * T:2 * N + 4 * S + S * T]
+    N, S = scope.num_blocks, scope.seqs
+    ref, free, live, length, nb, tab, res = _unpack(vals, scope)
     rows, label = canonical_tables({q: ((length[q], res[q]), tab[q][:nb[q]]) for q in range(S)
                                     if live[q]}, ref.__getitem__)
     named = tuple(sorted((label[b], ref[b], free[b]) for b in label))
@@ -358,16 +361,243 @@ class ReachResult:
     violated: str | None = None
     ops: list[Op] = field(default_factory=list)
     complete: bool = True
+    per_depth: list[int] = field(default_factory=list)  # new distinct states at each depth
+
+
+def _unpack(vals: list, scope: SymScope):
+    """A state's values (in ``_state_vars`` order): ref, free, live, length, nb, tables, reserved."""
+    N, S, T = scope.num_blocks, scope.seqs, scope.table_slots
+    ref, free = vals[:N], vals[N:2 * N]
+    live, length = vals[2 * N:2 * N + S], vals[2 * N + S:2 * N + 2 * S]
+    nb = vals[2 * N + 2 * S:2 * N + 3 * S]
+    tab = [vals[2 * N + 3 * S + q * T:2 * N + 3 * S + (q + 1) * T] for q in range(S)]
+    res = vals[2 * N + 3 * S + S * T:2 * N + 4 * S + S * T]
+    return ref, free, live, length, nb, tab, res
+
+
+def _fresh_blocks(vals: list, scope: SymScope) -> tuple[int, ...]:
+    """The blocks a concrete state holds as the empty pool does: refcount 0, on the free list
+    once, named by no live table entry. Any permutation of them leaves the state as it is."""
+    ref, free, live, _, nb, tab, _ = _unpack(vals, scope)
+    named = {tab[q][i] for q in range(scope.seqs) if live[q] for i in range(nb[q])}
+    return tuple(b for b in range(scope.num_blocks)
+                 if ref[b] == 0 and free[b] == 1 and b not in named)
+
+
+def _fresh_order(s2, fresh: tuple[int, ...]) -> list:
+    """Symmetry breaking among the fresh blocks of the state before: a permutation of them
+    maps every successor to a successor (the contracts name no block), so it suffices that
+    the fresh blocks a successor uses (changed, or named by a live table entry) are the
+    lowest ones, in order of first appearance along the tables (slot by slot, position by
+    position), those no table names last. Every successor has exactly one such renaming
+    up to the order among the unnamed ones."""
+    entries = [(q, i) for q in s2.seqs() for i in s2.positions(q)]
+
+    def names(q, i, b):
+        return z3.And(s2.live(q), i < s2.nblocks(q), s2._tab[q][i] == b)
+
+    def used(b):
+        return z3.Or(s2._ref[b] != 0, s2._free[b] != 1, *[names(q, i, b) for q, i in entries])
+
+    out = []
+    for a, b in pairwise(fresh):
+        out.append(z3.Implies(used(b), used(a)))
+        seen = z3.BoolVal(False)
+        for q, i in entries:
+            seen = z3.Or(seen, names(q, i, a))
+            out.append(z3.Implies(names(q, i, b), seen))
+    return out
+
+
+class _Raw:
+    """The enumeration's inner loop through Z3's C API: substituting a state's values into a
+    formula, reading a model's values, blocking a valuation. (The Python API's argument
+    checks cost several times the queries here.) Every term handed to Z3 is held by an
+    ``ExprRef``, so reference counting stays Z3's."""
+
+    def __init__(self, vs: list, vs2: list):
+        from z3 import z3core
+
+        self.C, self.ctx = z3core, z3.main_ctx()
+        self.ref = self.ctx.ref()
+        self.vs2, self.n = vs2, len(vs)
+        self.frm = (z3.Ast * len(vs))(*[v.as_ast() for v in vs])
+        self.frm2 = (z3.Ast * len(vs2))(*[v.as_ast() for v in vs2])
+        self.bools = [z3.is_bool(v) for v in vs2]
+        self.consts: dict = {}
+        self.ne: dict = {}
+
+    def const(self, x):
+        key = (type(x), x)
+        if key not in self.consts:
+            self.consts[key] = z3.BoolVal(x) if isinstance(x, bool) else z3.IntVal(x)
+        return self.consts[key]
+
+    def values(self, vals: list):
+        """A C array of the constants for ``vals`` (kept alive by the cache)."""
+        return (z3.Ast * len(vals))(*[self.const(x).as_ast() for x in vals])
+
+    def subst(self, f, frm, to):
+        """``f`` with ``frm`` replaced by ``to``, simplified."""
+        t = z3.BoolRef(self.C.Z3_substitute(self.ref, f.as_ast(), len(to), frm, to), self.ctx)
+        return z3.BoolRef(self.C.Z3_simplify(self.ref, t.as_ast()), self.ctx)
+
+    def truth(self, f) -> int:
+        """1 (true), -1 (false) or 0 (neither) for a simplified formula."""
+        return self.C.Z3_get_bool_value(self.ref, f.as_ast())
+
+    def read(self, model) -> list:
+        """The values ``model`` gives the successor's variables (completed)."""
+        import ctypes
+
+        out, r, num = [], (z3.Ast * 1)(), ctypes.c_int64()
+        for v, is_b in zip(self.vs2, self.bools, strict=True):
+            if not self.C.Z3_model_eval(self.ref, model.model, v.as_ast(), True, r):
+                raise RuntimeError("Z3 could not evaluate a model")
+            if is_b:
+                out.append(self.C.Z3_get_bool_value(self.ref, r[0]) == 1)
+            else:
+                self.C.Z3_get_numeral_int64(self.ref, r[0], ctypes.byref(num))
+                out.append(num.value)
+        return out
+
+    def block(self, solver, vals: list) -> None:
+        """Exclude the successor valuation ``vals`` from ``solver``."""
+        terms = []
+        for i, x in enumerate(vals):
+            key = (i, type(x), x)
+            if key not in self.ne:
+                self.ne[key] = z3.Not(self.vs2[i] == self.const(x))
+            terms.append(self.ne[key].as_ast())
+        arr = (z3.Ast * len(terms))(*terms)
+        solver.add(z3.BoolRef(self.C.Z3_mk_or(self.ref, len(terms), arr), self.ctx))
 
 
 def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encoding: str = "int",
-            budget: float | None = None, progress=None) -> ReachResult:
+            budget: float | None = None, progress=None, enumeration: str = "choice",
+            record=None) -> ReachResult:
     """BMC as breadth-first reachability: Z3 enumerates every successor the contracts allow
-    (modulo the symmetry breaking and canonical garbage above), each is checked against the
-    invariants, and states equal up to renaming of blocks and slots are expanded once. BFS
-    order makes the first violation a shortest one; a clean run covers every run of at most
-    ``depth`` operations from the empty pool. ``progress(depth, states, transitions)`` is
-    told of each state expanded."""
+    (modulo the symmetry breaking and canonical garbage above), states equal up to renaming
+    of blocks and slots are expanded once, and each new one is checked against the
+    invariants (a successor equal to one seen is equal to one checked). BFS order makes the
+    first violation a shortest one; a clean run covers every run of at most ``depth``
+    operations from the empty pool. ``progress(depth, states, transitions)`` is told of each
+    state expanded; ``record``, a list, gets ``(depth, values)`` of every new state.
+
+    Enumeration (``"choice"``): per frontier state and per disjunct of the step relation,
+    the state's values are substituted into that disjunct alone (its precondition, scope
+    bound and clauses) and the result simplified: a disjunct whose precondition the state
+    refutes is gone without a query, and the others are small queries over the successor's
+    variables, enumerated by blocking clauses on them. Fresh blocks are taken in a canonical
+    order (``_fresh_order``: this covers every operation that takes blocks, allocation,
+    appends, eager forks and rebases), new sequences take the lowest dead slot, and states
+    are compared by ``exact_key`` (equal exactly when equal up to renaming).
+    ``"step"``: the first enumeration (one query over the whole step relation per state,
+    with the symmetry breaking of allocate and append_slot only), kept to compare."""
+    if enumeration == "step":
+        return _bmc_bfs_step(scope, depth, contracts, invariants, encoding, budget, progress,
+                             record)
+    if enumeration != "choice":
+        raise ValueError(f"enumeration must be 'choice' or 'step', not {enumeration!r}")
+    t0 = time.perf_counter()
+    m = Model(scope, contracts, invariants, encoding=encoding)
+    s, s2 = m.state("s"), m.state("s2")
+    vs, vs2 = _state_vars(s), _state_vars(s2)
+    bodies = []
+    for c, pre, body in m.choice_bodies(s, s2, "x"):
+        f = z3.And(body, *_lowest_slot(s, [c]))
+        bodies.append((c, pre, z3.substitute(f, (c.selector, z3.BoolVal(True)))))
+    invs = [*m.invariants, SCOPE_BOUND]
+    inv_of = [(inv.name, inv.formula(m.L, s2)) for inv in invs]
+    inv2 = m.L.and_(*[f for _, f in inv_of])
+    solver = z3.Solver()
+    solver.add(*_canonical(s2))
+    start = z3.Solver()
+    start.add(m.init(s), *_canonical(s))
+    start.check()
+    first = [_value(start.model().eval(v, model_completion=True)) for v in vs]
+    raw = _Raw(vs, vs2)
+    res = ReachResult(scope.describe(), 0, 0.0, states=1, per_depth=[1])
+    seen = {exact_key(first, scope)}
+    if record is not None:
+        record.append((0, first))
+    frontier = [(first, [])]
+    order_cache: dict[tuple, list] = {}
+
+    def out_of_time() -> bool:
+        if budget is not None and time.perf_counter() - t0 > budget:
+            res.complete = False
+            res.seconds = time.perf_counter() - t0
+            return True
+        return False
+
+    for d in range(1, depth + 1):
+        nxt = []
+        for vals, path in frontier:
+            if progress is not None:
+                progress(d, res.states, res.transitions)
+            if out_of_time():
+                return res
+            to = raw.values(vals)
+            fresh = _fresh_blocks(vals, scope)
+            if fresh not in order_cache:
+                order_cache[fresh] = _fresh_order(s2, fresh)
+            solver.push()
+            solver.add(*order_cache[fresh])
+            # the disjuncts the state does not refute (-1: simplified to false), the
+            # precondition tried alone first (a much smaller term)
+            live = [(c, g) for c, pre, body in bodies
+                    if raw.truth(raw.subst(pre, raw.frm, to)) != -1
+                    and raw.truth(g := raw.subst(body, raw.frm, to)) != -1]
+            for c, g in live:  # (one query per disjunct: measured faster than one per state)
+                if out_of_time():
+                    return res
+                solver.push()
+                solver.add(g)
+                while (r := solver.check()) == z3.sat:
+                    model = solver.model()
+                    res.transitions += 1
+                    after = raw.read(model)
+                    raw.block(solver, after)
+                    try:
+                        k = exact_key(after, scope)
+                    except IndexError:  # a block id outside the pool: the invariants say so
+                        k = tuple(after)
+                    if k in seen:
+                        continue
+                    to2 = raw.values(after)
+                    if raw.truth(raw.subst(inv2, raw.frm2, to2)) != 1:
+                        res.ops = [*path, decode_choice(model, c)]
+                        res.violated = next(name for name, f in inv_of
+                                            if raw.truth(raw.subst(f, raw.frm2, to2)) != 1)
+                        res.depth, res.seconds = d, time.perf_counter() - t0
+                        return res
+                    seen.add(k)
+                    res.states += 1
+                    if record is not None:
+                        record.append((d, after))
+                    nxt.append((after, [*path, decode_choice(model, c)]))
+                solver.pop()
+                if r != z3.unsat:  # (the solver gave up: nothing here is proved)
+                    res.complete = False
+                    res.seconds = time.perf_counter() - t0
+                    return res
+            solver.pop()
+        res.depth = d
+        res.per_depth.append(len(nxt))
+        frontier = nxt
+        if not frontier:
+            break
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _bmc_bfs_step(scope: SymScope, depth: int, contracts=None, invariants=None,
+                  encoding: str = "int", budget: float | None = None, progress=None,
+                  record=None) -> ReachResult:
+    """The first breadth-first enumeration (``bmc_bfs(..., enumeration="step")``): one query
+    over the whole step relation per frontier state, each successor blocked by its exact
+    valuation. Kept to compare with (tests/proofs, benchmarks/proofs.py)."""
     t0 = time.perf_counter()
     m = Model(scope, contracts, invariants, encoding=encoding)
     s, s2 = m.state("s"), m.state("s2")
@@ -381,8 +611,10 @@ def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encodi
     start.add(m.init(s), *_canonical(s))
     start.check()
     first = [start.model().eval(v, model_completion=True) for v in vs]
-    res = ReachResult(scope.describe(), 0, 0.0, states=1)
+    res = ReachResult(scope.describe(), 0, 0.0, states=1, per_depth=[1])
     seen = {_abstract_key([_value(x) for x in first], scope)}
+    if record is not None:
+        record.append((0, [_value(x) for x in first]))
     frontier = [(first, [])]
     for d in range(1, depth + 1):
         nxt = []
@@ -411,11 +643,44 @@ def bmc_bfs(scope: SymScope, depth: int, contracts=None, invariants=None, encodi
                 if k not in seen:
                     seen.add(k)
                     res.states += 1
+                    if record is not None:
+                        record.append((d, [_value(x) for x in after]))
                     nxt.append((after, [*path, decode(model, choices)]))
             solver.pop()
         res.depth = d
+        res.per_depth.append(len(nxt))
         frontier = nxt
         if not frontier:
             break
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def exact_key(vals: list, scope: SymScope) -> tuple:
+    """A complete canonical form of a state's values: two states have equal exact keys iff
+    they are equal up to renaming of blocks and slots. Live slots are sorted by a
+    renaming-invariant signature (length, reservation, the refcounts along the table);
+    among slots of equal signature every order is tried, and the least key wins (blocks
+    numbered by first appearance along the tables in that order, the others as a
+    multiset). Raises IndexError on a block id outside the pool."""
+    ref, free, live, length, nb, tab, res = _unpack(vals, scope)
+    N = scope.num_blocks
+    sig = {q: (length[q], res[q], tuple(-1 if b == NULL else ref[b] for b in tab[q][:nb[q]]))
+           for q in range(scope.seqs) if live[q]}
+    groups: dict[tuple, list[int]] = {}
+    for q in sorted(sig, key=sig.__getitem__):
+        groups.setdefault(sig[q], []).append(q)
+    best = None
+    for parts in product(*[permutations(g) for g in groups.values()]):
+        label: dict[int, int] = {}
+        rows = []
+        for q in (q for part in parts for q in part):
+            if any(not (0 <= b < N or b == NULL) for b in tab[q][:nb[q]]):
+                raise IndexError("a block id outside the pool")
+            rows.append((length[q], res[q], tuple(
+                b if b == NULL else label.setdefault(b, len(label)) for b in tab[q][:nb[q]])))
+        named = tuple(sorted((label[b], ref[b], free[b]) for b in label))
+        rest = tuple(sorted((ref[b], free[b]) for b in range(N) if b not in label))
+        key = (tuple(rows), named, rest)
+        best = key if best is None or key < best else best
+    return best

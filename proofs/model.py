@@ -123,36 +123,51 @@ class Model:
             return [op.n_tokens >= 1, op.n_tokens <= mt]
         return []
 
-    def step(self, s: SymState, s2: SymState, tag: str, kinds=None,
-             symmetric: bool = False) -> tuple[z3.BoolRef, list[Choice]]:
-        """The step relation s -> s2 and its choices (restricted to ``kinds`` if given)."""
+    def choice_bodies(self, s: SymState, s2: SymState, tag: str, kinds=None,
+                      symmetric: bool = False) -> list[tuple[Choice, z3.BoolRef, z3.BoolRef]]:
+        """Every disjunct of the step relation s -> s2 (restricted to ``kinds`` if given):
+        its choice, its precondition and its body (the precondition, the scope's bound
+        and every contract clause)."""
         L, sc = self.L, self.scope
         dom = Domain(range(sc.num_blocks), range(sc.seqs))
-        choices, bodies = [], []
+        out = []
         for op, n_var, la_var in self.ops(tag, symmetric):
             if kinds is not None and op.kind not in kinds:
                 continue
             sel = z3.Bool(f"{tag}.sel.{op.kind}.{op.seq}.{op.child}.{op.outcome}")
-            parts = [spec_contracts.precondition(L, s, op), *self._in_scope(s, op)]
+            pre = spec_contracts.precondition(L, s, op)
+            parts = [pre, *self._in_scope(s, op)]
             parts += [f for name, _, f in spec_contracts.clauses(L, s, s2, op, dom,
                                                                   self.contracts)
                       if not any(name.startswith(o) for o in self.omit)]
-            bodies.append(z3.Implies(sel, L.and_(*parts)))
-            choices.append(Choice(sel, op, n_var, la_var))
-        return z3.And(*bodies, z3.Or([c.selector for c in choices])), choices
+            out.append((Choice(sel, op, n_var, la_var), L._b(pre), L.and_(*parts)))
+        return out
+
+    def step(self, s: SymState, s2: SymState, tag: str, kinds=None,
+             symmetric: bool = False) -> tuple[z3.BoolRef, list[Choice]]:
+        """The step relation s -> s2 and its choices (restricted to ``kinds`` if given)."""
+        parts = self.choice_bodies(s, s2, tag, kinds, symmetric)
+        choices = [c for c, _, _ in parts]
+        return (z3.And(*[z3.Implies(c.selector, body) for c, _, body in parts],
+                       z3.Or([c.selector for c in choices])), choices)
 
 
 def decode(model: z3.ModelRef, choices: list[Choice]) -> Op:
     """The concrete operation a model took at one step."""
     for c in choices:
         if z3.is_true(model.eval(c.selector, model_completion=True)):
-            op = Op(c.op.kind, seq=c.op.seq, child=c.op.child, outcome=c.op.outcome)
-            if c.n_var is not None:
-                op.n_tokens = _number(model, c.n_var)
-            if c.lookahead_var is not None:
-                op.lookahead = _number(model, c.lookahead_var)
-            return op
+            return decode_choice(model, c)
     raise ValueError("no operation selected in the model")
+
+
+def decode_choice(model: z3.ModelRef, c: Choice) -> Op:
+    """The concrete operation of choice ``c`` with its arguments as ``model`` gives them."""
+    op = Op(c.op.kind, seq=c.op.seq, child=c.op.child, outcome=c.op.outcome)
+    if c.n_var is not None:
+        op.n_tokens = _number(model, c.n_var)
+    if c.lookahead_var is not None:
+        op.lookahead = _number(model, c.lookahead_var)
+    return op
 
 
 def _number(model: z3.ModelRef, var) -> int:
