@@ -33,6 +33,9 @@ def resolve(spec) -> tuple[str, object]:
     if spec in TARGETS:
         return spec, _import_attr(TARGETS[spec][0])
     name, at, version = spec.partition("@")
+    if at and not version:
+        raise TargetError(f"target {spec!r}: no version after '@' (e.g. vllm-v0@0.4.2, "
+                          f"@pinned or @installed)")
     if at and name in TARGETS and ":" not in spec:
         return spec, versioned(name, version)
     where, colon, attr = spec.rpartition(":")
@@ -40,6 +43,11 @@ def resolve(spec) -> tuple[str, object]:
         attr, _, version = attr.partition("@")
         return location(spec), with_version(_import_attr(f"{where}:{attr}"), spec, version)
     if ":" not in spec:
+        from kvcheck.targets.registry import HYBRID_TARGETS
+
+        if name in HYBRID_TARGETS:
+            raise TargetError(f"{name!r} is a hybrid pool (several KV-cache groups): check it "
+                              f"with kvcheck verify-hybrid {name}")
         names = ", ".join(sorted(TARGETS))
         raise TargetError(f"unknown target {spec!r}: use module:attr, file.py:attr or one of: {names}")
     return location(spec), _import_attr(spec)

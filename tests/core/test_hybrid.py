@@ -143,3 +143,18 @@ def test_hybrid_trace_loading_is_strict():
     data["ops"][0]["tokens"] = []
     with pytest.raises(TraceError, match="at least one token"):
         Trace.loads(json.dumps(data))
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["verify-hybrid", "nope"], "unknown hybrid target 'nope': use module:attr, file.py:attr or "
+                                "one of: reference-hybrid, vllm-v1-hybrid"),
+    (["verify-hybrid", "reference-hybrid@0.20.2"], "target 'reference-hybrid' has no versions"),
+    (["verify", "reference-hybrid"], "is a hybrid pool (several KV-cache groups): check it with "
+                                     "kvcheck verify-hybrid reference-hybrid"),
+    (["verify-prefix", "vllm-v1-hybrid"], "kvcheck verify-hybrid vllm-v1-hybrid"),
+    (["prove", "reference-hybrid"], "kvcheck verify-hybrid reference-hybrid"),
+])
+def test_hybrid_names_under_the_wrong_command_say_which(capsys, argv, says):
+    assert main(argv, isolate=False) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
