@@ -221,6 +221,12 @@ def build(factory, num_blocks: int, block_size: int, out_of_blocks=None):
     try:
         with guarded(None):  # the constructor is target code: under the active watchdog
             impl = factory(num_blocks, block_size)
+            windows = getattr(impl, "windows", None)
+            if isinstance(windows, (list, tuple)) and len(windows) > 1 and all(
+                    type(w) is int for w in windows):  # one table per group: not this model's
+                raise TargetError(f"{type(impl).__name__} is a hybrid pool (windows "
+                                  f"{list(windows)!r:.40}, one table per KV-cache group): check "
+                                  f"it with kvcheck verify-hybrid")
             if is_target(impl):
                 if out_of_blocks is not None:
                     impl.is_out_of_blocks = lambda exc: isinstance(exc, out_of_blocks)
