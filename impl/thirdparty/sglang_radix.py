@@ -297,6 +297,16 @@ class SglangRadixTarget:
     def _row(self, req: _Req):
         return self.pool.req_to_token[req.kv.req_pool_idx, : len(req)].to(self.torch.int64)
 
+    def admits(self, op) -> bool:
+        """An allocation only while a ``req_to_token`` row is free: SGLang's scheduler
+        admits no more requests than ``ReqToTokenPool`` has free rows
+        (``Scheduler.get_num_allocatable_reqs``'s ``row_budget``). Requests sharing cached
+        pages can outnumber the pool's blocks; the adapter's pool has ``num_blocks + 1``
+        rows. Every other operation its precondition allows."""
+        if op.kind == "allocate":
+            return self.pool.available_size() > 0
+        return True
+
     # -- operations -----------------------------------------------------------
     def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> int:
         if seq in self.reqs:
