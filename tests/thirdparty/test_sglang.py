@@ -170,6 +170,20 @@ def test_requests_sharing_pages_may_outnumber_the_rows():
 
 
 @needs_sglang
+def test_a_large_pool_builds(monkeypatch):
+    """100000x4: the row table was rows x tokens = 100001 x 400004 int32 (160 GB; 'cannot
+    build target'); now at most ROW_TABLE_SLOTS entries, the rest of the rows' budget
+    enforced by admits."""
+    from kvcheck.impl.thirdparty import sglang_radix
+
+    t = sglang_radix.make(100000, 4)
+    assert t.pool.req_to_token.numel() <= sglang_radix.ROW_TABLE_SLOTS + 400004
+    monkeypatch.setattr(sglang_radix, "ROW_TABLE_SLOTS", 1)  # two rows: one request at a time
+    r = verify(sglang_radix.make, 8, 2, 800, seed=0, model="prefix")
+    assert r.ok, r.trace and r.trace.violation
+
+
+@needs_sglang
 @pytest.mark.parametrize("bs", [4, 1])
 def test_radix_cache_passes_the_block_model(bs):
     assert verify("sglang-radix", 8, bs, 1500, seed=0).ok
