@@ -111,10 +111,13 @@ def engine_source(spec) -> str | None:
     loads, in words (``vllm 0.33.0 from the pinned sources in ...``); ``None`` for others."""
     if not isinstance(spec, str):
         return None
+    from kvcheck.targets.registry import HYBRID_TARGETS
+
     name, _, version = spec.partition("@")
-    if name not in TARGETS or ":" in spec:
+    where = TARGETS.get(name) or HYBRID_TARGETS.get(name)
+    if where is None or ":" in spec:
         return None
-    module = importlib.import_module(TARGETS[name][0].partition(":")[0])
+    module = importlib.import_module(where[0].partition(":")[0])
     key = getattr(module, "ENGINE_KEY", None)
     if key is None:
         return None
