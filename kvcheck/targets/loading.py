@@ -61,7 +61,7 @@ def versioned(name: str, version: str):
 
     factory = _import_attr(TARGETS[name][0])
     key = getattr(sys.modules.get(factory.__module__), "ENGINE_KEY", None)
-    if key is None or not version:
+    if key is None or not version or not _takes_version(factory):
         raise TargetError(f"target {name!r} has no versions (TARGET@VERSION is for the "
                           f"engine adapters: {', '.join(sorted(versioned_targets()))})")
     from kvcheck.impl.thirdparty import install
@@ -79,13 +79,8 @@ def with_version(factory, spec: str, version: str):
     """``factory`` with ``version=`` bound: a factory that takes a ``version`` keyword (the
     engine adapters' ``make``, ``make_prefix_guarded``, ...) is asked for that release."""
     import functools
-    import inspect
 
-    try:
-        takes = "version" in inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        takes = False
-    if not takes or not version:
+    if not _takes_version(factory) or not version:
         raise TargetError(f"target {spec!r}: the factory takes no version (TARGET@VERSION is "
                           f"for factories with a 'version' keyword, as the engine adapters')")
     key = getattr(sys.modules.get(getattr(factory, "__module__", "")), "ENGINE_KEY", None)
@@ -99,11 +94,23 @@ def with_version(factory, spec: str, version: str):
     return functools.partial(factory, version=version)
 
 
+def _takes_version(factory) -> bool:
+    import inspect
+
+    try:
+        return "version" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def versioned_targets() -> list[str]:
-    """Registered targets whose adapter loads a range of releases (``TARGET@VERSION``)."""
+    """Registered targets whose adapter loads a range of releases (``TARGET@VERSION``): an
+    ``ENGINE_KEY`` module (whose sources the engine line names) and a factory taking a
+    ``version``."""
     return [name for name, (where, _) in TARGETS.items()
             if where.startswith("kvcheck.impl.thirdparty.") and getattr(
-                importlib.import_module(where.partition(":")[0]), "ENGINE_KEY", None)]
+                importlib.import_module(where.partition(":")[0]), "ENGINE_KEY", None)
+            and _takes_version(_import_attr(where))]
 
 
 def engine_source(spec) -> str | None:

@@ -274,3 +274,17 @@ def test_the_v1_sliding_window_adapter_takes_a_release():
              "--ops", "1500")
     assert p.returncode == 0 and "engine: vllm 0.20.2 from kvcheck install's sources" in p.stdout, (
         p.stdout[-800:] + p.stderr)
+
+
+@pytest.mark.parametrize("target,engine", [("vllm-v0-sliding", "vllm 0.8.5"),
+                                           ("vllm-v1-lifecycle", "vllm 0.33.0")])
+def test_every_vllm_adapter_names_its_release(target, engine, capsys):
+    """The adapters built on vllm_v0 / vllm_v1 without a version of their own load the
+    same sources: their verdict names them too (it had no engine line), and they take
+    no @VERSION (a one-line error, not a TypeError from the factory)."""
+    assert kvcheck(["verify", target, "--blocks", "8", "--ops", "20"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith(f"engine: {engine} from the pinned sources"), out
+    assert kvcheck(["verify", f"{target}@0.20.2", "--ops", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"target {target!r} has no versions" in err, err
