@@ -76,7 +76,13 @@ class Dist:
         """Where the files come from, in words (printed with a verdict)."""
         if self.root:
             return f"{self.dist} {self.version} installed in this environment ({self.root})"
-        return f"{self.dist} {self.version} from the pinned sources in {install_dir(self)}"
+        from kvcheck.impl.thirdparty.install import ENGINES  # install imports this module
+
+        engine = ENGINES.get(self.key)
+        if engine is None or engine.pinned == self.version:
+            return f"{self.dist} {self.version} from the pinned sources in {install_dir(self)}"
+        return (f"{self.dist} {self.version} from kvcheck install's sources in "
+                f"{install_dir(self)} (not the pinned {engine.pinned})")
 
 
 VLLM_V1 = Dist("vllm-v1", "vllm", "0.33.0", "vllm")

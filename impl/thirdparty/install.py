@@ -235,20 +235,30 @@ def install(engine: Engine, version: str | None = None,
         say(f"{engine.dist} {version}: already installed in {dest}")
         _runtime_deps(engine, say)
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix="kvcheck-wheel-") as tmp:
-        if engine.layout == "target":
-            _pip(["install", "--no-deps", "--target", str(partial), f"{engine.dist}=={version}"],
-                 engine, version)
-        else:
-            wheel = _local_wheel(engine.dist, version) or _download(engine, version, Path(tmp))
-            n = extract_py(wheel, partial, engine.top)
-            say(f"{engine.dist} {version}: extracted {n} files from {wheel.name}")
-    (partial / _loader.MARKER).write_text(f"{engine.dist}=={version}\n")
-    shutil.rmtree(dest, ignore_errors=True)
-    partial.rename(dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)
+        with tempfile.TemporaryDirectory(prefix="kvcheck-wheel-") as tmp:
+            if engine.layout == "target":
+                _pip(["install", "--no-deps", "--target", str(partial),
+                      f"{engine.dist}=={version}"], engine, version)
+            else:
+                wheel = _local_wheel(engine.dist, version) or _download(engine, version,
+                                                                        Path(tmp))
+                n = extract_py(wheel, partial, engine.top)
+                say(f"{engine.dist} {version}: extracted {n} files from {wheel.name}")
+        (partial / _loader.MARKER).write_text(f"{engine.dist}=={version}\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        partial.rename(dest)
+    except OSError as exc:  # the install folder cannot be written (a file, read-only, full)
+        shutil.rmtree(partial, ignore_errors=True)
+        blocker = next((p for p in (dest.parent, *dest.parent.parents)
+                        if p.exists() and not p.is_dir()), None)
+        why = (f"{blocker} is not a directory" if blocker is not None
+               else f"{exc.filename or dest.parent}: {exc.strerror or exc}")
+        raise InstallError(f"cannot install {engine.dist} {version} into {dest.parent} "
+                           f"(set ${_loader.ENV_DIR} to a writable folder): {why}") from None
     say(f"{engine.dist} {version}: installed in {dest}")
     _runtime_deps(engine, say)
     return dest
@@ -262,6 +272,8 @@ def ensure(engine: Engine, version: str | None = None) -> Path:
 def extract_py(wheel: Path, dest: Path, top: str) -> int:
     """Extract ``top``'s ``*.py`` files and the dist-info metadata of ``wheel`` into ``dest``."""
     n = 0
+    if not zipfile.is_zipfile(wheel):
+        raise InstallError(f"{wheel} is not a wheel (not a zip file)")
     with zipfile.ZipFile(wheel) as z:
         for name in z.namelist():
             if (name.startswith(top + "/") and name.endswith(".py")) or (

@@ -100,6 +100,7 @@ from ._loader import Loaded
 from .sglang import SGLANG, real_functions, row_pages
 
 MEM = "sglang.srt.mem_cache"
+ROW_TABLE_SLOTS = 1 << 25  # int32 entries of ReqToTokenPool's table at most (128 MiB): see admits
 FILES = (*sglang.FILES, f"{MEM}.radix_cache", f"{MEM}.base_prefix_cache",
          f"{MEM}.cache_init_params", f"{MEM}.events", f"{MEM}.utils", f"{MEM}.evict_policy",
          f"{MEM}.cpp_utils.native_hash", f"{MEM}.unified_cache.component_type",
@@ -272,8 +273,9 @@ class SglangRadixTarget:
                                                                 "cpu", None, False)
         else:
             self.alloc = allocators.TokenToKVPoolAllocator(size, torch.float16, "cpu", None, False)
-        self.pool = mods[f"{MEM}.memory_pool"].ReqToTokenPool(
-            num_blocks + 1, num_blocks * block_size + block_size, "cpu", False)
+        context = num_blocks * block_size + block_size  # a row holds any request's tokens
+        rows = max(2, min(num_blocks + 1, ROW_TABLE_SLOTS // context))  # admits: row budget
+        self.pool = mods[f"{MEM}.memory_pool"].ReqToTokenPool(rows, context, "cpu", False)
         params = mods[f"{MEM}.cache_init_params"].CacheInitParams(
             disable=False, req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.alloc,
             page_size=block_size)
@@ -296,6 +298,17 @@ class SglangRadixTarget:
 
     def _row(self, req: _Req):
         return self.pool.req_to_token[req.kv.req_pool_idx, : len(req)].to(self.torch.int64)
+
+    def admits(self, op) -> bool:
+        """An allocation only while a ``req_to_token`` row is free: SGLang's scheduler
+        admits no more requests than ``ReqToTokenPool`` has free rows
+        (``Scheduler.get_num_allocatable_reqs``'s ``row_budget``). Requests sharing cached
+        pages can outnumber the pool's blocks; the adapter's pool has ``num_blocks + 1``
+        rows, fewer on a pool so large that its row table (rows x the pool's tokens) would
+        pass ``ROW_TABLE_SLOTS``. Every other operation its precondition allows."""
+        if op.kind == "allocate":
+            return self.pool.available_size() > 0
+        return True
 
     # -- operations -----------------------------------------------------------
     def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> int:

@@ -67,6 +67,8 @@ from kvcheck.spec.state import NULL
 from ..errors import MisuseError
 from .vllm_v0 import VllmV0Target, free_block_ids, load
 
+ENGINE_KEY = "vllm-v0"  # the sources vllm_v0.load picks (the engine line); make takes no version
+
 
 class VllmV0SlidingTarget(VllmV0Target):
     """``Target`` over vLLM v0 ``BlockTable``s with a sliding window (see module docstring)."""

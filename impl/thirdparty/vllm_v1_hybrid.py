@@ -50,6 +50,8 @@ from collections.abc import Iterable, Sequence
 from ..errors import MisuseError, OutOfBlocks
 from .vllm_v1 import Request, RequestStatus, load
 
+ENGINE_KEY = "vllm-v1"  # the sources vllm_v1.load picks (the engine line); make takes no version
+
 
 def build_hybrid_manager(num_blocks: int, block_size: int, window: int):
     """A real ``KVCacheManager`` over a full-attention and a sliding-window group sharing

@@ -58,6 +58,8 @@ from __future__ import annotations
 from ..errors import MisuseError
 from .vllm_v1 import VllmV1Target
 
+ENGINE_KEY = "vllm-v1"  # the sources vllm_v1.load picks (the engine line); make takes no version
+
 
 class VllmV1LifecycleTarget(VllmV1Target):
     """``VllmV1Target`` with ``commit(seq)``: the forward pass of a scheduled prompt."""

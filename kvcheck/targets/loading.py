@@ -33,6 +33,9 @@ def resolve(spec) -> tuple[str, object]:
     if spec in TARGETS:
         return spec, _import_attr(TARGETS[spec][0])
     name, at, version = spec.partition("@")
+    if at and not version:
+        raise TargetError(f"target {spec!r}: no version after '@' (e.g. vllm-v0@0.4.2, "
+                          f"@pinned or @installed)")
     if at and name in TARGETS and ":" not in spec:
         return spec, versioned(name, version)
     where, colon, attr = spec.rpartition(":")
@@ -40,6 +43,11 @@ def resolve(spec) -> tuple[str, object]:
         attr, _, version = attr.partition("@")
         return location(spec), with_version(_import_attr(f"{where}:{attr}"), spec, version)
     if ":" not in spec:
+        from kvcheck.targets.registry import HYBRID_TARGETS
+
+        if name in HYBRID_TARGETS:
+            raise TargetError(f"{name!r} is a hybrid pool (several KV-cache groups): check it "
+                              f"with kvcheck verify-hybrid {name}")
         names = ", ".join(sorted(TARGETS))
         raise TargetError(f"unknown target {spec!r}: use module:attr, file.py:attr or one of: {names}")
     return location(spec), _import_attr(spec)
@@ -53,7 +61,7 @@ def versioned(name: str, version: str):
 
     factory = _import_attr(TARGETS[name][0])
     key = getattr(sys.modules.get(factory.__module__), "ENGINE_KEY", None)
-    if key is None or not version:
+    if key is None or not version or not _takes_version(factory):
         raise TargetError(f"target {name!r} has no versions (TARGET@VERSION is for the "
                           f"engine adapters: {', '.join(sorted(versioned_targets()))})")
     from kvcheck.impl.thirdparty import install
@@ -71,13 +79,8 @@ def with_version(factory, spec: str, version: str):
     """``factory`` with ``version=`` bound: a factory that takes a ``version`` keyword (the
     engine adapters' ``make``, ``make_prefix_guarded``, ...) is asked for that release."""
     import functools
-    import inspect
 
-    try:
-        takes = "version" in inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        takes = False
-    if not takes or not version:
+    if not _takes_version(factory) or not version:
         raise TargetError(f"target {spec!r}: the factory takes no version (TARGET@VERSION is "
                           f"for factories with a 'version' keyword, as the engine adapters')")
     key = getattr(sys.modules.get(getattr(factory, "__module__", "")), "ENGINE_KEY", None)
@@ -91,11 +94,23 @@ def with_version(factory, spec: str, version: str):
     return functools.partial(factory, version=version)
 
 
+def _takes_version(factory) -> bool:
+    import inspect
+
+    try:
+        return "version" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def versioned_targets() -> list[str]:
-    """Registered targets whose adapter loads a range of releases (``TARGET@VERSION``)."""
+    """Registered targets whose adapter loads a range of releases (``TARGET@VERSION``): an
+    ``ENGINE_KEY`` module (whose sources the engine line names) and a factory taking a
+    ``version``."""
     return [name for name, (where, _) in TARGETS.items()
             if where.startswith("kvcheck.impl.thirdparty.") and getattr(
-                importlib.import_module(where.partition(":")[0]), "ENGINE_KEY", None)]
+                importlib.import_module(where.partition(":")[0]), "ENGINE_KEY", None)
+            and _takes_version(_import_attr(where))]
 
 
 def engine_source(spec) -> str | None:
@@ -103,10 +118,13 @@ def engine_source(spec) -> str | None:
     loads, in words (``vllm 0.33.0 from the pinned sources in ...``); ``None`` for others."""
     if not isinstance(spec, str):
         return None
+    from kvcheck.targets.registry import HYBRID_TARGETS
+
     name, _, version = spec.partition("@")
-    if name not in TARGETS or ":" in spec:
+    where = TARGETS.get(name) or HYBRID_TARGETS.get(name)
+    if where is None or ":" in spec:
         return None
-    module = importlib.import_module(TARGETS[name][0].partition(":")[0])
+    module = importlib.import_module(where[0].partition(":")[0])
     key = getattr(module, "ENGINE_KEY", None)
     if key is None:
         return None
@@ -213,6 +231,12 @@ def build(factory, num_blocks: int, block_size: int, out_of_blocks=None):
     try:
         with guarded(None):  # the constructor is target code: under the active watchdog
             impl = factory(num_blocks, block_size)
+            windows = getattr(impl, "windows", None)
+            if isinstance(windows, (list, tuple)) and len(windows) > 1 and all(
+                    type(w) is int for w in windows):  # one table per group: not this model's
+                raise TargetError(f"{type(impl).__name__} is a hybrid pool (windows "
+                                  f"{list(windows)!r:.40}, one table per KV-cache group): check "
+                                  f"it with kvcheck verify-hybrid")
             if is_target(impl):
                 if out_of_blocks is not None:
                     impl.is_out_of_blocks = lambda exc: isinstance(exc, out_of_blocks)

@@ -5,6 +5,7 @@ pass, and a hybrid trace replays."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,27 @@ def test_hybrid_trace_loading_is_strict():
     data["ops"][0]["tokens"] = []
     with pytest.raises(TraceError, match="at least one token"):
         Trace.loads(json.dumps(data))
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["verify-hybrid", "nope"], "unknown hybrid target 'nope': use module:attr, file.py:attr or "
+                                "one of: reference-hybrid, vllm-v1-hybrid"),
+    (["verify-hybrid", "reference-hybrid@0.20.2"], "target 'reference-hybrid' has no versions"),
+    (["verify", "reference-hybrid"], "is a hybrid pool (several KV-cache groups): check it with "
+                                     "kvcheck verify-hybrid reference-hybrid"),
+    (["verify-prefix", "vllm-v1-hybrid"], "kvcheck verify-hybrid vllm-v1-hybrid"),
+    (["prove", "reference-hybrid"], "kvcheck verify-hybrid reference-hybrid"),
+])
+def test_hybrid_names_under_the_wrong_command_say_which(capsys, argv, says):
+    assert main(argv, isolate=False) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+
+
+@pytest.mark.parametrize("command", ["verify", "verify-prefix", "prove"])
+def test_a_hybrid_pool_file_under_a_block_command_is_bad_input(capsys, command):
+    """Not a FAIL (the block model's allocate crashing on the hybrid result): exit 2."""
+    target = f"{Path(__file__).resolve().parent.parent / 'corpus' / 'hybrid.py'}:FreeOneGroup"
+    assert main([command, target], isolate=False) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a hybrid pool" in err and "verify-hybrid" in err, err

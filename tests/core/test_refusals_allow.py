@@ -105,3 +105,17 @@ def test_a_pass_says_how_many_operations_were_refused():
                 "--ops", "2000")
     assert p.returncode == 0 and "refused by the target's declared policy" in p.stdout
     assert verify("reference", 8, 2, ops=500).refused == 0
+
+
+def test_a_prefix_rule_under_allow_is_named_as_such(capsys):
+    """``verify-prefix --allow key_after_write``: the rule exists (a violation prints it),
+    it just cannot be allowed; the error said 'no clause or invariant has that name'."""
+    from kvcheck.cli import main
+
+    assert main(["verify-prefix", "prefix", "--allow", "key_after_write", "--ops", "10"],
+                isolate=False) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a prefix-cache rule cannot be allowed" in err, err
+    assert main(["verify-prefix", "prefix", "--allow", "bogus", "--ops", "10"],
+                isolate=False) == 2
+    assert "no clause or invariant of the spec has that name" in capsys.readouterr().err

@@ -142,6 +142,16 @@ def test_reference_with_commit_passes(nb, bs, seed, mode):
     assert st.commits and st.freed_uncommitted and st.hit_allocations and st.revived
 
 
+@pytest.mark.parametrize("nb,bs", [(1, 1), (3, 2), (16, 4)])
+def test_a_committing_target_passes_the_block_model(nb, bs):
+    """``kvcheck verify prefix-commit``: the block model has no commit operation, its
+    allocate writes the prompt, so the oracle commits after each allocate; an append
+    before the commit was reported as a crash (MisuseError) -- a false alarm."""
+    r = verify("prefix-commit", nb, bs, 1500, seed=0)
+    assert r.ok, render(r.trace)
+    assert r.ops == 1500 and r.state.target.impl.pending == {}  # no allocation uncommitted
+
+
 def test_commit_is_published_after_write():
     from kvcheck.impl.prefix_cache import CommittingPrefixCachingBlockManager as C
 

@@ -152,6 +152,38 @@ def test_radix_cache_passes_the_prefix_model(blocks, bs):
 
 
 @needs_sglang
+def test_requests_sharing_pages_may_outnumber_the_rows():
+    """2x1: three requests on one cached page hold three of the pool's 3 rows; a fourth is
+    not admitted (SGLang's scheduler admits no more requests than free rows), not a crash
+    'no req_to_token row left' (a false alarm at step 885 of seed 0)."""
+    r = verify("sglang-radix", 2, 1, 1500, seed=0, model="prefix")
+    assert r.ok, r.trace and r.trace.violation
+    from kvcheck.impl.thirdparty.sglang_radix import make
+    from kvcheck.spec.contracts import Op
+
+    t = make(2, 1)
+    for seq in range(3):
+        t.allocate(seq, 1, [0])
+    assert not t.admits(Op("allocate", seq=3, n_tokens=1))
+    t.free_seq(0)
+    assert t.admits(Op("allocate", seq=3, n_tokens=1))
+
+
+@needs_sglang
+def test_a_large_pool_builds(monkeypatch):
+    """100000x4: the row table was rows x tokens = 100001 x 400004 int32 (160 GB; 'cannot
+    build target'); now at most ROW_TABLE_SLOTS entries, the rest of the rows' budget
+    enforced by admits."""
+    from kvcheck.impl.thirdparty import sglang_radix
+
+    t = sglang_radix.make(100000, 4)
+    assert t.pool.req_to_token.numel() <= sglang_radix.ROW_TABLE_SLOTS + 400004
+    monkeypatch.setattr(sglang_radix, "ROW_TABLE_SLOTS", 1)  # two rows: one request at a time
+    r = verify(sglang_radix.make, 8, 2, 800, seed=0, model="prefix")
+    assert r.ok, r.trace and r.trace.violation
+
+
+@needs_sglang
 @pytest.mark.parametrize("bs", [4, 1])
 def test_radix_cache_passes_the_block_model(bs):
     assert verify("sglang-radix", 8, bs, 1500, seed=0).ok

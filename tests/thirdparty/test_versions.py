@@ -91,12 +91,41 @@ def test_a_local_wheel_is_used_and_only_py_files_kept(tmp_path, monkeypatch):
     assert "already installed" in said[-1]
 
 
+def test_an_unwritable_install_folder_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for where in (blocker, blocker / "sub"):  # $KVCHECK_THIRDPARTY_DIR a file, or below one
+        p = _cli("install", "vllm-v0==0.5.1", env={**OFFLINE, _loader.ENV_DIR: str(where)})
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert f"{blocker} is not a directory" in p.stderr and "internal error" not in p.stderr
+    assert blocker.read_text() == ""
+
+
+def test_a_corrupt_local_wheel_is_one_line(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "vllm-0.5.1-py3-none-any.whl").write_text("not a zip")
+    p = _cli("install", "vllm-v0==0.5.1", env={**OFFLINE, _loader.ENV_DIR: str(tmp_path / "tp"),
+                                               install.WHEEL_DIR_ENV: str(wheels)})
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "is not a wheel" in p.stderr
+    assert not (tmp_path / "tp").exists() or not list((tmp_path / "tp").iterdir())
+
+
 # -- TARGET@VERSION -------------------------------------------------------------------
 def test_versioned_target_errors_are_one_line():
     p = _cli("verify", "vllm-v0@9.9", "--ops", "10")
     assert p.returncode == 2 and "vllm-v0 loads vllm 0.4.2 .. 0.8.5, not 9.9" in p.stderr
     p = _cli("verify", "reference@1", "--ops", "10")
     assert p.returncode == 2 and "has no versions" in p.stderr
+
+
+@pytest.mark.parametrize("target", ["vllm-v0@", "kvcheck.impl.thirdparty.vllm_v0:make@"])
+def test_an_empty_version_is_named_as_such(target, capsys):
+    """Not 'has no versions' (vllm-v0 has) nor 'the factory takes no version' (it does)."""
+    assert kvcheck(["verify", target, "--ops", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no version after '@'" in err, err
 
 
 @pytest.mark.parametrize("version", ["0.4.3", "0.8.5"])
@@ -121,7 +150,11 @@ def test_v1_range_ends_pass(version, capsys):
                     "--ops", "1500"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"PASS vllm-v1@{version}:")
-    assert f"engine: vllm {version} from the pinned sources" in out
+    if version == install.ENGINES["vllm-v1"].pinned:
+        assert f"engine: vllm {version} from the pinned sources" in out
+    else:  # a release of the range that is not the pin is not called pinned
+        assert (f"engine: vllm {version} from kvcheck install's sources in " in out
+                and "pinned sources" not in out and "(not the pinned 0.33.0)" in out), out
 
 
 def test_the_environments_vllm_is_checked(tmp_path):
@@ -239,5 +272,19 @@ def test_the_v1_sliding_window_adapter_takes_a_release():
     assert vllm_v1_sliding.make(4, 2, version="0.20.2").version == "0.20.2"
     p = _cli("verify", "vllm-v1-sliding@0.20.2", "--blocks", "8", "--block-size", "2",
              "--ops", "1500")
-    assert p.returncode == 0 and "engine: vllm 0.20.2 from the pinned sources" in p.stdout, (
+    assert p.returncode == 0 and "engine: vllm 0.20.2 from kvcheck install's sources" in p.stdout, (
         p.stdout[-800:] + p.stderr)
+
+
+@pytest.mark.parametrize("target,engine", [("vllm-v0-sliding", "vllm 0.8.5"),
+                                           ("vllm-v1-lifecycle", "vllm 0.33.0")])
+def test_every_vllm_adapter_names_its_release(target, engine, capsys):
+    """The adapters built on vllm_v0 / vllm_v1 without a version of their own load the
+    same sources: their verdict names them too (it had no engine line), and they take
+    no @VERSION (a one-line error, not a TypeError from the factory)."""
+    assert kvcheck(["verify", target, "--blocks", "8", "--ops", "20"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith(f"engine: {engine} from the pinned sources"), out
+    assert kvcheck(["verify", f"{target}@0.20.2", "--ops", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"target {target!r} has no versions" in err, err

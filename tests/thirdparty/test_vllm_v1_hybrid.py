@@ -61,3 +61,20 @@ def test_unreconciled_coordinator_caught():
     assert not r.ok
     assert r.violation.name.startswith("allocate: ")
     assert len(r.trace.ops) <= 5  # an eviction in one group: two admissions and frees first
+
+
+def test_the_verdict_names_the_engine_release(capsys):
+    """As every third-party target's: ``engine: vllm ... from ...`` (text and --json); the
+    hybrid adapter's verdict had none."""
+    import json
+
+    from kvcheck.cli import main
+
+    assert main(["verify-hybrid", "vllm-v1-hybrid", "--ops", "30"], isolate=False) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith("engine: vllm "), out
+    assert main(["verify-hybrid", "vllm-v1-hybrid", "--ops", "30", "--json"],
+                isolate=False) == 0
+    assert json.loads(capsys.readouterr().out)["engine"].startswith("vllm ")
+    assert main(["verify-hybrid", "reference-hybrid", "--ops", "30"], isolate=False) == 0
+    assert "engine:" not in capsys.readouterr().out

@@ -29,8 +29,11 @@ def _allow_flag(p) -> None:
                         "default: none)")
 
 
-def allowed_clauses(names: list[str]) -> frozenset:
-    """``--allow``'s names, each checked against the spec's (``UsageError``: unknown)."""
+def allowed_clauses(names: list[str], never: frozenset = frozenset()) -> frozenset:
+    """``--allow``'s names, each checked against the spec's (``UsageError``: unknown).
+    ``never``: rules of the spec the command checks but cannot allow (verify-prefix's
+    prefix-cache invariants: an allowed deviation is resynchronised past by the block
+    manager's oracle, and every prefix rule is then checked again)."""
     from kvcheck.errors import UsageError
     from kvcheck.spec.contracts import clause_names
     from kvcheck.spec.invariants import INVARIANTS
@@ -38,6 +41,10 @@ def allowed_clauses(names: list[str]) -> frozenset:
     known = set(clause_names()) | {inv.name for inv in INVARIANTS}
     known |= {name.split(": ", 1)[1] for name in clause_names()}
     for name in names:
+        if name in never and name not in known:
+            raise UsageError(f"--allow {name!r}: a prefix-cache rule cannot be allowed (--allow "
+                             f"takes the block manager's clauses and invariants; a prefix rule "
+                             f"is checked again after every allowed deviation)")
         if name not in known:
             raise UsageError(f"--allow {name!r}: no clause or invariant of the spec has that "
                              f"name (the names are those a violation prints, e.g. "

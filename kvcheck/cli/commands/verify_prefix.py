@@ -35,8 +35,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from kvcheck.cli.commands.verify import allowed_clauses
+    from kvcheck.spec.prefix import PREFIX_INVARIANTS
 
-    allow = allowed_clauses(args.allow)
+    allow = allowed_clauses(args.allow, frozenset(inv.name for inv in PREFIX_INVARIANTS))
     return checking.report(args, checking.run(args, "verify-prefix", "prefix", allow=allow),
                            "verify-prefix", _passed, _json)
 

@@ -278,8 +278,18 @@ class Oracle:
 
     # -- one operation -------------------------------------------------------------
     def _call(self, op: Op):
-        """Run ``op`` on the target (subclasses may call it differently)."""
-        return call(self.target, op)
+        """Run ``op`` on the target (subclasses may call it differently). A target that
+        defers its prompt's write to ``commit(seq)`` (a prefix cache publishing its keys
+        after the write: ``prefix-commit``, ``vllm-v1-lifecycle``) is committed right after
+        each allocate: in the block model, allocate writes the prompt."""
+        result = call(self.target, op)
+        if op.kind == "allocate":
+            for obj in (self.target, getattr(self.target, "impl", None)):
+                commit = getattr(obj, "commit", None)
+                if callable(commit):
+                    commit(op.seq)
+                    break
+        return result
 
     def _invoke(self, op: Op, watchdog: Watchdog | None) -> Violation | None:
         """Call the target under the watchdog; fill in ``op``'s outcome (and

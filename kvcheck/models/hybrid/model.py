@@ -146,6 +146,17 @@ class HybridModel(Model):
 
         if isinstance(spec, str) and spec in HYBRID_TARGETS:
             return spec, _import_attr(HYBRID_TARGETS[spec][0])
+        if isinstance(spec, str) and spec and ":" not in spec:  # a name: not a file or module
+            from kvcheck.targets.loading import TargetError
+            from kvcheck.targets.registry import TARGETS
+
+            name, at, _ = spec.partition("@")
+            if name in HYBRID_TARGETS:  # NAME@VERSION: no hybrid adapter loads other releases
+                raise TargetError(f"target {name!r} has no versions (TARGET@VERSION is for the "
+                                  f"engine adapters of kvcheck verify)")
+            if name not in TARGETS:
+                raise TargetError(f"unknown hybrid target {spec!r}: use module:attr, "
+                                  f"file.py:attr or one of: {', '.join(sorted(HYBRID_TARGETS))}")
         return None
 
     def build(self, factory, scope: BlockScope, options: Options):
