@@ -67,19 +67,30 @@ def replay_vllm_5364(version: str) -> tuple[bool, str]:
 
 
 def replay_vllm_42571(version: str) -> tuple[bool, str]:
-    """#42571 / PR #42612: one ``BlockPool.free_blocks`` call naming a block twice (as a
-    sliding-window request's block list can) decremented its refcount twice and queued it
-    twice: the free count runs ahead of the free queue. 4 blocks (one the null block)."""
+    """#42571 / PR #42612, the reported call sequence on ``BlockPool`` (a sliding-window
+    request with eager SimpleCPUOffload, ``vllm/v1/simple_kv_offload/manager.py``): the
+    request takes block X at position i, its window drops X (``free_blocks([X])``), its
+    next allocation gets X back for position j; the connector's eager store scan, which
+    accumulates every block id the request was given (``StoreRequestState.block_ids``),
+    touches X for both positions (``touch([X, X])``); the request finishes
+    (``free_blocks([X])``), then the store completes and the connector drops its
+    references in one call (``_process_store_completion``: ``free_blocks([X, X])``).
+    0.20.2 decrements X twice, then queues every listed block at ref_cnt 0: X twice, the
+    free count one ahead of the free blocks. One usable block (and the null block)."""
     mods = vllm_v1.load(version)
     pool = mods["vllm.v1.core.block_pool"].BlockPool(
-        num_gpu_blocks=4, enable_caching=True, hash_block_size=1)
-    (block,) = pool.get_new_blocks(1)
-    pool.touch([block])  # a second holder: ref_cnt 2
-    pool.free_blocks([block, block])  # both references dropped in one call
+        num_gpu_blocks=2, enable_caching=True, hash_block_size=1)
+    (first,) = pool.get_new_blocks(1)  # position i
+    pool.free_blocks([first])  # behind the window (remove_skipped_blocks)
+    (block,) = pool.get_new_blocks(1)  # position j: the only free block, X again
+    pool.touch([first, block])  # the connector's store scan names X for i and for j
+    pool.free_blocks([block])  # the request finishes (its position i is the null block)
+    pool.free_blocks([first, block])  # the store completes: both references in one call
     queued = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
     count = pool.get_num_free_blocks()
     twice = queued.count(block.block_id) > 1 or count != len(queued)
-    return twice, (f"block {block.block_id}: ref_cnt {block.ref_cnt}; free queue {queued}, "
+    return twice, (f"block {block.block_id} (taken twice by one request: "
+                   f"{first is block}): ref_cnt {block.ref_cnt}; free queue {queued}, "
                    f"get_num_free_blocks() = {count}")
 
 

@@ -75,3 +75,19 @@ def test_a_bad_catalogue_is_one_line(tmp_path):
         raise AssertionError("a bad catalogue was accepted")
     p = _run("--only", "no-such-entry")
     assert p.returncode == 2 and "no entry 'no-such-entry'" in p.stderr
+
+
+def test_the_42571_replay_separates_the_releases_around_the_free_blocks_rewrite():
+    """#42571's raw replay (the eager SimpleCPUOffload connector's calls on ``BlockPool``:
+    one block touched for two positions of one request, released in one ``free_blocks``)
+    queues the block twice on the catalogue's buggy 0.20.2 and on 0.23.0, the last release
+    before free_blocks' rewrite, and once on 0.24.0, the catalogue's fixed release."""
+    from kvcheck.impl.thirdparty import install
+
+    for version in ("0.20.2", "0.23.0", "0.24.0"):
+        install.ensure(install.ENGINES["vllm-v1"], version)
+    for version in ("0.20.2", "0.23.0"):
+        buggy, detail = replays.replay_vllm_42571(version)
+        assert buggy, (version, detail)
+    fixed, detail = replays.replay_vllm_42571("0.24.0")
+    assert not fixed, detail
