@@ -9,7 +9,9 @@ state said. On the buggy release ``reproduced`` must be True, on the fixed one F
 
 from __future__ import annotations
 
-from kvcheck.impl.thirdparty import nano_vllm, vllm_v0, vllm_v0_legacy, vllm_v1
+import enum
+
+from kvcheck.impl.thirdparty import _loader, install, nano_vllm, vllm_v0, vllm_v0_legacy, vllm_v1
 
 
 def _v0(version: str, allocator_type: str, num_blocks: int, block_size: int):
@@ -235,6 +237,81 @@ def replay_v1_window_stale_entry(version: str) -> tuple[bool, str]:
                      f"sixth token is written in place into block {written}")
 
 
+def _stub_waiting_sequence(mod, _loaded) -> None:
+    """Stand-in for ``vllm.sequence``: what ``SelfAttnBlockSpaceManager.can_allocate`` and
+    ``allocate`` read of a group with one waiting decoder-only sequence (its token ids,
+    ``extra_hash`` None: no multimodal or LoRA input)."""
+
+    class SequenceStatus(enum.IntEnum):
+        WAITING = 0
+
+    class Sequence:
+        def __init__(self, seq_id: int, token_ids: list[int]):
+            self.seq_id, self._token_ids = seq_id, list(token_ids)
+
+        def get_token_ids(self) -> list[int]:
+            return list(self._token_ids)
+
+        def extra_hash(self):
+            return None
+
+    class SequenceGroup:
+        def __init__(self, request_id: str, seq: Sequence):
+            self.request_id, self._seq = request_id, seq
+
+        def get_seqs(self, status=None) -> list[Sequence]:
+            return [self._seq]
+
+        def is_encoder_decoder(self) -> bool:
+            return False
+
+    mod.Sequence, mod.SequenceGroup, mod.SequenceStatus = Sequence, SequenceGroup, SequenceStatus
+
+
+def _stub_utils_with_messages(mod, loaded) -> None:
+    vllm_v0._stub_utils(mod, loaded)  # Device, cdiv, chunk_list
+    # vllm/core/block/utils.py imports these two messages (encoder-decoder checks only)
+    mod.STR_NOT_IMPL_ENC_DEC_PREFIX_CACHE = "prefix caching: not for encoder/decoder models"
+    mod.STR_NOT_IMPL_ENC_DEC_SWA = "sliding window: not for encoder/decoder models"
+
+
+def replay_vllm_11168(version: str) -> tuple[bool, str]:
+    """#11168: with a sliding window, ``SelfAttnBlockSpaceManager.can_allocate`` caps a
+    prompt's required blocks at ``max_block_sliding_window`` while ``allocate`` takes a
+    block for every prompt token: a 4-token prompt, block size 1, window 1 (3 blocks
+    needed at most by the cap), 3 free blocks: ``can_allocate`` says OK, ``allocate``
+    raises ``NoFreeBlocksError`` keeping what it took. The release's own block manager
+    (``vllm/core/block_manager.py``, 0.6.3 on; ``block_manager_v2.py`` before)."""
+    dist = install.select(vllm_v0.ENGINE_KEY, version)
+    root = _loader.require(dist)
+    if not (root / "vllm/core/block_manager.py").is_file():
+        raise ValueError(f"vLLM {version}: no vllm/core/block_manager.py (SelfAttnBlockSpaceManager)")
+    stubs = {**vllm_v0.STUBS, "vllm.sequence": _stub_waiting_sequence,
+             "vllm.utils": _stub_utils_with_messages}
+    files = (*vllm_v0.files(root), "vllm.core.block_manager", "vllm.core.interfaces",
+             "vllm.core.block.utils")
+    mods = _loader.load(dist, files, stubs, entry=("vllm.core.block_manager",))
+    seqs = mods["vllm.sequence"]
+    manager = mods["vllm.core.block_manager"].SelfAttnBlockSpaceManager(
+        block_size=1, num_gpu_blocks=3, num_cpu_blocks=0, watermark=0.0, sliding_window=1,
+        enable_caching=False)
+    group = seqs.SequenceGroup("0", seqs.Sequence(0, [1, 2, 3, 4]))
+    gpu = mods["vllm.utils"].Device.GPU
+    status = manager.can_allocate(group)
+    try:
+        manager.allocate(group)
+        outcome = "allocated"
+    except Exception as exc:  # the engine's NoFreeBlocksError (its own class per release)
+        outcome = f"raised {type(exc).__name__}"
+    admitted = status.name == "OK"
+    failed = outcome != "allocated"
+    free = manager.block_allocator.get_num_free_blocks(gpu)
+    return admitted and failed, (
+        f"4-token prompt, 3 free blocks, max_block_sliding_window "
+        f"{manager.max_block_sliding_window}: can_allocate -> {status.name}, allocate "
+        f"{outcome}; {free} of 3 blocks free after, no block table")
+
+
 REPLAYS = {
     "vllm-43569": replay_vllm_43569,
     "nano-vllm-163": replay_nano_vllm_163,
@@ -243,4 +320,5 @@ REPLAYS = {
     "vllm-5364": replay_vllm_5364,
     "vllm-42571": replay_vllm_42571,
     "vllm-1556": replay_vllm_1556,
+    "vllm-11168": replay_vllm_11168,
 }
