@@ -91,3 +91,11 @@ def test_the_42571_replay_separates_the_releases_around_the_free_blocks_rewrite(
         assert buggy, (version, detail)
     fixed, detail = replays.replay_vllm_42571("0.24.0")
     assert not fixed, detail
+
+
+def test_the_11168_replay_runs_the_engines_own_admission_and_allocation():
+    """#11168's raw replay calls 0.8.5's own ``SelfAttnBlockSpaceManager.can_allocate``
+    (OK: the need capped by the window) and ``allocate`` (NoFreeBlocksError, blocks kept)."""
+    reproduced, detail = replays.replay_vllm_11168("0.8.5")
+    assert reproduced, detail
+    assert "can_allocate -> OK, allocate raised NoFreeBlocksError; 0 of 3 blocks free" in detail
