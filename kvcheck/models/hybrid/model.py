@@ -146,6 +146,11 @@ class HybridModel(Model):
 
         if isinstance(spec, str) and spec in HYBRID_TARGETS:
             return spec, _import_attr(HYBRID_TARGETS[spec][0])
+        name, at, version = spec.partition("@") if isinstance(spec, str) else ("", "", "")
+        if at and name in HYBRID_TARGETS:  # vllm-v1-hybrid@0.20.2: the adapter's release
+            from kvcheck.targets.loading import with_version
+
+            return spec, with_version(_import_attr(HYBRID_TARGETS[name][0]), spec, version)
         return None
 
     def build(self, factory, scope: BlockScope, options: Options):
