@@ -255,6 +255,9 @@ def _stub_waiting_sequence(mod, _loaded) -> None:
         def extra_hash(self):
             return None
 
+        def is_prefill(self) -> bool:  # a waiting (or just admitted) prompt
+            return True
+
     class SequenceGroup:
         def __init__(self, request_id: str, seq: Sequence):
             self.request_id, self._seq = request_id, seq
@@ -275,13 +278,10 @@ def _stub_utils_with_messages(mod, loaded) -> None:
     mod.STR_NOT_IMPL_ENC_DEC_SWA = "sliding window: not for encoder/decoder models"
 
 
-def replay_vllm_11168(version: str) -> tuple[bool, str]:
-    """#11168: with a sliding window, ``SelfAttnBlockSpaceManager.can_allocate`` caps a
-    prompt's required blocks at ``max_block_sliding_window`` while ``allocate`` takes a
-    block for every prompt token: a 4-token prompt, block size 1, window 1 (3 blocks
-    needed at most by the cap), 3 free blocks: ``can_allocate`` says OK, ``allocate``
-    raises ``NoFreeBlocksError`` keeping what it took. The release's own block manager
-    (``vllm/core/block_manager.py``, 0.6.3 on; ``block_manager_v2.py`` before)."""
+def _block_manager(version: str):
+    """The release's ``vllm/core/block_manager.py`` (``SelfAttnBlockSpaceManager``, 0.6.3
+    on) with the block modules, ``vllm.sequence`` stood in by one waiting sequence per
+    group; ``(modules, release root)``."""
     dist = install.select(vllm_v0.ENGINE_KEY, version)
     root = _loader.require(dist)
     if not (root / "vllm/core/block_manager.py").is_file():
@@ -290,7 +290,66 @@ def replay_vllm_11168(version: str) -> tuple[bool, str]:
              "vllm.utils": _stub_utils_with_messages}
     files = (*vllm_v0.files(root), "vllm.core.block_manager", "vllm.core.interfaces",
              "vllm.core.block.utils")
-    mods = _loader.load(dist, files, stubs, entry=("vllm.core.block_manager",))
+    return _loader.load(dist, files, stubs, entry=("vllm.core.block_manager",)), root
+
+
+def replay_vllm_18957(version: str) -> tuple[bool, str]:
+    """PR #17305 / #18957: ``Scheduler._schedule_prefills`` counts a waiting group's cached
+    tokens (``get_num_cached_tokens``) before ``can_allocate``; on LATER the group waits
+    and, to 0.8.5, ``ComputedBlocksTracker`` keeps the count (a prefill is not recounted),
+    so after the cache changed the admitting step skips tokens whose KV is gone. 0.9.x's
+    scheduler calls ``remove_seq_from_computed_blocks_tracker`` on LATER (read from the
+    release's ``vllm/core/scheduler.py``, and done here as it does). 4 blocks of 1 token:
+    A = [1] admitted and finished (its block cached, evictable), B = [7, 8] running, W =
+    [1, 2, 3] counted (1 cached token) and refused (3 blocks needed, 2 free), B decodes
+    two tokens (the second evicts A's block), B finishes, W is counted again."""
+    mods, root = _block_manager(version)
+    seqs = mods["vllm.sequence"]
+    manager = mods["vllm.core.block_manager"].SelfAttnBlockSpaceManager(
+        block_size=1, num_gpu_blocks=4, num_cpu_blocks=0, watermark=0.0, enable_caching=True)
+    scheduler = (root / "vllm/core/scheduler.py").read_text()
+    forgets = "remove_seq_from_computed_blocks_tracker" in scheduler
+
+    def admit(seq_id, tokens):
+        seq = seqs.Sequence(seq_id, tokens)
+        group = seqs.SequenceGroup(str(seq_id), seq)
+        manager.get_num_cached_tokens(seq)  # the scheduler's count, before can_allocate
+        status = manager.can_allocate(group)
+        if status.name == "OK":
+            manager.allocate(group)
+        return seq, group, status.name
+
+    a, _, _ = admit(0, [1])
+    manager.free(a)  # finished: its block [1] stays cached in the evictor
+    b, _, _ = admit(1, [7, 8])
+    w = seqs.Sequence(2, [1, 2, 3])
+    first = manager.get_num_cached_tokens(w)
+    status = manager.can_allocate(seqs.SequenceGroup("2", w))
+    if status.name == "LATER" and forgets:
+        manager.remove_seq_from_computed_blocks_tracker(w)  # 0.9.x, before its break
+    table = manager.block_tables[b.seq_id]
+    for token in (9, 10):  # B decodes: the second new block is A's cached one, evicted
+        b._token_ids.append(token)
+        table.append_token_ids([token])
+    manager.free(b)
+    again = manager.get_num_cached_tokens(w)
+    tracker = manager._computed_blocks_tracker
+    actual = len(manager.block_allocator.find_cached_blocks_prefix(
+        tracker._seq_id_to_blocks_hashes[w.seq_id]))
+    return again > actual, (
+        f"W = [1, 2, 3]: {first} cached token(s) counted, can_allocate -> {status.name}"
+        f"{' (record dropped)' if forgets else ''}; after B's decode evicted [1]: counted "
+        f"{again}, cached in fact {actual}")
+
+
+def replay_vllm_11168(version: str) -> tuple[bool, str]:
+    """#11168: with a sliding window, ``SelfAttnBlockSpaceManager.can_allocate`` caps a
+    prompt's required blocks at ``max_block_sliding_window`` while ``allocate`` takes a
+    block for every prompt token: a 4-token prompt, block size 1, window 1 (3 blocks
+    needed at most by the cap), 3 free blocks: ``can_allocate`` says OK, ``allocate``
+    raises ``NoFreeBlocksError`` keeping what it took. The release's own block manager
+    (``vllm/core/block_manager.py``, 0.6.3 on; ``block_manager_v2.py`` before)."""
+    mods, _ = _block_manager(version)
     seqs = mods["vllm.sequence"]
     manager = mods["vllm.core.block_manager"].SelfAttnBlockSpaceManager(
         block_size=1, num_gpu_blocks=3, num_cpu_blocks=0, watermark=0.0, sliding_window=1,
@@ -321,4 +380,5 @@ REPLAYS = {
     "vllm-42571": replay_vllm_42571,
     "vllm-1556": replay_vllm_1556,
     "vllm-11168": replay_vllm_11168,
+    "vllm-18957": replay_vllm_18957,
 }

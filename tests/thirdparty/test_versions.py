@@ -94,7 +94,7 @@ def test_a_local_wheel_is_used_and_only_py_files_kept(tmp_path, monkeypatch):
 # -- TARGET@VERSION -------------------------------------------------------------------
 def test_versioned_target_errors_are_one_line():
     p = _cli("verify", "vllm-v0@9.9", "--ops", "10")
-    assert p.returncode == 2 and "vllm-v0 loads vllm 0.4.2 .. 0.8.5, not 9.9" in p.stderr
+    assert p.returncode == 2 and "vllm-v0 loads vllm 0.4.2 .. 0.9.2, not 9.9" in p.stderr
     p = _cli("verify", "reference@1", "--ops", "10")
     assert p.returncode == 2 and "has no versions" in p.stderr
 
@@ -143,7 +143,7 @@ def test_the_environments_vllm_is_checked(tmp_path):
     # an environment's vLLM outside the range is not checked, and the verdict says so
     p = _cli("verify", "vllm-v0", "--blocks", "6", "--block-size", "2", "--ops", "100", env=env)
     assert ("engine: vllm 0.8.5 from the pinned sources" in p.stdout and
-            "(the vllm 0.10.2 of this environment is outside vllm-v0's range 0.4.2 .. 0.8.5)"
+            "(the vllm 0.10.2 of this environment is outside vllm-v0's range 0.4.2 .. 0.9.2)"
             in p.stdout), p.stdout[-600:]
 
 
