@@ -2,7 +2,8 @@
 
 The ends of each adapter's range are driven by the oracle: vLLM v0 block manager v2 at
 0.4.3 (the first release without PR #4761's bug, which 0.4.2 has: see
-benchmarks/historical) and 0.8.5, v1 at 0.10.2 and 0.33.0. A release that is not
+benchmarks/historical), 0.8.5 and 0.9.2 (its last end: 0.9.x still ships v0), v1 at
+0.10.2 and 0.33.0. A release that is not
 installed is installed by the fixture (py files only: 0.4.3 is a 131 MB download, 0.10.2
 about 250 MB), or the test skips when the index cannot be reached.
 """
@@ -99,7 +100,7 @@ def test_versioned_target_errors_are_one_line():
     assert p.returncode == 2 and "has no versions" in p.stderr
 
 
-@pytest.mark.parametrize("version", ["0.4.3", "0.8.5"])
+@pytest.mark.parametrize("version", ["0.4.3", "0.8.5", "0.9.2"])
 @pytest.mark.parametrize("kind", ["naive", "prefix_caching"])
 def test_v0_range_ends_pass_behind_the_engine_guard(version, kind):
     _have("vllm-v0", version)
