@@ -9,7 +9,9 @@ state said. On the buggy release ``reproduced`` must be True, on the fixed one F
 
 from __future__ import annotations
 
-from kvcheck.impl.thirdparty import nano_vllm, vllm_v0, vllm_v0_legacy, vllm_v1
+import enum
+
+from kvcheck.impl.thirdparty import _loader, install, nano_vllm, vllm_v0, vllm_v0_legacy, vllm_v1
 
 
 def _v0(version: str, allocator_type: str, num_blocks: int, block_size: int):
@@ -67,19 +69,30 @@ def replay_vllm_5364(version: str) -> tuple[bool, str]:
 
 
 def replay_vllm_42571(version: str) -> tuple[bool, str]:
-    """#42571 / PR #42612: one ``BlockPool.free_blocks`` call naming a block twice (as a
-    sliding-window request's block list can) decremented its refcount twice and queued it
-    twice: the free count runs ahead of the free queue. 4 blocks (one the null block)."""
+    """#42571 / PR #42612, the reported call sequence on ``BlockPool`` (a sliding-window
+    request with eager SimpleCPUOffload, ``vllm/v1/simple_kv_offload/manager.py``): the
+    request takes block X at position i, its window drops X (``free_blocks([X])``), its
+    next allocation gets X back for position j; the connector's eager store scan, which
+    accumulates every block id the request was given (``StoreRequestState.block_ids``),
+    touches X for both positions (``touch([X, X])``); the request finishes
+    (``free_blocks([X])``), then the store completes and the connector drops its
+    references in one call (``_process_store_completion``: ``free_blocks([X, X])``).
+    0.20.2 decrements X twice, then queues every listed block at ref_cnt 0: X twice, the
+    free count one ahead of the free blocks. One usable block (and the null block)."""
     mods = vllm_v1.load(version)
     pool = mods["vllm.v1.core.block_pool"].BlockPool(
-        num_gpu_blocks=4, enable_caching=True, hash_block_size=1)
-    (block,) = pool.get_new_blocks(1)
-    pool.touch([block])  # a second holder: ref_cnt 2
-    pool.free_blocks([block, block])  # both references dropped in one call
+        num_gpu_blocks=2, enable_caching=True, hash_block_size=1)
+    (first,) = pool.get_new_blocks(1)  # position i
+    pool.free_blocks([first])  # behind the window (remove_skipped_blocks)
+    (block,) = pool.get_new_blocks(1)  # position j: the only free block, X again
+    pool.touch([first, block])  # the connector's store scan names X for i and for j
+    pool.free_blocks([block])  # the request finishes (its position i is the null block)
+    pool.free_blocks([first, block])  # the store completes: both references in one call
     queued = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
     count = pool.get_num_free_blocks()
     twice = queued.count(block.block_id) > 1 or count != len(queued)
-    return twice, (f"block {block.block_id}: ref_cnt {block.ref_cnt}; free queue {queued}, "
+    return twice, (f"block {block.block_id} (taken twice by one request: "
+                   f"{first is block}): ref_cnt {block.ref_cnt}; free queue {queued}, "
                    f"get_num_free_blocks() = {count}")
 
 
@@ -224,6 +237,140 @@ def replay_v1_window_stale_entry(version: str) -> tuple[bool, str]:
                      f"sixth token is written in place into block {written}")
 
 
+def _stub_waiting_sequence(mod, _loaded) -> None:
+    """Stand-in for ``vllm.sequence``: what ``SelfAttnBlockSpaceManager.can_allocate`` and
+    ``allocate`` read of a group with one waiting decoder-only sequence (its token ids,
+    ``extra_hash`` None: no multimodal or LoRA input)."""
+
+    class SequenceStatus(enum.IntEnum):
+        WAITING = 0
+
+    class Sequence:
+        def __init__(self, seq_id: int, token_ids: list[int]):
+            self.seq_id, self._token_ids = seq_id, list(token_ids)
+
+        def get_token_ids(self) -> list[int]:
+            return list(self._token_ids)
+
+        def extra_hash(self):
+            return None
+
+        def is_prefill(self) -> bool:  # a waiting (or just admitted) prompt
+            return True
+
+    class SequenceGroup:
+        def __init__(self, request_id: str, seq: Sequence):
+            self.request_id, self._seq = request_id, seq
+
+        def get_seqs(self, status=None) -> list[Sequence]:
+            return [self._seq]
+
+        def is_encoder_decoder(self) -> bool:
+            return False
+
+    mod.Sequence, mod.SequenceGroup, mod.SequenceStatus = Sequence, SequenceGroup, SequenceStatus
+
+
+def _stub_utils_with_messages(mod, loaded) -> None:
+    vllm_v0._stub_utils(mod, loaded)  # Device, cdiv, chunk_list
+    # vllm/core/block/utils.py imports these two messages (encoder-decoder checks only)
+    mod.STR_NOT_IMPL_ENC_DEC_PREFIX_CACHE = "prefix caching: not for encoder/decoder models"
+    mod.STR_NOT_IMPL_ENC_DEC_SWA = "sliding window: not for encoder/decoder models"
+
+
+def _block_manager(version: str):
+    """The release's ``vllm/core/block_manager.py`` (``SelfAttnBlockSpaceManager``, 0.6.3
+    on) with the block modules, ``vllm.sequence`` stood in by one waiting sequence per
+    group; ``(modules, release root)``."""
+    dist = install.select(vllm_v0.ENGINE_KEY, version)
+    root = _loader.require(dist)
+    if not (root / "vllm/core/block_manager.py").is_file():
+        raise ValueError(f"vLLM {version}: no vllm/core/block_manager.py (SelfAttnBlockSpaceManager)")
+    stubs = {**vllm_v0.STUBS, "vllm.sequence": _stub_waiting_sequence,
+             "vllm.utils": _stub_utils_with_messages}
+    files = (*vllm_v0.files(root), "vllm.core.block_manager", "vllm.core.interfaces",
+             "vllm.core.block.utils")
+    return _loader.load(dist, files, stubs, entry=("vllm.core.block_manager",)), root
+
+
+def replay_vllm_18957(version: str) -> tuple[bool, str]:
+    """PR #17305 / #18957: ``Scheduler._schedule_prefills`` counts a waiting group's cached
+    tokens (``get_num_cached_tokens``) before ``can_allocate``; on LATER the group waits
+    and, to 0.8.5, ``ComputedBlocksTracker`` keeps the count (a prefill is not recounted),
+    so after the cache changed the admitting step skips tokens whose KV is gone. 0.9.x's
+    scheduler calls ``remove_seq_from_computed_blocks_tracker`` on LATER (read from the
+    release's ``vllm/core/scheduler.py``, and done here as it does). 4 blocks of 1 token:
+    A = [1] admitted and finished (its block cached, evictable), B = [7, 8] running, W =
+    [1, 2, 3] counted (1 cached token) and refused (3 blocks needed, 2 free), B decodes
+    two tokens (the second evicts A's block), B finishes, W is counted again."""
+    mods, root = _block_manager(version)
+    seqs = mods["vllm.sequence"]
+    manager = mods["vllm.core.block_manager"].SelfAttnBlockSpaceManager(
+        block_size=1, num_gpu_blocks=4, num_cpu_blocks=0, watermark=0.0, enable_caching=True)
+    scheduler = (root / "vllm/core/scheduler.py").read_text()
+    forgets = "remove_seq_from_computed_blocks_tracker" in scheduler
+
+    def admit(seq_id, tokens):
+        seq = seqs.Sequence(seq_id, tokens)
+        group = seqs.SequenceGroup(str(seq_id), seq)
+        manager.get_num_cached_tokens(seq)  # the scheduler's count, before can_allocate
+        status = manager.can_allocate(group)
+        if status.name == "OK":
+            manager.allocate(group)
+        return seq, group, status.name
+
+    a, _, _ = admit(0, [1])
+    manager.free(a)  # finished: its block [1] stays cached in the evictor
+    b, _, _ = admit(1, [7, 8])
+    w = seqs.Sequence(2, [1, 2, 3])
+    first = manager.get_num_cached_tokens(w)
+    status = manager.can_allocate(seqs.SequenceGroup("2", w))
+    if status.name == "LATER" and forgets:
+        manager.remove_seq_from_computed_blocks_tracker(w)  # 0.9.x, before its break
+    table = manager.block_tables[b.seq_id]
+    for token in (9, 10):  # B decodes: the second new block is A's cached one, evicted
+        b._token_ids.append(token)
+        table.append_token_ids([token])
+    manager.free(b)
+    again = manager.get_num_cached_tokens(w)
+    tracker = manager._computed_blocks_tracker
+    actual = len(manager.block_allocator.find_cached_blocks_prefix(
+        tracker._seq_id_to_blocks_hashes[w.seq_id]))
+    return again > actual, (
+        f"W = [1, 2, 3]: {first} cached token(s) counted, can_allocate -> {status.name}"
+        f"{' (record dropped)' if forgets else ''}; after B's decode evicted [1]: counted "
+        f"{again}, cached in fact {actual}")
+
+
+def replay_vllm_11168(version: str) -> tuple[bool, str]:
+    """#11168: with a sliding window, ``SelfAttnBlockSpaceManager.can_allocate`` caps a
+    prompt's required blocks at ``max_block_sliding_window`` while ``allocate`` takes a
+    block for every prompt token: a 4-token prompt, block size 1, window 1 (3 blocks
+    needed at most by the cap), 3 free blocks: ``can_allocate`` says OK, ``allocate``
+    raises ``NoFreeBlocksError`` keeping what it took. The release's own block manager
+    (``vllm/core/block_manager.py``, 0.6.3 on; ``block_manager_v2.py`` before)."""
+    mods, _ = _block_manager(version)
+    seqs = mods["vllm.sequence"]
+    manager = mods["vllm.core.block_manager"].SelfAttnBlockSpaceManager(
+        block_size=1, num_gpu_blocks=3, num_cpu_blocks=0, watermark=0.0, sliding_window=1,
+        enable_caching=False)
+    group = seqs.SequenceGroup("0", seqs.Sequence(0, [1, 2, 3, 4]))
+    gpu = mods["vllm.utils"].Device.GPU
+    status = manager.can_allocate(group)
+    try:
+        manager.allocate(group)
+        outcome = "allocated"
+    except Exception as exc:  # the engine's NoFreeBlocksError (its own class per release)
+        outcome = f"raised {type(exc).__name__}"
+    admitted = status.name == "OK"
+    failed = outcome != "allocated"
+    free = manager.block_allocator.get_num_free_blocks(gpu)
+    return admitted and failed, (
+        f"4-token prompt, 3 free blocks, max_block_sliding_window "
+        f"{manager.max_block_sliding_window}: can_allocate -> {status.name}, allocate "
+        f"{outcome}; {free} of 3 blocks free after, no block table")
+
+
 REPLAYS = {
     "vllm-43569": replay_vllm_43569,
     "nano-vllm-163": replay_nano_vllm_163,
@@ -232,4 +379,6 @@ REPLAYS = {
     "vllm-5364": replay_vllm_5364,
     "vllm-42571": replay_vllm_42571,
     "vllm-1556": replay_vllm_1556,
+    "vllm-11168": replay_vllm_11168,
+    "vllm-18957": replay_vllm_18957,
 }

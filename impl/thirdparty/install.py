@@ -90,7 +90,7 @@ class Engine:
 ENGINES: dict[str, Engine] = {e.key: e for e in (
     Engine("vllm-v1", "vllm", "vllm", pinned="0.33.0", low="0.10.2", high="0.33.0",
            note="v1 KVCacheManager with BlockPool and KV-cache coordinator"),
-    Engine("vllm-v0", "vllm", "vllm", pinned="0.8.5", low="0.4.2", high="0.8.5",
+    Engine("vllm-v0", "vllm", "vllm", pinned="0.8.5", low="0.4.2", high="0.9.2",
            note="v0 block manager v2 (vllm/core/block/): BlockTable, naive and "
                 "prefix-caching allocators"),
     Engine("vllm-v0-legacy", "vllm", "vllm", pinned="0.4.0", low="0.3.3", high="0.4.0",

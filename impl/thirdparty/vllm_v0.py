@@ -1,4 +1,4 @@
-"""Adapter: vLLM v0 ``BlockTable`` + block allocators (vllm 0.4.2 .. 0.8.5) as a ``Target``.
+"""Adapter: vLLM v0 ``BlockTable`` + block allocators (vllm 0.4.2 .. 0.9.2) as a ``Target``.
 
 Releases: block manager v2 (``vllm/core/block/``) from 0.4.2, its first, to 0.8.5, the
 last with the v0 engine; 0.8.5 by default (``vllm-v0@VERSION`` for another, installed by
@@ -548,6 +548,66 @@ class VllmV0Target:
         return isinstance(exc, EngineGuardRefused)
 
 
+class VllmV0WaitingTarget(VllmV0Target):
+    """``make_prefix_guarded`` with the scheduler's order of the cached-token count and the
+    admission (0.6.5 on): ``Scheduler._schedule_prefills`` takes the count
+    (``_get_num_new_uncached_and_cached_tokens`` -> ``get_num_cached_tokens``) *before*
+    ``can_allocate``; a group ``can_allocate`` answers LATER stays waiting, and
+    ``ComputedBlocksTracker`` keeps its count (``_seq_id_to_num_tokens_computed``: a
+    sequence in prefill is not recounted), so the step that admits it reads the count of
+    the step that refused it. Here: an allocate refused by the guard keeps the tracker's
+    record; the same sequence's next allocate with the same prompt is that group admitted
+    later (another prompt under the same id is a new request: the record is dropped, as a
+    new ``Sequence`` has a new id in the engine). Up to 0.8.5 that count is stale when the
+    cache changed meanwhile (vLLM PR #17305, closed; fixed by PR #18957 in 0.9.x, whose
+    scheduler drops the record on LATER: ``forgets_when_refused``, read from the
+    release's ``vllm/core/scheduler.py``)."""
+
+    retries_refused = True  # a group can_allocate declines stays waiting and comes again
+
+    def __init__(self, num_blocks: int, block_size: int, version: str | None = None):
+        super().__init__(num_blocks, block_size, "prefix_caching", guard="engine",
+                         version=version)
+        if self._counts != "tokens":
+            raise MisuseError(f"vLLM {self.version}: the scheduler counts cached tokens "
+                              f"before can_allocate from 0.6.5 (get_num_cached_tokens); "
+                              f"use make_prefix_guarded")
+        self._waiting: dict[int, list[int]] = {}  # refused seq -> its prompt (still waiting)
+        # vLLM PR #18957 (0.9.x): the scheduler drops a group's record when can_allocate
+        # answers LATER (remove_seq_from_computed_blocks_tracker before its break); read
+        # from the release's own scheduler.py
+        root = _loader.require(install.select(ENGINE_KEY, self.version))
+        scheduler = root / "vllm" / "core" / "scheduler.py"
+        self.forgets_when_refused = scheduler.is_file() and (
+            "remove_seq_from_computed_blocks_tracker" in scheduler.read_text())
+
+    def allocate(self, seq: int, n_tokens: int, token_ids: Sequence[int] | None = None) -> int | None:
+        if token_ids is None or seq in self.tables or seq in self.preempted:
+            return super().allocate(seq, n_tokens, token_ids)  # fresh tokens: a new prompt
+        tokens = list(token_ids)
+        if self._waiting.get(seq, tokens) != tokens:
+            self._untrack(seq)  # a new request under a reused id
+            del self._waiting[seq]
+        if seq not in self._waiting and len(tokens) == n_tokens:
+            # the scheduler's count, before can_allocate
+            self._computed.get_num_cached_tokens(_TrackedSeq(seq, tokens))
+            self._tracked.add(seq)
+        self._waiting[seq] = tokens
+        try:
+            got = super().allocate(seq, n_tokens, tokens)
+        except EngineGuardRefused:
+            if self.forgets_when_refused:  # LATER: 0.9.x drops the record, then waits
+                self._untrack(seq)
+                del self._waiting[seq]
+            raise  # LATER: the group stays waiting (to 0.8.5 its count recorded)
+        except BaseException:
+            self._waiting.pop(seq, None)
+            self._untrack(seq)
+            raise
+        del self._waiting[seq]
+        return got
+
+
 def make(num_blocks: int, block_size: int, version: str | None = None) -> VllmV0Target:
     """vLLM v0, naive allocator (no prefix caching), unguarded."""
     return VllmV0Target(num_blocks, block_size, "naive", version=version)
@@ -562,6 +622,13 @@ def make_guarded(num_blocks: int, block_size: int, version: str | None = None) -
     """vLLM v0 naive, with ``SelfAttnBlockSpaceManager``'s capacity checks first; a check
     that says no is a refusal (``EngineGuardRefused``), see the module docstring."""
     return VllmV0Target(num_blocks, block_size, "naive", guard="engine", version=version)
+
+
+def make_prefix_waiting(num_blocks: int, block_size: int,
+                        version: str | None = None) -> VllmV0Target:
+    """``make_prefix_guarded`` with the count taken before the admission, as the 0.6.5 on
+    scheduler does, kept while a refused group waits to 0.8.5 (``VllmV0WaitingTarget``)."""
+    return VllmV0WaitingTarget(num_blocks, block_size, version=version)
 
 
 def make_prefix_guarded(num_blocks: int, block_size: int,

@@ -1,5 +1,7 @@
-"""Adapter: vLLM v1 ``KVCacheManager`` with a *hybrid* KV-cache config (vllm==0.33.0), as a
-target of the hybrid-pool model (``kvcheck verify-hybrid``).
+"""Adapter: vLLM v1 ``KVCacheManager`` with a *hybrid* KV-cache config, as a target of the
+hybrid-pool model (``kvcheck verify-hybrid``). Any release of ``vllm_v1``'s range
+(``TARGET@VERSION``; default as ``vllm-v1``: the installed vLLM if in range, else 0.33.0):
+keywords and return values a release lacks are handled as in ``vllm_v1``.
 
 What runs is vLLM's own code, loaded from the installed wheel exactly as for ``vllm-v1``
 (``impl/thirdparty/vllm_v1.py``: the same files, the same stand-ins, the same
@@ -48,34 +50,45 @@ import itertools
 from collections.abc import Iterable, Sequence
 
 from ..errors import MisuseError, OutOfBlocks
-from .vllm_v1 import Request, RequestStatus, load
+from .vllm_v1 import Request, RequestStatus, hash_fn, load
+
+ENGINE_KEY = "vllm-v1"  # the releases of vllm_v1's range (TARGET@VERSION), as vllm-v1
 
 ENGINE_KEY = "vllm-v1"  # the sources vllm_v1.load picks (the engine line); make takes no version
 
 
-def build_hybrid_manager(num_blocks: int, block_size: int, window: int):
+def build_hybrid_manager(num_blocks: int, block_size: int, window: int,
+                         version: str | None = None):
     """A real ``KVCacheManager`` over a full-attention and a sliding-window group sharing
-    ``num_blocks`` usable blocks (plus vLLM's null block); ``(manager, block_hasher)``."""
-    mods = load()
+    ``num_blocks`` usable blocks (plus vLLM's null block); ``(manager, block_hasher,
+    version)``."""
+    import dataclasses
+    import inspect
+
+    mods = load(version)
     iface = mods["vllm.v1.kv_cache_interface"]
     utils = mods["vllm.v1.core.kv_cache_utils"]
-    hashing = mods["vllm.utils.hashing"]
+    sha256 = hash_fn(mods)
     torch = mods["torch"]
+    extra = {"use_mla": False} if "use_mla" in {  # a field of the specs to 0.10.x
+        f.name for f in dataclasses.fields(iface.FullAttentionSpec)} else {}
     full = iface.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
-                                   dtype=torch.float16)
+                                   dtype=torch.float16, **extra)
     sliding = iface.SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=1,
-                                      dtype=torch.float16, sliding_window=window)
+                                      dtype=torch.float16, sliding_window=window, **extra)
     config = iface.KVCacheConfig(
         num_blocks=num_blocks + 1,
         kv_cache_tensors=[],
         kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], full),
                          iface.KVCacheGroupSpec(["layer.1"], sliding)],
     )
-    utils.init_none_hash(hashing.sha256)
-    manager = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager(
-        config, max_model_len=1 << 40, scheduler_block_size=block_size,
-        hash_block_size=block_size, enable_caching=True)
-    return manager, utils.get_request_block_hasher(block_size, hashing.sha256)
+    utils.init_none_hash(sha256)
+    cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
+    kwargs = {"max_model_len": 1 << 40, "scheduler_block_size": block_size,
+              "hash_block_size": block_size, "enable_caching": True}
+    params = inspect.signature(cls.__init__).parameters
+    manager = cls(config, **{k: v for k, v in kwargs.items() if k in params})
+    return manager, utils.get_request_block_hasher(block_size, sha256), mods.dist.version
 
 
 class VllmV1HybridTarget:
@@ -83,13 +96,15 @@ class VllmV1HybridTarget:
 
     capabilities = frozenset({"allocate", "append_slot", "append_tokens", "free_seq"})
 
-    def __init__(self, num_blocks: int, block_size: int, window: int | None = None):
+    def __init__(self, num_blocks: int, block_size: int, window: int | None = None,
+                 version: str | None = None):
         if num_blocks < 1 or block_size < 1:
             raise MisuseError("num_blocks and block_size must be positive")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.window = window if window is not None else max(2, 2 * block_size)
         self.windows = (0, self.window)
-        self.manager, self._hasher = build_hybrid_manager(num_blocks, block_size, self.window)
+        self.manager, self._hasher, self.version = build_hybrid_manager(
+            num_blocks, block_size, self.window, version)
         self.pool = self.manager.block_pool
         self.requests: dict[int, Request] = {}
         self.finished: dict[int, Request] = {}  # freed requests (their tables read as gone)
@@ -104,8 +119,10 @@ class VllmV1HybridTarget:
             raise MisuseError("a prompt has at least one token")
         # a fresh request id per admission: vLLM never reuses one
         req = Request(f"{seq}.{next(self._ids)}", tokens, self._hasher)
-        computed, num_computed, boundary = self.manager.get_computed_blocks(req)
-        req.shared_prefix_boundary = boundary
+        got = self.manager.get_computed_blocks(req)  # a third item from 0.2x on
+        computed, num_computed = got[0], got[1]
+        if len(got) > 2:
+            req.shared_prefix_boundary = got[2]
         per_group = [len(blocks) * self.block_size for blocks in computed.blocks]
         if self.manager.allocate_slots(req, len(tokens) - num_computed, num_computed,
                                        computed) is None:
@@ -193,11 +210,12 @@ class VllmV1HybridTarget:
         return isinstance(exc, OutOfBlocks)
 
 
-def make(num_blocks: int, block_size: int) -> VllmV1HybridTarget:
+def make(num_blocks: int, block_size: int, version: str | None = None) -> VllmV1HybridTarget:
     """Full attention + a sliding window of 2 x block_size tokens (at least 2)."""
-    return VllmV1HybridTarget(num_blocks, block_size)
+    return VllmV1HybridTarget(num_blocks, block_size, version=version)
 
 
-def make_odd_window(num_blocks: int, block_size: int) -> VllmV1HybridTarget:
+def make_odd_window(num_blocks: int, block_size: int,
+                    version: str | None = None) -> VllmV1HybridTarget:
     """Full attention + a sliding window of block_size + 1 tokens (not a block multiple)."""
-    return VllmV1HybridTarget(num_blocks, block_size, window=block_size + 1)
+    return VllmV1HybridTarget(num_blocks, block_size, window=block_size + 1, version=version)

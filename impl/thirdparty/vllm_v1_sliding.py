@@ -45,13 +45,14 @@ splits ``allocate_slots`` at its first statement:
 ``allocate``
     a new request as in ``vllm_v1``: nothing is computed yet, so nothing is
     dropped and every prompt block is allocated (the next step drops the blocks
-    behind the window). A *re-admission* after ``preempt`` goes through
-    ``get_computed_blocks``; a sliding-window hit there is padded with null
+    behind the window). Both a new request whose prompt the cache knows (the
+    prefix model names its tokens) and a *re-admission* after ``preempt`` go
+    through ``get_computed_blocks``; a sliding-window hit there is padded with null
     blocks for the positions behind the window (``add_local_computed_blocks``):
-    a table the spec's ``allocate`` (ceil(n/B) blocks, each taken from the free
-    list) does not describe -- a gap of the spec, not of vLLM -- so such a
-    re-admission is not admitted (``admits`` asks ``get_computed_blocks``, a pure
-    lookup); one whose hit has no null entry is.
+    a table the spec's ``allocate`` (ceil(n/B) blocks, each a hit holding the
+    prefix or taken from the free list) does not describe -- a gap of the spec,
+    not of vLLM -- so such an allocation is not admitted (``admits`` asks
+    ``get_computed_blocks``, a pure lookup); one whose hit has no null entry is.
 ``free_seq`` / ``preempt``
     ``KVCacheManager.free``: the null head is trimmed (``trim_null_head``) and the
     rest freed in reverse.
@@ -157,10 +158,13 @@ class VllmV1SlidingTarget(VllmV1Target):
             return req is not None and not self._would_drop(req)
         if kind == "allocate":
             req = self.preempted.get(op.seq)
-            if req is not None and req.num_tokens == op.n_tokens:
-                computed = self.manager.get_computed_blocks(req)[0]  # 2 or 3 items
-                return not any(b.is_null for b in computed.blocks[0])
-            return True
+            tokens = getattr(op, "tokens", None)  # the prefix model's prompts name theirs
+            if tokens and (req is None or list(tokens) != req.all_token_ids):
+                req = Request(str(op.seq), list(tokens), self._hasher)  # a lookup only
+            elif req is None or req.num_tokens != op.n_tokens:
+                return True  # fresh tokens: no hit
+            computed = self.manager.get_computed_blocks(req)[0]  # 2 or 3 items
+            return not any(b.is_null for b in computed.blocks[0])
         return super().admits(op)
 
     # -- operations ----------------------------------------------------------------

@@ -70,7 +70,10 @@ class Target(Protocol):
     # it narrows what is checked and must say so in the adapter's documentation;
     # ``drop_window: int``, the window an engine drops behind by itself before each step
     # (its appends ``admits`` only once that drop is done): the random driver draws
-    # ``drop_behind_window`` with it, and ``prove``'s exploration tries it.
+    # ``drop_behind_window`` with it, and ``prove``'s exploration tries it;
+    # ``retries_refused: bool``, an engine whose scheduler keeps a refused request waiting
+    # and tries it again: the prefix model's driver draws a refused allocation again (same
+    # id and prompt) as the next allocation.
 
     def num_free(self) -> int:
         """The allocator's own count of free blocks (cheap). The spec holds it to

@@ -75,3 +75,57 @@ def test_a_bad_catalogue_is_one_line(tmp_path):
         raise AssertionError("a bad catalogue was accepted")
     p = _run("--only", "no-such-entry")
     assert p.returncode == 2 and "no entry 'no-such-entry'" in p.stderr
+
+
+def test_the_42571_replay_separates_the_releases_around_the_free_blocks_rewrite():
+    """#42571's raw replay (the eager SimpleCPUOffload connector's calls on ``BlockPool``:
+    one block touched for two positions of one request, released in one ``free_blocks``)
+    queues the block twice on the catalogue's buggy 0.20.2 and on 0.23.0, the last release
+    before free_blocks' rewrite, and once on 0.24.0, the catalogue's fixed release."""
+    from kvcheck.impl.thirdparty import install
+
+    for version in ("0.20.2", "0.23.0", "0.24.0"):
+        install.ensure(install.ENGINES["vllm-v1"], version)
+    for version in ("0.20.2", "0.23.0"):
+        buggy, detail = replays.replay_vllm_42571(version)
+        assert buggy, (version, detail)
+    fixed, detail = replays.replay_vllm_42571("0.24.0")
+    assert not fixed, detail
+
+
+def test_the_11168_replay_runs_the_engines_own_admission_and_allocation():
+    """#11168's raw replay calls 0.8.5's own ``SelfAttnBlockSpaceManager.can_allocate``
+    (OK: the need capped by the window) and ``allocate`` (NoFreeBlocksError, blocks kept)."""
+    reproduced, detail = replays.replay_vllm_11168("0.8.5")
+    assert reproduced, detail
+    assert "can_allocate -> OK, allocate raised NoFreeBlocksError; 0 of 3 blocks free" in detail
+
+
+def test_the_waiting_target_separates_0_8_5_from_0_9_2():
+    """vLLM PR #18957: ``make_prefix_waiting`` counts cached tokens in the scheduler's order
+    and keeps a refused group waiting; the stale count is caught on 0.8.5 (a shrunk trace
+    ending in the retried allocation), not on 0.9.2, whose scheduler drops the record."""
+    from kvcheck.impl.thirdparty import install, vllm_v0
+    from kvcheck.verify import verify
+
+    install.ensure(install.ENGINES["vllm-v0"], "0.9.2")
+    allow = ("append_slot: the sole holder of a partial block writes in place",
+             "append_slot: a new block was free")
+    kw = dict(model="prefix", allow=frozenset(allow))
+    assert not vllm_v0.make_prefix_waiting(4, 2, version="0.8.5").forgets_when_refused
+    assert vllm_v0.make_prefix_waiting(4, 2, version="0.9.2").forgets_when_refused
+    bad = verify("kvcheck.impl.thirdparty.vllm_v0:make_prefix_waiting@0.8.5", 8, 2, 3000, 0, **kw)
+    assert not bad.ok and bad.violation.name == (
+        "allocate: every block the cached tokens skip holds the requested prefix")
+    last = bad.trace.ops[-1]
+    assert last.kind == "allocate" and any(
+        o.kind == "allocate" and o.seq == last.seq and o.outcome == "refused"
+        for o in bad.trace.ops[:-1])
+    good = verify("kvcheck.impl.thirdparty.vllm_v0:make_prefix_waiting@0.9.2", 8, 2, 3000, 0, **kw)
+    assert good.ok, good.violation
+
+
+def test_the_18957_replay_on_the_engines_block_manager():
+    for version, expected in (("0.8.5", True), ("0.9.2", False)):
+        reproduced, detail = replays.replay_vllm_18957(version)
+        assert reproduced is expected, (version, detail)

@@ -178,6 +178,43 @@ def test_v1_readmission_with_a_null_padded_hit_is_not_admitted():
     assert t.admits(Op("allocate", seq=0, n_tokens=3))  # another length: a new request
 
 
+def test_v1_new_request_with_a_null_padded_hit_is_not_admitted():
+    """A new request's prompt the cache holds is served a sliding-window hit padded with
+    null blocks behind the window, which the prefix model's allocate does not describe:
+    not admitted (this allocation was a false alarm of ``verify-prefix``)."""
+    from kvcheck.models.prefix.model import PrefixOp
+
+    t = vllm_v1_sliding.make(3, 1)  # W = 2
+    t.allocate(0, 2, token_ids=[0, 1])
+    padded = PrefixOp("allocate", seq=1, n_tokens=3, tokens=(0, 1, 2))
+    req = vllm_v1.Request("probe", [0, 1, 2], t._hasher)
+    computed, hit, *_ = t.manager.get_computed_blocks(req)
+    assert hit == 2 and computed.blocks[0][0].is_null
+    assert not t.admits(padded)
+    assert t.admits(PrefixOp("allocate", seq=1, n_tokens=3, tokens=(0, 5, 6)))  # no hit, no null
+    assert t.admits(Op("allocate", seq=1, n_tokens=3))  # fresh tokens
+
+
+class _AdmitPadded(vllm_v1_sliding.VllmV1SlidingTarget):
+    def admits(self, op):
+        return op.kind == "allocate" or super().admits(op)
+
+
+@pytest.mark.parametrize("bs", [1, 2, 4])
+def test_v1_sliding_passes_the_prefix_model_and_the_padded_hit_is_what_it_keeps_out(bs):
+    from kvcheck.models.prefix import MODEL as PREFIX
+
+    scope = BlockScope(8, bs)
+    for version in (None, "0.20.2"):
+        d = run.drive(PREFIX, lambda n, b, v=version: vllm_v1_sliding.make(n, b, version=v),
+                      scope, Options(), 1, 3000)
+        assert d.violation is None, (version, d.violation)
+    # admitting the padded hit is the violation the adapter used to report
+    d = run.drive(PREFIX, lambda n, b: _AdmitPadded(n, b, b + 1), scope, Options(), 1, 3000)
+    assert d.violation is not None and d.violation.name == (
+        "allocate: every block the cached tokens skip holds the requested prefix"), d.violation
+
+
 # -- vLLM v0 -----------------------------------------------------------------------
 def test_v0_capabilities_window_and_reserved_null_block():
     t = vllm_v0_sliding.make(5, 2)

@@ -2,7 +2,8 @@
 
 The ends of each adapter's range are driven by the oracle: vLLM v0 block manager v2 at
 0.4.3 (the first release without PR #4761's bug, which 0.4.2 has: see
-benchmarks/historical) and 0.8.5, v1 at 0.10.2 and 0.33.0. A release that is not
+benchmarks/historical), 0.8.5 and 0.9.2 (its last end: 0.9.x still ships v0), v1 at
+0.10.2 and 0.33.0. A release that is not
 installed is installed by the fixture (py files only: 0.4.3 is a 131 MB download, 0.10.2
 about 250 MB), or the test skips when the index cannot be reached.
 """
@@ -115,7 +116,7 @@ def test_a_corrupt_local_wheel_is_one_line(tmp_path):
 # -- TARGET@VERSION -------------------------------------------------------------------
 def test_versioned_target_errors_are_one_line():
     p = _cli("verify", "vllm-v0@9.9", "--ops", "10")
-    assert p.returncode == 2 and "vllm-v0 loads vllm 0.4.2 .. 0.8.5, not 9.9" in p.stderr
+    assert p.returncode == 2 and "vllm-v0 loads vllm 0.4.2 .. 0.9.2, not 9.9" in p.stderr
     p = _cli("verify", "reference@1", "--ops", "10")
     assert p.returncode == 2 and "has no versions" in p.stderr
 
@@ -128,7 +129,7 @@ def test_an_empty_version_is_named_as_such(target, capsys):
     assert err.count("\n") == 1 and "no version after '@'" in err, err
 
 
-@pytest.mark.parametrize("version", ["0.4.3", "0.8.5"])
+@pytest.mark.parametrize("version", ["0.4.3", "0.8.5", "0.9.2"])
 @pytest.mark.parametrize("kind", ["naive", "prefix_caching"])
 def test_v0_range_ends_pass_behind_the_engine_guard(version, kind):
     _have("vllm-v0", version)
@@ -176,7 +177,7 @@ def test_the_environments_vllm_is_checked(tmp_path):
     # an environment's vLLM outside the range is not checked, and the verdict says so
     p = _cli("verify", "vllm-v0", "--blocks", "6", "--block-size", "2", "--ops", "100", env=env)
     assert ("engine: vllm 0.8.5 from the pinned sources" in p.stdout and
-            "(the vllm 0.10.2 of this environment is outside vllm-v0's range 0.4.2 .. 0.8.5)"
+            "(the vllm 0.10.2 of this environment is outside vllm-v0's range 0.4.2 .. 0.9.2)"
             in p.stdout), p.stdout[-600:]
 
 

@@ -78,3 +78,22 @@ def test_the_verdict_names_the_engine_release(capsys):
     assert json.loads(capsys.readouterr().out)["engine"].startswith("vllm ")
     assert main(["verify-hybrid", "reference-hybrid", "--ops", "30"], isolate=False) == 0
     assert "engine:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("version", ["0.10.2", "0.20.2"])
+def test_the_range_ends_and_a_middle_release_pass(version):
+    """The adapter loads any release of ``vllm-v1``'s range (``vllm-v1-hybrid@VERSION``),
+    the oldest (no ``scheduler_block_size`` keyword, two-item ``get_computed_blocks``) too;
+    0.33.0 is the default of the tests above."""
+    r = verify(f"vllm-v1-hybrid@{version}", 8, 2, 1500, 0, model="hybrid")
+    assert r.ok, r.violation and (r.violation.name, r.violation.witness)
+    st = r.state.stats
+    assert st["hits"] > 0 and st["dropped"] > 0
+    assert VllmV1HybridTarget(4, 2, version=version).version == version
+
+
+def test_a_release_outside_the_range_is_a_clear_error():
+    from kvcheck.targets.loading import TargetError
+
+    with pytest.raises(TargetError, match="not 0.9.0"):
+        verify("vllm-v1-hybrid@0.9.0", 8, 2, 10, 0, model="hybrid")

@@ -146,14 +146,15 @@ class HybridModel(Model):
 
         if isinstance(spec, str) and spec in HYBRID_TARGETS:
             return spec, _import_attr(HYBRID_TARGETS[spec][0])
+        name, at, version = spec.partition("@") if isinstance(spec, str) else ("", "", "")
+        if at and name in HYBRID_TARGETS:  # vllm-v1-hybrid@0.20.2: the adapter's release
+            from kvcheck.targets.loading import with_version
+
+            return spec, with_version(_import_attr(HYBRID_TARGETS[name][0]), spec, version)
         if isinstance(spec, str) and spec and ":" not in spec:  # a name: not a file or module
             from kvcheck.targets.loading import TargetError
             from kvcheck.targets.registry import TARGETS
 
-            name, at, _ = spec.partition("@")
-            if name in HYBRID_TARGETS:  # NAME@VERSION: no hybrid adapter loads other releases
-                raise TargetError(f"target {name!r} has no versions (TARGET@VERSION is for the "
-                                  f"engine adapters of kvcheck verify)")
             if name not in TARGETS:
                 raise TargetError(f"unknown hybrid target {spec!r}: use module:attr, "
                                   f"file.py:attr or one of: {', '.join(sorted(HYBRID_TARGETS))}")

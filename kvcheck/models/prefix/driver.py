@@ -7,13 +7,20 @@ up to a block and a token (often into a cached full block), rebases of one live
 sequence onto another, preemptions (each preempted sequence re-admitted later with
 every token it had: a recompute the cache may serve from its own freed blocks), and
 ``append_slots`` writing the slots a rollback left reserved. A target with only the
-seed's operations sees exactly the stream it always did."""
+seed's operations sees exactly the stream it always did.
+
+A target whose engine keeps a refused request waiting (``retries_refused``: its
+scheduler leaves a group its admission check declined at the head of the queue and
+tries it again) has its refused allocation drawn again, same id and prompt, as the
+next allocation (the operations between are the running sequences' steps and frees).
+No other target's stream changes."""
 
 from __future__ import annotations
 
 import random
 
 from kvcheck.models.prefix.model import EXTRA_OPS, PrefixOp
+from kvcheck.spec.outcomes import REFUSED
 
 
 class PrefixDriver:
@@ -26,7 +33,7 @@ class PrefixDriver:
     WEIGHTS = ("allocate", "fork", "free_seq")
 
     def __init__(self, seed: int, num_blocks: int, block_size: int, capabilities,
-                 weights: dict | None = None):
+                 weights: dict | None = None, retry_refused: bool = False):
         self.rng = random.Random(seed)
         self._w = tuple(float((weights or {}).get(k, 1.0)) for k in ("allocate", "fork", "free_seq"))
         self.num_blocks, self.bs, self.caps = num_blocks, block_size, capabilities
@@ -37,6 +44,9 @@ class PrefixDriver:
         self.last_prompt: list[int] | None = None  # the allocation just drawn (commits aside)
         self._extra = any(k in capabilities for k in EXTRA_OPS)
         self.preempted: dict[int, tuple] = {}  # preempted seq -> its tokens, to re-admit
+        self._retry = retry_refused
+        self._last: PrefixOp | None = None  # the operation drawn last (its outcome filled in)
+        self._waiting: PrefixOp | None = None  # a refused allocation, drawn again next
 
     def _new_id(self) -> int:
         self.next_id += 1
@@ -52,6 +62,12 @@ class PrefixDriver:
     def next_op(self, live: list[int], free_blocks: int, uncommitted=None, state=None) -> PrefixOp:
         """The next operation; ``state`` (the oracle: ``lengths``, ``reserved``,
         ``tokens_of``) lets the operations beyond the seed's four be drawn."""
+        if self._retry and self._last is not None and self._last.kind == "allocate":
+            refused = self._last.outcome == REFUSED
+            if refused:
+                self._waiting = self._last
+            elif self._waiting is not None and self._last.seq == self._waiting.seq:
+                self._waiting = None  # admitted (or out of blocks) at last
         op = None
         if self._extra and state is not None:
             op = self._extra_op(live, state, uncommitted or ())
@@ -59,6 +75,7 @@ class PrefixDriver:
             op = self._next(live, free_blocks, uncommitted)
         if op.kind != "commit":
             self.last_prompt = list(op.tokens) if op.kind == "allocate" else None
+        self._last = op
         return op
 
     def _next(self, live: list[int], free_blocks: int, uncommitted=None) -> PrefixOp:
@@ -72,6 +89,9 @@ class PrefixDriver:
             live = [q for q in live if q not in uncommitted]
         fullness = 1.0 - free_blocks / self.num_blocks if self.num_blocks else 1.0
         if not live or rng.random() < (0.3 * (1.0 - fullness) + 0.05) * wa:
+            if self._waiting is not None:  # the head of the queue, tried again
+                w = self._waiting
+                return PrefixOp("allocate", seq=w.seq, n_tokens=w.n_tokens, tokens=w.tokens)
             if self.last_prompt is not None and rng.random() < 0.25:
                 toks = self.last_prompt  # the same prompt again, back to back
             else:

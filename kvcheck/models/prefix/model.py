@@ -231,7 +231,8 @@ class PrefixModel(Model):
         if not takes_token_ids(target):  # (a prefix cache keys blocks by their tokens)
             caps.discard("append_slots")
         return _Driving(PrefixDriver(seed, scope.num_blocks, scope.block_size, frozenset(caps),
-                                     options.extra.get("weights")))
+                                     options.extra.get("weights"),
+                                     retry_refused=bool(getattr(target, "retries_refused", False))))
 
     # -- shrinking ------------------------------------------------------------------
     def count_hints(self, scope) -> tuple[int, ...]:
