@@ -149,7 +149,8 @@ def test_hybrid_trace_loading_is_strict():
 @pytest.mark.parametrize("argv,says", [
     (["verify-hybrid", "nope"], "unknown hybrid target 'nope': use module:attr, file.py:attr or "
                                 "one of: reference-hybrid, vllm-v1-hybrid"),
-    (["verify-hybrid", "reference-hybrid@0.20.2"], "target 'reference-hybrid' has no versions"),
+    (["verify-hybrid", "reference-hybrid@0.20.2"], "target 'reference-hybrid@0.20.2': the factory "
+                                                   "takes no version"),
     (["verify", "reference-hybrid"], "is a hybrid pool (several KV-cache groups): check it with "
                                      "kvcheck verify-hybrid reference-hybrid"),
     (["verify-prefix", "vllm-v1-hybrid"], "kvcheck verify-hybrid vllm-v1-hybrid"),
