@@ -137,7 +137,9 @@ def test_an_interrupted_campaign_is_never_a_pass(tmp_path):
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stdout + stderr
+    # 130, or ended by the SIGINT itself (-2) when it lands as the process exits (seen once
+    # in CI, with tests/core running beside it): both read as "interrupted" to a shell and CI
+    assert proc.returncode in (130, -signal.SIGINT), stdout + stderr
     assert "PASS" not in stdout and "Traceback" not in stderr
     assert stderr.startswith("kvcheck: interrupted")
     if (out / "summary.json").exists():  # interrupted once the runs had started: they were cut
