@@ -382,3 +382,72 @@ REPLAYS = {
     "vllm-11168": replay_vllm_11168,
     "vllm-18957": replay_vllm_18957,
 }
+
+
+def replay_sglang_34399(version: str) -> tuple[bool, str]:
+    """sglang #34399 (PRs #22035, #30892, #32780, #34400): ``PagedTokenToKVPoolAllocator``'s
+    ``alloc_extend`` / ``alloc_decode`` launch the Triton allocation kernel before checking
+    that ``free_pages`` holds the pages the batch needs; on an exhausted pool the kernel
+    reads ``free_pages`` past its end (an empty tensor's data pointer is 0: an illegal
+    memory access on the GPU, SIGSEGV under Triton's CPU interpreter), then the allocator
+    returns ``None``. 3 pages of 4 slots: a 12-token prefill fills the pool, then a decode
+    token and a 4-token prefill each need a page. The kernel names ``paged.py`` launches
+    are wrapped to record each launch's free pages and needed pages (a launch the pool
+    cannot serve is recorded, not run); the release's GPU path is taken
+    (``use_triton_kernels = True`` where the release has the torch path, 0.5.22 on, after
+    the prefill, which runs on its torch path)."""
+    import torch
+
+    from kvcheck.impl.thirdparty import sglang
+
+    loaded = sglang.load(version)
+    paged = loaded[f"{sglang.ALLOCATOR}.paged"]
+    ps, launches = 4, []
+
+    class Recorder:
+        def __init__(self, name, real, needed):
+            self.name, self.real, self.needed = name, real, needed
+
+        def __getitem__(self, grid):
+            def launch(*args):
+                free = args[3] if self.name == "alloc_extend_kernel" else args[2]
+                need = self.needed(*args)
+                if need > free.numel():  # would read past free_pages: record, do not run
+                    launches.append((self.name, free.numel(), need))
+                    return None
+                return self.real[grid](*args)
+            return launch
+
+    def extend_need(prefix_lens, seq_lens, *_):
+        return int(((seq_lens + ps - 1) // ps - (prefix_lens + ps - 1) // ps).sum())
+
+    def decode_need(seq_lens, *_):
+        return int(((seq_lens - 1) % ps == 0).sum())
+
+    saved = {n: getattr(paged, n) for n in ("alloc_extend_kernel", "alloc_decode_kernel")}
+    paged.alloc_extend_kernel = Recorder("alloc_extend_kernel", saved["alloc_extend_kernel"],
+                                         extend_need)
+    paged.alloc_decode_kernel = Recorder("alloc_decode_kernel", saved["alloc_decode_kernel"],
+                                         decode_need)
+    try:
+        alloc = paged.PagedTokenToKVPoolAllocator(3 * ps, ps, torch.float16, "cpu", None, False)
+
+        def t(v):
+            return torch.tensor(v, dtype=torch.int64)
+
+        zero, lens = t([0]), t([12])
+        row = alloc.alloc_extend(zero, zero.clone(), lens, lens.clone(), t([-1]), 12)
+        if hasattr(alloc, "use_triton_kernels"):
+            alloc.use_triton_kernels = True  # the CUDA path
+        seq = t([13])
+        decode = alloc.alloc_decode(seq, seq.clone(), row[11:12].clone())
+        four = t([4])
+        extend = alloc.alloc_extend(zero, zero.clone(), four, four.clone(), t([-1]), 4)
+    finally:
+        for n, k in saved.items():
+            setattr(paged, n, k)
+    return bool(launches), (
+        f"prefill of 12 tokens -> pages {sorted({s // ps for s in row.tolist()})}, free pages "
+        f"left {alloc.free_pages.numel()}; decode -> {decode}, 4-token prefill -> {extend}; "
+        f"kernel launches with fewer free pages than needed (kernel, free, needed): "
+        f"{launches or 'none'}")

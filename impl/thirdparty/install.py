@@ -100,9 +100,14 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
     Engine("nano-vllm", "nano-vllm-fork", "nanovllm", pinned="20260210", low="20260210",
            high="20260210", layout="target", runtime_deps=("xxhash", "numpy"),
            note="nano-vllm-fork BlockManager"),
-    Engine("sglang", "sglang", "sglang", pinned="0.5.23", low="0.5.23", high="0.5.23",
-           note="SGLang token/paged allocators and radix cache (its allocators run on torch "
-                "CPU tensors: torch==2.13.0 from the test extras)"),
+    Engine("sglang", "sglang", "sglang", pinned="0.5.23", low="0.5.13", high="0.5.23",
+           note="SGLang token/paged allocators, sglang/srt/mem_cache/allocator/ (a package "
+                "from 0.5.13; they run on torch CPU tensors: torch==2.13.0 from the test "
+                "extras; before 0.5.22 the paged one's Triton kernels run under Triton's "
+                "interpreter)"),
+    Engine("sglang-radix", "sglang", "sglang", pinned="0.5.23", low="0.5.22", high="0.5.23",
+           note="SGLang RadixCache with the scheduler's checkpoint / lock / unlock API "
+                "(RadixCache.checkpoint, lock, unlock, path_device_indices: from 0.5.22)"),
     Engine("aphrodite", "aphrodite-engine", "aphrodite", pinned="0.24.1", low="0.24.1",
            high="0.24.1", note="aphrodite-engine, a vLLM v1 fork"),
     Engine("nano-vllm-npu", "nano-vllm-npu", "nanovllmnpu", pinned="0.0.2", low="0.0.1.post1",
