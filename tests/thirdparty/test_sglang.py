@@ -297,3 +297,83 @@ def test_aphrodite_passes(blocks, bs):
     r = verify("aphrodite", blocks, bs, 1500, seed=0, model="prefix")
     assert r.ok, r.trace and r.trace.violation
     assert r.state.stats.hit_allocations > 0
+
+
+# -- the release range (0.5.13 .. 0.5.23; the radix cache 0.5.22 .. 0.5.23) ----------------
+def _installed(version: str) -> bool:
+    from kvcheck.impl.thirdparty import install
+
+    return install.find(install.ENGINES["sglang"], version) is not None
+
+
+needs_range = pytest.mark.skipif(
+    not all(_installed(v) for v in ("0.5.13", "0.5.21", "0.5.22"))
+    or importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None,
+    reason="SGLang 0.5.13, 0.5.21, 0.5.22 (kvcheck install sglang==VERSION), torch or triton "
+           "missing")
+
+
+def _cli_json(*args) -> dict:
+    """The CLI in a process of its own: a target that ends the process (SIGSEGV under
+    Triton's interpreter) must not end the test's."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", *args, "--json"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    return {"rc": p.returncode, **json.loads(p.stdout)}
+
+
+@needs_range
+@pytest.mark.parametrize("version", ["0.5.13", "0.5.23"])
+def test_the_token_allocator_holds_at_both_ends_of_the_range(version):
+    r = verify(f"sglang-token@{version}", 8, 1, 1500, seed=1)
+    assert r.ok, r.trace and r.trace.violation
+    assert r.ops == 1500
+
+
+@needs_range
+def test_the_oldest_paged_allocator_runs_its_own_kernels_under_the_interpreter():
+    """0.5.13's paged.py launches alloc_extend_kernel / alloc_decode_kernel (Triton, from
+    mem_cache/triton_ops/allocator.py) whatever the device: the adapter executes that file
+    under TRITON_INTERPRET=1, so the kernels are the release's own and the environment
+    variable is restored after."""
+    import os
+
+    from kvcheck.impl.thirdparty import sglang
+
+    before = os.environ.get("TRITON_INTERPRET")
+    t = sglang.make_paged(4, 2, version="0.5.13")
+    assert os.environ.get("TRITON_INTERPRET") == before
+    kernels = t.alloc.__class__.alloc_extend.__globals__["alloc_extend_kernel"]
+    assert type(kernels).__name__ == "InterpretedFunction"
+    t.allocate(0, 3)
+    assert t.block_table(0) == [0, 1] and t.append_slot(0) == (1, 1, None)
+    assert t.append_slot(0) == (2, 0, None) and sorted(t.free_blocks()) == [3]
+    t.free_seq(0)  # 0.5.13 has no free_segments: the release's free(row)
+    assert sorted(t.free_blocks()) == [0, 1, 2, 3] and t.num_free() == 4
+
+
+@needs_range
+def test_34399_is_caught_on_0_5_21_and_gone_on_0_5_22():
+    """sglang #34399: before 0.5.22 the decode kernel is launched on the exhausted pool's
+    empty free_pages (pointer 0) before the capacity check: the process dies (SIGSEGV under
+    the interpreter, an illegal address on the GPU). 0.5.22 checks first."""
+    args = ["verify", "--blocks", "3", "--block-size", "4", "--ops", "1500", "--seed", "0"]
+    bad = _cli_json(args[0], "sglang-paged@0.5.21", *args[1:])
+    assert bad["rc"] == 1
+    v = bad["violation"]
+    assert v["violation"]["kind"] == "crash" and v["violation"]["name"] == "append_slot"
+    assert "SIGSEGV" in v["violation"]["witness"] and len(v["ops"]) == 3
+    good = _cli_json(args[0], "sglang-paged@0.5.22", *args[1:])
+    assert good["rc"] == 0 and good["verdict"] == "pass"
+
+
+@needs_range
+def test_the_radix_adapter_loads_0_5_22_and_refuses_older(capsys):
+    r = verify("sglang-radix@0.5.22", 8, 2, 1000, seed=2, model="prefix")
+    assert r.ok, r.trace and r.trace.violation
+    assert r.state.stats.hit_allocations > 0
+    assert kvcheck(["verify", "sglang-radix@0.5.21", "--ops", "10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sglang-radix loads sglang 0.5.22 .. 0.5.23, not 0.5.21" in err[0]
