@@ -332,26 +332,58 @@ def test_the_token_allocator_holds_at_both_ends_of_the_range(version):
     assert r.ops == 1500
 
 
+OLDEST_PAGED = """
+import os
+from kvcheck.impl.thirdparty import sglang
+before = os.environ.get("TRITON_INTERPRET")
+t = sglang.make_paged(4, 2, version="0.5.13")
+assert os.environ.get("TRITON_INTERPRET") == before
+kernel = t.alloc.__class__.alloc_extend.__globals__["alloc_extend_kernel"]
+assert type(kernel).__name__ == "InterpretedFunction", type(kernel)
+t.allocate(0, 3)
+assert t.block_table(0) == [0, 1] and t.append_slot(0) == (1, 1, None)
+assert t.append_slot(0) == (2, 0, None) and sorted(t.free_blocks()) == [3]
+t.free_seq(0)  # 0.5.13 has no free_segments: the release's free(row)
+assert sorted(t.free_blocks()) == [0, 1, 2, 3] and t.num_free() == 4
+print("ok")
+"""
+
+
 @needs_range
 def test_the_oldest_paged_allocator_runs_its_own_kernels_under_the_interpreter():
     """0.5.13's paged.py launches alloc_extend_kernel / alloc_decode_kernel (Triton, from
     mem_cache/triton_ops/allocator.py) whatever the device: the adapter executes that file
-    under TRITON_INTERPRET=1, so the kernels are the release's own and the environment
-    variable is restored after."""
-    import os
+    under TRITON_INTERPRET=1, so the kernels are the release's own, and restores the
+    variable. In a process of its own: Triton must not be imported before (a one-line
+    error then, tested below)."""
+    import subprocess
+    import sys
 
-    from kvcheck.impl.thirdparty import sglang
+    p = subprocess.run([sys.executable, "-c", OLDEST_PAGED], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
 
-    before = os.environ.get("TRITON_INTERPRET")
-    t = sglang.make_paged(4, 2, version="0.5.13")
-    assert os.environ.get("TRITON_INTERPRET") == before
-    kernels = t.alloc.__class__.alloc_extend.__globals__["alloc_extend_kernel"]
-    assert type(kernels).__name__ == "InterpretedFunction"
-    t.allocate(0, 3)
-    assert t.block_table(0) == [0, 1] and t.append_slot(0) == (1, 1, None)
-    assert t.append_slot(0) == (2, 0, None) and sorted(t.free_blocks()) == [3]
-    t.free_seq(0)  # 0.5.13 has no free_segments: the release's free(row)
-    assert sorted(t.free_blocks()) == [0, 1, 2, 3] and t.num_free() == 4
+
+TRITON_FIRST = """
+import triton.language  # imported for the GPU before the adapter
+from kvcheck.impl.thirdparty import sglang
+try:
+    sglang.make_paged(4, 2, version="0.5.21")
+except sglang._loader.ThirdPartyMissing as exc:
+    print(exc)
+"""
+
+
+@needs_range
+def test_triton_imported_first_is_a_clear_error():
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", TRITON_FIRST], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "triton was already imported in this process without TRITON_INTERPRET=1" \
+        in p.stdout
 
 
 @needs_range
