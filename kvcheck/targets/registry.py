@@ -33,11 +33,14 @@ TARGETS: dict[str, tuple[str, str]] = {
     "nano-vllm": ("kvcheck.impl.thirdparty.nano_vllm:make",
                   "nano-vllm-fork 20260210 BlockManager, xxhash prefix caching (no fork)"),
     "sglang-token": ("kvcheck.impl.thirdparty.sglang:make_token",
-                     "SGLang 0.5.23 TokenToKVPoolAllocator (page size 1; no refcounts, no fork)"),
+                     "SGLang TokenToKVPoolAllocator (0.5.23; @0.5.13..0.5.23; page size 1; "
+                     "no refcounts, no fork)"),
     "sglang-paged": ("kvcheck.impl.thirdparty.sglang:make_paged",
-                     "SGLang 0.5.23 PagedTokenToKVPoolAllocator, page size = block size (no fork)"),
+                     "SGLang PagedTokenToKVPoolAllocator (0.5.23; @0.5.13..0.5.23), page size = "
+                     "block size (no fork)"),
     "sglang-radix": ("kvcheck.impl.thirdparty.sglang_radix:make",
-                     "SGLang 0.5.23 RadixCache over its allocator: tree locks, LRU eviction (no fork)"),
+                     "SGLang RadixCache (0.5.23; @0.5.22..0.5.23) over its allocator: tree locks, "
+                     "LRU eviction (no fork)"),
     "aphrodite": ("kvcheck.impl.thirdparty.aphrodite:make",
                   "aphrodite-engine 0.24.1 v1 KVCacheManager (a vLLM v1 fork), prefix caching"),
     "device": ("kvcheck.impl.device.manager:make",
