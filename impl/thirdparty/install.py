@@ -100,11 +100,11 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
     Engine("nano-vllm", "nano-vllm-fork", "nanovllm", pinned="20260210", low="20260210",
            high="20260210", layout="target", runtime_deps=("xxhash", "numpy"),
            note="nano-vllm-fork BlockManager"),
-    Engine("sglang", "sglang", "sglang", pinned="0.5.23", low="0.5.13", high="0.5.23",
-           note="SGLang token/paged allocators, sglang/srt/mem_cache/allocator/ (a package "
-                "from 0.5.13; they run on torch CPU tensors: torch==2.13.0 from the test "
-                "extras; before 0.5.22 the paged one's Triton kernels run under Triton's "
-                "interpreter)"),
+    Engine("sglang", "sglang", "sglang", pinned="0.5.23", low="0.4.8", high="0.5.23",
+           note="SGLang token/paged allocators, sglang/srt/mem_cache/allocator.py (0.4.8 .. "
+                "0.5.12) or the allocator/ package (0.5.13 on); they run on torch CPU "
+                "tensors: torch==2.13.0 from the test extras; before 0.5.22 the paged one's "
+                "Triton kernels run under Triton's interpreter"),
     Engine("sglang-radix", "sglang", "sglang", pinned="0.5.23", low="0.5.22", high="0.5.23",
            note="SGLang RadixCache with the scheduler's checkpoint / lock / unlock API "
                 "(RadixCache.checkpoint, lock, unlock, path_device_indices: from 0.5.22)"),

@@ -1,5 +1,5 @@
 """Adapters: SGLang's token and paged KV allocators as ``Target`` s (0.5.23 pinned;
-``sglang-token@VERSION`` / ``sglang-paged@VERSION`` for any release 0.5.13 .. 0.5.23).
+``sglang-token@VERSION`` / ``sglang-paged@VERSION`` for any release 0.4.8 .. 0.5.23).
 
 What runs is the wheel's own ``sglang/srt/mem_cache/allocator/{__init__,base,token,
 paged}.py`` (see ``_loader``), unchanged, on torch CPU tensors: the free list is
@@ -7,18 +7,28 @@ paged}.py`` (see ``_loader``), unchanged, on torch CPU tensors: the free list is
 torch ``int64`` tensor, as on the GPU. Install: ``kvcheck install sglang[==VERSION]``
 (optional: not in the default set).
 
-The range: ``mem_cache/allocator/`` is a package from 0.5.13 (before, one
-``mem_cache/allocator.py`` with other imports). What differs inside it is read from the
-release's files, not its version string: ``paged.py`` takes its torch path on a platform
-without Triton from 0.5.22 (``current_platform``); before, it always launches the Triton
-kernels ``alloc_extend_kernel`` / ``alloc_decode_kernel`` (``mem_cache/triton_ops/
-allocator.py`` to 0.5.15, ``sglang/kernels/ops/memory/allocator.py`` from 0.5.16), and
-the adapter executes that kernel file itself, unchanged, under Triton's interpreter
-(``TRITON_INTERPRET=1`` while the file is executed, so its ``@triton.jit`` kernels run on
-CPU tensors: the release's own kernels, not a rewrite). A release frees a request's row
-with ``free_segments`` from 0.5.17, with ``free`` before (what its
-``release_kv_cache`` calls); the free list is ``get_all_free_pages()`` where the
-release has it (0.5.21 on), else its ``free_pages`` + ``release_pages``.
+The range. What differs between releases is read from each release's files, not its
+version string:
+
+* layout: the allocators are one module, ``mem_cache/allocator.py``, from 0.4.8 (where
+  ``PagedTokenToKVPoolAllocator`` moved there) to 0.5.12, with their Triton kernels
+  defined in it; the package ``mem_cache/allocator/`` from 0.5.13, the kernels in
+  ``mem_cache/triton_ops/allocator.py`` (to 0.5.15) or ``sglang/kernels/ops/memory/
+  allocator.py`` (0.5.16 on). ``allocator.py`` imports ``SWAKVPool`` from the 260 KB
+  ``memory_pool.py`` for the SWA allocator's ``isinstance`` check only: a stand-in class
+  no pool here is an instance of.
+* kernels: ``paged.py`` takes a torch path on a platform without Triton from 0.5.22
+  (``current_platform``); before, the paged allocator always launches the Triton kernels
+  ``alloc_extend_kernel`` / ``alloc_decode_kernel``, and the adapter executes the file
+  that defines them, unchanged, under Triton's interpreter (``TRITON_INTERPRET=1`` while
+  the file is executed, so its ``@triton.jit`` kernels run on CPU tensors: the release's
+  own kernels, not a rewrite).
+* calls: ``alloc_extend`` / ``alloc_decode`` take the lengths' CPU copies where the
+  release's signature has them (``prefix_lens_cpu``, ``seq_lens_cpu``); the constructors
+  take ``need_sort`` from 0.5.1; a row is freed with ``free_segments`` from 0.5.17,
+  ``free`` before (what the release's ``release_kv_cache`` calls); the free list is
+  ``get_all_free_pages()`` where the release has it (0.5.21 on), else its ``free_pages``
+  + ``release_pages``.
 
 Stand-ins (every other ``sglang.*`` import raises, see ``_loader``):
 
@@ -144,7 +154,12 @@ def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:
 
     import torch
 
-    real_functions(mod, loaded, "sglang/srt/utils/common.py", UTILS_FUNCTIONS, {
+    rel = "sglang/srt/utils/common.py"
+    if not (loaded.root / rel).is_file():  # a module, sglang/srt/utils.py, before 0.5.2
+        rel = "sglang/srt/utils.py"
+    text = (loaded.root / rel).read_text()
+    names = [n for n in UTILS_FUNCTIONS if f"\ndef {n}(" in text]  # what the release has;
+    real_functions(mod, loaded, rel, names, {  # an import of one it lacks fails there
         "torch": torch, "os": os, "lru_cache": functools.lru_cache, "Optional": Optional,
         "logger": logging.getLogger("kvcheck.thirdparty.sglang.utils"),
         "_warned_bool_env_var_keys": set(),
@@ -172,6 +187,21 @@ def _stub_kernels(mod: types.ModuleType, _: Loaded) -> None:
 
 STUBS = {"sglang.srt.utils": _stub_utils, "sglang.srt.platforms": _stub_platforms,
          "sglang.kernels.ops.memory.allocator": _stub_kernels}
+
+
+def single_file(root) -> bool:
+    """Whether the release's allocators are one module, ``mem_cache/allocator.py`` (0.4.8 ..
+    0.5.12), its Triton kernels defined in it, rather than the package of 0.5.13 on."""
+    from pathlib import Path
+
+    return (Path(root) / "sglang/srt/mem_cache/allocator.py").is_file()
+
+
+def _stub_swa_pool(mod: types.ModuleType, _: Loaded) -> None:
+    class SWAKVPool:  # no pool the adapters build is one (the SWA allocator asserts it)
+        pass
+
+    mod.SWAKVPool = SWAKVPool
 
 
 def torch_path(root) -> bool:
@@ -240,6 +270,11 @@ class Interpreted:
 def files_and_stubs(root, files=FILES, stubs=STUBS) -> tuple[tuple, dict, tuple]:
     """(files, stubs, kernel modules to execute first) for the release in ``root``: the
     kernel stand-in where ``paged.py`` has its torch path, else the kernel file itself."""
+    if single_file(root):  # the module holds the kernels: all of it under the interpreter
+        files = (ALLOCATOR, *(f for f in files if not f.startswith(ALLOCATOR)))
+        stubs = {k: v for k, v in stubs.items() if k not in KERNELS}
+        stubs.setdefault("sglang.srt.mem_cache.memory_pool", _stub_swa_pool)
+        return files, stubs, (ALLOCATOR,)
     if torch_path(root):
         return tuple(files), dict(stubs), ()
     kernels = kernel_module(root)
@@ -259,6 +294,7 @@ def load_dist(dist: Dist, files, stubs, entry) -> Loaded:
     executed first, under the interpreter where ``paged.py`` needs them."""
     root = _loader.require(dist)
     files, stubs, kernels = files_and_stubs(root, files, stubs)
+    entry = [e for e in entry if e in files or e in stubs]  # allocator.base & co.: a package's
     key = (dist, tuple(sorted(files)), tuple(entry), str(root))
     with _lock:
         loaded = _loaded.get(key)
@@ -292,6 +328,28 @@ def free_pages_of(alloc) -> list[int]:
     return torch.cat(parts).tolist()
 
 
+def _takes(method, name: str) -> bool:
+    import inspect
+
+    return name in inspect.signature(method).parameters
+
+
+def alloc_extend(alloc, prefix_lens, seq_lens, last_loc, extend_num_tokens: int):
+    """``alloc_extend`` as the release's scheduler calls it: with the CPU copies of the
+    lengths (``prefix_lens_cpu``, ``seq_lens_cpu``) from 0.5.2, without before."""
+    if _takes(alloc.alloc_extend, "prefix_lens_cpu"):
+        return alloc.alloc_extend(prefix_lens, prefix_lens.clone(), seq_lens, seq_lens.clone(),
+                                  last_loc, extend_num_tokens)
+    return alloc.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
+
+
+def alloc_decode(alloc, seq_lens, last_loc):
+    """``alloc_decode``, with ``seq_lens_cpu`` where the release takes it."""
+    if _takes(alloc.alloc_decode, "seq_lens_cpu"):
+        return alloc.alloc_decode(seq_lens, seq_lens.clone(), last_loc)
+    return alloc.alloc_decode(seq_lens, last_loc)
+
+
 def free_row(alloc, row) -> None:
     """``release_kv_cache`` without a tree frees the request's row: ``free_segments([(row,
     0)])`` from 0.5.17, ``free(row)`` before."""
@@ -308,7 +366,7 @@ class SglangAllocatorTarget:
     vacuous = VACUOUS
 
     def __init__(self, num_blocks: int, block_size: int, paged: bool, need_sort: bool = False,
-                 version: str | None = None):
+                 version: str | None = None, admit_first: bool = False):
         import torch
 
         if num_blocks < 1 or block_size < 1:
@@ -324,12 +382,17 @@ class SglangAllocatorTarget:
         self.version = loaded.dist.version
         mods = loaded[ALLOCATOR]
         size = num_blocks * block_size
-        if paged:
-            self.alloc = mods.PagedTokenToKVPoolAllocator(size, block_size, torch.float16, "cpu",
-                                                          None, need_sort)
+        cls = mods.PagedTokenToKVPoolAllocator if paged else mods.TokenToKVPoolAllocator
+        args = (size, block_size) if paged else (size,)
+        if _takes(cls.__init__, "need_sort"):
+            self.alloc = cls(*args, torch.float16, "cpu", None, need_sort)
+        elif need_sort:
+            raise MisuseError(f"SGLang {self.version}'s {cls.__name__} has no need_sort "
+                              "(added in 0.5.1)")
         else:
-            self.alloc = mods.TokenToKVPoolAllocator(size, torch.float16, "cpu", None, need_sort)
+            self.alloc = cls(*args, torch.float16, "cpu", None)
         self.rows: dict[int, Any] = {}  # seq -> req_to_token row (int64 slots)
+        self.admit_first = admit_first
 
     def _t(self, values):
         return self.torch.tensor(values, dtype=self.torch.int64)
@@ -340,10 +403,10 @@ class SglangAllocatorTarget:
             raise MisuseError(f"sequence {seq!r} already exists")
         if n_tokens < 1:
             raise MisuseError(f"n_tokens must be positive, got {n_tokens!r}")
+        self._admit(-(-n_tokens // self.block_size))
         if self.paged:
-            zero, lens = self._t([0]), self._t([n_tokens])
-            out = self.alloc.alloc_extend(zero, zero.clone(), lens, lens.clone(), self._t([-1]),
-                                          n_tokens)
+            out = alloc_extend(self.alloc, self._t([0]), self._t([n_tokens]), self._t([-1]),
+                               n_tokens)
         else:
             out = self.alloc.alloc(n_tokens)
         if out is None:
@@ -353,9 +416,10 @@ class SglangAllocatorTarget:
     def append_slot(self, seq: int) -> tuple[int, int, int | None]:
         row = self._live(seq)
         length = len(row)
+        self._admit(1 if length % self.block_size == 0 else 0)
         if self.paged:
-            lens = self._t([length + 1])
-            out = self.alloc.alloc_decode(lens, lens.clone(), row[length - 1 : length].clone())
+            out = alloc_decode(self.alloc, self._t([length + 1]),
+                               row[length - 1 : length].clone())
         else:
             out = self.alloc.alloc(1)
         if out is None:
@@ -368,6 +432,15 @@ class SglangAllocatorTarget:
         row = self._live(seq)
         free_row(self.alloc, row)
         del self.rows[seq]
+
+    def _admit(self, pages: int) -> None:
+        """With ``admit_first``: the scheduler's admission before the allocator is called
+        (``PrefillBudget`` for a prefill, the decode memory check before a decode step):
+        ``pages`` new pages that the pool lacks are refused, nothing called."""
+        free = int(self.alloc.available_size()) // self.block_size
+        if self.admit_first and pages > free:
+            raise OutOfBlocks(f"SGLang's scheduler admits {pages} new page(s) only with as "
+                              f"many free ({free})")
 
     def _live(self, seq: int):
         row = self.rows.get(seq)
@@ -450,6 +523,16 @@ def make_paged(num_blocks: int, block_size: int,
                version: str | None = None) -> SglangAllocatorTarget:
     """``PagedTokenToKVPoolAllocator`` with ``page_size = block_size``."""
     return SglangAllocatorTarget(num_blocks, block_size, paged=True, version=version)
+
+
+def make_paged_admitted(num_blocks: int, block_size: int,
+                        version: str | None = None) -> SglangAllocatorTarget:
+    """``make_paged`` behind the scheduler's admission: an allocation that needs more pages
+    than are free is refused before the allocator is called, as SGLang's scheduler admits
+    (so the allocator's own out-of-blocks path, where sglang #34399 launches its kernel on
+    an exhausted pool before 0.5.22, is never reached)."""
+    return SglangAllocatorTarget(num_blocks, block_size, paged=True, version=version,
+                                 admit_first=True)
 
 
 def make_token_sorted(num_blocks: int, block_size: int,

@@ -307,10 +307,10 @@ def _installed(version: str) -> bool:
 
 
 needs_range = pytest.mark.skipif(
-    not all(_installed(v) for v in ("0.5.13", "0.5.21", "0.5.22"))
+    not all(_installed(v) for v in ("0.4.8", "0.5.2", "0.5.3", "0.5.13", "0.5.21", "0.5.22"))
     or importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None,
-    reason="SGLang 0.5.13, 0.5.21, 0.5.22 (kvcheck install sglang==VERSION), torch or triton "
-           "missing")
+    reason="SGLang 0.4.8, 0.5.2, 0.5.3, 0.5.13, 0.5.21, 0.5.22 (kvcheck install "
+           "sglang==VERSION), torch or triton missing")
 
 
 def _cli_json(*args) -> dict:
@@ -325,7 +325,7 @@ def _cli_json(*args) -> dict:
 
 
 @needs_range
-@pytest.mark.parametrize("version", ["0.5.13", "0.5.23"])
+@pytest.mark.parametrize("version", ["0.4.8", "0.5.13", "0.5.23"])
 def test_the_token_allocator_holds_at_both_ends_of_the_range(version):
     r = verify(f"sglang-token@{version}", 8, 1, 1500, seed=1)
     assert r.ok, r.trace and r.trace.violation
@@ -333,34 +333,36 @@ def test_the_token_allocator_holds_at_both_ends_of_the_range(version):
 
 
 OLDEST_PAGED = """
-import os
+import os, sys
 from kvcheck.impl.thirdparty import sglang
 before = os.environ.get("TRITON_INTERPRET")
-t = sglang.make_paged(4, 2, version="0.5.13")
+t = sglang.make_paged(4, 2, version=sys.argv[1])
 assert os.environ.get("TRITON_INTERPRET") == before
 kernel = t.alloc.__class__.alloc_extend.__globals__["alloc_extend_kernel"]
 assert type(kernel).__name__ == "InterpretedFunction", type(kernel)
 t.allocate(0, 3)
 assert t.block_table(0) == [0, 1] and t.append_slot(0) == (1, 1, None)
 assert t.append_slot(0) == (2, 0, None) and sorted(t.free_blocks()) == [3]
-t.free_seq(0)  # 0.5.13 has no free_segments: the release's free(row)
+t.free_seq(0)  # 0.4.8 and 0.5.13 have no free_segments: the release's free(row)
 assert sorted(t.free_blocks()) == [0, 1, 2, 3] and t.num_free() == 4
 print("ok")
 """
 
 
 @needs_range
-def test_the_oldest_paged_allocator_runs_its_own_kernels_under_the_interpreter():
-    """0.5.13's paged.py launches alloc_extend_kernel / alloc_decode_kernel (Triton, from
-    mem_cache/triton_ops/allocator.py) whatever the device: the adapter executes that file
-    under TRITON_INTERPRET=1, so the kernels are the release's own, and restores the
-    variable. In a process of its own: Triton must not be imported before (a one-line
-    error then, tested below)."""
+@pytest.mark.parametrize("version", ["0.4.8", "0.5.13"])
+def test_the_oldest_paged_allocators_run_their_own_kernels_under_the_interpreter(version):
+    """Before 0.5.22 the paged allocator launches alloc_extend_kernel / alloc_decode_kernel
+    (Triton) whatever the device; they are defined in mem_cache/allocator.py (0.4.8 ..
+    0.5.12, the allocators' one module) or mem_cache/triton_ops/allocator.py (0.5.13): the
+    adapter executes that file under TRITON_INTERPRET=1, so the kernels are the release's
+    own, and restores the variable. In a process of its own: Triton must not be imported
+    before (a one-line error then, tested below)."""
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-c", OLDEST_PAGED], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-c", OLDEST_PAGED, version], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
 
 
@@ -399,6 +401,19 @@ def test_34399_is_caught_on_0_5_21_and_gone_on_0_5_22():
     assert "SIGSEGV" in v["violation"]["witness"] and len(v["ops"]) == 3
     good = _cli_json(args[0], "sglang-paged@0.5.22", *args[1:])
     assert good["rc"] == 0 and good["verdict"] == "pass"
+
+
+@needs_range
+def test_s1_came_with_0_5_3_s_page_count():
+    """S1 (page size 1: a decode page left on the free list) arrived with 0.5.3's
+    get_num_new_pages(decode=True), (seq_lens % page_size == 1).sum(), 0 at page size 1;
+    0.5.2's kernel counts the new pages itself (ret_values), right at page size 1."""
+    args = ["--blocks", "8", "--block-size", "1", "--ops", "300", "--seed", "0"]
+    old = _cli_json("verify", "sglang-paged@0.5.2", *args)["violation"]["violation"]
+    assert old["kind"] == "crash"  # no S1; #34399 at the exhausted pool
+    new = _cli_json("verify", "sglang-paged@0.5.3", *args)["violation"]["violation"]
+    assert new["name"] == "append_slot: free list shrinks by one exactly when a block is taken"
+    assert new["step"] == 2
 
 
 @needs_range

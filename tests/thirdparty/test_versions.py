@@ -45,8 +45,8 @@ def _cli(*args, env=None):
     ("vllm-v1==0.8.5", "not supported"),
     ("vllm", "names several engine generations"),
     ("vllm==", "no version"),
-    ("sglang==0.5.12", "sglang 0.5.12 is not supported by any kvcheck adapter (sglang: "
-                       "0.5.13 .. 0.5.23)"),
+    ("sglang==0.4.7", "sglang 0.4.7 is not supported by any kvcheck adapter (sglang: "
+                      "0.4.8 .. 0.5.23)"),
     ("sglang-radix==0.5.21", "(sglang-radix: 0.5.22 .. 0.5.23)"),
 ])
 def test_bad_requests_are_one_line_and_exit_2(req, words):
@@ -61,7 +61,7 @@ def test_parse_maps_a_release_to_its_generation():
     assert install.parse("vllm==0.10.2") == (install.ENGINES["vllm-v1"], "0.10.2")
     assert install.parse("vllm-v1") == (install.ENGINES["vllm-v1"], "0.33.0")
     assert install.parse("sglang") == (install.ENGINES["sglang"], "0.5.23")
-    assert install.parse("sglang==0.5.13") == (install.ENGINES["sglang"], "0.5.13")
+    assert install.parse("sglang==0.4.8") == (install.ENGINES["sglang"], "0.4.8")
     assert install.version_key("0.5.0.post1") > install.version_key("0.5.0")
     assert install.version_key("0.5.0rc1") < install.version_key("0.5.0")
 
