@@ -401,7 +401,8 @@ def replay_sglang_34399(version: str) -> tuple[bool, str]:
     from kvcheck.impl.thirdparty import sglang
 
     loaded = sglang.load(version)
-    paged = loaded[f"{sglang.ALLOCATOR}.paged"]
+    paged = loaded[sglang.ALLOCATOR if sglang.single_file(loaded.root)  # 0.4.8 .. 0.5.12
+                   else f"{sglang.ALLOCATOR}.paged"]
     ps, launches = 4, []
 
     class Recorder:
@@ -424,25 +425,28 @@ def replay_sglang_34399(version: str) -> tuple[bool, str]:
     def decode_need(seq_lens, *_):
         return int(((seq_lens - 1) % ps == 0).sum())
 
+    # the kernels' argument order (alloc_extend_kernel: prefix, seq, last_loc, free_pages,
+    # out, ...; alloc_decode_kernel: seq, last_loc, free_pages, out, ...) is the same in
+    # every release from 0.4.8 (0.4.8 .. 0.5.2 pass a ret_values tensor after out)
+
     saved = {n: getattr(paged, n) for n in ("alloc_extend_kernel", "alloc_decode_kernel")}
     paged.alloc_extend_kernel = Recorder("alloc_extend_kernel", saved["alloc_extend_kernel"],
                                          extend_need)
     paged.alloc_decode_kernel = Recorder("alloc_decode_kernel", saved["alloc_decode_kernel"],
                                          decode_need)
     try:
-        alloc = paged.PagedTokenToKVPoolAllocator(3 * ps, ps, torch.float16, "cpu", None, False)
+        cls = paged.PagedTokenToKVPoolAllocator
+        alloc = cls(3 * ps, ps, torch.float16, "cpu", None, *(
+            [False] if sglang._takes(cls.__init__, "need_sort") else []))
 
         def t(v):
             return torch.tensor(v, dtype=torch.int64)
 
-        zero, lens = t([0]), t([12])
-        row = alloc.alloc_extend(zero, zero.clone(), lens, lens.clone(), t([-1]), 12)
+        row = sglang.alloc_extend(alloc, t([0]), t([12]), t([-1]), 12)
         if hasattr(alloc, "use_triton_kernels"):
             alloc.use_triton_kernels = True  # the CUDA path
-        seq = t([13])
-        decode = alloc.alloc_decode(seq, seq.clone(), row[11:12].clone())
-        four = t([4])
-        extend = alloc.alloc_extend(zero, zero.clone(), four, four.clone(), t([-1]), 4)
+        decode = sglang.alloc_decode(alloc, t([13]), row[11:12].clone())
+        extend = sglang.alloc_extend(alloc, t([0]), t([4]), t([-1]), 4)
     finally:
         for n, k in saved.items():
             setattr(paged, n, k)

@@ -101,6 +101,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import threading
 import types
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -155,7 +156,7 @@ def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:
     import torch
 
     rel = "sglang/srt/utils/common.py"
-    if not (loaded.root / rel).is_file():  # a module, sglang/srt/utils.py, before 0.5.2
+    if not (loaded.root / rel).is_file():  # older releases: one module, sglang/srt/utils.py
         rel = "sglang/srt/utils.py"
     text = (loaded.root / rel).read_text()
     names = [n for n in UTILS_FUNCTIONS if f"\ndef {n}(" in text]  # what the release has;
@@ -308,7 +309,7 @@ def load_dist(dist: Dist, files, stubs, entry) -> Loaded:
     return loaded
 
 
-_lock = __import__("threading").Lock()
+_lock = threading.Lock()
 _loaded: dict[tuple, Loaded] = {}
 
 

@@ -33,10 +33,10 @@ TARGETS: dict[str, tuple[str, str]] = {
     "nano-vllm": ("kvcheck.impl.thirdparty.nano_vllm:make",
                   "nano-vllm-fork 20260210 BlockManager, xxhash prefix caching (no fork)"),
     "sglang-token": ("kvcheck.impl.thirdparty.sglang:make_token",
-                     "SGLang TokenToKVPoolAllocator (0.5.23; @0.5.13..0.5.23; page size 1; "
+                     "SGLang TokenToKVPoolAllocator (0.5.23; @0.4.8..0.5.23; page size 1; "
                      "no refcounts, no fork)"),
     "sglang-paged": ("kvcheck.impl.thirdparty.sglang:make_paged",
-                     "SGLang PagedTokenToKVPoolAllocator (0.5.23; @0.5.13..0.5.23), page size = "
+                     "SGLang PagedTokenToKVPoolAllocator (0.5.23; @0.4.8..0.5.23), page size = "
                      "block size (no fork)"),
     "sglang-radix": ("kvcheck.impl.thirdparty.sglang_radix:make",
                      "SGLang RadixCache (0.5.23; @0.5.22..0.5.23) over its allocator: tree locks, "
