@@ -455,3 +455,69 @@ def replay_sglang_34399(version: str) -> tuple[bool, str]:
         f"left {alloc.free_pages.numel()}; decode -> {decode}, 4-token prefill -> {extend}; "
         f"kernel launches with fewer free pages than needed (kernel, free, needed): "
         f"{launches or 'none'}")
+
+
+def _stub_swa_base(mod, _loaded) -> None:
+    """Stand-in for ``mem_cache/base_swa_memory_pool.py`` (it imports the 260 KB
+    ``memory_pool.py``): the SWA allocator asserts its KV pool is a ``BaseSWAKVPool``,
+    registers its full-to-SWA mapping with it and translates ``last_loc`` through it, as
+    the real ``SWAKVPool`` does (``full_to_swa_index_mapping[kv_indices]``); no KV buffers."""
+
+    class BaseSWAKVPool:
+        full_kv_pool = swa_kv_pool = None
+        full_to_swa_index_mapping = None
+
+        def register_mapping(self, mapping):
+            self.full_to_swa_index_mapping = mapping
+
+        def translate_loc_from_full_to_swa(self, kv_indices):
+            return self.full_to_swa_index_mapping[kv_indices]
+
+    mod.BaseSWAKVPool = BaseSWAKVPool
+
+
+def replay_sglang_27779(version: str) -> tuple[bool, str]:
+    """sglang PR #27779: ``SWATokenToKVPoolAllocator.free_swa`` at page size > 1 clears the
+    full-to-SWA mapping of the tokens it is given only, while the SWA allocator frees their
+    whole page; a later ``free_swa`` of another token of that page reads the stale mapping
+    and frees the same SWA page again. 4 full and 4 SWA pages of 2 slots: a 4-token prefill,
+    then ``free_swa`` of its first token, then of its second (one page)."""
+    import torch
+
+    from kvcheck.impl.thirdparty import sglang
+
+    def stub_utils(mod, loaded):
+        sglang._stub_utils(mod, loaded)
+        sglang.real_functions(mod, loaded, "sglang/srt/utils/common.py", ("is_npu",),
+                              {"torch": torch})
+
+    def stub_common(mod, loaded):
+        sglang.real_functions(mod, loaded, "sglang/srt/utils/common.py",
+                              ("ceil_div", "get_num_new_pages"),
+                              {"torch": torch, "Optional": __import__("typing").Optional})
+
+    swa = f"{sglang.ALLOCATOR}.swa"
+    loaded = sglang.load_dist(
+        install.select("sglang", version), (*sglang.FILES, swa),
+        {**sglang.STUBS, "sglang.srt.utils": stub_utils, "sglang.srt.utils.common": stub_common,
+         "sglang.srt.mem_cache.base_swa_memory_pool": _stub_swa_base},
+        (*sglang.FILES, swa))
+    pool = loaded["sglang.srt.mem_cache.base_swa_memory_pool"].BaseSWAKVPool()
+    ps = 2
+    alloc = loaded[swa].SWATokenToKVPoolAllocator(4 * ps, 4 * ps, ps, torch.float16, "cpu",
+                                                  pool, False)
+
+    def t(v):
+        return torch.tensor(v, dtype=torch.int64)
+
+    row = sglang.alloc_extend(alloc, t([0]), t([4]), t([-1]), 4)
+    swa_of = alloc.full_to_swa_index_mapping[row].tolist()
+    alloc.free_swa(row[0:1])  # the first token's SWA page goes back
+    after_first = alloc.full_to_swa_index_mapping[row].tolist()
+    alloc.free_swa(row[1:2])  # the second token of the same page
+    pages = sglang.free_pages_of(alloc.swa_attn_allocator)
+    twice = len(pages) != len(set(pages))
+    return twice, (f"prefill -> full slots {row.tolist()}, SWA slots {swa_of}; mapping after "
+                   f"free_swa(first token): {after_first}; SWA free pages after "
+                   f"free_swa(second token): {sorted(pages)}"
+                   f"{' (a page twice)' if twice else ''}")

@@ -129,3 +129,31 @@ def test_the_18957_replay_on_the_engines_block_manager():
     for version, expected in (("0.8.5", True), ("0.9.2", False)):
         reproduced, detail = replays.replay_vllm_18957(version)
         assert reproduced is expected, (version, detail)
+
+
+SGLANG_REPLAYS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import hist_replays
+from kvcheck.impl.thirdparty import install
+for v in ("0.4.8", "0.5.13", "0.5.14", "0.5.21", "0.5.22"):
+    install.ensure(install.ENGINES["sglang"], v)
+print(*(hist_replays.replay_sglang_34399(v)[0] for v in ("0.4.8", "0.5.21", "0.5.22")))
+print(*(hist_replays.replay_sglang_27779(v)[0] for v in ("0.5.13", "0.5.14")))
+"""
+
+
+def test_the_sglang_replays_separate_their_releases():
+    """#34399's replay (the release's paged allocator, its kernel launches recorded): a
+    launch on the exhausted pool on 0.4.8 and 0.5.21, none on 0.5.22's GPU path. #27779's
+    (the release's SWA allocator): a SWA page freed twice on 0.5.13, once on 0.5.14. In a
+    process of its own: before 0.5.22 the kernels run under Triton's interpreter, which
+    needs triton imported with TRITON_INTERPRET=1 (not by an earlier test)."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None:
+        import pytest
+
+        pytest.skip("torch or triton missing")
+    p = subprocess.run([sys.executable, "-c", SGLANG_REPLAYS, str(HIST)], capture_output=True,
+                       text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["True", "True", "False", "True", "False"], p.stdout
