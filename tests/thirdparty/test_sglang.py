@@ -401,6 +401,10 @@ def test_34399_is_caught_on_0_5_21_and_gone_on_0_5_22():
     assert "SIGSEGV" in v["violation"]["witness"] and len(v["ops"]) == 3
     good = _cli_json(args[0], "sglang-paged@0.5.22", *args[1:])
     assert good["rc"] == 0 and good["verdict"] == "pass"
+    # behind the scheduler's admission the allocator's out-of-blocks path is never reached
+    admitted = _cli_json("verify", SGL + "make_paged_admitted@0.5.21", "--blocks", "3",
+                         "--block-size", "4", "--ops", "300", "--seed", "0")
+    assert admitted["rc"] == 0 and admitted["verdict"] == "pass"
 
 
 @needs_range
