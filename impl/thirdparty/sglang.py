@@ -338,7 +338,7 @@ def _takes(method, name: str) -> bool:
 def alloc_extend(alloc, prefix_lens, seq_lens, last_loc, extend_num_tokens: int):
     """``alloc_extend`` as the release's scheduler calls it: with the CPU copies of the
     lengths (``prefix_lens_cpu``, ``seq_lens_cpu``) from 0.5.2, without before."""
-    if _takes(alloc.alloc_extend, "prefix_lens_cpu"):
+    if _takes(type(alloc).alloc_extend, "prefix_lens_cpu"):  # the class: not a wrapper
         return alloc.alloc_extend(prefix_lens, prefix_lens.clone(), seq_lens, seq_lens.clone(),
                                   last_loc, extend_num_tokens)
     return alloc.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
@@ -346,7 +346,7 @@ def alloc_extend(alloc, prefix_lens, seq_lens, last_loc, extend_num_tokens: int)
 
 def alloc_decode(alloc, seq_lens, last_loc):
     """``alloc_decode``, with ``seq_lens_cpu`` where the release takes it."""
-    if _takes(alloc.alloc_decode, "seq_lens_cpu"):
+    if _takes(type(alloc).alloc_decode, "seq_lens_cpu"):  # the class: not a wrapper
         return alloc.alloc_decode(seq_lens, seq_lens.clone(), last_loc)
     return alloc.alloc_decode(seq_lens, last_loc)
 
