@@ -79,6 +79,8 @@ class Dist:
         from kvcheck.impl.thirdparty.install import ENGINES  # install imports this module
 
         engine = ENGINES.get(self.key)
+        if engine is not None and engine.family:  # vllm-v1-early: the pin is vllm-v1's
+            engine = ENGINES[engine.family]
         if engine is None or engine.pinned == self.version:
             return f"{self.dist} {self.version} from the pinned sources in {install_dir(self)}"
         return (f"{self.dist} {self.version} from kvcheck install's sources in "

@@ -73,6 +73,8 @@ class Engine:
     runtime_deps: tuple[str, ...] = ()  # real imports of the loaded modules, installed normally
     note: str = ""  # what the range is (printed with an unsupported version)
     exclude: tuple[str, ...] = ()  # releases in [low, high] that it does not load, with reason
+    family: str = ""  # the engine key whose older releases this row loads (vllm-v1-early:
+    # vllm-v1): ``ENGINE@VERSION`` and ``install ENGINE==VERSION`` of the family reach it
 
     def supports(self, version: str) -> bool:
         key = version_key(version)
@@ -97,6 +99,12 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
            note="v0 BlockSpaceManager v1 (vllm/core/block_manager[_v1].py), before block "
                 "manager v2; loaded by impl/thirdparty/vllm_v0_legacy.py for raw replays, no "
                 "kvcheck Target yet"),
+    # after vllm-v0: a plain vllm==0.8.5 still names v0's generation; vllm-v1==0.8.5 this
+    Engine("vllm-v1-early", "vllm", "vllm", pinned="0.10.1.1", low="0.6.4.post1",
+           high="0.10.1.1", family="vllm-v1",
+           note="v1 KVCacheManager from its first release: manager-side hashing, "
+                "preallocation, BlockPool from 0.8, coordinator from 0.9.2 "
+                "(impl/thirdparty/vllm_v1_early.py; vllm-v1@VERSION selects it)"),
     Engine("nano-vllm", "nano-vllm-fork", "nanovllm", pinned="20260210", low="20260210",
            high="20260210", layout="target", runtime_deps=("xxhash", "numpy"),
            note="nano-vllm-fork BlockManager"),
@@ -116,10 +124,16 @@ DEFAULT = ("vllm-v1", "vllm-v0", "nano-vllm")  # what a plain `kvcheck install` 
 
 
 def engines_for(name: str) -> list[Engine]:
-    """The engines ``name`` denotes: an engine key, or a distribution (every engine of it)."""
+    """The engines ``name`` denotes: an engine key (with the rows of its family: vllm-v1
+    and vllm-v1-early), or a distribution (every engine of it)."""
     if name in ENGINES:
-        return [ENGINES[name]]
+        return [ENGINES[name], *family(name)]
     return [e for e in ENGINES.values() if e.dist == name]
+
+
+def family(key: str) -> list[Engine]:
+    """The rows that load older releases of engine ``key`` (``Engine.family``)."""
+    return [e for e in ENGINES.values() if e.family == key]
 
 
 def parse(requirement: str) -> tuple[Engine, str]:
@@ -134,6 +148,8 @@ def parse(requirement: str) -> tuple[Engine, str]:
         known = ", ".join(list(ENGINES) + sorted({e.dist for e in ENGINES.values()} - set(ENGINES)))
         raise InstallError(f"unknown engine {name!r} (known: {known})")
     if not version:
+        if name in ENGINES:
+            return ENGINES[name], ENGINES[name].pinned
         if len(candidates) > 1:
             raise InstallError(
                 f"{name!r} names several engine generations "
@@ -202,9 +218,10 @@ def select(key: str, version: str | None = None) -> _loader.Dist:
     """
     engine = ENGINES[key]
     if version in (None, INSTALLED):
-        env = environment(engine)
-        if env is not None:
-            return env
+        for row in (engine, *family(key)):
+            env = environment(row)
+            if env is not None:
+                return env
         if version == INSTALLED:
             raise _loader.ThirdPartyMissing(
                 f"{engine.dist} {engine.range} is not installed in this Python environment "
@@ -212,9 +229,11 @@ def select(key: str, version: str | None = None) -> _loader.Dist:
         return engine.dist_for(engine.pinned)
     if version == PINNED:
         return engine.dist_for(engine.pinned)
-    if not engine.supports(version):
-        raise InstallError(f"{key} loads {engine.dist} {engine.range}, not {version}")
-    return engine.dist_for(version)
+    for row in (engine, *family(key)):
+        if row.supports(version):
+            return row.dist_for(version)
+    ranges = " and ".join(r.range for r in (engine, *family(key)))
+    raise InstallError(f"{key} loads {engine.dist} {ranges}, not {version}")
 
 
 def find(engine: Engine, version: str | None = None) -> Path | None:
