@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import enum
 
-from kvcheck.impl.thirdparty import _loader, install, nano_vllm, vllm_v0, vllm_v0_legacy, vllm_v1
+from kvcheck.impl.thirdparty import (
+    _loader,
+    install,
+    nano_vllm,
+    vllm_v0,
+    vllm_v0_legacy,
+    vllm_v1,
+    vllm_v1_early,
+)
 
 
 def _v0(version: str, allocator_type: str, num_blocks: int, block_size: int):
@@ -371,6 +379,126 @@ def replay_vllm_11168(version: str) -> tuple[bool, str]:
         f"{outcome}; {free} of 3 blocks free after, no block table")
 
 
+# -- vLLM v1, its first releases (impl/thirdparty/vllm_v1_early.py's stand-ins) ------------
+def _early_manager(version: str, block_size: int, num_blocks: int, **kw):
+    """The release's own ``KVCacheManager`` (constructor of 0.6.x .. 0.8.2: no null block),
+    with the release's defaults (``num_preallocate_tokens`` 64) unless ``kw`` says."""
+    mods = vllm_v1_early.load(version)
+    cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
+    return mods, cls(block_size=block_size, num_gpu_blocks=num_blocks, **kw)
+
+
+def _early_request(rid: str, tokens):
+    return vllm_v1_early.Request(rid, tokens)
+
+
+def _hits(m, req) -> list:
+    """``get_computed_blocks``: the blocks (0.6.x), or the first of (blocks, count) (0.7.0 on)."""
+    got = m.get_computed_blocks(req)
+    return got[0] if isinstance(got, tuple) else got
+
+
+def replay_vllm_11186(version: str) -> tuple[bool, str]:
+    """PR #11186: a prompt whose every block is cached (length a multiple of the block
+    size). 0.6.4.post1's scheduler then drops the last hit block and schedules only the
+    last token (``num_computed_tokens -= 1``), but ``allocate_slots`` places the dropped
+    block's tokens in a fresh block: the tokens before the last one in that block are never
+    computed (and the fresh block is keyed by the wrong tokens as decoding fills it). 0.6.5
+    recomputes the whole block (``-= block_size``). Block size 2, the same 4-token prompt
+    twice; the scheduler's branch is the release's own (its ``scheduler.py``: see
+    ``vllm_v1_early.full_hit_edge``)."""
+    kw = {} if version == "0.6.4.post1" else {"max_model_len": 64}  # (0.6.4.post1: no cap)
+    mods, m = _early_manager(version, 2, 80, **kw)  # room for both preallocations (32 each)
+    first = _early_request("a", [1, 2, 3, 4])
+    m.allocate_slots(first, 4, _hits(m, first))
+    second = _early_request("b", [1, 2, 3, 4])
+    computed = _hits(m, second)  # both blocks hit
+    num_computed = len(computed) * 2
+    edge = vllm_v1_early.full_hit_edge(mods)
+    if num_computed == second.num_tokens:
+        num_computed -= 1 if edge == "token" else 2
+        computed.pop()
+    m.allocate_slots(second, second.num_tokens - num_computed, computed)
+    table = [b.block_id for b in m.req_to_blocks["b"][:2]]  # (then preallocated blocks)
+    mine = [b.block_id for b in m.req_to_blocks["a"][:2]]
+    served = len(computed) * 2  # tokens whose KV the hit blocks hold
+    skipped = list(range(served, num_computed))
+    return bool(skipped), (
+        f"scheduler ({edge}): num_computed_tokens = {num_computed}, the hit blocks hold "
+        f"{served} token(s); prompt blocks {table} (the first request's {mine}): "
+        + (f"token(s) {skipped} in fresh block {table[-1]} never computed" if skipped
+           else "every skipped token is in a hit block"))
+
+
+def replay_vllm_11565(version: str) -> tuple[bool, str]:
+    """PR #11565 (issue #11562): 0.6.5 and 0.6.6.post1's ``allocate_slots`` touches the
+    prefix-cache hits (``ref_cnt += 1``, out of the free queue) before it checks for free
+    blocks; when it then returns ``None`` the touch is not undone, and the scheduler, which
+    leaves the request waiting and asks again next step, touches them again: the blocks
+    never return to the pool. One block of one token: [0] is admitted and cached, then
+    [0, 1] hits it and needs one block more, which is not there."""
+    _, m = _early_manager(version, 1, 1, max_model_len=64)
+    first = _early_request("a", [0])
+    m.allocate_slots(first, 1, _hits(m, first))
+    block = m.req_to_blocks["a"][0]
+    second = _early_request("b", [0, 1])
+    answers = []
+    for _ in range(2):  # the scheduler retries the waiting request next step
+        computed = _hits(m, second)
+        answers.append(m.allocate_slots(second, 2 - len(computed), computed))
+    m.free(first)
+    free = m.free_block_queue.num_free_blocks
+    return block.ref_cnt != 0 or free != 1, (
+        f"allocate_slots of the second prompt -> {answers} twice; after the first request "
+        f"is freed its block has ref_cnt {block.ref_cnt}, {free} of 1 block free")
+
+
+def replay_vllm_10730(version: str) -> tuple[bool, str]:
+    """PR #10730: with preallocation (``num_preallocate_tokens`` 64, the default the
+    scheduler never changes) 0.6.4.post1's ``allocate_slots`` takes
+    ``min(needed + 64 / block_size, free)`` blocks, more than the request's block-table
+    row holds (``max_model_len // block_size`` columns on the GPU); 0.6.5 caps it at
+    ``max_num_blocks_per_req``. Block size 1, 16 blocks, max_model_len 4, a 2-token prompt."""
+    kw = {} if version == "0.6.4.post1" else {"max_model_len": 4}  # 0.6.4.post1 has no cap
+    _, m = _early_manager(version, 1, 16, **kw)
+    req = _early_request("a", [1, 2])
+    m.allocate_slots(req, 2, _hits(m, req))
+    n = len(m.req_to_blocks["a"])
+    return n > 4, f"a 2-token prompt holds {n} blocks; the block table has 4 columns"
+
+
+def replay_vllm_19459(version: str) -> tuple[bool, str]:
+    """#19459: 0.9.0's ``FullAttentionManager.find_longest_cache_hit`` indexes
+    ``block_hashes[i]`` for every block below ``num_tokens - 1``, but the manager hashes a
+    block only when ``allocate_slots`` caches it, and drafts are left out
+    (``num_draft_tokens``): after a step whose drafts were accepted the request's tokens run
+    blocks ahead of its hashes, and a preemption then (the pool full) resumes it into an
+    ``IndexError`` that kills the engine core. 0.9.1 zips the range with the hashes. Block
+    size 4: a 5-token prompt, one step of 1 + 3 drafts (all accepted), preempt, resume."""
+    mods = vllm_v1_early.load(version)
+    m, _ = vllm_v1_early.build_manager(mods, 3, 4, enable_caching=True)
+    req = vllm_v1_early.Request("a", [1, 2, 3, 4, 5])
+    computed, n = m.get_computed_blocks(req)
+    m.allocate_slots(req, 5, n, computed)
+    req.num_computed_tokens = 5
+    req.append_output_token_ids(6)  # sampled
+    req.spec_token_ids = [7, 8, 9]  # drafts
+    m.allocate_slots(req, 4, num_draft_tokens=3)
+    req.num_computed_tokens = 9
+    req.append_output_token_ids([7, 8, 9])  # verification accepts every draft
+    req.spec_token_ids = []
+    hashes = len(m.req_to_block_hashes["a"])
+    m.free(req)  # preempted
+    req.status = vllm_v1.RequestStatus.PREEMPTED
+    req.num_computed_tokens = 0
+    try:
+        _, n = m.get_computed_blocks(req)  # resumed from the waiting queue
+    except IndexError as exc:
+        return True, (f"{req.num_tokens} tokens, {hashes} block hash(es): resuming raises "
+                      f"IndexError: {exc}")
+    return False, f"{req.num_tokens} tokens, {hashes} block hash(es): resumed, {n} cached"
+
+
 REPLAYS = {
     "vllm-43569": replay_vllm_43569,
     "nano-vllm-163": replay_nano_vllm_163,
@@ -381,4 +509,8 @@ REPLAYS = {
     "vllm-1556": replay_vllm_1556,
     "vllm-11168": replay_vllm_11168,
     "vllm-18957": replay_vllm_18957,
+    "vllm-11186": replay_vllm_11186,
+    "vllm-11565": replay_vllm_11565,
+    "vllm-10730": replay_vllm_10730,
+    "vllm-19459": replay_vllm_19459,
 }
