@@ -42,7 +42,7 @@ def _cli(*args, env=None):
 @pytest.mark.parametrize("req, words", [
     ("sglang-nope", "unknown engine 'sglang-nope'"),
     ("vllm==0.1.0", "vllm 0.1.0 is not supported by any kvcheck adapter"),
-    ("vllm-v1==0.8.5", "not supported"),
+    ("vllm-v1==0.6.3.post1", "not supported"),  # before v1's first KVCacheManager
     ("vllm", "names several engine generations"),
     ("vllm==", "no version"),
 ])
@@ -57,6 +57,15 @@ def test_parse_maps_a_release_to_its_generation():
     assert install.parse("vllm==0.20.2") == (install.ENGINES["vllm-v1"], "0.20.2")
     assert install.parse("vllm==0.10.2") == (install.ENGINES["vllm-v1"], "0.10.2")
     assert install.parse("vllm-v1") == (install.ENGINES["vllm-v1"], "0.33.0")
+    # v1's early releases: vllm-v1 names its family (vllm_v1_early), a plain vllm==0.8.5 v0
+    early = install.ENGINES["vllm-v1-early"]
+    assert install.parse("vllm-v1==0.6.4.post1") == (early, "0.6.4.post1")
+    assert install.parse("vllm-v1==0.10.1.1") == (early, "0.10.1.1")
+    assert install.parse("vllm==0.8.5") == (install.ENGINES["vllm-v0"], "0.8.5")
+    assert install.select("vllm-v1", "0.7.0").key == "vllm-v1-early"
+    assert install.select("vllm-v1", "0.10.2").key == "vllm-v1"
+    with pytest.raises(install.InstallError, match="0.6.4.post1 .. 0.10.1.1, not 0.6.3"):
+        install.select("vllm-v1", "0.6.3.post1")
     assert install.version_key("0.5.0.post1") > install.version_key("0.5.0")
     assert install.version_key("0.5.0rc1") < install.version_key("0.5.0")
 
@@ -143,6 +152,54 @@ def test_v0_range_ends_pass_behind_the_engine_guard(version, kind):
     assert r.ok, r.violation
 
 
+@pytest.mark.parametrize("version", ["0.6.4.post1", "0.10.1.1"])
+@pytest.mark.parametrize("command", ["verify", "verify-prefix"])
+def test_v1_early_range_ends(version, command, capsys):
+    """vllm-v1@VERSION before 0.10.2 is vllm_v1_early: its ends pass the block model at block
+    sizes 1 and 2, and the prefix model at block size 1; at block size 2 0.6.4.post1's
+    scheduler skips computing tokens of a fresh block (vLLM PR #11186: the catalogue's
+    vllm-11186), 0.10.1.1 passes."""
+    from kvcheck.impl.thirdparty import vllm_v1_early
+
+    _have("vllm-v1-early", version)
+    t = vllm_v1.make(4, 2, version=version)
+    assert isinstance(t, vllm_v1_early.VllmV1EarlyTarget) and t.version == version
+    for b in (1, 2):
+        rc = kvcheck([command, f"vllm-v1@{version}", "--blocks", "8", "--block-size", str(b),
+                      "--ops", "1500"])
+        out = capsys.readouterr().out
+        if command == "verify-prefix" and b == 2 and version == "0.6.4.post1":
+            line = out.split("VIOLATION at step ", 1)[1].splitlines()[0]
+            assert rc == 1 and "(contract): allocate:" in line and "cached tokens" in line, out
+        else:
+            assert rc == 0 and out.startswith(f"PASS vllm-v1@{version}:"), out
+            assert (f"engine: vllm {version} from kvcheck install's sources in " in out
+                    and "(not the pinned 0.33.0)" in out), out
+
+
+def test_v1_early_generations_are_detected_by_feature():
+    """What the adapter reads from each generation's files: the manager's API, the pool
+    (no null block before 0.8.3: oracle ids are vLLM's), the scheduler's full-hit branch
+    (vLLM PR #11186 in 0.6.4.post1), speculative slots from 0.7.3, lookahead from 0.8.4."""
+    from kvcheck.impl.thirdparty import vllm_v1_early
+
+    want = {"0.6.4.post1": (True, False, "token", 0, False, False),
+            "0.7.2": (False, False, "block", 0, False, False),
+            "0.8.0": (False, False, "block", 0, True, False),
+            "0.8.4": (False, False, None, 1, True, True),
+            "0.9.0": (False, True, None, 1, True, True)}
+    for version, (g1, g3, edge, off, spec, lookahead) in want.items():
+        _have("vllm-v1-early", version)
+        t = vllm_v1_early.make(4, 2, version=version)
+        got = (t._g1, t._g3, t._edge, t._off, "append_slots" in t.capabilities, t._lookahead)
+        assert got == (g1, g3, edge, off, spec, lookahead), (version, got)
+        t.allocate(0, 3)
+        t.append_slot(0)
+        assert t.block_table(0) == [0, 1] and t.num_free() == 2
+        t.free_seq(0)
+        assert t.num_free() == 4 and sorted(t.free_blocks()) == [0, 1, 2, 3]
+
+
 @pytest.mark.parametrize("version", ["0.10.2", "0.33.0"])
 def test_v1_range_ends_pass(version, capsys):
     _have("vllm-v1", version)
@@ -226,6 +283,7 @@ def test_install_list_shows_ranges_and_what_is_installed():
     lines = {ln.split(":")[0]: ln for ln in p.stdout.splitlines()}
     assert set(install.ENGINES) <= set(lines)
     assert "vllm 0.10.2 .. 0.33.0 (pinned 0.33.0)" in lines["vllm-v1"]
+    assert "vllm 0.6.4.post1 .. 0.10.1.1" in lines["vllm-v1-early"]
     assert "0.33.0" in lines["vllm-v1"].split("installed:")[1]
 
 
