@@ -223,8 +223,9 @@ def select(key: str, version: str | None = None) -> _loader.Dist:
             if env is not None:
                 return env
         if version == INSTALLED:
+            ranges = " or ".join(r.range for r in (engine, *family(key)))
             raise _loader.ThirdPartyMissing(
-                f"{engine.dist} {engine.range} is not installed in this Python environment "
+                f"{engine.dist} {ranges} is not installed in this Python environment "
                 f"({sys.executable})")
         return engine.dist_for(engine.pinned)
     if version == PINNED:

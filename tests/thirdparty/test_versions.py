@@ -238,6 +238,23 @@ def test_the_environments_vllm_is_checked(tmp_path):
             in p.stdout), p.stdout[-600:]
 
 
+def test_the_environments_early_v1_vllm_is_checked(tmp_path):
+    """An environment's vLLM of v1's first releases (0.9.2 here) is what a plain ``vllm-v1``
+    checks, through vllm_v1_early (the family row), its version printed."""
+    _have("vllm-v1-early", "0.9.2")
+    src = install.find(install.ENGINES["vllm-v1-early"], "0.9.2")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "vllm").symlink_to(src / "vllm")
+    (site / "vllm-0.9.2.dist-info").symlink_to(src / "vllm-0.9.2.dist-info")
+    env = {"PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
+    for target in ("vllm-v1", "vllm-v1@installed"):
+        p = _cli("verify", target, "--blocks", "6", "--block-size", "2", "--ops", "300",
+                 env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert f"engine: vllm 0.9.2 installed in this environment ({site})" in p.stdout
+
+
 def test_a_factory_with_a_version_keyword_takes_at_version():
     _have("vllm-v0", "0.4.3")
     p = _cli("verify", "kvcheck.impl.thirdparty.vllm_v0:make_guarded@0.4.3", "--blocks", "6",
