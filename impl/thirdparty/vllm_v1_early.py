@@ -23,8 +23,8 @@ never by version number:
   the coordinator's (0.9.2 on).
 * **hashing** -- the manager hashes a block itself (from the request's tokens, with
   ``request.kv_block_hashes`` in 0.6.6.post1 .. 0.7.2, its own ``req_to_block_hashes``
-  0.7.3 .. 0.10.0, dropped by ``free_block_hashes`` when the request finishes); 0.10.1.1
-  gives each request vLLM's ``get_request_block_hasher`` (``request.block_hashes``). The
+  0.7.3 .. 0.10.0, dropped by ``free_block_hashes`` when the request finishes); 0.10.1 and
+  0.10.1.1 give each request vLLM's ``get_request_block_hasher`` (``request.block_hashes``). The
   hash is Python's ``hash`` (``caching_hash_algo="builtin"``, the default of these releases).
 * **a prompt wholly in the cache** -- what the release's *scheduler* does, read from its
   ``scheduler.py``: 0.6.4.post1 drops the last hit block and computes the last token only
@@ -194,7 +194,7 @@ def build_manager(mods: Loaded, num_blocks: int, block_size: int, enable_caching
     else:
         manager = cls(block_size=block_size, num_gpu_blocks=num_blocks, **kwargs)
     hasher = None
-    if enable_caching and hasattr(utils, "get_request_block_hasher"):  # 0.10.1.1
+    if enable_caching and hasattr(utils, "get_request_block_hasher"):  # 0.10.1, 0.10.1.1
         utils.init_none_hash(hash)
         hasher = utils.get_request_block_hasher(block_size, hash)
     return manager, hasher
