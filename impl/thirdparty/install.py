@@ -204,7 +204,7 @@ def environment(engine: Engine) -> _loader.Dist | None:  # hundreds) would look 
     return _loader.Dist(engine.key, engine.dist, version, engine.top, root=str(pkg.parent))
 
 
-def select(key: str, version: str | None = None) -> _loader.Dist:
+def select(key: str, version: str | None = None, with_family: bool = False) -> _loader.Dist:
     """Which sources the adapter of engine ``key`` loads (the ``@VERSION`` of a target):
 
     * ``None`` -- the engine installed in this environment if its version is in the
@@ -214,26 +214,30 @@ def select(key: str, version: str | None = None) -> _loader.Dist:
       outside the range);
     * a version -- that release from the cache (``kvcheck install KEY==VERSION``).
 
-    Whether the files are there is checked when they are loaded (``_loader.require``).
+    ``with_family``: the rows of ``key``'s family count too (``vllm-v1-early`` for
+    ``vllm-v1``: what ``vllm_v1.make`` loads, and a target whose factory says
+    ``loads_family``); the returned ``Dist.key`` names the row. Whether the files are
+    there is checked when they are loaded (``_loader.require``).
     """
     engine = ENGINES[key]
+    rows = (engine, *family(key)) if with_family else (engine,)
     if version in (None, INSTALLED):
-        for row in (engine, *family(key)):
+        for row in rows:
             env = environment(row)
             if env is not None:
                 return env
         if version == INSTALLED:
-            ranges = " or ".join(r.range for r in (engine, *family(key)))
+            ranges = " or ".join(r.range for r in rows)
             raise _loader.ThirdPartyMissing(
                 f"{engine.dist} {ranges} is not installed in this Python environment "
                 f"({sys.executable})")
         return engine.dist_for(engine.pinned)
     if version == PINNED:
         return engine.dist_for(engine.pinned)
-    for row in (engine, *family(key)):
+    for row in rows:
         if row.supports(version):
             return row.dist_for(version)
-    ranges = " and ".join(r.range for r in (engine, *family(key)))
+    ranges = " and ".join(r.range for r in rows)
     raise InstallError(f"{key} loads {engine.dist} {ranges}, not {version}")
 
 

@@ -684,9 +684,9 @@ class VllmV1Target:
 
 
 def _early(version: str | None) -> bool:
-    """Whether ``version`` (as ``install.select`` reads it) is a release before 0.10.2,
-    which ``vllm_v1_early`` adapts (the ``vllm-v1-early`` row of the ``vllm-v1`` family)."""
-    return install.select(ENGINE_KEY, version).key != ENGINE_KEY
+    """Whether ``version`` (as ``install.select`` reads it, the family included) is a release
+    before 0.10.2, which ``vllm_v1_early`` adapts (the ``vllm-v1-early`` row)."""
+    return install.select(ENGINE_KEY, version, with_family=True).key != ENGINE_KEY
 
 
 def make(num_blocks: int, block_size: int, version: str | None = None) -> VllmV1Target:
@@ -699,6 +699,9 @@ def make(num_blocks: int, block_size: int, version: str | None = None) -> VllmV1
     return VllmV1Target(num_blocks, block_size, enable_caching=True, version=version)
 
 
+make.loads_family = True  # TARGET@VERSION reaches install.family(ENGINE_KEY) (kvcheck.targets)
+
+
 def make_no_cache(num_blocks: int, block_size: int, version: str | None = None) -> VllmV1Target:
     """vLLM v1 with prefix caching disabled (``vllm_v1_early`` before 0.10.2)."""
     if _early(version):
@@ -706,3 +709,6 @@ def make_no_cache(num_blocks: int, block_size: int, version: str | None = None) 
 
         return vllm_v1_early.make_no_cache(num_blocks, block_size, version=version)
     return VllmV1Target(num_blocks, block_size, enable_caching=False, version=version)
+
+
+make_no_cache.loads_family = True

@@ -291,7 +291,10 @@ class VllmV1EarlyTarget:
         if n_tokens < 1:
             raise MisuseError(f"n_tokens must be positive, got {n_tokens!r}")
         req = self.preempted.get(seq)
-        if req is None or token_ids is not None or req.num_tokens != n_tokens:
+        resume = req is not None and req.num_tokens == n_tokens and (
+            token_ids is None or list(token_ids) == req.all_token_ids)
+        if not resume:  # a new request (the prefix model may name the preempted one's tokens:
+            # then it is the same request resumed, hashes and all, as the scheduler resumes it)
             tokens = list(token_ids) if token_ids is not None else self._fresh_tokens(n_tokens)
             if len(tokens) != n_tokens:
                 raise MisuseError("len(token_ids) != n_tokens")

@@ -62,10 +62,13 @@ def test_parse_maps_a_release_to_its_generation():
     assert install.parse("vllm-v1==0.6.4.post1") == (early, "0.6.4.post1")
     assert install.parse("vllm-v1==0.10.1.1") == (early, "0.10.1.1")
     assert install.parse("vllm==0.8.5") == (install.ENGINES["vllm-v0"], "0.8.5")
-    assert install.select("vllm-v1", "0.7.0").key == "vllm-v1-early"
-    assert install.select("vllm-v1", "0.10.2").key == "vllm-v1"
+    assert install.select("vllm-v1", "0.7.0", with_family=True).key == "vllm-v1-early"
+    assert install.select("vllm-v1", "0.10.2", with_family=True).key == "vllm-v1"
     with pytest.raises(install.InstallError, match="0.6.4.post1 .. 0.10.1.1, not 0.6.3"):
-        install.select("vllm-v1", "0.6.3.post1")
+        install.select("vllm-v1", "0.6.3.post1", with_family=True)
+    # an adapter of the vllm-v1 key that does not load the family keeps its range
+    with pytest.raises(install.InstallError, match="0.10.2 .. 0.33.0, not 0.7.0"):
+        install.select("vllm-v1", "0.7.0")
     assert install.version_key("0.5.0.post1") > install.version_key("0.5.0")
     assert install.version_key("0.5.0rc1") < install.version_key("0.5.0")
 
