@@ -203,6 +203,23 @@ def test_v1_early_generations_are_detected_by_feature():
         assert t.num_free() == 4 and sorted(t.free_blocks()) == [0, 1, 2, 3]
 
 
+def test_v1_early_preallocation_is_what_the_adapter_turns_off():
+    """docs/thirdparty-notes.md D12: with the release's num_preallocate_tokens (64) a 1-token
+    prompt takes every free block, which the spec's allocate contract (exactly ceil(n/B))
+    forbids; the adapter's manager (0) takes one. 0.8.5 has no preallocation at all."""
+    from kvcheck.impl.thirdparty import vllm_v1_early
+
+    _have("vllm-v1-early", "0.7.0")
+    _have("vllm-v1-early", "0.8.5")
+    for prealloc, blocks in ((64, 8), (0, 1)):
+        t = vllm_v1_early.VllmV1EarlyTarget(8, 2, version="0.7.0", preallocate_tokens=prealloc)
+        t.allocate(0, 1)
+        assert len(t.block_table(0)) == blocks and t.num_free() == 8 - blocks
+    t = vllm_v1_early.VllmV1EarlyTarget(8, 2, version="0.8.5", preallocate_tokens=64)
+    t.allocate(0, 1)
+    assert len(t.block_table(0)) == 1
+
+
 @pytest.mark.parametrize("version", ["0.10.2", "0.33.0"])
 def test_v1_range_ends_pass(version, capsys):
     _have("vllm-v1", version)
