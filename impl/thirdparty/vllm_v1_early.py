@@ -1,8 +1,9 @@
 """Adapter: vLLM v1's first ``KVCacheManager`` generations (vllm 0.6.4.post1 .. 0.10.1.1).
 
-``vllm-v1@VERSION`` selects this module for a release in that range (``install.select``:
-the ``vllm-v1-early`` row, of the ``vllm-v1`` family); ``impl/thirdparty/vllm_v1.py`` loads
-0.10.2 .. 0.33.0. What runs is the release's own ``vllm/v1/core/{kv_cache_manager,
+``vllm-v1@VERSION`` selects this module for a release in that range: ``vllm_v1.make``
+(``loads_family``) asks ``install.select(..., with_family=True)``, which answers with the
+``vllm-v1-early`` row of the ``vllm-v1`` family, and hands the release here;
+``impl/thirdparty/vllm_v1.py`` itself loads 0.10.2 .. 0.33.0. What runs is the release's own ``vllm/v1/core/{kv_cache_manager,
 kv_cache_utils, block_pool, specialized_manager, single_type_kv_cache_manager,
 kv_cache_coordinator}.py`` and ``vllm/v1/kv_cache_interface.py`` (the files it has), driven
 through the calls that release's ``Scheduler`` makes. Differences are detected by feature,
@@ -44,7 +45,8 @@ running branch for one decode token (``append_slots(req, 1)`` or ``allocate_slot
 ``rollback`` = ``update_from_output``'s ``num_computed_tokens -= rejected``: these releases'
 schedulers call no ``cache_blocks`` there (the next ``allocate_slots`` caches what is full).
 ``preempt`` = ``free(req)``, status PREEMPTED, ``num_computed_tokens = 0`` (hashes kept, as
-the scheduler keeps them); ``free_seq`` = ``free(req)`` then ``free_block_hashes(req)``
+the scheduler keeps them); its re-admission (the same length, and no tokens or its own
+tokens named) resumes that very request; ``free_seq`` = ``free(req)`` then ``free_block_hashes(req)``
 where it exists (``Scheduler._free_request``).
 
 Preallocation (a deliberate deviation, stated here and in docs/thirdparty-notes.md): to
