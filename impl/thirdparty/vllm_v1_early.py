@@ -3,8 +3,8 @@
 ``vllm-v1@VERSION`` selects this module for a release in that range: ``vllm_v1.make``
 (``loads_family``) asks ``install.select(..., with_family=True)``, which answers with the
 ``vllm-v1-early`` row of the ``vllm-v1`` family, and hands the release here;
-``impl/thirdparty/vllm_v1.py`` itself loads 0.10.2 .. 0.33.0. What runs is the release's own ``vllm/v1/core/{kv_cache_manager,
-kv_cache_utils, block_pool, specialized_manager, single_type_kv_cache_manager,
+``impl/thirdparty/vllm_v1.py`` itself loads 0.10.2 .. 0.33.0. What runs is the release's
+own ``vllm/v1/core/{kv_cache_manager, kv_cache_utils, block_pool, specialized_manager, single_type_kv_cache_manager,
 kv_cache_coordinator}.py`` and ``vllm/v1/kv_cache_interface.py`` (the files it has), driven
 through the calls that release's ``Scheduler`` makes. Differences are detected by feature,
 never by version number:
