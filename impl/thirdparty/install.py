@@ -105,6 +105,12 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
                 "CPU tensors: torch==2.13.0 from the test extras)"),
     Engine("aphrodite", "aphrodite-engine", "aphrodite", pinned="0.24.1", low="0.24.1",
            high="0.24.1", note="aphrodite-engine, a vLLM v1 fork"),
+    Engine("aphrodite-v0", "aphrodite-engine", "aphrodite", pinned="0.6.5", low="0.6.0",
+           high="0.6.5", exclude=("0.6.4",),
+           note="aphrodite-engine's v0 block manager v2 (aphrodite/processing/block/: vLLM "
+                "v0's BlockTable and allocators under aphrodite's names), "
+                "kvcheck.impl.thirdparty.aphrodite_v0:make@VERSION (0.6.4 was never on PyPI: "
+                "0.6.4.post1)"),
     Engine("nano-vllm-npu", "nano-vllm-npu", "nanovllmnpu", pinned="0.0.2", low="0.0.1.post1",
            high="0.0.2", layout="target", runtime_deps=("xxhash", "numpy"),
            note="nano-vllm-npu BlockManager (upstream nano-vllm's: freed blocks keep their "

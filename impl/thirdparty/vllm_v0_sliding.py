@@ -67,7 +67,7 @@ from kvcheck.spec.state import NULL
 from ..errors import MisuseError
 from .vllm_v0 import VllmV0Target, free_block_ids, load
 
-ENGINE_KEY = "vllm-v0"  # the sources vllm_v0.load picks (the engine line); make takes no version
+ENGINE_KEY = "vllm-v0"  # the sources vllm_v0.load picks (the engine line); make_guarded takes a version
 
 
 class VllmV0SlidingTarget(VllmV0Target):
@@ -77,19 +77,22 @@ class VllmV0SlidingTarget(VllmV0Target):
 
     def __init__(self, num_blocks: int, block_size: int, sliding_window: int,
                  guard: str | None = None, lazy_null: bool = False,
-                 fork_after_drop: bool = True):
+                 fork_after_drop: bool = True, version: str | None = None,
+                 engine: str = ENGINE_KEY):
         if sliding_window is None or sliding_window < 1:
             raise MisuseError(f"sliding_window must be at least 1, got {sliding_window!r}")
         if num_blocks < 1:
             raise MisuseError("num_blocks and block_size must be positive")
         self._base = 0 if lazy_null else 1  # vLLM id of oracle block 0
-        super().__init__(num_blocks + self._base, block_size, "naive", guard)
+        super().__init__(num_blocks + self._base, block_size, "naive", guard, version=version,
+                         engine=engine)
         self.num_blocks = num_blocks
         self.sliding_window = sliding_window
         self.max_block_sliding_window = sliding_window // block_size + 2
         self.drop_window = self.max_block_sliding_window * block_size
         self.fork_after_drop = fork_after_drop
-        self._NullBlock = load()["vllm.core.block.cpu_gpu_block_allocator"].NullBlock
+        self._NullBlock = load(self.version, engine)[
+            "vllm.core.block.cpu_gpu_block_allocator"].NullBlock
         if not lazy_null:
             null = self.allocator.allocate_or_get_null_block()
             assert null.block_id == 0, null.block_id
@@ -167,11 +170,14 @@ def make(num_blocks: int, block_size: int) -> VllmV0SlidingTarget:
     return VllmV0SlidingTarget(num_blocks, block_size, block_size)
 
 
-def make_guarded(num_blocks: int, block_size: int) -> VllmV0SlidingTarget:
+def make_guarded(num_blocks: int, block_size: int,
+                 version: str | None = None) -> VllmV0SlidingTarget:
     """``make`` behind ``SelfAttnBlockSpaceManager``'s checks, ``can_allocate`` capped by
-    the window as in 0.8.5 (a no is a declared refusal, as ``vllm_v0.make_guarded``)."""
+    the window as in 0.8.5 (a no is a declared refusal, as ``vllm_v0.make_guarded``);
+    ``version``: another release of the v0 line (``make_guarded@0.6.3.post1``; the cap is
+    read as every block manager v2 from 0.5.x to 0.8.5 has it)."""
     return VllmV0SlidingTarget(num_blocks, block_size, block_size, guard="engine",
-                               fork_after_drop=False)
+                               fork_after_drop=False, version=version)
 
 
 def make_lazy(num_blocks: int, block_size: int) -> VllmV0SlidingTarget:
