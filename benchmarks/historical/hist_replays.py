@@ -79,9 +79,21 @@ def replay_vllm_42571(version: str) -> tuple[bool, str]:
     references in one call (``_process_store_completion``: ``free_blocks([X, X])``).
     0.20.2 decrements X twice, then queues every listed block at ref_cnt 0: X twice, the
     free count one ahead of the free blocks. One usable block (and the null block)."""
-    mods = vllm_v1.load(version)
-    pool = mods["vllm.v1.core.block_pool"].BlockPool(
-        num_gpu_blocks=2, enable_caching=True, hash_block_size=1)
+    return _double_listed_free(vllm_v1.load(version)["vllm.v1.core.block_pool"].BlockPool)
+
+
+def replay_aphrodite_42571(version: str) -> tuple[bool, str]:
+    """vLLM #42571 as aphrodite-engine carries it: ``replay_vllm_42571``'s calls on
+    aphrodite's own ``BlockPool`` (``aphrodite/v1/core/block_pool.py``; 0.20.0 / 0.21.0
+    read as vLLM 0.20's, whose ``free_blocks`` queues every listed block at ref_cnt 0;
+    0.22.0 queues a block at the decrement that reaches 0, as vLLM 0.24.0 does)."""
+    from kvcheck.impl.thirdparty import aphrodite
+
+    return _double_listed_free(aphrodite.load(version)["aphrodite.v1.core.block_pool"].BlockPool)
+
+
+def _double_listed_free(pool_cls) -> tuple[bool, str]:
+    pool = pool_cls(num_gpu_blocks=2, enable_caching=True, hash_block_size=1)
     (first,) = pool.get_new_blocks(1)  # position i
     pool.free_blocks([first])  # behind the window (remove_skipped_blocks)
     (block,) = pool.get_new_blocks(1)  # position j: the only free block, X again
@@ -424,6 +436,7 @@ def replay_aphrodite_679(version: str) -> tuple[bool, str]:
 
 
 REPLAYS = {
+    "aphrodite-42571": replay_aphrodite_42571,
     "vllm-7380": replay_vllm_7380,
     "aphrodite-679": replay_aphrodite_679,
     "aphrodite-11168": replay_aphrodite_11168,

@@ -145,3 +145,37 @@ def test_the_raw_replays_separate_the_releases():
     assert h.replay_vllm_7380("0.5.5")[0] is False
     reproduced, detail = h.replay_aphrodite_11168("0.6.5")
     assert reproduced and "can_allocate -> OK, allocate raised NoFreeBlocksError" in detail
+
+
+# -- the v1 line: aphrodite@0.20.0 .. 0.24.1 --------------------------------------------
+@pytest.mark.parametrize("version", ["0.20.0", "0.24.1"])
+def test_the_v1_range_ends_pass(version):
+    from kvcheck.impl.thirdparty import aphrodite
+
+    _have("aphrodite", version)
+    t = aphrodite.make(4, 2, version=version)
+    assert t.version == version
+    assert type(t.manager).__module__.startswith(
+        f"kvcheck_tp_aphrodite_{version.replace('.', '_')}.aphrodite.v1.core")
+    for model in ("blocks", "prefix"):
+        r = verify(f"aphrodite@{version}", 8, 2, 1500, seed=0, model=model)
+        assert r.ok, (model, r.violation)
+
+
+def test_aphrodite_0_22_reads_its_own_env_names():
+    """0.22.0's coordinator reads ``envs.APHRODITE_PREFIX_CACHE_RETENTION_INTERVAL``: the
+    stand-in names it (unset: None), so the target builds."""
+    from kvcheck.impl.thirdparty import aphrodite
+
+    _have("aphrodite", "0.22.0")
+    envs = aphrodite.load("0.22.0")["aphrodite.envs"]
+    assert envs.APHRODITE_PREFIX_CACHE_RETENTION_INTERVAL is None
+    assert aphrodite.make(4, 2, version="0.22.0").version == "0.22.0"
+
+
+def test_the_42571_replay_separates_aphrodite_0_21_from_0_22():
+    h = _replays()
+    for v in ("0.21.0", "0.22.0"):
+        _have("aphrodite", v)
+    assert h.replay_aphrodite_42571("0.21.0")[0] is True
+    assert h.replay_aphrodite_42571("0.22.0")[0] is False
