@@ -224,6 +224,31 @@ def replay_vllm_1556(version: str) -> tuple[bool, str]:
                        f"both freed: {free} of 4 blocks free")
 
 
+def replay_aphrodite_1556(version: str) -> tuple[bool, str]:
+    """vLLM #1556 (PR #3347's fork half) as aphrodite-engine 0.5.x ships it: its
+    ``BlockSpaceManager`` (``aphrodite/processing/block_manager.py``) with a sliding window
+    of one block (block size 2, window 2 tokens, 4 blocks). A 3-token prompt's table is
+    [x, x] (cyclic reuse, one reference); the engine forks the parent for a ``best_of``
+    sibling after the prompt step (``Scheduler.fork_seq`` -> ``fork``), which increments
+    every entry: x at refcount 3 for two tables. Freeing both walks ``set(block_table)``
+    once each: x is left at refcount 1 in no table, never free again (a leak). 0.6.0's
+    ``BlockSpaceManagerV1`` forks ``set(src_block_table)`` and frees every block."""
+    running = vllm_v0_legacy.SequenceStatus.RUNNING
+    m = vllm_v0_legacy.build(version, num_blocks=4, block_size=2, sliding_window=2,
+                             engine=vllm_v0_legacy.APHRODITE_KEY)
+    a, c = vllm_v0_legacy.Seq(0, 3, 2), vllm_v0_legacy.Seq(1, 3, 2)
+    m.allocate(vllm_v0_legacy.Group(a))
+    a.status = c.status = running
+    m.fork(a, c)
+    shared = m.get_block_table(a)
+    refs = sorted({b.block_number: b.ref_count for b in m.block_tables[a.seq_id]}.items())
+    m.free(a)
+    m.free(c)
+    free = m.get_num_free_gpu_blocks()
+    return free != 4, (f"table {shared} forked (refcounts {refs}); both freed: {free} of 4 "
+                       f"blocks free")
+
+
 def replay_v1_window_stale_entry(version: str) -> tuple[bool, str]:
     """Not a catalogue entry (no fixed release): what PR #3347 left in BlockSpaceManager v1
     (0.3.3 and 0.4.0 alike; the v1 manager's fork and free read the same to 0.6.x). Window
@@ -436,6 +461,7 @@ def replay_aphrodite_679(version: str) -> tuple[bool, str]:
 
 
 REPLAYS = {
+    "aphrodite-1556": replay_aphrodite_1556,
     "aphrodite-42571": replay_aphrodite_42571,
     "vllm-7380": replay_vllm_7380,
     "aphrodite-679": replay_aphrodite_679,

@@ -179,3 +179,22 @@ def test_the_42571_replay_separates_aphrodite_0_21_from_0_22():
         _have("aphrodite", v)
     assert h.replay_aphrodite_42571("0.21.0")[0] is True
     assert h.replay_aphrodite_42571("0.22.0")[0] is False
+
+
+# -- the BlockSpaceManager v1 of 0.5.x / 0.6.x (raw replays only) ------------------------
+def test_the_1556_fork_leak_separates_aphrodite_0_5_1_from_0_6_0():
+    """aphrodite 0.5.1's fork increments every entry of a cyclic window table (the
+    reused block twice), 0.6.0's forks the set (vLLM PR #3347): the leak on one, none on
+    the other, on aphrodite's own managers (``vllm_v0_legacy`` with its layout)."""
+    from kvcheck.impl.thirdparty import vllm_v0_legacy
+
+    assert install.parse("aphrodite-engine==0.5.1")[0].key == "aphrodite-legacy"
+    for v in ("0.5.1", "0.6.0"):
+        _have("aphrodite-legacy", v)
+    names = {v: type(vllm_v0_legacy.build(v, 4, 2, 2, engine="aphrodite-legacy")).__name__
+             for v in ("0.5.1", "0.6.0")}
+    assert names == {"0.5.1": "BlockSpaceManager", "0.6.0": "BlockSpaceManagerV1"}
+    h = _replays()
+    leaked, detail = h.replay_aphrodite_1556("0.5.1")
+    assert leaked and "3 of 4 blocks free" in detail, detail
+    assert h.replay_aphrodite_1556("0.6.0")[0] is False
