@@ -46,7 +46,7 @@ def test_install_maps_aphrodite_releases_to_their_generation():
     assert install.parse("aphrodite-v0") == (install.ENGINES["aphrodite-v0"], "0.6.5")
     for bad, words in (("aphrodite-engine", "names several engine generations"),
                        ("aphrodite-engine==0.6.4", "not supported"),
-                       ("aphrodite-engine==0.5.1", "not supported")):
+                       ("aphrodite-engine==0.4.9", "not supported")):
         with pytest.raises(install.InstallError, match=words):
             install.parse(bad)
 
