@@ -47,6 +47,14 @@ the engine exactly as constructed (``num_blocks`` blocks, the null block taken
 lazily): kvcheck reports that first append taking a block that no table names
 (docs/findings.md, F8).
 
+Other releases (``make_guarded@VERSION``, and ``aphrodite_v0:make_sliding_guarded``):
+0.5.0 on (a ``NullBlock`` and ``BlockTable.blocks``; an older release is a one-line
+error). Where the release refuses chunked prefill with a sliding window (vLLM 0.4.3 ..
+0.6.2, aphrodite-engine 0.6.x: read from its engine-argument file,
+``chunked_with_window``) its engine never calls ``append_token_ids([])`` with a window:
+``drop_behind_window`` is not admitted there (nor, so, an append whose own drop would
+release a block), and the window never drops in those runs.
+
 Deliberate refusals (``make_guarded``): as ``vllm_v0.make_guarded``, with
 ``can_allocate`` as 0.8.5 has it under a window: the required blocks capped at
 ``M`` (``num_required_blocks = min(num_required_blocks,
@@ -65,6 +73,7 @@ from typing import Any
 from kvcheck.spec.state import NULL
 
 from ..errors import MisuseError
+from . import _loader, install
 from .vllm_v0 import VllmV0Target, free_block_ids, load
 
 ENGINE_KEY = "vllm-v0"  # the sources vllm_v0.load picks (the engine line); make_guarded takes a version
@@ -91,8 +100,23 @@ class VllmV0SlidingTarget(VllmV0Target):
         self.max_block_sliding_window = sliding_window // block_size + 2
         self.drop_window = self.max_block_sliding_window * block_size
         self.fork_after_drop = fork_after_drop
-        self._NullBlock = load(self.version, engine)[
-            "vllm.core.block.cpu_gpu_block_allocator"].NullBlock
+        mods = load(self.version, engine)
+        self._NullBlock = getattr(mods["vllm.core.block.cpu_gpu_block_allocator"], "NullBlock",
+                                  None)
+        if self._NullBlock is None or not hasattr(self._BlockTable, "blocks"):
+            raise MisuseError(f"{mods.dist.dist} {self.version}: no windowed BlockTable "
+                              f"(NullBlock, BlockTable.blocks: vLLM 0.5.0 on)")
+        # Whether the release's engine makes the call the adapter's window drop is: a
+        # chunked-prefill step's append_token_ids([]) (see the module docstring). vLLM
+        # 0.4.3 .. 0.6.2 and aphrodite 0.6.x refuse chunked prefill with a sliding window
+        # (their engine arguments: "Chunked prefill is not supported with sliding window"),
+        # so there a window drops only inside a decode append: drop_behind_window is not
+        # admitted, nor is an append whose own drop would release a block.
+        root = _loader.require(install.select(engine, self.version))
+        args = [root / "vllm/engine/arg_utils.py", root / "aphrodite/engine/args_tools.py"]
+        self.chunked_with_window = not any(
+            f.is_file() and "Chunked prefill is not supported with sliding window" in
+            f.read_text() for f in args)
         if not lazy_null:
             null = self.allocator.allocate_or_get_null_block()
             assert null.block_id == 0, null.block_id
@@ -116,7 +140,7 @@ class VllmV0SlidingTarget(VllmV0Target):
         """The configured window only; an append only when the engine would drop
         nothing first; a preemption as in ``vllm_v0``."""
         if op.kind == "drop_behind_window":
-            return op.n_tokens == self.drop_window
+            return op.n_tokens == self.drop_window and self.chunked_with_window
         if op.kind in ("append_slot", "append_slots"):
             table = self.tables.get(op.seq)
             return table is not None and not self._would_drop(table)

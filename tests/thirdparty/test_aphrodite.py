@@ -198,3 +198,22 @@ def test_the_1556_fork_leak_separates_aphrodite_0_5_1_from_0_6_0():
     leaked, detail = h.replay_aphrodite_1556("0.5.1")
     assert leaked and "3 of 4 blocks free" in detail, detail
     assert h.replay_aphrodite_1556("0.6.0")[0] is False
+
+
+def test_the_sliding_adapter_admits_the_window_drop_only_where_the_engine_makes_it():
+    """The window drop is a chunked-prefill step's ``append_token_ids([])``: vLLM 0.8.5
+    runs chunked prefill with a window, aphrodite 0.6.x refuses it (its engine
+    arguments), so its drops are not admitted; a release with no windowed block table is
+    a one-line error, not a verdict."""
+    from kvcheck.impl.errors import MisuseError
+    from kvcheck.spec.contracts import Op
+
+    _have("aphrodite-v0", "0.6.5")
+    _have("vllm-v0", "0.4.3")
+    v = vllm_v0_sliding.make_guarded(4, 2)
+    a = aphrodite_v0.make_sliding_guarded(4, 2, version="0.6.5")
+    assert v.chunked_with_window and not a.chunked_with_window
+    drop = Op("drop_behind_window", seq=0, n_tokens=a.drop_window)
+    assert v.admits(drop) and not a.admits(drop)
+    with pytest.raises(MisuseError, match="no windowed BlockTable"):
+        vllm_v0_sliding.make_guarded(4, 2, version="0.4.3")
