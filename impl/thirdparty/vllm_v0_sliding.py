@@ -1,4 +1,4 @@
-"""Adapter: vLLM v0 ``BlockTable`` (vllm==0.8.5) with a sliding window, as a ``Target``.
+"""Adapter: vLLM v0 ``BlockTable`` (vllm==0.8.5; 0.5.0.post1 .. 0.9.2) with a sliding window.
 
 The same files, stand-ins and operations as ``vllm_v0`` (see its docstring), with
 every table built as ``SelfAttnBlockSpaceManager(sliding_window=S)`` builds it:
