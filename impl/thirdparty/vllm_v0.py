@@ -221,6 +221,9 @@ class Modules:
     def __getitem__(self, name: str):
         return self.loaded[self.rename(name)]
 
+    def __getattr__(self, attr: str):  # root, modules, ...: the load's own
+        return getattr(self.loaded, attr)
+
 
 def files(root, engine: str = ENGINE_KEY) -> tuple[str, ...]:
     """The module files to execute, by what the release has: the evictor module is
