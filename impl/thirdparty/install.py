@@ -111,8 +111,22 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
     Engine("sglang", "sglang", "sglang", pinned="0.5.23", low="0.5.23", high="0.5.23",
            note="SGLang token/paged allocators and radix cache (its allocators run on torch "
                 "CPU tensors: torch==2.13.0 from the test extras)"),
-    Engine("aphrodite", "aphrodite-engine", "aphrodite", pinned="0.24.1", low="0.24.1",
-           high="0.24.1", note="aphrodite-engine, a vLLM v1 fork"),
+    Engine("aphrodite", "aphrodite-engine", "aphrodite", pinned="0.24.1", low="0.20.0",
+           high="0.24.1", note="aphrodite-engine's v1 KVCacheManager (a vLLM v1 fork: 0.20.0 "
+                               "and 0.21.0 read as vLLM 0.20's, 0.22.0 .. 0.24.1 as 0.26 .. "
+                               "0.29's), aphrodite@VERSION"),
+    Engine("aphrodite-v0", "aphrodite-engine", "aphrodite", pinned="0.6.5", low="0.6.0",
+           high="0.6.5", exclude=("0.6.4",),
+           note="aphrodite-engine's v0 block manager v2 (aphrodite/processing/block/: vLLM "
+                "v0's BlockTable and allocators under aphrodite's names), "
+                "kvcheck.impl.thirdparty.aphrodite_v0:make@VERSION (0.6.4 was never on PyPI: "
+                "0.6.4.post1)"),
+    Engine("aphrodite-legacy", "aphrodite-engine", "aphrodite", pinned="0.6.0", low="0.5.0",
+           high="0.6.5", exclude=("0.6.4",),
+           note="aphrodite-engine's BlockSpaceManager v1 (0.5.x aphrodite/processing/"
+                "block_manager.py, 0.6.x block_manager_v1.py), loaded by "
+                "impl/thirdparty/vllm_v0_legacy.py for raw replays, no kvcheck Target "
+                "(0.6.x: aphrodite-v0 installs the same files)"),
     Engine("nano-vllm-npu", "nano-vllm-npu", "nanovllmnpu", pinned="0.0.2", low="0.0.1.post1",
            high="0.0.2", layout="target", runtime_deps=("xxhash", "numpy"),
            note="nano-vllm-npu BlockManager (upstream nano-vllm's: freed blocks keep their "

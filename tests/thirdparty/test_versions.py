@@ -324,6 +324,17 @@ def test_install_list_shows_ranges_and_what_is_installed():
     assert "0.33.0" in lines["vllm-v1"].split("installed:")[1]
 
 
+def test_install_list_of_named_engines_only():
+    p = _cli("install", "vllm-v1", "nano-vllm==20260210", "--list")
+    assert p.returncode == 0, p.stderr
+    # vllm-v1 names its family too (vllm-v1-early: install vllm-v1==0.9.0 reaches it)
+    assert [ln.split(":")[0] for ln in p.stdout.splitlines()] == ["vllm-v1", "vllm-v1-early",
+                                                                  "nano-vllm"]
+    bad = _cli("install", "no-such-engine", "--list")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.count("\n") == 1 and "unknown engine 'no-such-engine'" in bad.stderr
+
+
 def test_an_allowed_deviation_does_not_hide_a_later_bug():
     """With F5's clauses allowed, vLLM PR #5364 on 0.5.0.post1 (a block reused from the
     evictor keeps its computed mark) is still reported, and 0.5.1 passes."""
