@@ -95,8 +95,8 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
                 "prefix-caching allocators"),
     Engine("vllm-v0-legacy", "vllm", "vllm", pinned="0.4.0", low="0.3.3", high="0.4.0",
            note="v0 BlockSpaceManager v1 (vllm/core/block_manager[_v1].py), before block "
-                "manager v2; loaded by impl/thirdparty/vllm_v0_legacy.py for raw replays, no "
-                "kvcheck Target yet"),
+                "manager v2: target vllm-v0-legacy (impl/thirdparty/vllm_v0_legacy.py), a "
+                "cyclic sliding window"),
     Engine("nano-vllm", "nano-vllm-fork", "nanovllm", pinned="20260210", low="20260210",
            high="20260210", layout="target", runtime_deps=("xxhash", "numpy"),
            note="nano-vllm-fork BlockManager"),

@@ -28,11 +28,40 @@ manager; 0.4.0 also ``vllm/core/interfaces.py`` and ``vllm/core/evictor.py``) th
 ``vllm.logger``
     a stdlib logger.
 
-Why there is no ``Target`` adapter yet: the spec's contracts describe an
-allocation taking ``ceil(n / B)`` distinct free blocks and an append taking a free
-block at a boundary; a cyclic window allocates ``min(ceil(n / B), W)`` blocks and at
-a boundary past ``W`` reuses ``block_table[len % W]`` in place (benchmarks/historical/catalogue.json, vllm-1556;
-docs/findings.md F10).
+The ``Target`` (``vllm-v0-legacy@VERSION``, 0.3.3 and 0.4.0: the releases whose block
+manager has ``append_slot``; 0.4.1 .. 0.6.2 renamed it ``append_slots(seq,
+num_lookahead_slots)`` and import more modules, not loaded yet). A sliding window of
+``W`` blocks (``make``: ``W = 2``; ``make_window(n, B, W)``), no prefix caching, no
+watermark, no CPU blocks. Each ``allocate`` is the scheduler admitting a new request (a
+group of one sequence, ``can_allocate`` first); beam search's sequences come from
+``fork`` (``Scheduler.fork_seq``: the engine forks a group's parent into its children
+after a step), each appended to by ``append_slot`` (``can_append_slot`` first) and
+freed by ``free``:
+
+``allocate(seq, n)``
+    ``can_allocate(group)``; not ``OK`` is out-of-blocks (it asks ``min(k, W)`` free
+    blocks: exactly what ``allocate`` takes), else ``allocate(group)``.
+``append_slot(seq)``
+    the sequence one token longer, then ``can_append_slot(group)`` (a free block for
+    its one running sequence; no is a declared refusal, ``Refused``: the scheduler
+    preempts instead), then ``append_slot(seq)``: ``(last block, offset, cow)``. At a
+    block boundary past the window the engine reuses the block leaving the window in
+    place and, when that block is shared, copies it first: the copy carries the
+    slots the spec's block-granular window reads as behind the window (the spec's
+    reading: ``drop_behind_window((W - 1) * B)`` then an append at a boundary, which
+    copies nothing), so the adapter reports no copy there.
+``fork(parent, child)``, ``free_seq(seq)``
+    ``fork`` / ``free``; an engine ``ValueError`` ("Double free!") is reported by
+    the oracle as the call's crash, never raised past it.
+
+The spec's reading of a cyclic table (``cyclic_window = W * B``: the oracle stamps
+``Op.cycle``): only its last ``W`` entries hold a reference, so ``block_table``
+reads every entry before them as ``NULL`` (a stale name: 0.4.0's ``_free_block_table``
+frees ``set(block_table[-W:])``); ``allocate`` of ``k > W`` blocks takes ``W``, the rest
+null; an append at a boundary past ``W`` is the drop behind the window, then the
+append (``spec.contracts.cyclic_pre``). 0.3.3's fork counts stale entries
+(``for block in src_block_table``) and its free frees them (``set(block_table)``):
+vLLM #1556; 0.4.0 still has F10 (docs/findings.md).
 """
 
 from __future__ import annotations
@@ -41,6 +70,9 @@ import enum
 import types
 from typing import Any
 
+from kvcheck.spec.state import NULL
+
+from ..errors import MisuseError, OutOfBlocks, Refused
 from . import _loader, install
 from ._loader import Loaded
 
@@ -148,3 +180,149 @@ def build(version: str | None, num_blocks: int, block_size: int, sliding_window:
     no watermark, and ``sliding_window`` tokens."""
     return manager_class(load(version))(block_size, num_blocks, 0, watermark=0.0,
                                         sliding_window=sliding_window)
+
+
+def _by_number(block) -> int:
+    return block.block_number  # (an int's hash is itself: the same in every process)
+
+
+def deterministic_hash(block_cls) -> None:
+    """Give ``PhysicalTokenBlock`` a hash by its number. The class hashes by
+    identity, so the order in which ``fork`` and ``free`` walk ``set(block_table)``, and
+    with it the free list's order and every later block id, follows memory addresses
+    and differs from run to run: a replay or a shrink candidate would take other blocks
+    than the run it repeats. Equality stays identity, so a set or dict the manager
+    builds holds exactly what it held before (a GPU and a CPU block of one number
+    merely share a hash bucket)."""
+    if block_cls.__dict__.get("__hash__") is not _by_number:
+        block_cls.__hash__ = _by_number
+
+
+class EngineRefused(Refused):
+    """``can_append_slot`` said no: the scheduler would preempt, not append."""
+
+
+class VllmV0LegacyTarget:
+    """``Target`` over vLLM's ``BlockSpaceManager`` v1 with a cyclic sliding window (see
+    the module docstring)."""
+
+    capabilities = frozenset({"allocate", "append_slot", "fork", "free_seq"})
+
+    def __init__(self, num_blocks: int, block_size: int, window_blocks: int = 2,
+                 version: str | None = None):
+        if num_blocks < 1 or block_size < 1:
+            raise MisuseError("num_blocks and block_size must be positive")
+        if type(window_blocks) is not int or window_blocks < 1:
+            raise MisuseError(f"the window must be at least one block, got {window_blocks!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.window_blocks = window_blocks
+        self.cyclic_window = window_blocks * block_size  # tokens: vLLM's sliding_window
+        mods = load(version)  # not kept: the module table is shared, never copied
+        self.version = mods.dist.version
+        deterministic_hash(mods["vllm.block"].PhysicalTokenBlock)
+        self.manager = manager_class(mods)(block_size, num_blocks, 0, watermark=0.0,
+                                           sliding_window=self.cyclic_window)
+        self._all = sorted(self.manager.gpu_allocator.free_blocks, key=lambda b: b.block_number)
+        assert [b.block_number for b in self._all] == list(range(num_blocks))
+        self.seqs: dict[int, Seq] = {}
+
+    # -- the engine's calls ----------------------------------------------------------
+    def _live(self, seq: int) -> Seq:
+        s = self.seqs.get(seq)
+        if s is None:
+            raise MisuseError(f"sequence {seq} is not live")
+        return s
+
+    def allocate(self, seq: int, n_tokens: int) -> None:
+        if seq in self.seqs:
+            raise MisuseError(f"sequence {seq} is already live")
+        if n_tokens < 1:
+            raise MisuseError("a prompt has at least one token")
+        s = Seq(seq, n_tokens, self.block_size)
+        group = Group(s)
+        status = self.manager.can_allocate(group)
+        if status.name != "OK":
+            raise OutOfBlocks(f"can_allocate: {status.name}")
+        self.manager.allocate(group)
+        s.status = SequenceStatus.RUNNING
+        self.seqs[seq] = s
+
+    def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
+        s = self._live(seq)
+        if not self.manager.can_append_slot(Group(s)):
+            raise EngineRefused("can_append_slot: no free block for the group")
+        table = self.manager.block_tables[seq]
+        grows = len(table) < -(-(s.n_tokens + 1) // self.block_size)
+        wraps = grows and len(table) >= self.window_blocks
+        s.n_tokens += 1
+        try:
+            cow = self.manager.append_slot(s)
+        except BaseException:
+            s.n_tokens -= 1
+            raise
+        table = self.manager.block_tables[seq]
+        offset = (s.n_tokens - 1) % self.block_size
+        if wraps:  # (the copy of the block leaving the window: see the module docstring)
+            cow = None
+        return table[-1].block_number, offset, None if cow is None else cow[0]
+
+    def fork(self, parent: int, child: int) -> None:
+        p = self._live(parent)
+        if child in self.seqs:
+            raise MisuseError(f"sequence {child} is already live")
+        c = Seq(child, p.n_tokens, self.block_size)
+        c.status = SequenceStatus.RUNNING
+        self.manager.fork(p, c)
+        self.seqs[child] = c
+
+    def free_seq(self, seq: int) -> None:
+        s = self._live(seq)
+        del self.seqs[seq]  # (the scheduler drops a finished sequence whatever free does)
+        s.status = SequenceStatus.FINISHED_STOPPED
+        self.manager.free(s)
+
+    # -- observation -----------------------------------------------------------------
+    def block_table(self, seq: int) -> list[int]:
+        table = self.manager.block_tables[seq]
+        live = len(table) - self.window_blocks
+        return [NULL if i < live else b.block_number for i, b in enumerate(table)]
+
+    def refcount(self, block: int) -> int:
+        return self._blocks()[block].ref_count
+
+    def refcounts(self) -> list[int]:
+        return [b.ref_count for b in self._blocks()]
+
+    def _blocks(self) -> list:
+        """Every GPU ``PhysicalTokenBlock``, by number (the allocator makes them all at
+        construction and never replaces one)."""
+        return self._all
+
+    def free_blocks(self) -> list[int]:
+        return [b.block_number for b in self.manager.gpu_allocator.free_blocks]
+
+    def num_free(self) -> int:
+        return self.manager.get_num_free_gpu_blocks()
+
+    def table_identity(self, seq: int) -> object:
+        return self.manager.block_tables.get(seq)
+
+    def seq_len(self, seq: int) -> int | None:
+        return None  # (the manager keeps no count: it reads the Sequence's logical blocks)
+
+    def is_out_of_blocks(self, exc: BaseException) -> bool:
+        return isinstance(exc, OutOfBlocks)
+
+    def is_refusal(self, exc: BaseException) -> bool:
+        return isinstance(exc, EngineRefused)
+
+
+def make(num_blocks: int, block_size: int, version: str | None = None) -> VllmV0LegacyTarget:
+    """A window of two blocks (``sliding_window = 2 * block_size``)."""
+    return VllmV0LegacyTarget(num_blocks, block_size, 2, version)
+
+
+def make_window(num_blocks: int, block_size: int, window_blocks: int,
+                version: str | None = None) -> VllmV0LegacyTarget:
+    return VllmV0LegacyTarget(num_blocks, block_size, window_blocks, version)

@@ -20,10 +20,11 @@ from kvcheck.spec.contracts import Op
 from kvcheck.verify import verify
 
 from corpus.buggy import CORPUS
+from corpus.cyclic import LEGAL as CYCLIC_LEGAL
 from corpus.engine import LEGAL as ENGINE_LEGAL
 from corpus.window import LEGAL as WINDOW_LEGAL
 
-LEGAL = {**ENGINE_LEGAL, **WINDOW_LEGAL}
+LEGAL = {**ENGINE_LEGAL, **WINDOW_LEGAL, **CYCLIC_LEGAL}
 
 BUGGY = Path(__file__).resolve().parents[1] / "corpus" / "buggy.py"
 SEEDS = (0, 1, 2)
