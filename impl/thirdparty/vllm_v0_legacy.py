@@ -326,3 +326,10 @@ def make(num_blocks: int, block_size: int, version: str | None = None) -> VllmV0
 def make_window(num_blocks: int, block_size: int, window_blocks: int,
                 version: str | None = None) -> VllmV0LegacyTarget:
     return VllmV0LegacyTarget(num_blocks, block_size, window_blocks, version)
+
+
+def make_one_block(num_blocks: int, block_size: int,
+                   version: str | None = None) -> VllmV0LegacyTarget:
+    """A window of one block (``sliding_window = block_size``): the shape of #1556's raw
+    replay, where every boundary append reuses the table's one block."""
+    return VllmV0LegacyTarget(num_blocks, block_size, 1, version)

@@ -124,7 +124,7 @@ class CyclicOneBlock(CyclicBlockManager):
 
 CYCLIC = {
     "cyclic-fork-counts-stale": (CyclicForkCountsStale, "contract", 2),
-    "cyclic-frees-stale": (CyclicFreesStale, "contract", 4),
+    "cyclic-frees-stale": (CyclicFreesStale, "contract", 6),  # (6: its "Double free!")
     "cyclic-reuses-stale-entry": (CyclicReusesStaleEntry, "crash", 16),  # (the engine's Double free!)
     "cyclic-takes-every-block": (CyclicTakesEveryBlock, "contract", 1),
 }

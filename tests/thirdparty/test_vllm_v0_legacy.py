@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvcheck.impl.thirdparty import _loader, install, vllm_v0_legacy
+from kvcheck.spec.contracts import Op
+from kvcheck.spec.state import NULL
+from kvcheck.verify import replay_ops, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
@@ -84,3 +87,110 @@ def test_stale_entry_after_copy_on_write_is_written_into_on_both_releases():
         _need(version)
         crossed, evidence = replays.replay_v1_window_stale_entry(version)
         assert crossed, (version, evidence)
+
+
+# -- the Target: vllm-v0-legacy@VERSION ---------------------------------------------------
+FORK_CLAUSE = "fork: refcount +1 per entry of the child's table, -1 per entry it had"
+F10 = {"append_slot: a new block was free",
+       "append_slot: refcounts change only as the operation says", "append_slot"}
+
+
+def _ops(*spec):
+    out = []
+    for kind, *args in spec:
+        if kind == "fork":
+            out.append(Op("fork", seq=args[0], child=args[1]))
+        elif kind == "allocate":
+            out.append(Op("allocate", seq=args[0], n_tokens=args[1]))
+        else:
+            out.append(Op(kind, seq=args[0]))
+    return out
+
+
+def _scope(blocks, bs):
+    return {"num_blocks": blocks, "block_size": bs}
+
+
+@pytest.mark.parametrize("version", ["0.3.3", "0.4.0"])
+def test_the_observation_reads_entries_behind_the_window_as_null(version):
+    _need(version)
+    t = vllm_v0_legacy.make(4, 1, version=version)
+    assert t.cyclic_window == 2 and t.version == version
+    t.allocate(0, 3)  # [x0, x1, x0]: the first entry is a stale name of x0
+    table = t.block_table(0)
+    assert table[0] == NULL and len(table) == 3 and len(set(table[1:])) == 2
+    assert [t.refcount(b) for b in table[1:]] == [1, 1] and t.num_free() == 2
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_verify_fails_on_0_3_3_with_the_1556_fork_in_two_operations(mode):
+    _need("0.3.3")
+    r = verify("vllm-v0-legacy@0.3.3", 6, 1, 3000, 0, mode=mode)
+    assert r.verdict == "fail" and r.violation.name == FORK_CLAUSE, r.violation
+    ops = r.trace.ops
+    assert [o.kind for o in ops] == ["allocate", "fork"] and ops[0].n_tokens == 3, ops
+
+
+def test_the_1556_counterexample_passes_on_0_4_0():
+    _need("0.4.0")
+    rep = replay_ops("blocks", "vllm-v0-legacy@0.4.0", _scope(2, 1),
+                     _ops(("allocate", 0, 3), ("fork", 0, 1)))
+    assert rep.violation is None
+
+
+def test_the_engine_double_free_is_a_violation_not_a_traceback():
+    """#1556's own symptom on 0.3.3 (window of one block, as the raw replay): two
+    sequences share [x]; the first one's boundary append reuses x and copies it away
+    (free(x)), the stale entry still names x, so freeing the first sequence after the
+    second raises "Double free!": reported as the call's crash."""
+    _need("0.3.3")
+    ops = _ops(("allocate", 0, 2), ("fork", 0, 1), ("append_slot", 0), ("free_seq", 1),
+               ("free_seq", 0))
+    target = "kvcheck.impl.thirdparty.vllm_v0_legacy:make_one_block@0.3.3"
+    rep = replay_ops("blocks", target, _scope(4, 2), ops)
+    v = rep.violation
+    assert v is not None and v.kind == "crash" and v.name == "free_seq", v
+    assert "Double free!" in v.witness and v.step == 5
+    fixed = replay_ops("blocks", target.replace("0.3.3", "0.4.0"), _scope(4, 2), ops)
+    assert fixed.violation is None
+
+
+def test_the_1556_free_frees_a_block_another_sequence_holds_on_0_3_3():
+    """Window of two blocks: the copy of a shared reused block leaves the stale entry
+    naming it; 0.3.3's free walks set(block_table) and releases it while the other
+    sequence still holds it (0.4.0 frees the last W entries only)."""
+    _need("0.3.3")
+    _need("0.4.0")
+    ops = _ops(("allocate", 0, 2), ("fork", 0, 1), ("append_slot", 0), ("free_seq", 0))
+    v = replay_ops("blocks", "vllm-v0-legacy@0.3.3", _scope(4, 1), ops).violation
+    assert v is not None and v.name == "free_seq: refcount -1 per entry of the freed table", v
+    assert replay_ops("blocks", "vllm-v0-legacy@0.4.0", _scope(4, 1), ops).violation is None
+
+
+def test_f10_on_0_4_0_the_cycle_reuses_a_block_the_other_sequence_holds():
+    """replay_v1_window_stale_entry as kvcheck sees it: the sixth token's append takes the
+    stale entry's block (another sequence's), not the one leaving the window."""
+    _need("0.4.0")
+    ops = _ops(("allocate", 0, 3), ("fork", 0, 1), ("append_slot", 0), ("append_slot", 0),
+               ("append_slot", 0))
+    v = replay_ops("blocks", "vllm-v0-legacy@0.4.0", _scope(6, 1), ops).violation
+    assert v is not None and v.step == 5 and v.name == "append_slot: a new block was free", v
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_0_4_0_fails_only_with_f10(seed):
+    """0.4.0 is not clean (F10): every counterexample kvcheck finds there is one of F10's
+    clauses, never #1556's fork clause (the catalogue's fixed_findings)."""
+    _need("0.4.0")
+    r = verify("vllm-v0-legacy@0.4.0", 6, 1, 3000, seed)
+    assert r.verdict == "fail" and r.violation.name in F10, r.violation
+
+
+def test_runs_are_deterministic_across_replays():
+    """set(block_table)'s order follows the blocks' hash (made their number), so a
+    replay takes the blocks the run took."""
+    _need("0.4.0")
+    r = verify("vllm-v0-legacy@0.4.0", 6, 1, 3000, 0, do_shrink=False)
+    rep = replay_ops("blocks", "vllm-v0-legacy@0.4.0", _scope(6, 1), r.trace.ops)
+    assert rep.violation is not None and rep.violation.name == r.violation.name
+    assert rep.violation.step == r.violation.step
