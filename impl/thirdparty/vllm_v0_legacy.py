@@ -1,4 +1,4 @@
-"""vLLM's BlockSpaceManager v1 (0.3.3 .. 0.4.0), loaded for raw replays -- no ``Target`` yet.
+"""vLLM's BlockSpaceManager v1 (0.3.3 .. 0.4.0): raw replays and the ``Target`` ``vllm-v0-legacy``.
 
 Before block manager v2, vLLM v0 kept its tables in ``BlockSpaceManager``
 (``vllm/core/block_manager.py`` in 0.3.x, ``BlockSpaceManagerV1`` in
