@@ -93,7 +93,7 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
     Engine("vllm-v0", "vllm", "vllm", pinned="0.8.5", low="0.4.2", high="0.9.2",
            note="v0 block manager v2 (vllm/core/block/): BlockTable, naive and "
                 "prefix-caching allocators"),
-    Engine("vllm-v0-legacy", "vllm", "vllm", pinned="0.4.0", low="0.3.3", high="0.4.0",
+    Engine("vllm-v0-legacy", "vllm", "vllm", pinned="0.4.0", low="0.3.3", high="0.6.2",
            note="v0 BlockSpaceManager v1 (vllm/core/block_manager[_v1].py), before block "
                 "manager v2: target vllm-v0-legacy (impl/thirdparty/vllm_v0_legacy.py), a "
                 "cyclic sliding window"),

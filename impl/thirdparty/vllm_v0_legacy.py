@@ -1,4 +1,4 @@
-"""vLLM's BlockSpaceManager v1 (0.3.3 .. 0.4.0): raw replays and the ``Target`` ``vllm-v0-legacy``.
+"""vLLM's BlockSpaceManager v1 (0.3.3 .. 0.6.2): raw replays and the ``Target`` ``vllm-v0-legacy``.
 
 Before block manager v2, vLLM v0 kept its tables in ``BlockSpaceManager``
 (``vllm/core/block_manager.py`` in 0.3.x, ``BlockSpaceManagerV1`` in
@@ -28,9 +28,15 @@ manager; 0.4.0 also ``vllm/core/interfaces.py`` and ``vllm/core/evictor.py``) th
 ``vllm.logger``
     a stdlib logger.
 
-The ``Target`` (``vllm-v0-legacy@VERSION``, 0.3.3 and 0.4.0: the releases whose block
-manager has ``append_slot``; 0.4.1 .. 0.6.2 renamed it ``append_slots(seq,
-num_lookahead_slots)`` and import more modules, not loaded yet). A sliding window of
+The ``Target`` (``vllm-v0-legacy@VERSION``: every release with block manager v1, 0.3.3
+.. 0.6.2; 0.6.3 removed it). 0.4.1 renamed ``append_slot`` / ``can_append_slot`` to
+``append_slots(seq, num_lookahead_slots)`` / ``can_append_slots`` (called with no
+lookahead; their copies a ``{src: [dst]}`` dict to 0.4.2, a list of pairs from 0.4.3),
+0.4.2 renamed the evictor ``evictor_v1``, 0.4.3 added the encoder-decoder check
+(``vllm.core.block.utils``: ``Group.is_encoder_decoder()`` is False, its messages are
+stubbed in ``vllm.utils``), 0.5.1 reads ``seq.n_blocks`` for the logical blocks, 0.5.5
+made ``BlockTable`` a class and imports ``vllm.core.block.common`` (a cache metric): ``load`` takes the files each release
+has, ``Seq`` and ``Group`` offer what each reads. A sliding window of
 ``W`` blocks (``make``: ``W = 2``; ``make_window(n, B, W)``), no prefix caching, no
 watermark, no CPU blocks. Each ``allocate`` is the scheduler admitting a new request (a
 group of one sequence, ``can_allocate`` first); beam search's sequences come from
@@ -85,6 +91,9 @@ def _stub_utils(mod: types.ModuleType, _: Loaded) -> None:
         CPU = enum.auto()
 
     mod.Device = Device
+    # (0.5.5 on: the messages vllm.core.block.utils raises for encoder-decoder models)
+    mod.STR_NOT_IMPL_ENC_DEC_PREFIX_CACHE = "Prefix caching is not supported with encoder/decoder models."
+    mod.STR_NOT_IMPL_ENC_DEC_SWA = "Sliding window attention is not supported with encoder/decoder models."
 
 
 class SequenceStatus(enum.Enum):
@@ -123,6 +132,13 @@ def manager_module(root) -> str:
             else "vllm.core.block_manager")
 
 
+# The engine files a release's block manager imports beside itself, where the release has
+# them: its interfaces, its evictor (renamed evictor_v1 in 0.4.2), the encoder-decoder
+# check (0.4.3 on) and, for a cache metric, vllm.core.block.common (0.5.5 on).
+_ALSO = ("vllm.core.interfaces", "vllm.core.evictor_v1", "vllm.core.evictor",
+         "vllm.core.block.utils", "vllm.core.block.common", "vllm.core.block.interfaces")
+
+
 def load(version: str | None = None) -> Loaded:
     """The release's block manager at ``version`` (default: the pinned 0.4.0);
     ``ThirdPartyMissing`` if it is not installed."""
@@ -131,7 +147,11 @@ def load(version: str | None = None) -> Loaded:
     name = manager_module(root)
     files = ["vllm.block", name]
     if name.endswith("_v1"):
-        files += ["vllm.core.interfaces", "vllm.core.evictor"]
+        evictor = "vllm.core.evictor_v1" if (root / "vllm/core/evictor_v1.py").is_file() \
+            else "vllm.core.evictor"
+        files += [m for m in _ALSO if (m != "vllm.core.evictor_v1" and m != "vllm.core.evictor"
+                                       or m == evictor)
+                  and (root / (m.replace(".", "/") + ".py")).is_file()]
     return _loader.load(dist, files, STUBS, entry=(name,))
 
 
@@ -154,7 +174,11 @@ class Seq:
 
     @property
     def logical_token_blocks(self) -> list[int]:
-        return list(range(-(-self.n_tokens // self.block_size)))
+        return list(range(self.n_blocks))
+
+    @property
+    def n_blocks(self) -> int:  # (0.6.x reads the count)
+        return -(-self.n_tokens // self.block_size)
 
     def is_finished(self) -> bool:
         return self.status.name.startswith("FINISHED")
@@ -167,6 +191,13 @@ class Group:
 
     def __init__(self, *seqs: Seq):
         self.seqs = list(seqs)
+        self.request_id = str(seqs[0].seq_id) if seqs else ""
+
+    def is_encoder_decoder(self) -> bool:  # (0.4.3 on: a decoder-only model)
+        return False
+
+    def get_encoder_seq(self) -> None:
+        return None
 
     def get_seqs(self, status: SequenceStatus | None = None) -> list[Seq]:
         return [s for s in self.seqs if status is None or s.status == status]
@@ -196,6 +227,19 @@ def deterministic_hash(block_cls) -> None:
     merely share a hash bucket)."""
     if block_cls.__dict__.get("__hash__") is not _by_number:
         block_cls.__hash__ = _by_number
+
+
+def _copies(result) -> list[tuple[int, int]]:
+    """An append's copy-on-write as ``(src, dst)`` pairs: ``append_slot``'s pair or None
+    (0.3.3, 0.4.0), ``append_slots``' ``{src: [dst]}`` (0.4.1, 0.4.2) or list of pairs
+    (0.4.3 on)."""
+    if not result:
+        return []
+    if isinstance(result, dict):
+        return [(src, dst) for src, dsts in result.items() for dst in dsts]
+    if isinstance(result, tuple):
+        return [result]
+    return [tuple(pair) for pair in result]
 
 
 class EngineRefused(Refused):
@@ -250,22 +294,26 @@ class VllmV0LegacyTarget:
 
     def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
         s = self._live(seq)
-        if not self.manager.can_append_slot(Group(s)):
+        m = self.manager
+        can = getattr(m, "can_append_slot", None) or m.can_append_slots  # (renamed in 0.4.1)
+        if not can(Group(s)):
             raise EngineRefused("can_append_slot: no free block for the group")
         table = self.manager.block_tables[seq]
         grows = len(table) < -(-(s.n_tokens + 1) // self.block_size)
         wraps = grows and len(table) >= self.window_blocks
         s.n_tokens += 1
         try:
-            cow = self.manager.append_slot(s)
+            copies = _copies(m.append_slot(s) if hasattr(m, "append_slot") else m.append_slots(s))
         except BaseException:
             s.n_tokens -= 1
             raise
         table = self.manager.block_tables[seq]
         offset = (s.n_tokens - 1) % self.block_size
         if wraps:  # (the copy of the block leaving the window: see the module docstring)
-            cow = None
-        return table[-1].block_number, offset, None if cow is None else cow[0]
+            copies = []
+        if len(copies) > 1:
+            raise RuntimeError(f"append_slot returned {len(copies)} copies: {copies}")
+        return table[-1].block_number, offset, copies[0][0] if copies else None
 
     def fork(self, parent: int, child: int) -> None:
         p = self._live(parent)

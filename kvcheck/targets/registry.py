@@ -34,7 +34,7 @@ TARGETS: dict[str, tuple[str, str]] = {
     "vllm-v0-sliding": ("kvcheck.impl.thirdparty.vllm_v0_sliding:make",
                         "vLLM 0.8.5 v0 BlockTable with a sliding window (naive allocator)"),
     "vllm-v0-legacy": ("kvcheck.impl.thirdparty.vllm_v0_legacy:make",
-                       "vLLM v0 BlockSpaceManager v1 (0.4.0; @0.3.3..0.4.0), a cyclic sliding "
+                       "vLLM v0 BlockSpaceManager v1 (0.4.0; @0.3.3..0.6.2), a cyclic sliding "
                        "window of 2 blocks, beam-search forks, copy-on-write"),
     "nano-vllm": ("kvcheck.impl.thirdparty.nano_vllm:make",
                   "nano-vllm-fork 20260210 BlockManager, xxhash prefix caching (no fork)"),

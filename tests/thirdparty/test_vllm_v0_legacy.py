@@ -43,8 +43,8 @@ def test_each_release_loads_its_own_block_manager(version, module, cls):
 
 
 def test_a_version_outside_the_range_is_refused():
-    with pytest.raises(install.InstallError, match="0.3.3 .. 0.4.0"):
-        vllm_v0_legacy.load("0.4.1")
+    with pytest.raises(install.InstallError, match="0.3.3 .. 0.6.2"):
+        vllm_v0_legacy.load("0.6.3.post1")  # (block manager v1 was removed in 0.6.3)
 
 
 def test_1556_double_free_on_0_3_3_not_on_0_4_0():
@@ -194,3 +194,23 @@ def test_runs_are_deterministic_across_replays():
     rep = replay_ops("blocks", "vllm-v0-legacy@0.4.0", _scope(6, 1), r.trace.ops)
     assert rep.violation is not None and rep.violation.name == r.violation.name
     assert rep.violation.step == r.violation.step
+
+
+RANGE = ["0.4.1", "0.4.2", "0.4.3", "0.5.0.post1", "0.5.1", "0.5.2", "0.5.3.post1", "0.5.4",
+         "0.5.5", "0.6.0", "0.6.1.post2", "0.6.2"]
+
+
+@pytest.mark.parametrize("version", RANGE)
+def test_every_later_v1_release_has_the_fix_and_f10(version):
+    """0.4.1 .. 0.6.2 (``append_slots``, ``BlockTable`` a class from 0.5.5): #1556's
+    counterexamples pass, F10's stale-entry cycle fails as on 0.4.0."""
+    _need(version)
+    target = f"vllm-v0-legacy@{version}"
+    assert replay_ops("blocks", target, _scope(2, 1),
+                      _ops(("allocate", 0, 3), ("fork", 0, 1))).violation is None
+    free_half = _ops(("allocate", 0, 2), ("fork", 0, 1), ("append_slot", 0), ("free_seq", 0))
+    assert replay_ops("blocks", target, _scope(4, 1), free_half).violation is None
+    ops = _ops(("allocate", 0, 3), ("fork", 0, 1), ("append_slot", 0), ("append_slot", 0),
+               ("append_slot", 0))
+    v = replay_ops("blocks", target, _scope(6, 1), ops).violation
+    assert v is not None and v.step == 5 and v.name == "append_slot: a new block was free", v
