@@ -35,8 +35,9 @@ lookahead; their copies a ``{src: [dst]}`` dict to 0.4.2, a list of pairs from 0
 0.4.2 renamed the evictor ``evictor_v1``, 0.4.3 added the encoder-decoder check
 (``vllm.core.block.utils``: ``Group.is_encoder_decoder()`` is False, its messages are
 stubbed in ``vllm.utils``), 0.5.1 reads ``seq.n_blocks`` for the logical blocks, 0.5.5
-made ``BlockTable`` a class and imports ``vllm.core.block.common`` (a cache metric): ``load`` takes the files each release
-has, ``Seq`` and ``Group`` offer what each reads. A sliding window of
+made ``BlockTable`` a class and imports ``vllm.core.block.common`` (a cache metric):
+``load`` takes the files each release has, ``Seq`` and ``Group`` offer what each reads.
+A sliding window of
 ``W`` blocks (``make``: ``W = 2``; ``make_window(n, B, W)``), no prefix caching, no
 watermark, no CPU blocks. Each ``allocate`` is the scheduler admitting a new request (a
 group of one sequence, ``can_allocate`` first); beam search's sequences come from
