@@ -179,3 +179,14 @@ def test_a_cyclic_trace_replays_on_its_target_and_passes_on_the_reference():
     again = replay_ops("blocks", cls, scope, r.trace.ops)
     assert again.violation is not None and again.violation.name == r.violation.name
     assert replay_ops("blocks", LEGAL["cyclic"], scope, r.trace.ops).violation is None
+
+
+def test_the_witness_says_how_the_spec_reads_a_wrapped_append():
+    cls = CYCLIC["cyclic-reuses-stale-entry"][0]
+    ops = [Op("allocate", seq=0, n_tokens=2), Op("fork", seq=0, child=1),
+           Op("append_slot", seq=0), Op("append_slot", seq=0), Op("append_slot", seq=0)]
+    v = replay_ops("blocks", cls, {"num_blocks": 6, "block_size": 1}, ops).violation
+    assert v is not None and v.step == 5, v
+    assert "under the cyclic window of 2 block(s) this append past it is the drop of " \
+           "position 2" in v.witness, v.witness
+    assert "was not free: sequence 1" in v.witness, v.witness
