@@ -190,3 +190,16 @@ def test_the_witness_says_how_the_spec_reads_a_wrapped_append():
     assert "under the cyclic window of 2 block(s) this append past it is the drop of " \
            "position 2" in v.witness, v.witness
     assert "was not free: sequence 1" in v.witness, v.witness
+
+
+def test_the_narration_names_a_block_reused_in_place():
+    from kvcheck.models.blocks.witness import narrate
+
+    op = Op("append_slot", seq=0, block=3, offset=0)
+    before = {"tables": {"0": [3, 4]}, "lens": {"0": 2}, "refs": [], "free": []}
+    after = {"tables": {"0": [NULL, 4, 3]}, "lens": {"0": 3}, "refs": [], "free": []}
+    assert "(the block that left the window at position 0, reused in place)" in narrate(
+        op, before, after, 1)
+    after["tables"]["0"] = [NULL, 4, 5]
+    assert "(a fresh block)" in narrate(Op("append_slot", seq=0, block=5, offset=0),
+                                        before, after, 1)

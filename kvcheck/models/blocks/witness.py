@@ -379,5 +379,11 @@ def narrate(op, before: dict | None, after: dict | None, block_size: int) -> str
     if op.cow_src is not None:
         text += f", after copying block {op.cow_src} into it"
     elif op.offset == 0:
-        text += " (a fresh block)"
+        t0 = (before or {}).get("tables", {}).get(str(q))
+        t1 = (after or {}).get("tables", {}).get(str(q))
+        # (a cyclic window's append past it: the block that left the window, now null there)
+        left = [i for i, b in enumerate(t0 or ()) if b == op.block and t1 is not None
+                and i < len(t1) and t1[i] in (None, NULL)]
+        text += (f" (the block that left the window at position {left[0]}, reused in place)"
+                 if left else " (a fresh block)")
     return text
