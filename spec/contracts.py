@@ -223,19 +223,22 @@ def cyclic_skip(L, pre, op: Op):
     if not op.cycle:
         return 0
     q, B = op.seq, pre.block_size
-    n = pre.length(q)
-    if n % B != 0 or pre.nblocks(q) < op.cycle:
-        return 0
-    return behind_window(L, pre, Op("drop_behind_window", seq=q, n_tokens=(op.cycle - 1) * B))
+    wraps = L.and_(L.mod(pre.length(q), B) == 0, pre.nblocks(q) >= op.cycle)
+    drop = Op("drop_behind_window", seq=q, n_tokens=(op.cycle - 1) * B)
+    return L.ite(wraps, behind_window(L, pre, drop), 0)
 
 
 def cyclic_pre(L, pre, op: Op):
-    """The state an append under a cyclic window starts from: ``pre`` itself, or, when
-    the engine's call wraps (``cyclic_skip``), the state ``drop_behind_window`` leaves
-    (``spec.state.Dropped``: derived from ``pre``, never observed; tests/core check it
-    meets the drop's own contract). Concrete states only (the oracle's)."""
+    """The state an append under a cyclic window starts from: the state
+    ``drop_behind_window`` leaves when the engine's call wraps (``cyclic_skip``), else
+    ``pre`` itself. Concretely ``spec.state.Dropped`` (derived from ``pre``, never
+    observed; tests/core check it meets the drop's own contract); symbolically the state
+    class's own ``dropped`` (``SymState.dropped``: the same meaning, a null prefix of
+    ``skip`` entries, ``pre`` itself when it is 0)."""
     skip = cyclic_skip(L, pre, op)
-    return Dropped(pre, op.seq, skip) if skip else pre
+    if isinstance(skip, int):  # (a concrete state: a number)
+        return Dropped(pre, op.seq, skip) if skip else pre
+    return pre.dropped(op.seq, skip)
 
 
 def append_slot(L, pre, post, op: Op, dom: Domain):
