@@ -351,8 +351,14 @@ def _shares(L, pre, post, op: Op, dom: Domain, source, target, released: bool):
         freed = L.and_(pre.ref(b) > 0, post.ref(b) == 0)
         taken = L.and_(pre.ref(b) == 0, post.ref(b) > 0)
         back.append(freed)
-        yield "refcount +1 per entry of the child's table, -1 per entry it had", b, (
-            post.ref(b) == pre.ref(b) + post.occurrences(target, b) - old)
+        named = post.occurrences(target, b)
+        touched = L.or_(named > 0, old > 0) if released else named > 0
+        yield "refcount +1 per entry of the child's table, -1 per entry it had", b, L.implies(
+            touched, post.ref(b) == pre.ref(b) + named - old)
+        # (a block the child names neither before nor after: a table entry the spec reads as
+        # holding nothing, e.g. a stale name behind a cyclic window, must not be counted)
+        yield "a block the child's table does not name keeps its refcount", b, L.implies(
+            L.not_(touched), post.ref(b) == pre.ref(b))
         yield "free list changes only as the operation says", b, (
             post.free_count(b) == pre.free_count(b) + L.ite(freed, 1, 0) - L.ite(taken, 1, 0))
     yield "free list changes by the blocks released and the copy taken", None, (
@@ -368,7 +374,8 @@ def fork(L, pre, post, op: Op, dom: Domain):
     child's is a fresh block: copies names it; the parent's keeps its refcount),
     every other block shared. Both are legal. A full block is never copied. An
     eager fork may run out of blocks (only then: a partial last block and no
-    free block), and then nothing changed."""
+    free block), and then nothing changed. A block the child's table does not name
+    keeps its refcount."""
     if op.outcome == OOB:
         t, partial = _last_token_block(L, pre, op.seq)
         yield "out-of-blocks only when a partial last block needs a copy and none is free", \

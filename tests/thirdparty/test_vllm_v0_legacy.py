@@ -92,7 +92,8 @@ def test_stale_entry_after_copy_on_write_is_written_into_on_both_releases():
 # -- the Target: vllm-v0-legacy@VERSION ---------------------------------------------------
 FORK_CLAUSE = "fork: refcount +1 per entry of the child's table, -1 per entry it had"
 F10 = {"append_slot: a new block was free",
-       "append_slot: refcounts change only as the operation says", "append_slot"}
+       "append_slot: refcounts change only as the operation says", "append_slot",
+       "fork: a block the child's table does not name keeps its refcount"}
 
 
 def _ops(*spec):
@@ -177,7 +178,7 @@ def test_f10_on_0_4_0_the_cycle_reuses_a_block_the_other_sequence_holds():
     assert v is not None and v.step == 5 and v.name == "append_slot: a new block was free", v
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1, 2, 6, 9])
 def test_0_4_0_fails_only_with_f10(seed):
     """0.4.0 is not clean (F10): every counterexample kvcheck finds there is one of F10's
     clauses, never #1556's fork clause (the catalogue's fixed_findings)."""
@@ -214,3 +215,15 @@ def test_every_later_v1_release_has_the_fix_and_f10(version):
                ("append_slot", 0))
     v = replay_ops("blocks", target, _scope(6, 1), ops).violation
     assert v is not None and v.step == 5 and v.name == "append_slot: a new block was free", v
+
+
+def test_f10_on_0_4_0_a_fork_counts_a_block_only_a_stale_entry_names():
+    """After a copy-on-write at a wrapped position the parent's stale entry still names
+    the block the copy replaced; 0.4.0's fork (``set(src_block_table)``) adds a reference
+    to it, a block the child's table does not name. On 0.3.3 the same."""
+    ops = _ops(("allocate", 0, 2), ("fork", 0, 1), ("append_slot", 0), ("fork", 0, 2))
+    for version in ("0.3.3", "0.4.0"):
+        _need(version)
+        v = replay_ops("blocks", f"vllm-v0-legacy@{version}", _scope(4, 1), ops).violation
+        assert v is not None and v.step == 4, (version, v)
+        assert v.name == "fork: a block the child's table does not name keeps its refcount", v
