@@ -7,8 +7,9 @@ buggy and the fixed release's sources (``kvcheck install``: py files from the wh
 idempotent, nothing downloaded when installed), runs the entry's kvcheck command on each
 (``{version}`` replaced), and reports
 
-* caught: the buggy release fails with the expected violation (clause); another verdict
-  is a miss, printed with what kvcheck said;
+* caught: the buggy release fails with the expected violation (clause; a list: any of
+  them, one bug with several symptoms); another verdict is a miss, printed with what
+  kvcheck said;
 * false alarm: the fixed release does not pass (a documented deviation allowed by the
   command's ``--allow`` is not an alarm; it is counted in the command's output). A fixed
   release that still has another, documented bug (``fixed_findings``: finding id -> the
@@ -88,7 +89,11 @@ def load(path: Path = CATALOGUE) -> list[dict]:
                     isinstance(v, list) and v and all(isinstance(c, str) for c in v)
                     for v in known.values())):
                 raise CatalogueError(f"{where}: fixed_findings must map a finding to its clauses")
-            if any(e["expected"] in v for v in known.values()):
+            want = e["expected"]
+            if not (isinstance(want, str) or isinstance(want, list) and want
+                    and all(isinstance(c, str) for c in want)):
+                raise CatalogueError(f"{where}: expected must be a clause or a list of clauses")
+            if any(c in v for c in expected(e) for v in known.values()):
                 raise CatalogueError(f"{where}: fixed_findings lists the expected clause")
             if known and sum("{version}" in a for a in cmd) != 1:
                 raise CatalogueError(f"{where}: fixed_findings needs one '{{version}}' argument "
@@ -97,6 +102,12 @@ def load(path: Path = CATALOGUE) -> list[dict]:
             if not e.get("lacks"):
                 raise CatalogueError(f"{where}: out of reach but no 'lacks'")
     return entries
+
+
+def expected(entry: dict) -> list[str]:
+    """The clauses the entry's bug shows as (``expected``: one, or a list of them)."""
+    want = entry["expected"]
+    return [want] if isinstance(want, str) else list(want)
 
 
 def _engine_key(entry: dict) -> str:
@@ -230,14 +241,16 @@ def main(argv: list[str] | None = None) -> int:
             extra[role] = [run_kvcheck(e, v, args.timeout, seed) for seed in
                            range(1, args.seeds)]
         b = results["buggy"]
-        ok = b.get("rc") == 1 and b.get("violation") == e["expected"] and all(
-            r.get("rc") == 1 and r.get("violation") == e["expected"] for r in extra["buggy"])
+        want = expected(e)
+        ok = b.get("rc") == 1 and b.get("violation") in want and all(
+            r.get("rc") == 1 and r.get("violation") in want for r in extra["buggy"])
         caught += ok
         if ok:
-            print(f"  caught on {e['buggy']}: {e['expected']!r} in {b['seconds']:.2f} s, trace of "
+            print(f"  caught on {e['buggy']}: {b['violation']!r} in {b['seconds']:.2f} s, trace of "
                   f"{b['length']} operations (shrunk from {b['original']})")
             for seed, r in enumerate(extra["buggy"], 1):
-                print(f"    seed {seed}: in {r['seconds']:.2f} s, {r['length']} operations")
+                other = "" if r["violation"] == b["violation"] else f" ({r['violation']!r})"
+                print(f"    seed {seed}: in {r['seconds']:.2f} s, {r['length']} operations{other}")
         else:
             print(f"  MISSED on {e['buggy']}: {b.get('violation') or b.get('verdict')} "
                   f"(expected {e['expected']!r})")

@@ -168,10 +168,20 @@ def test_fixed_findings_may_not_list_the_expected_clause(tmp_path):
              "command": ["verify", "vllm-v0-legacy@{version}"], "expected": "fork: a",
              "raw": "replay_vllm_1556", "fixed_findings": {"F10": ["fork: a"]}}
     bad = tmp_path / "c.json"
+    for want in ("fork: a", ["free_seq: b", "fork: a"]):
+        entry["expected"] = want
+        bad.write_text(json.dumps({"entries": [entry]}))
+        try:
+            runner.load(bad)
+        except runner.CatalogueError as exc:
+            assert "fixed_findings lists the expected clause" in str(exc)
+        else:
+            raise AssertionError("a fixed finding naming the expected clause was accepted")
+    entry["expected"], entry["fixed_findings"] = [], {}
     bad.write_text(json.dumps({"entries": [entry]}))
     try:
         runner.load(bad)
     except runner.CatalogueError as exc:
-        assert "fixed_findings lists the expected clause" in str(exc)
+        assert "expected must be a clause or a list of clauses" in str(exc)
     else:
-        raise AssertionError("a fixed finding naming the expected clause was accepted")
+        raise AssertionError("an empty expected list was accepted")
