@@ -337,6 +337,12 @@ class VllmV0LegacyTarget:
         live = len(table) - self.window_blocks
         return [NULL if i < live else b.block_number for i, b in enumerate(table)]
 
+    def hidden_table(self, seq: int) -> list[int]:
+        """The table as the engine holds it, stale names included: later appends read
+        them (``block_table[len % W]``, F10), so exploration must not merge states that
+        differ only there."""
+        return [b.block_number for b in self.manager.block_tables[seq]]
+
     def refcount(self, block: int) -> int:
         return self._blocks()[block].ref_count
 

@@ -78,6 +78,9 @@ class Target(Protocol):
     # (``Op.cycle``), so allocate takes at most ``W`` blocks and an append at a boundary
     # past the window is checked as the drop behind it, then the append
     # (``spec.contracts.cyclic_pre``); a ``SeedAdapter`` forwards the attribute;
+    # ``hidden_table(seq) -> Sequence[int]``, the table as the engine itself holds it where
+    # that says more than ``block_table`` (a cyclic window's stale names): exploration keys
+    # its states by it too, so states that differ only there are expanded apart;
     # ``retries_refused: bool``, an engine whose scheduler keeps a refused request waiting
     # and tries it again: the prefix model's driver draws a refused allocation again (same
     # id and prompt) as the next allocation.
@@ -161,6 +164,8 @@ class SeedAdapter:
         window = getattr(impl, "cyclic_window", None)
         if window is not None:  # (a declaration the oracle reads: see Target)
             self.cyclic_window = window
+        if callable(getattr(impl, "hidden_table", None)):  # (exploration's key: see Target)
+            self.hidden_table = impl.hidden_table
 
     def block_table(self, seq: int) -> Sequence[int]:
         return self.impl.tables[seq]

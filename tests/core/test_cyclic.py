@@ -203,3 +203,33 @@ def test_the_narration_names_a_block_reused_in_place():
     after["tables"]["0"] = [NULL, 4, 5]
     assert "(a fresh block)" in narrate(Op("append_slot", seq=0, block=5, offset=0),
                                         before, after, 1)
+
+
+def test_exploration_keys_states_by_the_hidden_table_too():
+    """A seed-shaped allocator's ``hidden_table`` (forwarded by SeedAdapter) enters the
+    exploration key, so two states that read alike but hold different stale names are
+    both expanded; bounded exploration then finds the stale reuse."""
+    from kvcheck.models.blocks.model import MODEL
+
+    cls = CYCLIC["cyclic-reuses-stale-entry"][0]
+    target = build(cls, 6, 1, None)
+    assert callable(target.hidden_table)
+    oracle = Oracle(target, mode="full")
+    for op in (Op("allocate", seq=0, n_tokens=3),):
+        assert oracle.step(op) is None
+    oracle.observed = oracle.snap
+
+    class State:
+        pass
+
+    st = State()
+    st.target, st.observed, st.lengths = target, oracle.snap, dict(oracle.lengths)
+    key = MODEL.canonical(st)
+    assert len(key) == 4 and key[3]  # the hidden tables are part of it
+    r = explore(cls, Scope(6, 1, 2, 3, 5))
+    assert r.violation is not None, "the stale reuse was merged away"
+
+    class Unseen(cls):  # the same allocator keeping its stale names to itself
+        hidden_table = None
+
+    assert explore(Unseen, Scope(6, 1, 2, 3, 5)).violation is None  # (why the key needs it)

@@ -20,6 +20,9 @@ class _Stale(CyclicBlockManager):
         super().__init__(num_blocks, block_size, window_blocks)
         self.full = {}
 
+    def hidden_table(self, seq):  # (what exploration must not merge away)
+        return self.full[seq]
+
     def allocate(self, seq, n_tokens):
         super().allocate(seq, n_tokens)
         t, W = self.tables[seq], self.window_blocks

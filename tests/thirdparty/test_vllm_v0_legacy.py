@@ -227,3 +227,18 @@ def test_f10_on_0_4_0_a_fork_counts_a_block_only_a_stale_entry_names():
         v = replay_ops("blocks", f"vllm-v0-legacy@{version}", _scope(4, 1), ops).violation
         assert v is not None and v.step == 4, (version, v)
         assert v.name == "fork: a block the child's table does not name keeps its refcount", v
+
+
+def test_bounded_exploration_reaches_f10_through_the_hidden_stale_names():
+    """Exploration keys states by the engine's own tables too (``hidden_table``): the
+    observed tables read stale names as null, and merging states that differ only there
+    missed F10 within depth 5."""
+    from kvcheck.models.blocks.runs import Scope, explore
+    from kvcheck.targets.loading import resolve
+
+    _need("0.4.0")
+    r = explore(resolve("vllm-v0-legacy@0.4.0")[1], Scope(6, 1, 2, 3, 5))
+    assert r.violation is not None and r.violation.name in F10, r.violation
+    _need("0.3.3")
+    r = explore(resolve("vllm-v0-legacy@0.3.3")[1], Scope(4, 1, 2, 3, 3))
+    assert r.violation is not None and r.violation.name == FORK_CLAUSE and len(r.ops) == 2
