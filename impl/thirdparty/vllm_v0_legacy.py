@@ -128,7 +128,12 @@ STUBS = {
 
 def manager_module(root) -> str:
     """``vllm.core.block_manager_v1`` where the release has it (0.4.0), else
-    ``vllm.core.block_manager`` (0.3.x)."""
+    ``vllm.core.block_manager`` (0.3.x); aphrodite-engine's names under its root
+    (``aphrodite.processing.block_manager_v1`` in 0.6.x, ``...block_manager`` in 0.5.x)."""
+    if (root / "aphrodite").is_dir():
+        return ("aphrodite.processing.block_manager_v1"
+                if (root / "aphrodite/processing/block_manager_v1.py").is_file()
+                else "aphrodite.processing.block_manager")
     return ("vllm.core.block_manager_v1" if (root / "vllm/core/block_manager_v1.py").is_file()
             else "vllm.core.block_manager")
 
@@ -140,12 +145,47 @@ _ALSO = ("vllm.core.interfaces", "vllm.core.evictor_v1", "vllm.core.evictor",
          "vllm.core.block.utils", "vllm.core.block.common", "vllm.core.block.interfaces")
 
 
-def load(version: str | None = None) -> Loaded:
+def _stub_aphrodite_utils(mod: types.ModuleType, loaded: Loaded) -> None:
+    _stub_utils(mod, loaded)  # Device
+    # 0.6.x's processing/block/utils.py imports these two (encoder-decoder checks only)
+    mod.STR_NOT_IMPL_ENC_DEC_PREFIX_CACHE = "prefix caching: not for encoder/decoder models"
+    mod.STR_NOT_IMPL_ENC_DEC_SWA = "sliding window: not for encoder/decoder models"
+
+
+def _stub_loguru(mod: types.ModuleType, _: Loaded) -> None:
+    """aphrodite 0.6.x's ``block_manager_v1`` logs through ``loguru.logger`` (a logging
+    library, not installed here): a stdlib logger; logging only reports."""
+    import logging
+
+    mod.logger = logging.getLogger("kvcheck.thirdparty.aphrodite")
+
+
+APHRODITE_STUBS = {
+    "aphrodite.common.utils": _stub_aphrodite_utils,
+    "aphrodite.common.sequence": _stub_sequence,
+    "loguru": _stub_loguru,
+}
+APHRODITE_KEY = "aphrodite-legacy"  # aphrodite-engine 0.5.x / 0.6.x's BlockSpaceManager (v1)
+
+
+def load(version: str | None = None, engine: str = ENGINE_KEY) -> Loaded:
     """The release's block manager at ``version`` (default: the pinned 0.4.0);
-    ``ThirdPartyMissing`` if it is not installed."""
-    dist = install.select(ENGINE_KEY, version or install.PINNED)
+    ``ThirdPartyMissing`` if it is not installed. ``engine="aphrodite-legacy"``:
+    aphrodite-engine's own BlockSpaceManager v1 (0.5.x ``aphrodite/processing/
+    block_manager.py`` with ``evictor.py``; 0.6.x ``block_manager_v1.py`` with
+    ``evictor_v1.py``, ``interfaces.py``, ``block/{utils,common,interfaces}.py``: 0.6.4.post1
+    on import the cache-metric class), ``aphrodite/common/block.py``
+    and ``APHRODITE_STUBS``."""
+    dist = install.select(engine, version or install.PINNED)
     root = _loader.require(dist)
     name = manager_module(root)
+    if engine == APHRODITE_KEY:
+        files = ["aphrodite.common.block", name]
+        files += (["aphrodite.processing.evictor_v1", "aphrodite.processing.interfaces",
+                   "aphrodite.processing.block.utils", "aphrodite.processing.block.common",
+                   "aphrodite.processing.block.interfaces"] if name.endswith("_v1")
+                  else ["aphrodite.processing.evictor"])
+        return _loader.load(dist, files, APHRODITE_STUBS, entry=(name,))
     files = ["vllm.block", name]
     if name.endswith("_v1"):
         evictor = "vllm.core.evictor_v1" if (root / "vllm/core/evictor_v1.py").is_file() \
@@ -178,11 +218,33 @@ class Seq:
         return list(range(self.n_blocks))
 
     @property
-    def n_blocks(self) -> int:  # (0.6.x reads the count)
+    def n_blocks(self) -> int:  # (vLLM 0.5.1 on and aphrodite 0.6.x count blocks so)
         return -(-self.n_tokens // self.block_size)
 
     def is_finished(self) -> bool:
         return self.status.name.startswith("FINISHED")
+
+    # -- what aphrodite's block managers also read (its prefix-caching hooks, called with
+    # caching off too: the hash is then ignored by BlockAllocator.allocate; a tuple, so
+    # never equal to the allocator's own integer hashes)
+    def hash_of_block(self, logical_idx: int) -> tuple:
+        return ("kvcheck", self.seq_id, logical_idx)
+
+    def num_hashed_tokens_of_block(self, logical_idx: int) -> int:
+        return (logical_idx + 1) * self.block_size
+
+    @property
+    def data(self) -> Any:
+        n = self.n_tokens
+
+        class _Data:
+            def get_token_ids(self) -> list[int]:
+                return list(range(n))
+
+        return _Data()
+
+    def get_len(self) -> int:
+        return self.n_tokens
 
 
 class Group:
@@ -192,9 +254,9 @@ class Group:
 
     def __init__(self, *seqs: Seq):
         self.seqs = list(seqs)
-        self.request_id = str(seqs[0].seq_id) if seqs else ""
+        self.request_id = str(seqs[0].seq_id) if seqs else "0"
 
-    def is_encoder_decoder(self) -> bool:  # (0.4.3 on: a decoder-only model)
+    def is_encoder_decoder(self) -> bool:  # vLLM 0.4.3 on, aphrodite 0.6.x ask (decoder-only)
         return False
 
     def get_encoder_seq(self) -> None:
@@ -207,11 +269,12 @@ class Group:
         return len(self.get_seqs(status))
 
 
-def build(version: str | None, num_blocks: int, block_size: int, sliding_window: int) -> Any:
+def build(version: str | None, num_blocks: int, block_size: int, sliding_window: int,
+          engine: str = ENGINE_KEY) -> Any:
     """A real ``BlockSpaceManager`` (v1) with ``num_blocks`` GPU blocks, no CPU blocks,
-    no watermark, and ``sliding_window`` tokens."""
-    return manager_class(load(version))(block_size, num_blocks, 0, watermark=0.0,
-                                        sliding_window=sliding_window)
+    no watermark, and ``sliding_window`` tokens (prefix caching off, the default)."""
+    return manager_class(load(version, engine))(block_size, num_blocks, 0, watermark=0.0,
+                                                sliding_window=sliding_window)
 
 
 def _by_number(block) -> int:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 HIST = ROOT / "benchmarks" / "historical"
 
@@ -185,3 +187,37 @@ def test_fixed_findings_may_not_list_the_expected_clause(tmp_path):
         assert "expected must be a clause or a list of clauses" in str(exc)
     else:
         raise AssertionError("an empty expected list was accepted")
+
+
+@pytest.mark.parametrize("entry, buggy, fixed", [
+    ("vllm-11186", ("0.6.4.post1",), ("0.6.5", "0.7.0")),
+    ("vllm-11565", ("0.6.5", "0.6.6.post1"), ("0.7.0",)),
+    ("vllm-10730", ("0.6.4.post1",), ("0.6.5",)),
+    ("vllm-19459", ("0.9.0",), ("0.9.1", "0.9.2")),
+])
+def test_the_early_v1_replays_separate_buggy_from_fixed(entry, buggy, fixed):
+    """The raw replays of v1's first releases (the release's own ``KVCacheManager``, with
+    its defaults: preallocation on where it has it) reproduce on every buggy release they
+    name and on none of the fixed ones."""
+    from kvcheck.impl.thirdparty import install
+
+    fn = replays.REPLAYS[entry]
+    for version in buggy + fixed:
+        install.ensure(install.ENGINES["vllm-v1-early"], version)
+        reproduced, detail = fn(version)
+        assert reproduced == (version in buggy), (entry, version, detail)
+
+
+def test_the_early_v1_entries_end_to_end():
+    """kvcheck on v1's first releases (vllm-v1@VERSION -> vllm_v1_early): PR #11186 and
+    PR #11565 under the prefix model, #19459 (0.9.0's crash on resuming a preempted request
+    with speculative decoding) under the block model; each fixed release passes."""
+    p = _run("--only", "vllm-11186", "vllm-11565", "vllm-19459", "--no-raw")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    for line in ("caught on 0.6.4.post1: 'allocate: every block the cached tokens skip",
+                 "caught on 0.6.5: 'allocate: exception_safety: refcount unchanged'",
+                 "caught on 0.9.0: 'allocate'", "no alarm on 0.6.5", "no alarm on 0.7.0",
+                 "no alarm on 0.9.1"):
+        assert line in out, out
+    assert out.splitlines()[-1] == "caught 3/3 on buggy releases, 0 false alarms on fixed releases"
