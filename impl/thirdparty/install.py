@@ -125,7 +125,8 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
            high="0.6.5", exclude=("0.6.4",),
            note="aphrodite-engine's BlockSpaceManager v1 (0.5.x aphrodite/processing/"
                 "block_manager.py, 0.6.x block_manager_v1.py), loaded by "
-                "impl/thirdparty/vllm_v0_legacy.py for raw replays, no kvcheck Target "
+                "impl/thirdparty/vllm_v0_legacy.py: raw replays and the Target "
+                "kvcheck.impl.thirdparty.aphrodite_legacy:make@VERSION (a cyclic window) "
                 "(0.6.x: aphrodite-v0 installs the same files)"),
     Engine("nano-vllm-npu", "nano-vllm-npu", "nanovllmnpu", pinned="0.0.2", low="0.0.1.post1",
            high="0.0.2", layout="target", runtime_deps=("xxhash", "numpy"),

@@ -317,7 +317,7 @@ class VllmV0LegacyTarget:
     capabilities = frozenset({"allocate", "append_slot", "fork", "free_seq"})
 
     def __init__(self, num_blocks: int, block_size: int, window_blocks: int = 2,
-                 version: str | None = None):
+                 version: str | None = None, engine: str = ENGINE_KEY):
         if num_blocks < 1 or block_size < 1:
             raise MisuseError("num_blocks and block_size must be positive")
         if type(window_blocks) is not int or window_blocks < 1:
@@ -326,13 +326,20 @@ class VllmV0LegacyTarget:
         self.block_size = block_size
         self.window_blocks = window_blocks
         self.cyclic_window = window_blocks * block_size  # tokens: vLLM's sliding_window
-        mods = load(version)  # not kept: the module table is shared, never copied
+        mods = load(version, engine)  # not kept: the module table is shared, never copied
         self.version = mods.dist.version
-        deterministic_hash(mods["vllm.block"].PhysicalTokenBlock)
+        block = "aphrodite.common.block" if engine == APHRODITE_KEY else "vllm.block"
+        deterministic_hash(mods[block].PhysicalTokenBlock)
         self.manager = manager_class(mods)(block_size, num_blocks, 0, watermark=0.0,
                                            sliding_window=self.cyclic_window)
-        self._all = sorted(self.manager.gpu_allocator.free_blocks, key=lambda b: b.block_number)
-        assert [b.block_number for b in self._all] == list(range(num_blocks))
+        gpu = self.manager.gpu_allocator
+        # Every block the allocator has made, by number: all of them at construction
+        # (a free_blocks list), or, in aphrodite 0.5.x's allocator, each when first handed
+        # out (current_num_blocks; a freed one waits in its evictor), noted after each call.
+        self._lazy = not hasattr(gpu, "free_blocks")
+        self._made: dict[int, Any] = {} if self._lazy else {
+            b.block_number: b for b in gpu.free_blocks}
+        assert self._lazy or sorted(self._made) == list(range(num_blocks))
         self.seqs: dict[int, Seq] = {}
 
     # -- the engine's calls ----------------------------------------------------------
@@ -355,6 +362,7 @@ class VllmV0LegacyTarget:
         self.manager.allocate(group)
         s.status = SequenceStatus.RUNNING
         self.seqs[seq] = s
+        self._note(seq)
 
     def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
         s = self._live(seq)
@@ -372,6 +380,7 @@ class VllmV0LegacyTarget:
             s.n_tokens -= 1
             raise
         table = self.manager.block_tables[seq]
+        self._note(seq)
         offset = (s.n_tokens - 1) % self.block_size
         if wraps:  # (the copy of the block leaving the window: see the module docstring)
             copies = []
@@ -394,6 +403,13 @@ class VllmV0LegacyTarget:
         s.status = SequenceStatus.FINISHED_STOPPED
         self.manager.free(s)
 
+    def _note(self, seq: int) -> None:
+        """Remember the blocks ``seq``'s table names (a lazy allocator's new ones)."""
+        if self._lazy:
+            made = self._made
+            for b in self.manager.block_tables[seq]:
+                made.setdefault(b.block_number, b)
+
     # -- observation -----------------------------------------------------------------
     def block_table(self, seq: int) -> list[int]:
         table = self.manager.block_tables[seq]
@@ -407,18 +423,20 @@ class VllmV0LegacyTarget:
         return [b.block_number for b in self.manager.block_tables[seq]]
 
     def refcount(self, block: int) -> int:
-        return self._blocks()[block].ref_count
+        b = self._made.get(block)
+        return 0 if b is None else b.ref_count  # (a block not made yet: free, no holder)
 
     def refcounts(self) -> list[int]:
-        return [b.ref_count for b in self._blocks()]
-
-    def _blocks(self) -> list:
-        """Every GPU ``PhysicalTokenBlock``, by number (the allocator makes them all at
-        construction and never replaces one)."""
-        return self._all
+        made = self._made
+        return [0 if made.get(i) is None else made[i].ref_count for i in range(self.num_blocks)]
 
     def free_blocks(self) -> list[int]:
-        return [b.block_number for b in self.manager.gpu_allocator.free_blocks]
+        gpu = self.manager.gpu_allocator
+        if not self._lazy:
+            return [b.block_number for b in gpu.free_blocks]
+        # (the numbers not made yet, which allocate_block hands out next, and the evictor's)
+        return [*range(gpu.current_num_blocks, gpu.num_blocks),
+                *(b.block_number for b in gpu.evictor.free_table.values())]
 
     def num_free(self) -> int:
         return self.manager.get_num_free_gpu_blocks()

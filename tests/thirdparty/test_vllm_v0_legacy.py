@@ -242,3 +242,39 @@ def test_bounded_exploration_reaches_f10_through_the_hidden_stale_names():
     _need("0.3.3")
     r = explore(resolve("vllm-v0-legacy@0.3.3")[1], Scope(4, 1, 2, 3, 3))
     assert r.violation is not None and r.violation.name == FORK_CLAUSE and len(r.ops) == 2
+
+
+# -- aphrodite-engine's copy (kvcheck.impl.thirdparty.aphrodite_legacy) -------------------
+def _need_aphrodite(version: str) -> None:
+    if not _loader.is_installed(install.select(vllm_v0_legacy.APHRODITE_KEY, version)):
+        pytest.skip(f"aphrodite-engine {version} sources not installed "
+                    f"(kvcheck install aphrodite-legacy=={version})")
+
+
+def test_aphrodite_0_5_1_has_1556_and_0_6_0_f10():
+    _need_aphrodite("0.5.1")
+    _need_aphrodite("0.6.0")
+    bad = verify("kvcheck.impl.thirdparty.aphrodite_legacy:make@0.5.1", 4, 1, 3000, 0)
+    assert not bad.ok and bad.violation.name == FORK_CLAUSE and len(bad.trace.ops) == 2
+    target = "kvcheck.impl.thirdparty.aphrodite_legacy:make@0.6.0"
+    assert replay_ops("blocks", target, _scope(2, 1), bad.trace.ops).violation is None
+    fixed = verify(target, 4, 1, 3000, 0)
+    assert not fixed.ok and fixed.violation.name in F10, fixed.violation
+
+
+@pytest.mark.parametrize("engine,version", [
+    ("vllm-v0-legacy", "0.3.3"), ("vllm-v0-legacy", "0.4.0"), ("vllm-v0-legacy", "0.6.2"),
+    ("aphrodite-legacy", "0.5.1"), ("aphrodite-legacy", "0.6.0")])
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_without_a_wrap_every_release_passes(engine, version, mode):
+    """A window wider than the pool can fill (64 blocks) never wraps: the block managers
+    are then plain copy-on-write managers, and pass, observation included (aphrodite
+    0.5.x's lazily made blocks among them)."""
+    (_need if engine == "vllm-v0-legacy" else _need_aphrodite)(version)
+
+    def wide(n, b):
+        return vllm_v0_legacy.VllmV0LegacyTarget(n, b, 64, version, engine=engine)
+
+    for nb, bs in ((8, 1), (16, 4)):
+        r = verify(wide, nb, bs, 3000, 1, mode=mode)
+        assert r.ok, (engine, version, nb, bs, r.violation)
