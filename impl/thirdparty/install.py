@@ -95,10 +95,10 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
     Engine("vllm-v0", "vllm", "vllm", pinned="0.8.5", low="0.4.2", high="0.9.2",
            note="v0 block manager v2 (vllm/core/block/): BlockTable, naive and "
                 "prefix-caching allocators"),
-    Engine("vllm-v0-legacy", "vllm", "vllm", pinned="0.4.0", low="0.3.3", high="0.4.0",
+    Engine("vllm-v0-legacy", "vllm", "vllm", pinned="0.4.0", low="0.3.3", high="0.6.2",
            note="v0 BlockSpaceManager v1 (vllm/core/block_manager[_v1].py), before block "
-                "manager v2; loaded by impl/thirdparty/vllm_v0_legacy.py for raw replays, no "
-                "kvcheck Target yet"),
+                "manager v2: target vllm-v0-legacy (impl/thirdparty/vllm_v0_legacy.py), a "
+                "cyclic sliding window"),
     # after vllm-v0: a plain vllm==0.8.5 still names v0's generation; vllm-v1==0.8.5 this
     Engine("vllm-v1-early", "vllm", "vllm", pinned="0.10.1.1", low="0.6.4.post1",
            high="0.10.1.1", family="vllm-v1",
@@ -130,7 +130,8 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
            high="0.6.5", exclude=("0.6.4",),
            note="aphrodite-engine's BlockSpaceManager v1 (0.5.x aphrodite/processing/"
                 "block_manager.py, 0.6.x block_manager_v1.py), loaded by "
-                "impl/thirdparty/vllm_v0_legacy.py for raw replays, no kvcheck Target "
+                "impl/thirdparty/vllm_v0_legacy.py: raw replays and the Target "
+                "kvcheck.impl.thirdparty.aphrodite_legacy:make@VERSION (a cyclic window) "
                 "(0.6.x: aphrodite-v0 installs the same files)"),
     Engine("nano-vllm-npu", "nano-vllm-npu", "nanovllmnpu", pinned="0.0.2", low="0.0.1.post1",
            high="0.0.2", layout="target", runtime_deps=("xxhash", "numpy"),

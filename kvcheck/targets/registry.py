@@ -17,6 +17,9 @@ TARGETS: dict[str, tuple[str, str]] = {
                         "reference-engine with eager copy-on-write at fork and rebase"),
     "reference-window": ("kvcheck.impl.block_manager:WindowBlockManager",
                          "reference-engine with sliding-window drops (null blocks behind a window)"),
+    "reference-cyclic": ("kvcheck.impl.block_manager:CyclicBlockManager",
+                         "the seed's four operations under a cyclic sliding window of 2 blocks "
+                         "(tables reuse their blocks cyclically, as vLLM's BlockSpaceManager v1)"),
     "vllm-v1": ("kvcheck.impl.thirdparty.vllm_v1:make",
                 "vLLM v1 KVCacheManager/BlockPool (0.33.0; @0.6.4.post1..0.33.0), prefix caching, no fork"),
     "vllm-v1-lifecycle": ("kvcheck.impl.thirdparty.vllm_v1_lifecycle:make",
@@ -30,6 +33,9 @@ TARGETS: dict[str, tuple[str, str]] = {
                        "vLLM v0 BlockTable (0.8.5; @0.4.2..0.9.2), prefix-caching allocator"),
     "vllm-v0-sliding": ("kvcheck.impl.thirdparty.vllm_v0_sliding:make",
                         "vLLM 0.8.5 v0 BlockTable with a sliding window (naive allocator)"),
+    "vllm-v0-legacy": ("kvcheck.impl.thirdparty.vllm_v0_legacy:make",
+                       "vLLM v0 BlockSpaceManager v1 (0.4.0; @0.3.3..0.6.2), a cyclic sliding "
+                       "window of 2 blocks, beam-search forks, copy-on-write"),
     "nano-vllm": ("kvcheck.impl.thirdparty.nano_vllm:make",
                   "nano-vllm-fork 20260210 BlockManager, xxhash prefix caching (no fork)"),
     "sglang-token": ("kvcheck.impl.thirdparty.sglang:make_token",

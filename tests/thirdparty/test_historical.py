@@ -161,6 +161,62 @@ def test_the_sglang_replays_separate_their_releases():
     assert p.stdout.split() == ["True", "True", "False", "True", "False"], p.stdout
 
 
+def test_the_1556_entry_end_to_end_with_a_documented_finding_on_the_fixed_release():
+    """vLLM #1556: caught on 0.3.3 (the fork's stale-entry count, 2 operations); 0.4.0
+    passes 0.3.3's counterexample and fails only with F10's documented clauses, which is
+    reported beside it, never counted as a false alarm."""
+    from kvcheck.impl.thirdparty import _loader, install
+
+    for v in ("0.3.3", "0.4.0"):
+        if not _loader.is_installed(install.select("vllm-v0-legacy", v)):
+            import pytest
+
+            pytest.skip(f"vLLM {v} not installed")
+    p = _run("--only", "vllm-1556", "--no-raw")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    assert ("caught on 0.3.3: \"fork: refcount +1 per entry of the child's table, -1 per "
+            "entry it had\"") in out and "trace of 2 operations" in out
+    assert "no alarm on 0.4.0: the buggy release's counterexample passes there" in out
+    assert "documented finding F10 reported" in out
+    assert out.splitlines()[-1] == "caught 1/1 on buggy releases, 0 false alarms on fixed releases"
+
+
+def test_documented_findings_never_excuse_another_clause():
+    known = {"F10": ["append_slot: a new block was free", "append_slot"]}
+    f10 = {"rc": 1, "violation": "append_slot"}
+    other = {"rc": 1, "violation": "free_seq: refcount -1 per entry of the freed table"}
+    assert runner._documented(known, [f10, {"rc": 0}]) == "F10"
+    assert runner._documented(known, [f10, other]) is None
+    assert runner._documented(known, [other]) is None
+    assert runner._documented(known, [{"rc": 0}]) is None
+
+
+def test_fixed_findings_may_not_list_the_expected_clause(tmp_path):
+    entry = {"id": "x", "engine": "vllm", "generation": "vllm-v0-legacy", "issue": "-",
+             "title": "-", "buggy": "0.3.3", "fixed": "0.4.0", "reach": "yes",
+             "command": ["verify", "vllm-v0-legacy@{version}"], "expected": "fork: a",
+             "raw": "replay_vllm_1556", "fixed_findings": {"F10": ["fork: a"]}}
+    bad = tmp_path / "c.json"
+    for want in ("fork: a", ["free_seq: b", "fork: a"]):
+        entry["expected"] = want
+        bad.write_text(json.dumps({"entries": [entry]}))
+        try:
+            runner.load(bad)
+        except runner.CatalogueError as exc:
+            assert "fixed_findings lists the expected clause" in str(exc)
+        else:
+            raise AssertionError("a fixed finding naming the expected clause was accepted")
+    entry["expected"], entry["fixed_findings"] = [], {}
+    bad.write_text(json.dumps({"entries": [entry]}))
+    try:
+        runner.load(bad)
+    except runner.CatalogueError as exc:
+        assert "expected must be a clause or a list of clauses" in str(exc)
+    else:
+        raise AssertionError("an empty expected list was accepted")
+
+
 @pytest.mark.parametrize("entry, buggy, fixed", [
     ("vllm-11186", ("0.6.4.post1",), ("0.6.5", "0.7.0")),
     ("vllm-11565", ("0.6.5", "0.6.6.post1"), ("0.7.0",)),
