@@ -254,6 +254,12 @@ def _class_at(u: Unrolling, step: int, name: str):
                    if c.op.kind == kind and c.op.outcome == outcome])
 
 
+PAIRS_SHARE = 0.5
+"""While an outcome class has no witness yet, the ordered pairs may spend only this share
+of ``witnesses``' budget: the classes are what ``kvcheck prove``'s rows need (a class
+found only after the pairs of shallower depths used the budget up read as unknown)."""
+
+
 def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
               encoding: str = "int", budget: float | None = None,
               progress=None) -> list[Witness]:
@@ -276,8 +282,11 @@ def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
                 progress(d, len(found), len(goals))
             if label in found or len(classes) > d:
                 continue
-            if budget is not None and time.perf_counter() - t0 > budget:
-                unsure.add(label)
+            spent = time.perf_counter() - t0
+            if budget is not None and (spent > budget or (
+                    len(classes) > 1 and spent > PAIRS_SHARE * budget
+                    and not all(n in found for n in names))):
+                unsure.add(label)  # (a pair yields to the classes still unfound)
                 continue
             g0 = time.perf_counter()
             u.solver.push()
