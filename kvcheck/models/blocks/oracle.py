@@ -81,6 +81,11 @@ class Unsupported(Exception):
 
 
 class Oracle:
+    # Each operation's compiled step check, per outcome (a subclass judging an operation
+    # by its own contract may stand in its own compiled form: the prefix oracle's
+    # allocate with cache hits).
+    _steps = _STEPS
+
     def __init__(self, target, mode: str = "fast", sweep_every: int | None = None,
                  timeout: float | None = 10.0, compiled: bool = True):
         if mode not in ("fast", "full"):
@@ -387,7 +392,7 @@ class Oracle:
             blocks = post.blocks
             tables = post.tables
             live = [q for q in seqs if tables[q] is not None]
-            steps = _STEPS[kind] if self.compiled else None
+            steps = self._steps[kind] if self.compiled else None
             check = steps[op.outcome] if steps is not None else None
             if check is None or not check(g, post, op, blocks, live):
                 dom = Domain(sorted(blocks), seqs)

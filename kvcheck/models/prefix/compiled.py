@@ -15,6 +15,7 @@ from __future__ import annotations
 from kvcheck.compile.emit import function_source, simple
 from kvcheck.compile.terms import Term
 from kvcheck.compile.tracer import TL, TDomain, TState, Untraceable, trace
+from kvcheck.spec import prefix as P
 from kvcheck.spec.prefix import PREFIX_INVARIANTS
 
 SYMS = {"post": "post", "all_blocks": "range(post.num_blocks)", "N": "post.num_blocks",
@@ -140,3 +141,24 @@ def compile_touched(inline: bool = True):
 
 
 touched_invariants = compile_touched()
+
+
+# -- allocate with cache hits: the fast mode's compiled step check ------------------------------
+def _allocate_with_hits():
+    """``{outcome: f(pre, post, op, blocks, live, hits)}`` for OK and OOB:
+    ``spec.prefix.allocate_with_hits`` (``hits`` the blocks served from the cache) and the
+    block manager's fast invariants, compiled from their text as the block manager's
+    step checks are (``kvcheck.models.blocks.compiled.step_with``); None where the tracer
+    cannot represent the spec's text."""
+    from kvcheck.models.blocks import compiled as block_checks
+    from kvcheck.models.blocks.ghost import After, Ghost
+    from kvcheck.spec.contracts import OK, OOB
+
+    try:
+        return {o: block_checks.step_with(P.allocate_with_hits, "allocate", o, ("hits",), Ghost, After)
+                for o in (OK, OOB)}
+    except Untraceable:
+        return None
+
+
+allocate_with_hits = _allocate_with_hits()

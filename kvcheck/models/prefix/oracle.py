@@ -58,7 +58,7 @@ from kvcheck.check import evidence
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, active_watchdog
 from kvcheck.errors import what_it_did
-from kvcheck.models.blocks.oracle import Oracle
+from kvcheck.models.blocks.oracle import _STEPS, Oracle
 from kvcheck.models.blocks.shadow import ShadowMemory
 from kvcheck.models.prefix import compiled as compiled_checks
 from kvcheck.models.prefix.incremental import Mirror, partial_blocks
@@ -408,10 +408,18 @@ class _Structural(Oracle):
         self.oracle = oracle
         super().__init__(target, mode=mode, timeout=timeout, compiled=compiled)
         # The block manager's compiled spec judges every operation but allocate (whose
-        # contract here is allocate_with_hits, see _step_fast); the sweeps' and the full
-        # mode's state invariants too.
+        # contract here is allocate_with_hits, compiled from its own text: _allocate_steps);
+        # the sweeps' and the full mode's state invariants too.
         self.compiled = compiled
         self.shadow = PrefixShadow(target.block_size, oracle)
+        # (the spec judges allocate where it cannot be compiled: the block manager's
+        # compiled allocate knows no hits)
+        self._steps = {**_STEPS, "allocate": self._allocate_steps()}
+
+    def clone(self):
+        new = super().clone()
+        new._steps = {**_STEPS, "allocate": new._allocate_steps()}  # (the copy's own)
+        return new
 
     def _call(self, op):
         t = self.target
@@ -426,14 +434,25 @@ class _Structural(Oracle):
             return t.append_slots(op.seq, op.n_tokens, op.lookahead, token_ids=list(op.tokens))
         return super()._call(op)
 
-    def _step_fast(self, op, delta):
-        if op.kind != "allocate" or not self.compiled:
-            return super()._step_fast(op, delta)
-        self.compiled = False  # the compiled allocate contract knows no cache hits
-        try:
-            return super()._step_fast(op, delta)
-        finally:
-            self.compiled = True
+    def _allocate_steps(self) -> dict | None:
+        """allocate's compiled step checks: ``spec.prefix.allocate_with_hits`` (compiled
+        from its text, ``compiled.allocate_with_hits``) after the cache-hit checks, for
+        each outcome; None where either cannot be compiled (then the spec judges it)."""
+        awh, plain = compiled_checks.allocate_with_hits, _STEPS.get("allocate")
+        if awh is None or plain is None:
+            return None
+        ok, oob = awh[OK], awh[OOB]
+
+        def allocate_ok(pre, post, op, blocks, live):  # (self's oracle: see clone)
+            oracle = self.oracle
+            if oracle._check_hits(post, op, self.steps) is not None:
+                return False  # (the spec names it: ``_check_op``)
+            return ok(pre, post, op, blocks, live, oracle.pending_hits)
+
+        def allocate_oob(pre, post, op, blocks, live):
+            return oob(pre, post, op, blocks, live, 0)
+
+        return {OK: allocate_ok, OOB: allocate_oob, REFUSED: plain[REFUSED]}
 
     def _check_op(self, pre, post, op, dom, n):
         if op.kind != "allocate" or op.outcome == REFUSED:  # a refusal: contracts.refused
@@ -938,39 +957,9 @@ class PrefixOracle:
     # -- allocate ------------------------------------------------------------------------
     def _check_allocate(self, pre, post, op, dom, n):
         if op.outcome == OK:
-            table = post.table_tuple(op.seq)
-            try:
-                if self.mirror is not None:  # the fast mode: the candidates' keys only
-                    now = {(repr(k), b) for b in set(table) for k in self.view.block(b)[0]}
-                else:
-                    now = {(repr(k), b) for k, b in self.view.entries()}
-            except CONTROL:
-                raise
-            except BaseException:  # noqa: BLE001 - reported by the state check
-                now = set()
-            before = self.pre
-            hits = 0
-            full = op.n_tokens // self.block_size
-            while hits < min(full, len(table)) and before is not None:
-                b = table[hits]
-                if not any((repr(k), b) in now for k in before.keys_of(b)):
-                    break
-                hits += 1
-            self.pending_hits = op.hits = hits
-            wants = self.ghost.chain(op.tokens)[:hits]
-            for name, i, holds in P.cache_hits(PY, before, table[:hits], wants):
-                if not holds:
-                    b = table[i]
-                    return Violation(n, "contract", f"allocate: {name}", b, subject="block", witness=(
-                        f"sequence {op.seq} was given block {b} at position {i} from the cache for "
-                        f"{self.ghost.show(wants[i])}, but before the call block {b} "
-                        f"{'was cached and ' if before.cached(b) else 'was not cached and '}"
-                        f"held {self.ghost.show(before.content(b))}"),
-                        doc=" ".join((P.cache_hits.__doc__ or "").split()[:60]))
-            if op.cached_tokens is not None:
-                v = self._check_cached_tokens(op, before, table, hits, n)
-                if v is not None:
-                    return v
+            v = self._check_hits(post, op, n)
+            if v is not None:
+                return v
         for name, element, holds in P.allocate_with_hits(PY, pre, post, op, dom,
                                                          self.pending_hits):
             if not holds:
@@ -978,6 +967,43 @@ class PrefixOracle:
                                  witness=f"after {op.kind}({op.seq}, {op.n_tokens} tokens, "
                                          f"{self.pending_hits} block(s) from the cache)",
                                  doc=" ".join((P.allocate_with_hits.__doc__ or "").split()))
+        return None
+
+    def _check_hits(self, post, op, n):
+        """A successful allocation's cache hits: which leading blocks were served from the
+        cache (``pending_hits``, ``op.hits``), ``spec.prefix.cache_hits`` on them and, where
+        the target reports one, ``spec.prefix.cached_tokens``. The violation, or None."""
+        table = post.table_tuple(op.seq)
+        try:
+            if self.mirror is not None:  # the fast mode: the candidates' keys only
+                now = {(repr(k), b) for b in set(table) for k in self.view.block(b)[0]}
+            else:
+                now = {(repr(k), b) for k, b in self.view.entries()}
+        except CONTROL:
+            raise
+        except BaseException:  # noqa: BLE001 - reported by the state check
+            now = set()
+        before = self.pre
+        hits = 0
+        full = op.n_tokens // self.block_size
+        while hits < min(full, len(table)) and before is not None:
+            b = table[hits]
+            if not any((repr(k), b) in now for k in before.keys_of(b)):
+                break
+            hits += 1
+        self.pending_hits = op.hits = hits
+        wants = self.ghost.chain(op.tokens)[:hits]
+        for name, i, holds in P.cache_hits(PY, before, table[:hits], wants):
+            if not holds:
+                b = table[i]
+                return Violation(n, "contract", f"allocate: {name}", b, subject="block", witness=(
+                    f"sequence {op.seq} was given block {b} at position {i} from the cache for "
+                    f"{self.ghost.show(wants[i])}, but before the call block {b} "
+                    f"{'was cached and ' if before.cached(b) else 'was not cached and '}"
+                    f"held {self.ghost.show(before.content(b))}"),
+                    doc=" ".join((P.cache_hits.__doc__ or "").split()[:60]))
+        if op.cached_tokens is not None:
+            return self._check_cached_tokens(op, before, table, hits, n)
         return None
 
     def _orphaned(self, post) -> bool:
