@@ -412,6 +412,7 @@ class _Structural(Oracle):
         # the sweeps' and the full mode's state invariants too.
         self.compiled = compiled
         self.shadow = PrefixShadow(target.block_size, oracle)
+        self.after = None  # the last fast step's observation (``After``), see _record
         # (the spec judges allocate where it cannot be compiled: the block manager's
         # compiled allocate knows no hits)
         self._steps = {**_STEPS, "allocate": self._allocate_steps()}
@@ -453,6 +454,10 @@ class _Structural(Oracle):
             return oob(pre, post, op, blocks, live, 0)
 
         return {OK: allocate_ok, OOB: allocate_oob, REFUSED: plain[REFUSED]}
+
+    def _record(self, op, delta, post):
+        self.after = post  # (this step's observation: the prefix fast mode reads its blocks)
+        super()._record(op, delta, post)
 
     def _check_op(self, pre, post, op, dom, n):
         if op.kind != "allocate" or op.outcome == REFUSED:  # a refusal: contracts.refused
@@ -636,10 +641,7 @@ class PrefixOracle:
                 return v
             unwritten = op.kind in ("free_seq", "preempt") and op.seq in self.uncommitted
             inc = self.mirror is not None
-            if inc:  # the step's sequences and the blocks their tables name before it
-                seqs = (op.seq, op.child) if op.kind in ("fork", "rebase") else (op.seq,)
-                g = self.s._state()
-                pre_blocks = {b for q in seqs if g.live(q) for b in g.table_tuple(q)}
+            self.s.after = None
             v = self.s.step(op, wd)
             self.steps = self.s.steps
             self._live = None if v is not None else self._live
@@ -647,7 +649,7 @@ class PrefixOracle:
                 self._track_live(op)
                 was = None
                 if inc and self.steps % self.s.sweep_every:
-                    post, v, was = self._step_incremental(op, seqs, pre_blocks)
+                    post, v, was = self._step_incremental(op)
                 else:
                     post, v = self._full_check(self.steps, op)
                 if v is None:
@@ -844,26 +846,27 @@ class PrefixOracle:
             self.mirror = None  # rebuilt from post by _verified
         return post, v
 
-    def _step_incremental(self, op, seqs, pre_blocks):
+    def _step_incremental(self, op):
         """Observe and check what ``op`` touched (module ``incremental``). Returns (post,
         violation, the state before for the touched blocks) or a full check's (post,
         violation, None) where one was needed."""
         n, m, view, g = self.steps, self.mirror, self.view, self.s._state()
         nb, bs = self.target.num_blocks, self.block_size
+        after = self.s.after  # the structural step's observation (``After``)
+        if after is None:
+            return (*self._full_check(n, op), None)
+        seqs = after.touched
         try:
             changed = view.changes()
             if changed is None:
                 return (*self._full_check(n, op), None)
-            touched = pre_blocks | changed
-            for q in seqs:
-                if g.live(q):
-                    touched.update(g.table_tuple(q))
-            if op.kind == "append_slot":
-                touched.update((op.block, op.cow_src))
-            for pair in op.copies or ():
-                touched.update(pair)
-            touched = [b for b in touched if type(b) is int and 0 <= b < nb]  # (any order:
-            # a failure is named by the full check)
+            # every block the step's tables name before or after it and the blocks it
+            # returned or copied (the structural step's ``After.blocks``: pool blocks),
+            # and the blocks the journal names
+            touched = after.blocks
+            if changed:
+                touched = touched | {b for b in changed if type(b) is int and 0 <= b < nb}
+            # (any order: a failure is named by the full check)
             read, new = view._block, []
             for b in touched:
                 keys, on_free, on_evict = read(b)
@@ -881,7 +884,13 @@ class PrefixOracle:
             return (*self._full_check(n, op), None)  # (the full mode's words for it)
         old = {}
         meanings, filled, content = self.meanings, self.ghost.filled, self.ghost.content
-        for b, (keys, on_free, on_evict) in new:
+        mkeys, mfree, mevict = m._keys, m.free_list, m.evictable
+        for b, got in new:
+            keys, on_free, on_evict = got
+            was_keys = mkeys.get(b, ())
+            if keys == was_keys and on_free == mfree.get(b, 0) and on_evict == mevict.get(b, 0):
+                old[b] = (bool(keys), on_evict)  # unchanged (its keys bound when first read)
+                continue
             for key in keys:
                 if key not in meanings:
                     meanings[key] = content.get(b, -1) if filled.get(b, 0) == bs else -1
@@ -1071,7 +1080,11 @@ class PrefixOracle:
             return
         table = self.s._state().table_tuple(op.seq)
         hits = set(table[: self.pending_hits]) if op.kind == "allocate" else set()
-        for b in set(table):
+        # (a fast step's state before differs from the mirror only on the blocks it read:
+        # only those can have left the evictable list)
+        blocks = set(table) if was is None else [b for b, got in was.old.items()
+                                                 if got[1] and b in table]
+        for b in blocks:
             if pre.on_evictable(b) and post.on_evictable(b) == 0:
                 if b in hits:
                     st.revived += 1
