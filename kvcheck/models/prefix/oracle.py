@@ -62,6 +62,7 @@ from kvcheck.models.blocks.oracle import _STEPS, Oracle
 from kvcheck.models.blocks.shadow import ShadowMemory
 from kvcheck.models.prefix import compiled as compiled_checks
 from kvcheck.models.prefix.incremental import Mirror, partial_blocks
+from kvcheck.models.prefix.live import LiveOrder
 from kvcheck.models.prefix.model import PrefixOp, cache_json
 from kvcheck.spec import prefix as P
 from kvcheck.spec.contracts import OK, OOB, REFUSED
@@ -482,6 +483,10 @@ class _Before:
 
 
 # -- the oracle --------------------------------------------------------------------------
+LIVE_LIST = 2048
+"""Up to this many live sequences ``live()`` is a plain list (C-speed indexing; its
+``remove`` cheap at that size), beyond it a ``LiveOrder`` (O(log n) throughout)."""
+
 @dataclass
 class Stats:
     allocations: int = 0
@@ -557,7 +562,7 @@ class PrefixOracle:
         self.fast = (mode == "fast" and self.compiled and compiled_checks.touched_invariants is not None
                      and getattr(self.view, "incremental", False))
         self.mirror: Mirror | None = None
-        self._live: list | None = None  # live(), kept step by step
+        self._live: list | LiveOrder | None = None  # live(), kept step by step
         if self.violation is None:
             wd = active_watchdog()
             if wd is not None:
@@ -592,12 +597,17 @@ class PrefixOracle:
     def live_seqs(self) -> list[int]:
         return self.s.live_seqs()
 
-    def live(self) -> list[int]:
-        """The live sequences in the order they were allocated (the driver's choices): a
-        list kept step by step (``list(lengths)`` costs the number of live sequences)."""
+    def live(self) -> list[int] | LiveOrder:
+        """The live sequences in the order they were allocated (the driver's choices), kept
+        step by step (``list(lengths)`` costs the number of live sequences): a list while
+        at most ``LIVE_LIST`` are live, beyond that a ``LiveOrder`` (a list's ``remove``
+        costs the number of live sequences too); read-only to the caller."""
         got = self._live
         if got is None:
-            got = self._live = self.s.live()
+            got = self.s.live()
+            if len(got) > LIVE_LIST:
+                got = LiveOrder(got)
+            self._live = got
         return got
 
     def _track_live(self, op) -> None:
@@ -607,6 +617,8 @@ class PrefixOracle:
             return
         if op.kind in ("allocate", "fork"):
             got.append(op.seq if op.kind == "allocate" else op.child)
+            if type(got) is list and len(got) > LIVE_LIST:
+                self._live = LiveOrder(got)
         elif op.kind in ("free_seq", "preempt"):
             got.remove(op.seq)
 
