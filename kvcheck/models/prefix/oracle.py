@@ -347,8 +347,7 @@ class PrefixShadow(ShadowMemory):
         tok = o.pending.tokens[0]
         if cow_src is not None:
             self.copy(cow_src, block)
-        self.write(block, offset, tok)
-        self.expect_one_more(seq, tok)
+        self.append_token(seq, block, offset, tok)
         self._wrote(seq, block, offset)
 
     def _wrote(self, seq, block, offset):
@@ -886,7 +885,9 @@ class PrefixOracle:
                     keys, on_free, on_evict = view.block(b)
                 new.append((b, (keys, on_free, on_evict)))
             sizes = view.sizes()
-            reported = (view.free_list_len(), view.evictable_len())
+            f, e = view._n_free, view._n_evict  # (``free_list_len``, ``evictable_len``)
+            reported = (view.free_list_len() if f is None or type(a := f()) is not int else a,
+                        view.evictable_len() if e is None or type(c := e()) is not int else c)
         except CONTROL:
             raise
         except BaseException as exc:  # noqa: BLE001 - the allocator's fault
