@@ -110,3 +110,34 @@ def test_compiled_interpreted_and_full_report_the_same_allocate_violation(cls):
         assert fast[0] >= full[0]
         clauses.add(fast[1])
     assert all(name.startswith("allocate: ") for name in clauses), clauses
+
+
+def test_mirror_content_ok_and_the_inline_template_mean_the_snapshots_method():
+    """``Mirror.content_ok`` (one key without a generator) and the compiled checks'
+    inline ``content_ok`` (one key compared inline) agree with ``PrefixSnapshot``'s on
+    blocks under no key, one key and two keys, matching or not."""
+    from kvcheck.models.prefix.incremental import Mirror
+    from kvcheck.spec.prefix import PrefixSnapshot
+
+    r = drive(MODEL, PrefixCachingBlockManager, BlockScope(16, 2), Options(mode="fast"), 1, 400)
+    m = r.state.mirror
+    assert isinstance(m, Mirror) and m._keys
+    plain = compiled_checks.compile_touched(inline=False)
+    rng = random.Random(3)
+    keys = sorted(m.meanings, key=repr)
+    seen = set()
+    for _ in range(300):
+        b = rng.randrange(m.num_blocks)
+        m._keys.pop(b, None)
+        ks = tuple(rng.sample(keys, rng.choice((0, 1, 1, 2))))
+        if ks:
+            m._keys[b] = ks
+        if ks and rng.random() < 0.5:
+            m.content_map[b] = m.meanings[ks[0]]  # what its (first) key names
+        elif rng.random() < 0.3:
+            m.content_map[b] = rng.choice((-1, *(m.meanings[k] for k in keys[:3])))
+        want = PrefixSnapshot.content_ok(m, b)
+        assert m.content_ok(b) == want
+        assert compiled_checks.touched_invariants(m, [b]) == plain(m, [b])
+        seen.add((len(ks), want))
+    assert {(1, True), (1, False), (2, False), (0, False)} <= seen

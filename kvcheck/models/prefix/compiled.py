@@ -63,7 +63,8 @@ def _binds(role: str, *fields: str) -> dict[str, str]:
     return {f"{role}_{f}": f"{role}.{f}" for f in fields}
 
 
-# PrefixSnapshot's vocabulary, inline (``content_ok`` and ``meaning`` stay calls).
+# PrefixSnapshot's vocabulary, inline (``meaning`` stays a call, ``content_ok`` one but
+# for a block under one key).
 INLINE = {
     "ref": lambda r, b: (f"({r}_refs[{b}] if 0 <= {b} < {r}_num_blocks else 0)",
                          _binds(r, "refs", "num_blocks")) if simple(b) else None,
@@ -74,6 +75,11 @@ INLINE = {
     "partial": lambda r, b: (f"({b} in {r}__partial)", _binds(r, "_partial")),
     "filled": lambda r, b: (f"{r}_filled_map.get({b}, 0)", _binds(r, "filled_map")),
     "content": lambda r, b: (f"{r}_content_map.get({b}, -1)", _binds(r, "content_map")),
+    # content_ok: one key (the usual case) compared inline, else the method
+    "content_ok": lambda r, b: (
+        f"({r}_meanings.get({r}__keys[{b}][0], -1) == {r}_content_map.get({b}, -1) >= 0 "
+        f"if len({r}__keys.get({b}, ())) == 1 else {r}_content_ok({b}))",
+        _binds(r, "meanings", "_keys", "content_map", "content_ok")) if simple(b) else None,
     "free_list_len": lambda r: (f"{r}__free_len", _binds(r, "_free_len")),
     "evictable_len": lambda r: (f"{r}__evict_len", _binds(r, "_evict_len")),
 }
