@@ -2,15 +2,18 @@
 
 Where the target's cache view reads one block at a time (``view.incremental``: the
 bundled reference's journaled containers, ``impl/journaled.py``), the fast mode keeps a
-``Mirror`` of the cache as last verified and, after each step, reads only the *touched*
-blocks: every block the tables of the step's sequences name before or after it, the
-blocks the operation returned or copied (what the contracts mention), and every block
+``Mirror`` of the cache as last verified and, after each step, reads only the blocks
 whose keys or list membership changed since the last read (the containers' journal,
-kept by their own mutators, whatever code changed them). The ghost contents
-(``filled``/``content``) change only on blocks written through a touched table. On
-those blocks it evaluates every per-block invariant of ``spec.prefix.PREFIX_INVARIANTS``
-(compiled from the spec's text, ``compiled.touched_invariants``; the spec itself names
-what broke). Untouched blocks are unchanged since they were verified.
+kept by their own mutators, whatever code changed them; the per-block reads read the
+containers' index, which the same mutators keep, so a block the journal does not name
+reads as before). It checks the *touched* blocks: every block the tables of the step's
+sequences name before or after it, the blocks the operation returned or copied (what
+the contracts mention: the structural step's ``After.blocks``) and the journal's. The
+ghost contents (``filled``/``content``) change only on blocks written through a touched
+table, refcounts and partial tails only on touched blocks. On those blocks it evaluates
+every per-block invariant of ``spec.prefix.PREFIX_INVARIANTS`` (compiled from the
+spec's text, ``compiled.touched_invariants``; the spec itself names what broke).
+Untouched blocks are unchanged since they were verified.
 
 The global invariant (``pool_sizes``) and everything else are checked by a *full check*
 (the full mode's: the whole cache read, every invariant on every block) in a sweep every

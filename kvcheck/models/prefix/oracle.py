@@ -861,29 +861,44 @@ class PrefixOracle:
         """Observe and check what ``op`` touched (module ``incremental``). Returns (post,
         violation, the state before for the touched blocks) or a full check's (post,
         violation, None) where one was needed."""
-        n, m, view, g = self.steps, self.mirror, self.view, self.s._state()
+        n, m, view = self.steps, self.mirror, self.view
         nb, bs = self.target.num_blocks, self.block_size
         after = self.s.after  # the structural step's observation (``After``)
         if after is None:
             return (*self._full_check(n, op), None)
-        seqs = after.touched
+        old = {}  # touched block -> (whether it had a key, times evictable) before
         try:
-            changed = view.changes()
+            changed = view.obj.cache_changes()  # (``view.changes``)
             if changed is None:
                 return (*self._full_check(n, op), None)
-            # every block the step's tables name before or after it and the blocks it
-            # returned or copied (the structural step's ``After.blocks``: pool blocks),
-            # and the blocks the journal names
+            # checked: every block the step's tables name before or after it and the blocks
+            # it returned or copied (the structural step's ``After.blocks``: pool blocks),
+            # and the blocks the journal names (any order: a failure is named by the full
+            # check); read: the journal's blocks (their keys and places are what changed:
+            # the containers' index, which the block reads read, and their journal are kept
+            # by the same mutators)
             touched = after.blocks
             if changed:
-                touched = touched | {b for b in changed if type(b) is int and 0 <= b < nb}
-            # (any order: a failure is named by the full check)
-            read, new = view._block, []
-            for b in touched:
+                changed = {b for b in changed if type(b) is int and 0 <= b < nb}
+                touched = touched | changed
+            read = view._block
+            mkeys, mfree, mevict = m._keys, m.free_list, m.evictable
+            failed = op.outcome in (OOB, REFUSED)
+            meanings, filled, content = self.meanings, self.ghost.filled, self.ghost.content
+            for b in changed:
                 keys, on_free, on_evict = read(b)
                 if type(keys) is not tuple or type(on_free) is not int or type(on_evict) is not int:
                     keys, on_free, on_evict = view.block(b)
-                new.append((b, (keys, on_free, on_evict)))
+                if keys == mkeys.get(b, ()) and on_free == mfree.get(b, 0) and \
+                        on_evict == mevict.get(b, 0):
+                    old[b] = (bool(keys), on_evict)  # unchanged (its keys bound when first read)
+                    continue
+                if failed:  # a failed call changed the cache: the full mode's words for it
+                    return (*self._full_check(n, op), None)
+                for key in keys:
+                    if key not in meanings:
+                        meanings[key] = content.get(b, -1) if filled.get(b, 0) == bs else -1
+                old[b] = m.set_block(b, keys, on_free, on_evict)
             sizes = view.sizes()
             f, e = view._n_free, view._n_evict  # (``free_list_len``, ``evictable_len``)
             reported = (view.free_list_len() if f is None or type(a := f()) is not int else a,
@@ -893,32 +908,19 @@ class PrefixOracle:
         except BaseException as exc:  # noqa: BLE001 - the allocator's fault
             why = f"reading the prefix cache {what_it_did(exc)}"
             return None, Violation(n, "malformed", "prefix observation", witness=why), None
-        if op.outcome in (OOB, REFUSED) and any(m.block(b) != got for b, got in new):
-            return (*self._full_check(n, op), None)  # (the full mode's words for it)
-        old = {}
-        meanings, filled, content = self.meanings, self.ghost.filled, self.ghost.content
-        mkeys, mfree, mevict = m._keys, m.free_list, m.evictable
-        for b, got in new:
-            keys, on_free, on_evict = got
-            was_keys = mkeys.get(b, ())
-            if keys == was_keys and on_free == mfree.get(b, 0) and on_evict == mevict.get(b, 0):
-                old[b] = (bool(keys), on_evict)  # unchanged (its keys bound when first read)
-                continue
-            for key in keys:
-                if key not in meanings:
-                    meanings[key] = content.get(b, -1) if filled.get(b, 0) == bs else -1
-            old[b] = m.set_block(b, keys, on_free, on_evict)
-        was = _Before(m, old)
         m._free_len, m._evict_len = reported
-        for q in seqs:
-            m.set_partial(q, partial_blocks(g, q, bs) if g.live(q) else None)
+        tables, lengths, partial = after.tables, after.lengths, m.seq_partial
+        for q, t in tables.items():  # (the step's sequences: ``partial_blocks`` of each)
+            got = None if t is None else t[lengths[q] // bs:]
+            if not got or partial.get(q) != got:
+                m.set_partial(q, got)
         self.observed = m
         if sizes != (m.n_entries, m.n_free, m.n_evict) or reported != sizes[1:] or \
                 not compiled_checks.touched_invariants(m, touched):
             # something changed beyond what was read, the sizes it reports are not those
             # it holds, or an invariant broke: the full check (and the full mode's words)
             return (*self._full_check(n, op), None)
-        return m, None, was
+        return m, None, _Before(m, old)
 
     def _observe_for_the_record(self) -> None:
         """After a structural violation (the call returned): the cache as it is now, for
@@ -1073,30 +1075,40 @@ class PrefixOracle:
             st.refused += 1
             return
         st.orphans += post.orphaned() if isinstance(post, Mirror) else self._orphaned(post)
-        if op.kind == "rollback":
+        kind = op.kind
+        if kind == "rollback":
             st.rollbacks += 1
             if pre is not None:
                 st.rollbacks_into_cached += any(
                     pre.cached(b) for b in self.s._state().table_tuple(op.seq)[
                         self.s.lengths[op.seq] // self.block_size:])
-        st.rebases += op.kind == "rebase"
-        st.preempts += op.kind == "preempt"
-        st.append_slots += op.kind == "append_slots"
-        if op.kind == "allocate":
+        elif kind == "rebase":
+            st.rebases += 1
+        elif kind == "preempt":
+            st.preempts += 1
+        elif kind == "append_slots":
+            st.append_slots += 1
+        elif kind == "allocate":
             st.allocations += 1
             st.hit_blocks += self.pending_hits
             st.hit_allocations += self.pending_hits > 0
             st.partial_hits += 0 < self.pending_hits < (op.n_tokens - 1) // self.block_size
             st.repeats += (last is not None and last.kind == "allocate" and last.outcome == OK
                            and last.tokens == op.tokens)
-        if pre is None or op.kind not in ("allocate", "append_slot", "append_slots"):
+        if pre is None or kind not in ("allocate", "append_slot", "append_slots"):
             return
-        table = self.s._state().table_tuple(op.seq)
-        hits = set(table[: self.pending_hits]) if op.kind == "allocate" else set()
-        # (a fast step's state before differs from the mirror only on the blocks it read:
-        # only those can have left the evictable list)
-        blocks = set(table) if was is None else [b for b, got in was.old.items()
-                                                 if got[1] and b in table]
+        if was is not None:
+            # (a fast step's state before differs from the mirror only on the blocks it
+            # read: only those can have left the evictable list)
+            blocks = [b for b, got in was.old.items() if got[1]]
+            if not blocks:
+                return
+            table = self.s._state().table_tuple(op.seq)
+            blocks = [b for b in blocks if b in table]
+        else:
+            table = self.s._state().table_tuple(op.seq)
+            blocks = set(table)
+        hits = set(table[: self.pending_hits]) if kind == "allocate" else set()
         for b in blocks:
             if pre.on_evictable(b) and post.on_evictable(b) == 0:
                 if b in hits:
