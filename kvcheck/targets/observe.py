@@ -100,8 +100,9 @@ def read_refs_of(target, blocks) -> dict[int, int]:
         raise
     except BaseException:  # noqa: BLE001 - ask again one by one, to name the block
         return {b: read_ref(target, b) for b in blocks}
-    if set(map(type, refs.values())) - {int}:
-        return {b: read_ref(target, b) for b in refs}
+    for r in refs.values():
+        if type(r) is not int:
+            return {b: read_ref(target, b) for b in refs}
     return refs
 
 

@@ -655,7 +655,6 @@ class PrefixOracle:
             self.s.after = None
             v = self.s.step(op, wd)
             self.steps = self.s.steps
-            self._live = None if v is not None else self._live
             if v is None:
                 self._track_live(op)
                 was = None
@@ -665,11 +664,14 @@ class PrefixOracle:
                     post, v = self._full_check(self.steps, op)
                 if v is None:
                     self._count(op, post, was)
-                    self.stats.freed_uncommitted += unwritten
+                    if unwritten:
+                        self.stats.freed_uncommitted += 1
                     if was is None:
                         self._verified(post)
-            elif v.kind in ("contract", "invariant", "data"):
-                self._observe_for_the_record()
+            else:
+                self._live = None
+                if v.kind in ("contract", "invariant", "data"):
+                    self._observe_for_the_record()
         except OperationTimeout as exc:
             v = Violation(self.s.steps, "hang", "prefix observation",
                           witness=f"reading the prefix cache after {op.kind} {exc}")
