@@ -1000,21 +1000,26 @@ class PrefixOracle:
         cache (``pending_hits``, ``op.hits``), ``spec.prefix.cache_hits`` on them and, where
         the target reports one, ``spec.prefix.cached_tokens``. The violation, or None."""
         table = post.table_tuple(op.seq)
+        now: dict = {}  # block -> the reprs of the keys naming it after the call
         try:
             if self.mirror is not None:  # the fast mode: the candidates' keys only
-                now = {(repr(k), b) for b in set(table) for k in self.view.block(b)[0]}
+                read = self.view.block
+                for b in set(table):
+                    now[b] = set(map(repr, read(b)[0]))
             else:
-                now = {(repr(k), b) for k, b in self.view.entries()}
+                for k, b in self.view.entries():
+                    now.setdefault(b, set()).add(repr(k))
         except CONTROL:
             raise
         except BaseException:  # noqa: BLE001 - reported by the state check
-            now = set()
+            now = {}
         before = self.pre
         hits = 0
         full = op.n_tokens // self.block_size
         while hits < min(full, len(table)) and before is not None:
-            b = table[hits]
-            if not any((repr(k), b) in now for k in before.keys_of(b)):
+            b = table[hits]  # a hit: still cached under a key it had before the call
+            got = now.get(b)
+            if not got or got.isdisjoint(map(repr, before.keys_of(b))):
                 break
             hits += 1
         self.pending_hits = op.hits = hits
