@@ -292,3 +292,71 @@ class WindowBlockManager(EngineBlockManager):
         if left >= 1 and table[(left - 1) // self.block_size] is NULL_BLOCK:
             raise MisuseError(f"rollback of sequence {seq!r} reaches behind its window")
         super().rollback(seq, n_tokens)
+
+
+class CyclicBlockManager(BlockManager):
+    """The seed's four operations under a cyclic sliding window of ``window_blocks``
+    blocks (vLLM's BlockSpaceManager v1, legally): a table holds its last ``W`` blocks
+    (``cyclic_window = W * block_size`` tokens, which the oracle reads); every entry
+    before them is ``NULL_BLOCK``. A prompt longer than the window takes ``W`` blocks;
+    an append at a block boundary past the window releases the entry leaving the window
+    and takes a block for the new position: the released one itself, reused in place
+    when the sequence held it alone, else a fresh one (the engine's copy-on-write of a
+    shared reused block, with nothing to copy in the spec's reading)."""
+
+    def __init__(self, num_blocks: int, block_size: int, window_blocks: int = 2):
+        super().__init__(num_blocks, block_size)
+        self.window_blocks = _check_size("window_blocks", window_blocks)
+        self.cyclic_window = window_blocks * block_size
+
+    def _release(self, block) -> None:
+        if block is not NULL_BLOCK:
+            super()._release(block)
+
+    def allocate(self, seq: int, n_tokens: int) -> None:
+        if seq in self.tables:
+            raise MisuseError(f"sequence {seq!r} already exists")
+        _check_size("n_tokens", n_tokens)
+        need = -(-n_tokens // self.block_size)
+        fresh = min(need, self.window_blocks)
+        if fresh > len(self.free):
+            raise OutOfBlocks(f"need {fresh} blocks, {len(self.free)} free")
+        self.tables[seq] = [NULL_BLOCK] * (need - fresh) + [self._take() for _ in range(fresh)]
+        self.lens[seq] = n_tokens
+
+    def append_slot(self, seq: int) -> tuple[int, int, int | None]:
+        table = self._live(seq)
+        n = self.lens[seq]
+        k, offset = divmod(n, self.block_size)
+        if k == len(table) and k >= self.window_blocks:  # the block leaving the window
+            j = k - self.window_blocks
+            old = table[j]
+            if self.ref[old] == 1:  # the sequence's alone: reused in place
+                block = old
+            else:
+                if not self.free:
+                    raise OutOfBlocks("no free block for the reused block's copy")
+                block = self._take()
+                self._release(old)
+            table[j] = NULL_BLOCK
+            table.append(block)
+            self.lens[seq] = n + 1
+            return block, 0, None
+        return super().append_slot(seq)
+
+    def fork(self, parent: int, child: int) -> None:
+        table = self._live(parent)
+        if child in self.tables:
+            raise MisuseError(f"sequence {child!r} already exists")
+        for block in table:
+            if block is not NULL_BLOCK:
+                self.ref[block] += 1
+        self.tables[child] = list(table)
+        self.lens[child] = self.lens[parent]
+
+    def free_seq(self, seq: int) -> None:
+        table = self._live(seq)
+        del self.tables[seq]
+        del self.lens[seq]
+        for block in table:
+            self._release(block)

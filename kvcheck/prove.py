@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass, field
 from kvcheck.check.trace import Trace
 from kvcheck.check.watchdog import Watchdog
 from kvcheck.models.blocks.model import MODEL as BLOCKS
-from kvcheck.models.blocks.oracle import Oracle
+from kvcheck.models.blocks.oracle import Oracle, cyclic_blocks
 from kvcheck.models.blocks.runs import Scope, explore
 from kvcheck.proofs.bmc import bmc_bfs, witnesses
-from kvcheck.proofs.induction import prove_invariants
+from kvcheck.proofs.induction import cyclic_contracts, prove_invariants
 from kvcheck.proofs.prefix_induction import prove_prefix_invariants
 from kvcheck.proofs.prefix_model import PrefixModelScope
 from kvcheck.spec.contracts import REFUSED
@@ -154,8 +154,10 @@ class Settings:
         return self.max_tokens or 3 * self.block_size
 
 
-def _z3_rows(st: Settings, report: Report, deadline: float, say) -> list:
-    """The spec's rows (unless ``target_only``); the Z3 witnesses the target is driven with."""
+def _z3_rows(st: Settings, report: Report, deadline: float, say, cycle=None) -> list:
+    """The spec's rows (unless ``target_only``); the Z3 witnesses the target is driven with.
+    ``cycle``: (W, the target's operations) for a target declaring a cyclic window: the
+    induction is also run under it (rows named "... under a cyclic window of W blocks")."""
     sym = SymScope(st.num_blocks, st.block_size, st.seqs, st.tokens)
 
     def searching(d, found, goals):
@@ -171,6 +173,15 @@ def _z3_rows(st: Settings, report: Report, deadline: float, say) -> list:
         result = {"proved": "holds"}.get(p.result, p.result)
         proved &= p.result == "proved"
         report.rows.append(Row(p.engine, p.property, scope, result, p.seconds, p.detail))
+    if cycle is not None:
+        W, kinds = cycle
+        say(f"z3 k-induction under the target's cyclic window of {W} block(s)")
+        for p in prove_invariants(sym, contracts=cyclic_contracts(W, kinds),
+                                  timeout_ms=int(1000 * max(1.0, deadline - time.monotonic()))):
+            result = {"proved": "holds"}.get(p.result, p.result)
+            proved &= p.result == "proved"
+            report.rows.append(Row(p.engine, f"{p.property} under a cyclic window of {W} "
+                                   f"block(s)", scope, result, p.seconds, p.detail))
     pscope = PrefixModelScope(st.num_blocks, st.block_size, holders=st.seqs)
     say("z3 k-induction (prefix cache): every prefix-cache invariant")
     for p in prove_prefix_invariants(pscope,
@@ -316,7 +327,9 @@ def prove(target="reference", st: Settings | None = None, progress=None,
     any named ``OutOfBlocks``), used wherever the target is built."""
     st = st or Settings()
     label, factory = resolve(target)
-    build(factory, st.num_blocks, st.block_size, out_of_blocks)  # bad input: fail early, exit 2
+    built = build(factory, st.num_blocks, st.block_size, out_of_blocks)  # bad input: exit 2
+    W = cyclic_blocks(built)
+    cycle = (W, built.capabilities) if W else None
     report = Report(label, spec_checked=not st.target_only)
     start = time.monotonic()
     deadline = start + st.budget
@@ -324,7 +337,7 @@ def prove(target="reference", st: Settings | None = None, progress=None,
 
     say("z3: witnesses of every outcome class" if st.target_only else
         "z3: induction, bmc, coverage")
-    ws = _z3_rows(st, report, start + st.budget * 0.5, say)
+    ws = _z3_rows(st, report, start + st.budget * 0.5, say, cycle)
 
     say("exploration: z3 witnesses on the target")
     _replay_witnesses(st, factory, ws, report, out_of_blocks, say)

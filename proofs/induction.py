@@ -197,3 +197,21 @@ def prove_invariants(scope: SymScope, contracts=None, invariants=None,
                          time.perf_counter() - t0,
                          "implied by append_slot's copy-on-write and boundary clauses"))
     return out
+
+
+def cyclic_contracts(window_blocks: int, kinds=None) -> dict:
+    """The contracts of ``kinds`` (default: every one) under a cyclic sliding window of
+    ``window_blocks`` blocks: each operation carries ``Op.cycle``, as the oracle stamps it
+    for a target declaring ``cyclic_window`` (allocate takes at most W blocks, an append
+    past the window is the drop behind it, then the append: ``spec.contracts.cyclic_pre``,
+    symbolically ``SymState.dropped``). For ``prove_invariants(contracts=...)``."""
+    def under(fn):
+        def contract(L, pre, post, op, dom):
+            op.cycle = window_blocks
+            return fn(L, pre, post, op, dom)
+
+        contract.__doc__ = fn.__doc__
+        return contract
+
+    return {k: under(fn) for k, fn in spec_contracts.CONTRACTS.items()
+            if kinds is None or k in kinds}

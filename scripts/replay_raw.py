@@ -56,7 +56,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from kvcheck.check.trace import Trace, TraceError  # noqa: E402
-from kvcheck.impl.thirdparty import raw, raw_sglang  # noqa: E402
+from kvcheck.impl.thirdparty import install, raw, raw_sglang  # noqa: E402
 
 V0 = "kvcheck.impl.thirdparty.vllm_v0:"
 V1 = "kvcheck.impl.thirdparty.vllm_v1:"
@@ -324,7 +324,12 @@ def replay(trace: Trace, then: list[tuple] = ()) -> dict:
     unguarded = None
     if family == "vllm-v1":
         how = f"raw.replay_vllm_v1(ops, num_gpu_blocks={n + 1}, block_size={bs}, {_kw(opts)})"
-        records = raw.replay_vllm_v1(ops, n + 1, bs, **opts)
+        try:
+            records = raw.replay_vllm_v1(ops, n + 1, bs, **opts)
+        except (install.InstallError, install.ThirdPartyMissing) as exc:
+            # e.g. a release before 0.10.2 (vllm_v1_early): its catalogued bugs have raw
+            # replays in benchmarks/historical/hist_replays.py, traces have none yet
+            raise TraceError(f"no raw replay for {trace.target!r}: {exc}") from None
     elif family == "vllm-v0":
         how = f"raw.replay_vllm_v0(ops, num_blocks={n}, block_size={bs}, {_kw(opts)})"
         records = raw.replay_vllm_v0(ops, n, bs, **opts)

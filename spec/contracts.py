@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .state import NULL
+from .state import NULL, Dropped
 
 OK, OOB, REFUSED = "ok", "oob", "refused"
 
@@ -36,7 +36,12 @@ class Op:
     is ``(block, offset, cow_src)`` with ``has_cow`` true iff ``cow_src`` is not
     None; for ``append_slots``, ``fork`` and ``rebase`` it is ``copies``, the
     ``(src, dst)`` block copies the caller must make before it writes (none
-    for a lazy fork).
+    for a lazy fork). ``cycle`` is the target's cyclic sliding window in blocks
+    (``W``, 0: none): an engine whose tables reuse their blocks cyclically (vLLM's
+    BlockSpaceManager v1) declares it (``Target.cyclic_window``, in tokens) and the
+    oracle stamps it on every operation it issues; ``allocate`` and ``append_slot``
+    read it (``cyclic_behind``, ``cyclic_pre``). It is not part of a trace: replay
+    stamps the replaying target's.
     """
 
     kind: str
@@ -50,6 +55,7 @@ class Op:
     has_cow: Any = False
     lookahead: Any = 0
     copies: Any = None
+    cycle: Any = 0
 
 
 @dataclass
@@ -160,12 +166,17 @@ def allocate(L, pre, post, op: Op, dom: Domain):
     """allocate(seq, n): all or nothing. On success seq holds ceil(n/B)
     distinct blocks that were all free, each now with refcount 1; on
     out-of-blocks (allowed only when fewer than ceil(n/B) blocks are free)
-    nothing changed."""
+    nothing changed. Under a cyclic window of W blocks (``op.cycle``) a prompt
+    longer than W blocks takes W fresh blocks, for its last W positions; the
+    entries before them are null (behind the window: ``cyclic_behind``), and the
+    counts above read min(ceil(n/B), W)."""
     q, n = op.seq, op.n_tokens
     need = L.ceil_div(n, pre.block_size)
+    behind = cyclic_behind(L, need, op)
+    fresh = need - behind if op.cycle else need  # the blocks handed out
     if op.outcome == OOB:
         yield "out-of-blocks only when fewer than ceil(n/B) blocks are free", None, (
-            need > pre.num_free()
+            fresh > pre.num_free()
         )
         yield from exception_safety(L, pre, post, op, dom)
         return
@@ -174,10 +185,14 @@ def allocate(L, pre, post, op: Op, dom: Domain):
     yield "holds exactly ceil(n/B) blocks", q, post.nblocks(q) == need
     yield "the table is its own object", q, post.sharers(q) == 1
     for i in post.positions(q):
+        handed = L.and_(behind <= i, i < need) if op.cycle else i < need
         yield "every block handed out was free", q, L.implies(
-            i < need, pre.free_count(post.table(q, i)) >= 1
+            handed, pre.free_count(post.table(q, i)) >= 1
         )
-    yield "free list shrinks by ceil(n/B)", None, post.num_free() == pre.num_free() - need
+        if op.cycle:
+            yield "an entry behind a cyclic window is null", q, L.implies(
+                i < behind, post.table(q, i) == NULL)
+    yield "free list shrinks by ceil(n/B)", None, post.num_free() == pre.num_free() - fresh
     for b in dom.blocks:
         got = post.occurrences(q, b)
         yield "blocks handed out are distinct", b, got <= 1
@@ -190,6 +205,42 @@ def allocate(L, pre, post, op: Op, dom: Domain):
     yield from unchanged_others(L, pre, post, dom, (q,))
 
 
+def cyclic_behind(L, need, op: Op):
+    """How many of a prompt's ``need`` block positions lie behind a cyclic window of
+    ``op.cycle`` blocks (the positions a cyclic table names only by a stale id: the
+    null entries allocate leaves): need - W when the prompt is longer, else 0."""
+    if not op.cycle:
+        return 0
+    return L.ite(need > op.cycle, need - op.cycle, 0)
+
+
+def cyclic_skip(L, pre, op: Op):
+    """Under a cyclic window of W = ``op.cycle`` blocks, how many of ``op``'s sequence's
+    first entries the engine's own drop nulls before an append: an append at a block
+    boundary past W reuses the block leaving the window, which the spec reads as
+    ``drop_behind_window(seq, (W - 1) * B)`` and then ``append_slot``, one engine call;
+    0 when the append stays within the table (mid-block, or fewer than W blocks)."""
+    if not op.cycle:
+        return 0
+    q, B = op.seq, pre.block_size
+    wraps = L.and_(L.mod(pre.length(q), B) == 0, pre.nblocks(q) >= op.cycle)
+    drop = Op("drop_behind_window", seq=q, n_tokens=(op.cycle - 1) * B)
+    return L.ite(wraps, behind_window(L, pre, drop), 0)
+
+
+def cyclic_pre(L, pre, op: Op):
+    """The state an append under a cyclic window starts from: the state
+    ``drop_behind_window`` leaves when the engine's call wraps (``cyclic_skip``), else
+    ``pre`` itself. Concretely ``spec.state.Dropped`` (derived from ``pre``, never
+    observed; tests/core check it meets the drop's own contract); symbolically the state
+    class's own ``dropped`` (``SymState.dropped``: the same meaning, a null prefix of
+    ``skip`` entries, ``pre`` itself when it is 0)."""
+    skip = cyclic_skip(L, pre, op)
+    if isinstance(skip, int):  # (a concrete state: a number)
+        return Dropped(pre, op.seq, skip) if skip else pre
+    return pre.dropped(op.seq, skip)
+
+
 def append_slot(L, pre, post, op: Op, dom: Domain):
     """append_slot(seq) -> (block, offset, cow_src): reserve the slot of
     token number len. A fresh block only when the last block is full (offset
@@ -197,7 +248,14 @@ def append_slot(L, pre, post, op: Op, dom: Domain):
     writer copies: a fresh block replaces it, cow_src names it, its refcount
     drops by one); a partial last block with refcount 1 is written in place.
     A full block is never copied. Out-of-blocks is allowed only when a block
-    is needed and none is free, and then nothing changed."""
+    is needed and none is free, and then nothing changed. Under a cyclic window
+    (``op.cycle``) an append at a block boundary past the window is the drop behind
+    the window the engine makes first, then this contract from the state the drop
+    leaves (``cyclic_pre``): the block leaving the window is released, and the new
+    block must be free then (the released one, reused in place, or a fresh one)."""
+    observed = pre  # (a failed call changed nothing: not even the engine's own drop)
+    if op.cycle:
+        pre = cyclic_pre(L, pre, op)
     q, B = op.seq, pre.block_size
     n, k, tail = pre.length(q), pre.nblocks(q), pre.tail(q)
     offset = L.mod(n, B)
@@ -208,7 +266,7 @@ def append_slot(L, pre, post, op: Op, dom: Domain):
         yield "out-of-blocks only when a new block is needed and none is free", q, L.and_(
             needs_block, pre.num_free() == 0
         )
-        yield from exception_safety(L, pre, post, op, dom)
+        yield from exception_safety(L, observed, post, op, dom)
         return
     new = post.tail(q)
     yield "returns block ids of the pool", q, _returned_ids_valid(L, post, op)
@@ -293,8 +351,14 @@ def _shares(L, pre, post, op: Op, dom: Domain, source, target, released: bool):
         freed = L.and_(pre.ref(b) > 0, post.ref(b) == 0)
         taken = L.and_(pre.ref(b) == 0, post.ref(b) > 0)
         back.append(freed)
-        yield "refcount +1 per entry of the child's table, -1 per entry it had", b, (
-            post.ref(b) == pre.ref(b) + post.occurrences(target, b) - old)
+        named = post.occurrences(target, b)
+        touched = L.or_(named > 0, old > 0) if released else named > 0
+        yield "refcount +1 per entry of the child's table, -1 per entry it had", b, L.implies(
+            touched, post.ref(b) == pre.ref(b) + named - old)
+        # (a block the child names neither before nor after: a table entry the spec reads as
+        # holding nothing, e.g. a stale name behind a cyclic window, must not be counted)
+        yield "a block the child's table does not name keeps its refcount", b, L.implies(
+            L.not_(touched), post.ref(b) == pre.ref(b))
         yield "free list changes only as the operation says", b, (
             post.free_count(b) == pre.free_count(b) + L.ite(freed, 1, 0) - L.ite(taken, 1, 0))
     yield "free list changes by the blocks released and the copy taken", None, (
@@ -310,7 +374,8 @@ def fork(L, pre, post, op: Op, dom: Domain):
     child's is a fresh block: copies names it; the parent's keeps its refcount),
     every other block shared. Both are legal. A full block is never copied. An
     eager fork may run out of blocks (only then: a partial last block and no
-    free block), and then nothing changed."""
+    free block), and then nothing changed. A block the child's table does not name
+    keeps its refcount."""
     if op.outcome == OOB:
         t, partial = _last_token_block(L, pre, op.seq)
         yield "out-of-blocks only when a partial last block needs a copy and none is free", \
@@ -531,10 +596,12 @@ def clause_names() -> dict[str, str]:
     dom = Domain(range(2), range(2))
     out: dict[str, str] = {}
     for kind in CONTRACTS:
-        for outcome in (OK, OOB, REFUSED):
+        # (a cyclic window changes which clauses allocate yields; append_slot's are its own)
+        for outcome, cycle in [(o, c) for o in (OK, OOB, REFUSED)
+                               for c in ((0, 2) if kind == "allocate" else (0,))]:
             op = Op(kind, seq=0, child=1, outcome=outcome, n_tokens=L.var("n"),
                     lookahead=L.var("la"), block=L.var("b"), offset=L.var("o"),
-                    cow_src=L.var("c"), has_cow=L.z3.Bool("h"))
+                    cow_src=L.var("c"), has_cow=L.z3.Bool("h"), cycle=cycle)
             for name, _, _ in clauses(L, pre, post, op, dom):
                 out.setdefault(f"{kind}: {name}", kind)
     return out

@@ -31,7 +31,9 @@ but always with exactly this meaning):
 
 Every state class (this ``Snapshot``, the oracle's incremental views, the
 symbolic ``SymState``) provides these methods; ``invariants.py`` and
-``contracts.py`` use nothing else.
+``contracts.py`` use nothing else. ``Dropped`` is a state derived from another
+concrete one: what ``drop_behind_window`` leaves, for an engine call the spec
+reads as that drop and another operation (``contracts.cyclic_pre``).
 """
 
 from __future__ import annotations
@@ -154,3 +156,73 @@ class Snapshot(TableTerms):
 
     def table_tuple(self, q: int) -> tuple:
         return self.tables.get(q, ())
+
+
+class Dropped(TableTerms):
+    """The state ``drop_behind_window`` leaves, derived from the concrete state ``pre``
+    (any class with the vocabulary above): ``seq``'s first ``skip`` entries are null,
+    each pool block they named loses one reference per entry, joining the free list
+    when that was its last; everything else reads as in ``pre``. The state an engine
+    call passes through when the spec reads it as that drop followed by another
+    operation (a cyclic window: ``contracts.cyclic_pre``); never observed, so it is
+    computed lazily, reading ``pre`` only through its vocabulary (evidence recorders
+    see those reads). ``tests/core/test_cyclic.py`` checks it satisfies the drop's
+    contract."""
+
+    def __init__(self, pre, seq: int, skip: int):
+        self.pre, self.seq, self.skip = pre, seq, skip
+        self.num_blocks, self.block_size = pre.num_blocks, pre.block_size
+        old = pre.table_tuple(seq)
+        self._table = tuple(NULL if i < skip else b for i, b in enumerate(old))
+        self._dropped = Counter(b for b in old[:skip] if b != NULL)
+        self._freed: int | None = None
+        self._occ: dict[int, Counter] = {}
+
+    def _released(self) -> int:
+        """How many blocks the drop returned to the free list."""
+        if self._freed is None:
+            self._freed = sum(1 for b, c in self._dropped.items() if self.pre.ref(b) - c == 0)
+        return self._freed
+
+    def blocks(self):
+        return self.pre.blocks()
+
+    def seqs(self):
+        return self.pre.seqs()
+
+    def ref(self, b: int) -> int:
+        return self.pre.ref(b) - self._dropped.get(b, 0)
+
+    def free_count(self, b: int) -> int:
+        back = 1 if self._dropped.get(b) and self.ref(b) == 0 else 0
+        return self.pre.free_count(b) + back
+
+    def free_entries(self) -> int:
+        return self.pre.free_entries() + self._released()
+
+    def num_free(self) -> int:
+        return self.pre.num_free() + self._released()
+
+    def zero_refs(self) -> int:
+        return self.pre.zero_refs() + self._released()
+
+    def live(self, q: int) -> bool:
+        return self.pre.live(q)
+
+    def length(self, q: int) -> int:
+        return self.pre.length(q)
+
+    def reserved(self, q: int) -> int:
+        return self.pre.reserved(q)
+
+    def impl_length(self, q: int) -> int:
+        return self.pre.impl_length(q)
+
+    def holders(self, b: int) -> int:
+        return self.pre.holders(b) - self._dropped.get(b, 0)
+
+    def sharers(self, q: int) -> int:
+        return self.pre.sharers(q)
+
+    def table_tuple(self, q: int) -> tuple:
+        return self._table if q == self.seq else self.pre.table_tuple(q)

@@ -19,9 +19,11 @@ alias or miscount).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from .logic import Z3Logic
+from .state import NULL
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,28 @@ class SymState:
         if upto is None:
             agree.append(self._nb[q] == other._nb[r])
         return L.all_(agree)
+
+    def dropped(self, q: int, skip):
+        """The state ``drop_behind_window`` leaves (``spec.state.Dropped``'s meaning, over
+        the same variables): slot ``q``'s first ``skip`` entries (a term) null, each block
+        they named one reference less per entry, on the free list when that was its last."""
+        L = self.L
+        out = copy.copy(self)
+        tab, nb = self._tab[q], self._nb[q]
+        out._tab = list(self._tab)
+        out._tab[q] = [L.ite(i < skip, NULL, tab[i]) for i in range(len(tab))]
+        refs, frees, back = [], [], []
+        for b in range(self.scope.num_blocks):
+            gone = L.count(L.and_(i < skip, i < nb, tab[i] == b) for i in range(len(tab)))
+            ref = self._ref[b] - gone
+            freed = L.and_(gone > 0, ref == 0)
+            refs.append(ref)
+            frees.append(self._free[b] + L.ite(freed, 1, 0))
+            back.append(freed)
+        out._ref, out._free = refs, frees
+        if self._nfree is not None:
+            out._nfree = self._nfree + L.count(back)
+        return out
 
     # -- binding to a concrete state ---------------------------------------------------
     def equals_snapshot(self, snap, slot_of: dict) -> list:

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import enum
 
-from kvcheck.impl.thirdparty import _loader, install, nano_vllm, vllm_v0, vllm_v0_legacy, vllm_v1
+from kvcheck.impl.thirdparty import (
+    _loader,
+    install,
+    nano_vllm,
+    vllm_v0,
+    vllm_v0_legacy,
+    vllm_v1,
+    vllm_v1_early,
+)
 
 
 def _v0(version: str, allocator_type: str, num_blocks: int, block_size: int):
@@ -79,9 +87,21 @@ def replay_vllm_42571(version: str) -> tuple[bool, str]:
     references in one call (``_process_store_completion``: ``free_blocks([X, X])``).
     0.20.2 decrements X twice, then queues every listed block at ref_cnt 0: X twice, the
     free count one ahead of the free blocks. One usable block (and the null block)."""
-    mods = vllm_v1.load(version)
-    pool = mods["vllm.v1.core.block_pool"].BlockPool(
-        num_gpu_blocks=2, enable_caching=True, hash_block_size=1)
+    return _double_listed_free(vllm_v1.load(version)["vllm.v1.core.block_pool"].BlockPool)
+
+
+def replay_aphrodite_42571(version: str) -> tuple[bool, str]:
+    """vLLM #42571 as aphrodite-engine carries it: ``replay_vllm_42571``'s calls on
+    aphrodite's own ``BlockPool`` (``aphrodite/v1/core/block_pool.py``; 0.20.0 / 0.21.0
+    read as vLLM 0.20's, whose ``free_blocks`` queues every listed block at ref_cnt 0;
+    0.22.0 queues a block at the decrement that reaches 0, as vLLM 0.24.0 does)."""
+    from kvcheck.impl.thirdparty import aphrodite
+
+    return _double_listed_free(aphrodite.load(version)["aphrodite.v1.core.block_pool"].BlockPool)
+
+
+def _double_listed_free(pool_cls) -> tuple[bool, str]:
+    pool = pool_cls(num_gpu_blocks=2, enable_caching=True, hash_block_size=1)
     (first,) = pool.get_new_blocks(1)  # position i
     pool.free_blocks([first])  # behind the window (remove_skipped_blocks)
     (block,) = pool.get_new_blocks(1)  # position j: the only free block, X again
@@ -212,6 +232,31 @@ def replay_vllm_1556(version: str) -> tuple[bool, str]:
                        f"both freed: {free} of 4 blocks free")
 
 
+def replay_aphrodite_1556(version: str) -> tuple[bool, str]:
+    """vLLM #1556 (PR #3347's fork half) as aphrodite-engine 0.5.x ships it: its
+    ``BlockSpaceManager`` (``aphrodite/processing/block_manager.py``) with a sliding window
+    of one block (block size 2, window 2 tokens, 4 blocks). A 3-token prompt's table is
+    [x, x] (cyclic reuse, one reference); the engine forks the parent for a ``best_of``
+    sibling after the prompt step (``Scheduler.fork_seq`` -> ``fork``), which increments
+    every entry: x at refcount 3 for two tables. Freeing both walks ``set(block_table)``
+    once each: x is left at refcount 1 in no table, never free again (a leak). 0.6.0's
+    ``BlockSpaceManagerV1`` forks ``set(src_block_table)`` and frees every block."""
+    running = vllm_v0_legacy.SequenceStatus.RUNNING
+    m = vllm_v0_legacy.build(version, num_blocks=4, block_size=2, sliding_window=2,
+                             engine=vllm_v0_legacy.APHRODITE_KEY)
+    a, c = vllm_v0_legacy.Seq(0, 3, 2), vllm_v0_legacy.Seq(1, 3, 2)
+    m.allocate(vllm_v0_legacy.Group(a))
+    a.status = c.status = running
+    m.fork(a, c)
+    shared = m.get_block_table(a)
+    refs = sorted({b.block_number: b.ref_count for b in m.block_tables[a.seq_id]}.items())
+    m.free(a)
+    m.free(c)
+    free = m.get_num_free_gpu_blocks()
+    return free != 4, (f"table {shared} forked (refcounts {refs}); both freed: {free} of 4 "
+                       f"blocks free")
+
+
 def replay_v1_window_stale_entry(version: str) -> tuple[bool, str]:
     """Not a catalogue entry (no fixed release): what PR #3347 left in BlockSpaceManager v1
     (0.3.3 and 0.4.0 alike; the v1 manager's fork and free read the same to 0.6.x). Window
@@ -278,19 +323,29 @@ def _stub_utils_with_messages(mod, loaded) -> None:
     mod.STR_NOT_IMPL_ENC_DEC_SWA = "sliding window: not for encoder/decoder models"
 
 
-def _block_manager(version: str):
-    """The release's ``vllm/core/block_manager.py`` (``SelfAttnBlockSpaceManager``, 0.6.3
-    on) with the block modules, ``vllm.sequence`` stood in by one waiting sequence per
-    group; ``(modules, release root)``."""
-    dist = install.select(vllm_v0.ENGINE_KEY, version)
+def _block_manager(version: str, engine: str = vllm_v0.ENGINE_KEY):
+    """The release's block manager v2 (vLLM's ``vllm/core/block_manager.py``,
+    ``SelfAttnBlockSpaceManager``, 0.6.3 on; ``block_manager_v2.py``'s
+    ``BlockSpaceManagerV2`` before, and in aphrodite-engine 0.6.x under
+    ``aphrodite/processing/``: ``vllm_v0.LAYOUTS``) with the block modules,
+    ``vllm.sequence`` stood in by one waiting sequence per group; ``(modules under vLLM's
+    names, release root, the manager class)``."""
+    dist = install.select(engine, version)
     root = _loader.require(dist)
-    if not (root / "vllm/core/block_manager.py").is_file():
-        raise ValueError(f"vLLM {version}: no vllm/core/block_manager.py (SelfAttnBlockSpaceManager)")
+    rename = vllm_v0.LAYOUTS[engine] or (lambda n: n)
+    manager = next((m for m in ("vllm.core.block_manager", "vllm.core.block_manager_v2")
+                    if (root / (rename(m).replace(".", "/") + ".py")).is_file()), None)
+    if manager is None:
+        raise ValueError(f"{dist.dist} {version}: no block manager v2 file")
     stubs = {**vllm_v0.STUBS, "vllm.sequence": _stub_waiting_sequence,
              "vllm.utils": _stub_utils_with_messages}
-    files = (*vllm_v0.files(root), "vllm.core.block_manager", "vllm.core.interfaces",
-             "vllm.core.block.utils")
-    return _loader.load(dist, files, stubs, entry=("vllm.core.block_manager",)), root
+    files = (*vllm_v0.files(root, engine),
+             *(rename(m) for m in (manager, "vllm.core.interfaces", "vllm.core.block.utils")))
+    loaded = _loader.load(dist, files, {rename(k): v for k, v in stubs.items()},
+                          entry=(rename(manager),))
+    mods = vllm_v0.Modules(loaded, rename)
+    cls = getattr(mods[manager], "SelfAttnBlockSpaceManager", None) or mods[manager].BlockSpaceManagerV2
+    return mods, root, cls
 
 
 def replay_vllm_18957(version: str) -> tuple[bool, str]:
@@ -303,9 +358,9 @@ def replay_vllm_18957(version: str) -> tuple[bool, str]:
     A = [1] admitted and finished (its block cached, evictable), B = [7, 8] running, W =
     [1, 2, 3] counted (1 cached token) and refused (3 blocks needed, 2 free), B decodes
     two tokens (the second evicts A's block), B finishes, W is counted again."""
-    mods, root = _block_manager(version)
+    mods, root, manager_cls = _block_manager(version)
     seqs = mods["vllm.sequence"]
-    manager = mods["vllm.core.block_manager"].SelfAttnBlockSpaceManager(
+    manager = manager_cls(
         block_size=1, num_gpu_blocks=4, num_cpu_blocks=0, watermark=0.0, enable_caching=True)
     scheduler = (root / "vllm/core/scheduler.py").read_text()
     forgets = "remove_seq_from_computed_blocks_tracker" in scheduler
@@ -349,9 +404,21 @@ def replay_vllm_11168(version: str) -> tuple[bool, str]:
     needed at most by the cap), 3 free blocks: ``can_allocate`` says OK, ``allocate``
     raises ``NoFreeBlocksError`` keeping what it took. The release's own block manager
     (``vllm/core/block_manager.py``, 0.6.3 on; ``block_manager_v2.py`` before)."""
-    mods, _ = _block_manager(version)
+    return _window_cap(version, vllm_v0.ENGINE_KEY)
+
+
+def replay_aphrodite_11168(version: str) -> tuple[bool, str]:
+    """vLLM #11168 as aphrodite-engine 0.6.x carries it: ``BlockSpaceManagerV2.can_allocate``
+    (``aphrodite/processing/block_manager_v2.py``) caps the required blocks at
+    ``max_block_sliding_window``, ``allocate`` takes a block per prompt token; the
+    replay of ``replay_vllm_11168`` on aphrodite's own manager."""
+    return _window_cap(version, "aphrodite-v0")
+
+
+def _window_cap(version: str, engine: str) -> tuple[bool, str]:
+    mods, _, manager_cls = _block_manager(version, engine)
     seqs = mods["vllm.sequence"]
-    manager = mods["vllm.core.block_manager"].SelfAttnBlockSpaceManager(
+    manager = manager_cls(
         block_size=1, num_gpu_blocks=3, num_cpu_blocks=0, watermark=0.0, sliding_window=1,
         enable_caching=False)
     group = seqs.SequenceGroup("0", seqs.Sequence(0, [1, 2, 3, 4]))
@@ -371,7 +438,303 @@ def replay_vllm_11168(version: str) -> tuple[bool, str]:
         f"{outcome}; {free} of 3 blocks free after, no block table")
 
 
+def _empty_append(version: str, engine: str) -> tuple[bool, str]:
+    """vLLM #7371 / PR #7380 (aphrodite-engine PR #679): a later chunk of a chunked
+    prefill calls ``append_slots`` with no unseen tokens, i.e. ``BlockTable.
+    append_token_ids([], num_lookahead_slots=0, num_computed_slots=c)``; when the prompt
+    fills its last block the release indexes the block past the table's end
+    (``BlockList.append_token_ids(first_block_idx, [])``). Block size 2, a 4-token
+    prompt in chunks of 2 (4 blocks, naive allocator)."""
+    mods = vllm_v0.load(version, engine)
+    alloc = mods["vllm.core.block.cpu_gpu_block_allocator"].CpuGpuBlockAllocator.create(
+        allocator_type="naive", num_gpu_blocks=4, num_cpu_blocks=0, block_size=2)
+    table = mods["vllm.core.block.block_table"].BlockTable(2, alloc)
+    table.allocate([1, 2, 3, 4])  # the scheduler allocates the whole prompt at its first chunk
+    before = table.physical_block_ids
+    try:  # the second chunk's step: BlockSpaceManagerV2.append_slots, nothing unseen
+        table.append_token_ids([], num_lookahead_slots=0, num_computed_slots=2)
+    except IndexError as exc:
+        return True, (f"prompt [1, 2, 3, 4] in {before}; the second chunk's "
+                      f"append_token_ids([]) raised IndexError: {exc}")
+    return False, (f"prompt [1, 2, 3, 4] in {before}; the second chunk's append_token_ids([]) "
+                   f"returned, table {table.physical_block_ids}, {table.num_full_slots} slots")
+
+
+def replay_vllm_7380(version: str) -> tuple[bool, str]:
+    return _empty_append(version, vllm_v0.ENGINE_KEY)
+
+
+def replay_aphrodite_679(version: str) -> tuple[bool, str]:
+    return _empty_append(version, "aphrodite-v0")
+
+
+# -- vLLM v1, its first releases (impl/thirdparty/vllm_v1_early.py's stand-ins) ------------
+def _early_manager(version: str, block_size: int, num_blocks: int, **kw):
+    """The release's own ``KVCacheManager`` (constructor of 0.6.x .. 0.8.2: no null block),
+    with the release's defaults (``num_preallocate_tokens`` 64) unless ``kw`` says."""
+    mods = vllm_v1_early.load(version)
+    cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
+    return mods, cls(block_size=block_size, num_gpu_blocks=num_blocks, **kw)
+
+
+def _early_request(rid: str, tokens):
+    return vllm_v1_early.Request(rid, tokens)
+
+
+def _hits(m, req) -> list:
+    """``get_computed_blocks``: the blocks (0.6.x), or the first of (blocks, count) (0.7.0 on)."""
+    got = m.get_computed_blocks(req)
+    return got[0] if isinstance(got, tuple) else got
+
+
+def replay_vllm_11186(version: str) -> tuple[bool, str]:
+    """PR #11186: a prompt whose every block is cached (length a multiple of the block
+    size). 0.6.4.post1's scheduler then drops the last hit block and schedules only the
+    last token (``num_computed_tokens -= 1``), but ``allocate_slots`` places the dropped
+    block's tokens in a fresh block: the tokens before the last one in that block are never
+    computed (and the fresh block is keyed by the wrong tokens as decoding fills it). 0.6.5
+    recomputes the whole block (``-= block_size``). Block size 2, the same 4-token prompt
+    twice; the scheduler's branch is the release's own (its ``scheduler.py``: see
+    ``vllm_v1_early.full_hit_edge``)."""
+    kw = {} if version == "0.6.4.post1" else {"max_model_len": 64}  # (0.6.4.post1: no cap)
+    mods, m = _early_manager(version, 2, 80, **kw)  # room for both preallocations (32 each)
+    first = _early_request("a", [1, 2, 3, 4])
+    m.allocate_slots(first, 4, _hits(m, first))
+    second = _early_request("b", [1, 2, 3, 4])
+    computed = _hits(m, second)  # both blocks hit
+    num_computed = len(computed) * 2
+    edge = vllm_v1_early.full_hit_edge(mods)
+    if num_computed == second.num_tokens:
+        num_computed -= 1 if edge == "token" else 2
+        computed.pop()
+    m.allocate_slots(second, second.num_tokens - num_computed, computed)
+    table = [b.block_id for b in m.req_to_blocks["b"][:2]]  # (then preallocated blocks)
+    mine = [b.block_id for b in m.req_to_blocks["a"][:2]]
+    served = len(computed) * 2  # tokens whose KV the hit blocks hold
+    skipped = list(range(served, num_computed))
+    return bool(skipped), (
+        f"scheduler ({edge}): num_computed_tokens = {num_computed}, the hit blocks hold "
+        f"{served} token(s); prompt blocks {table} (the first request's {mine}): "
+        + (f"token(s) {skipped} in fresh block {table[-1]} never computed" if skipped
+           else "every skipped token is in a hit block"))
+
+
+def replay_vllm_11565(version: str) -> tuple[bool, str]:
+    """PR #11565 (issue #11562): 0.6.5 and 0.6.6.post1's ``allocate_slots`` touches the
+    prefix-cache hits (``ref_cnt += 1``, out of the free queue) before it checks for free
+    blocks; when it then returns ``None`` the touch is not undone, and the scheduler, which
+    leaves the request waiting and asks again next step, touches them again: the blocks
+    never return to the pool. One block of one token: [0] is admitted and cached, then
+    [0, 1] hits it and needs one block more, which is not there."""
+    _, m = _early_manager(version, 1, 1, max_model_len=64)
+    first = _early_request("a", [0])
+    m.allocate_slots(first, 1, _hits(m, first))
+    block = m.req_to_blocks["a"][0]
+    second = _early_request("b", [0, 1])
+    answers = []
+    for _ in range(2):  # the scheduler retries the waiting request next step
+        computed = _hits(m, second)
+        answers.append(m.allocate_slots(second, 2 - len(computed), computed))
+    m.free(first)
+    free = m.free_block_queue.num_free_blocks
+    return block.ref_cnt != 0 or free != 1, (
+        f"allocate_slots of the second prompt -> {answers} twice; after the first request "
+        f"is freed its block has ref_cnt {block.ref_cnt}, {free} of 1 block free")
+
+
+def replay_vllm_10730(version: str) -> tuple[bool, str]:
+    """PR #10730: with preallocation (``num_preallocate_tokens`` 64, the default the
+    scheduler never changes) 0.6.4.post1's ``allocate_slots`` takes
+    ``min(needed + 64 / block_size, free)`` blocks, more than the request's block-table
+    row holds (``max_model_len // block_size`` columns on the GPU); 0.6.5 caps it at
+    ``max_num_blocks_per_req``. Block size 1, 16 blocks, max_model_len 4, a 2-token prompt."""
+    kw = {} if version == "0.6.4.post1" else {"max_model_len": 4}  # 0.6.4.post1 has no cap
+    _, m = _early_manager(version, 1, 16, **kw)
+    req = _early_request("a", [1, 2])
+    m.allocate_slots(req, 2, _hits(m, req))
+    n = len(m.req_to_blocks["a"])
+    return n > 4, f"a 2-token prompt holds {n} blocks; the block table has 4 columns"
+
+
+def replay_vllm_19459(version: str) -> tuple[bool, str]:
+    """#19459: 0.9.0's ``FullAttentionManager.find_longest_cache_hit`` indexes
+    ``block_hashes[i]`` for every block below ``num_tokens - 1``, but the manager hashes a
+    block only when ``allocate_slots`` caches it, and drafts are left out
+    (``num_draft_tokens``): after a step whose drafts were accepted the request's tokens run
+    blocks ahead of its hashes, and a preemption then (the pool full) resumes it into an
+    ``IndexError`` that kills the engine core. 0.9.1 zips the range with the hashes. Block
+    size 4: a 5-token prompt, one step of 1 + 3 drafts (all accepted), preempt, resume."""
+    mods = vllm_v1_early.load(version)
+    m, _ = vllm_v1_early.build_manager(mods, 3, 4, enable_caching=True)
+    req = vllm_v1_early.Request("a", [1, 2, 3, 4, 5])
+    computed, n = m.get_computed_blocks(req)
+    m.allocate_slots(req, 5, n, computed)
+    req.num_computed_tokens = 5
+    req.append_output_token_ids(6)  # sampled
+    req.spec_token_ids = [7, 8, 9]  # drafts
+    m.allocate_slots(req, 4, num_draft_tokens=3)
+    req.num_computed_tokens = 9
+    req.append_output_token_ids([7, 8, 9])  # verification accepts every draft
+    req.spec_token_ids = []
+    hashes = len(m.req_to_block_hashes["a"])
+    m.free(req)  # preempted
+    req.status = vllm_v1.RequestStatus.PREEMPTED
+    req.num_computed_tokens = 0
+    try:
+        _, n = m.get_computed_blocks(req)  # resumed from the waiting queue
+    except IndexError as exc:
+        return True, (f"{req.num_tokens} tokens, {hashes} block hash(es): resuming raises "
+                      f"IndexError: {exc}")
+    return False, f"{req.num_tokens} tokens, {hashes} block hash(es): resumed, {n} cached"
+
+
+
+
+def replay_sglang_34399(version: str) -> tuple[bool, str]:
+    """sglang #34399 (PRs #22035, #30892, #32780, #34400): ``PagedTokenToKVPoolAllocator``'s
+    ``alloc_extend`` / ``alloc_decode`` launch the Triton allocation kernel before checking
+    that ``free_pages`` holds the pages the batch needs; on an exhausted pool the kernel
+    reads ``free_pages`` past its end (an empty tensor's data pointer is 0: an illegal
+    memory access on the GPU, SIGSEGV under Triton's CPU interpreter), then the allocator
+    returns ``None``. 3 pages of 4 slots: a 12-token prefill fills the pool, then a decode
+    token and a 4-token prefill each need a page. The kernel names ``paged.py`` launches
+    are wrapped to record each launch's free pages and needed pages (a launch the pool
+    cannot serve is recorded, not run); the release's GPU path is taken
+    (``use_triton_kernels = True`` where the release has the torch path, 0.5.22 on, after
+    the prefill, which runs on its torch path)."""
+    import torch
+
+    from kvcheck.impl.thirdparty import sglang
+
+    loaded = sglang.load(version)
+    paged = loaded[sglang.ALLOCATOR if sglang.single_file(loaded.root)  # 0.4.8 .. 0.5.12
+                   else f"{sglang.ALLOCATOR}.paged"]
+    ps, launches = 4, []
+
+    class Recorder:
+        def __init__(self, name, real, needed):
+            self.name, self.real, self.needed = name, real, needed
+
+        def __getitem__(self, grid):
+            def launch(*args):
+                free = args[3] if self.name == "alloc_extend_kernel" else args[2]
+                need = self.needed(*args)
+                if need > free.numel():  # would read past free_pages: record, do not run
+                    launches.append((self.name, free.numel(), need))
+                    return None
+                return self.real[grid](*args)
+            return launch
+
+    def extend_need(prefix_lens, seq_lens, *_):
+        return int(((seq_lens + ps - 1) // ps - (prefix_lens + ps - 1) // ps).sum())
+
+    def decode_need(seq_lens, *_):
+        return int(((seq_lens - 1) % ps == 0).sum())
+
+    # the kernels' argument order (alloc_extend_kernel: prefix, seq, last_loc, free_pages,
+    # out, ...; alloc_decode_kernel: seq, last_loc, free_pages, out, ...) is the same in
+    # every release from 0.4.8 (0.4.8 .. 0.5.2 pass a ret_values tensor after out)
+
+    saved = {n: getattr(paged, n) for n in ("alloc_extend_kernel", "alloc_decode_kernel")}
+    paged.alloc_extend_kernel = Recorder("alloc_extend_kernel", saved["alloc_extend_kernel"],
+                                         extend_need)
+    paged.alloc_decode_kernel = Recorder("alloc_decode_kernel", saved["alloc_decode_kernel"],
+                                         decode_need)
+    try:
+        cls = paged.PagedTokenToKVPoolAllocator
+        alloc = cls(3 * ps, ps, torch.float16, "cpu", None, *(
+            [False] if sglang._takes(cls.__init__, "need_sort") else []))
+
+        def t(v):
+            return torch.tensor(v, dtype=torch.int64)
+
+        row = sglang.alloc_extend(alloc, t([0]), t([12]), t([-1]), 12)
+        if hasattr(alloc, "use_triton_kernels"):
+            alloc.use_triton_kernels = True  # the CUDA path
+        decode = sglang.alloc_decode(alloc, t([13]), row[11:12].clone())
+        extend = sglang.alloc_extend(alloc, t([0]), t([4]), t([-1]), 4)
+    finally:
+        for n, k in saved.items():
+            setattr(paged, n, k)
+    return bool(launches), (
+        f"prefill of 12 tokens -> pages {sorted({s // ps for s in row.tolist()})}, free pages "
+        f"left {alloc.free_pages.numel()}; decode -> {decode}, 4-token prefill -> {extend}; "
+        f"kernel launches with fewer free pages than needed (kernel, free, needed): "
+        f"{launches or 'none'}")
+
+
+def _stub_swa_base(mod, _loaded) -> None:
+    """Stand-in for ``mem_cache/base_swa_memory_pool.py`` (it imports the 260 KB
+    ``memory_pool.py``): the SWA allocator asserts its KV pool is a ``BaseSWAKVPool``,
+    registers its full-to-SWA mapping with it and translates ``last_loc`` through it, as
+    the real ``SWAKVPool`` does (``full_to_swa_index_mapping[kv_indices]``); no KV buffers."""
+
+    class BaseSWAKVPool:
+        full_kv_pool = swa_kv_pool = None
+        full_to_swa_index_mapping = None
+
+        def register_mapping(self, mapping):
+            self.full_to_swa_index_mapping = mapping
+
+        def translate_loc_from_full_to_swa(self, kv_indices):
+            return self.full_to_swa_index_mapping[kv_indices]
+
+    mod.BaseSWAKVPool = BaseSWAKVPool
+
+
+def replay_sglang_27779(version: str) -> tuple[bool, str]:
+    """sglang PR #27779: ``SWATokenToKVPoolAllocator.free_swa`` at page size > 1 clears the
+    full-to-SWA mapping of the tokens it is given only, while the SWA allocator frees their
+    whole page; a later ``free_swa`` of another token of that page reads the stale mapping
+    and frees the same SWA page again. 4 full and 4 SWA pages of 2 slots: a 4-token prefill,
+    then ``free_swa`` of its first token, then of its second (one page)."""
+    import torch
+
+    from kvcheck.impl.thirdparty import sglang
+
+    def stub_utils(mod, loaded):
+        sglang._stub_utils(mod, loaded)
+        sglang.real_functions(mod, loaded, "sglang/srt/utils/common.py", ("is_npu",),
+                              {"torch": torch})
+
+    def stub_common(mod, loaded):
+        sglang.real_functions(mod, loaded, "sglang/srt/utils/common.py",
+                              ("ceil_div", "get_num_new_pages"),
+                              {"torch": torch, "Optional": __import__("typing").Optional})
+
+    swa = f"{sglang.ALLOCATOR}.swa"
+    loaded = sglang.load_dist(
+        install.select("sglang", version), (*sglang.FILES, swa),
+        {**sglang.STUBS, "sglang.srt.utils": stub_utils, "sglang.srt.utils.common": stub_common,
+         "sglang.srt.mem_cache.base_swa_memory_pool": _stub_swa_base},
+        (*sglang.FILES, swa))
+    pool = loaded["sglang.srt.mem_cache.base_swa_memory_pool"].BaseSWAKVPool()
+    ps = 2
+    alloc = loaded[swa].SWATokenToKVPoolAllocator(4 * ps, 4 * ps, ps, torch.float16, "cpu",
+                                                  pool, False)
+
+    def t(v):
+        return torch.tensor(v, dtype=torch.int64)
+
+    row = sglang.alloc_extend(alloc, t([0]), t([4]), t([-1]), 4)
+    swa_of = alloc.full_to_swa_index_mapping[row].tolist()
+    alloc.free_swa(row[0:1])  # the first token's SWA page goes back
+    after_first = alloc.full_to_swa_index_mapping[row].tolist()
+    alloc.free_swa(row[1:2])  # the second token of the same page
+    pages = sglang.free_pages_of(alloc.swa_attn_allocator)
+    twice = len(pages) != len(set(pages))
+    return twice, (f"prefill -> full slots {row.tolist()}, SWA slots {swa_of}; mapping after "
+                   f"free_swa(first token): {after_first}; SWA free pages after "
+                   f"free_swa(second token): {sorted(pages)}"
+                   f"{' (a page twice)' if twice else ''}")
+
+
 REPLAYS = {
+    "aphrodite-1556": replay_aphrodite_1556,
+    "aphrodite-42571": replay_aphrodite_42571,
+    "vllm-7380": replay_vllm_7380,
+    "aphrodite-679": replay_aphrodite_679,
+    "aphrodite-11168": replay_aphrodite_11168,
     "vllm-43569": replay_vllm_43569,
     "nano-vllm-163": replay_nano_vllm_163,
     "nano-vllm-144": replay_nano_vllm_144,
@@ -381,4 +744,10 @@ REPLAYS = {
     "vllm-1556": replay_vllm_1556,
     "vllm-11168": replay_vllm_11168,
     "vllm-18957": replay_vllm_18957,
+    "vllm-11186": replay_vllm_11186,
+    "vllm-11565": replay_vllm_11565,
+    "vllm-10730": replay_vllm_10730,
+    "vllm-19459": replay_vllm_19459,
+    "sglang-34399": replay_sglang_34399,
+    "sglang-27779": replay_sglang_27779,
 }

@@ -7,10 +7,16 @@ buggy and the fixed release's sources (``kvcheck install``: py files from the wh
 idempotent, nothing downloaded when installed), runs the entry's kvcheck command on each
 (``{version}`` replaced), and reports
 
-* caught: the buggy release fails with the expected violation (clause); another verdict
-  is a miss, printed with what kvcheck said;
+* caught: the buggy release fails with the expected violation (clause; a list: any of
+  them, one bug with several symptoms); another verdict is a miss, printed with what
+  kvcheck said;
 * false alarm: the fixed release does not pass (a documented deviation allowed by the
-  command's ``--allow`` is not an alarm; it is counted in the command's output);
+  command's ``--allow`` is not an alarm; it is counted in the command's output). A fixed
+  release that still has another, documented bug (``fixed_findings``: finding id -> the
+  clauses kvcheck reports for it, never the expected one) is no alarm when it fails with
+  one of those clauses *and* the buggy release's shrunk counterexample, replayed on the
+  fixed release (``kvcheck replay TRACE --target`` it), passes: the expected bug is gone
+  at its own shape, the other finding is reported beside it;
 * seconds to the counterexample (kvcheck's own time for the search, shrinking included)
   and the length of the shrunk trace;
 * the raw replay (``hist_replays.py``, the engine's own objects, no adapter): it must reproduce
@@ -31,6 +37,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -77,10 +84,30 @@ def load(path: Path = CATALOGUE) -> list[dict]:
                 raise CatalogueError(f"{where}: command must be a list of strings")
             if e["fixed"] is None and "fixed_note" not in e:
                 raise CatalogueError(f"{where}: no fixed release and no fixed_note saying why")
+            known = e.get("fixed_findings", {})
+            if not (isinstance(known, dict) and all(
+                    isinstance(v, list) and v and all(isinstance(c, str) for c in v)
+                    for v in known.values())):
+                raise CatalogueError(f"{where}: fixed_findings must map a finding to its clauses")
+            want = e["expected"]
+            if not (isinstance(want, str) or isinstance(want, list) and want
+                    and all(isinstance(c, str) for c in want)):
+                raise CatalogueError(f"{where}: expected must be a clause or a list of clauses")
+            if any(c in v for c in expected(e) for v in known.values()):
+                raise CatalogueError(f"{where}: fixed_findings lists the expected clause")
+            if known and sum("{version}" in a for a in cmd) != 1:
+                raise CatalogueError(f"{where}: fixed_findings needs one '{{version}}' argument "
+                                     f"(the target the counterexample is replayed on)")
         else:
             if not e.get("lacks"):
                 raise CatalogueError(f"{where}: out of reach but no 'lacks'")
     return entries
+
+
+def expected(entry: dict) -> list[str]:
+    """The clauses the entry's bug shows as (``expected``: one, or a list of them)."""
+    want = entry["expected"]
+    return [want] if isinstance(want, str) else list(want)
 
 
 def _engine_key(entry: dict) -> str:
@@ -103,10 +130,14 @@ def install(entry: dict, version: str) -> str | None:
     return None
 
 
-def run_kvcheck(entry: dict, version: str, timeout: float, seed: int | None = None) -> dict:
+def run_kvcheck(entry: dict, version: str, timeout: float, seed: int | None = None,
+                trace_out: Path | None = None) -> dict:
     """The entry's command on ``version`` (with ``--seed seed`` instead of the catalogue's,
-    if given): verdict, violation name, seconds, trace length."""
+    if given; writing its counterexample to ``trace_out``, if given): verdict, violation
+    name, seconds, trace length."""
     args = [a.replace("{version}", version) for a in entry["command"]]
+    if trace_out is not None:
+        args += ["--trace-out", str(trace_out)]
     if seed is not None:
         if "--seed" in args:
             i = args.index("--seed")
@@ -136,6 +167,19 @@ def run_kvcheck(entry: dict, version: str, timeout: float, seed: int | None = No
         out["length"] = len(trace.get("ops") or [])
         out["original"] = data.get("original_length")
     return out
+
+
+def replay_on(entry: dict, trace: Path, version: str, timeout: float) -> tuple[bool, str]:
+    """Whether ``trace`` passes on ``version`` of the entry's target (``kvcheck replay``)."""
+    target = next(a for a in entry["command"] if "{version}" in a).replace("{version}", version)
+    try:
+        p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "replay", str(trace),
+                            "--target", target], cwd=ROOT, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"replay did not finish in {timeout:.0f} s"
+    line = (p.stdout.strip().splitlines() or p.stderr.strip().splitlines() or ["no output"])[0]
+    return p.returncode == 0, line
 
 
 def raw_replay(entry: dict, version: str):
@@ -184,23 +228,29 @@ def main(argv: list[str] | None = None) -> int:
             continue
         results = {}
         extra: dict[str, list] = {"buggy": [], "fixed": []}
+        known = e.get("fixed_findings", {})
+        scratch = tempfile.TemporaryDirectory()
+        trace = Path(scratch.name) / "buggy.json" if known else None
         for role, v in versions:
             err = install(e, v)
             if err:
                 results[role] = {"rc": None, "verdict": f"not installed: {err}"}
                 continue
-            results[role] = run_kvcheck(e, v, args.timeout)
+            results[role] = run_kvcheck(e, v, args.timeout,
+                                        trace_out=trace if role == "buggy" else None)
             extra[role] = [run_kvcheck(e, v, args.timeout, seed) for seed in
                            range(1, args.seeds)]
         b = results["buggy"]
-        ok = b.get("rc") == 1 and b.get("violation") == e["expected"] and all(
-            r.get("rc") == 1 and r.get("violation") == e["expected"] for r in extra["buggy"])
+        want = expected(e)
+        ok = b.get("rc") == 1 and b.get("violation") in want and all(
+            r.get("rc") == 1 and r.get("violation") in want for r in extra["buggy"])
         caught += ok
         if ok:
-            print(f"  caught on {e['buggy']}: {e['expected']!r} in {b['seconds']:.2f} s, trace of "
+            print(f"  caught on {e['buggy']}: {b['violation']!r} in {b['seconds']:.2f} s, trace of "
                   f"{b['length']} operations (shrunk from {b['original']})")
             for seed, r in enumerate(extra["buggy"], 1):
-                print(f"    seed {seed}: in {r['seconds']:.2f} s, {r['length']} operations")
+                other = "" if r["violation"] == b["violation"] else f" ({r['violation']!r})"
+                print(f"    seed {seed}: in {r['seconds']:.2f} s, {r['length']} operations{other}")
         else:
             print(f"  MISSED on {e['buggy']}: {b.get('violation') or b.get('verdict')} "
                   f"(expected {e['expected']!r})")
@@ -209,13 +259,25 @@ def main(argv: list[str] | None = None) -> int:
             bad = [r for r in extra["fixed"] if r.get("rc") != 0]
             if f.get("rc") == 0 and bad:
                 f = bad[0]
+            other = _documented(known, [f] + bad)
             if f.get("rc") == 0:
                 dev = f" ({f['deviations']} allowed deviations)" if f.get("deviations") else ""
                 seeds = f" ({args.seeds} seeds)" if args.seeds > 1 else ""
                 print(f"  no alarm on {e['fixed']}: pass in {f['seconds']:.2f} s{dev}{seeds}")
+            elif other and trace is not None and trace.is_file() and ok:
+                passes, said = replay_on(e, trace, e["fixed"], args.timeout)
+                if passes:
+                    print(f"  no alarm on {e['fixed']}: the buggy release's counterexample "
+                          f"passes there ({said}); documented finding {other} reported: "
+                          f"{f.get('violation')!r}, trace of {f.get('length')} operations")
+                else:
+                    alarms += 1
+                    print(f"  FALSE ALARM on {e['fixed']}: the buggy release's counterexample "
+                          f"fails there too: {said}")
             else:
                 alarms += 1
                 print(f"  FALSE ALARM on {e['fixed']}: {f.get('violation') or f.get('verdict')}")
+        scratch.cleanup()
         if not args.no_raw:
             raw_bad += _print_raw(e, versions)
     others = [e for e in entries if e["reach"] != "yes"]
@@ -239,6 +301,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"caught {caught}/{len(in_reach)} on buggy releases, {alarms} false alarms on fixed "
           f"releases")
     return 0 if caught == len(in_reach) and alarms == 0 and raw_bad == 0 else 1
+
+
+def _documented(known: dict, runs: list) -> str | None:
+    """The documented finding of the fixed release that every failing run of ``runs``
+    reports (by clause), or None (a failure outside them is an alarm)."""
+    failed = [r for r in runs if r.get("rc") != 0]
+    ids = {next((k for k, clauses in known.items() if r.get("violation") in clauses), None)
+           for r in failed}
+    return ids.pop() if failed and len(ids) == 1 and None not in ids else None
 
 
 def _print_raw(e: dict, versions) -> int:

@@ -79,6 +79,8 @@ class Dist:
         from kvcheck.impl.thirdparty.install import ENGINES  # install imports this module
 
         engine = ENGINES.get(self.key)
+        if engine is not None and engine.family:  # vllm-v1-early: the pin is vllm-v1's
+            engine = ENGINES[engine.family]
         if engine is None or engine.pinned == self.version:
             return f"{self.dist} {self.version} from the pinned sources in {install_dir(self)}"
         return (f"{self.dist} {self.version} from kvcheck install's sources in "
@@ -254,15 +256,16 @@ def load(dist: Dist, files: Sequence[str], stubs: Mapping[str, StubBuilder],
          entry: Sequence[str]) -> Loaded:
     """Load ``entry`` modules of ``dist`` (and what they import, per the rules above).
 
-    Cached per (dist, files, stub names): every adapter instance of one kind shares
-    the same module objects, as an engine process would.
+    Cached per (dist, files, stub names, install folder): every adapter instance of one
+    kind shares the same module objects, as an engine process would, and a cached load
+    touches no file (an adapter may call this on every operation).
     """
-    root = require(dist)
-    key = (dist, tuple(sorted(files)), tuple(sorted(stubs)), tuple(entry), str(root))
+    key = (dist, tuple(sorted(files)), tuple(sorted(stubs)), tuple(entry),
+           str(install_dir(dist)))
     with _lock:
         loaded = _cache.get(key)
-        if loaded is None:
-            loaded = Loaded(dist, root, files, stubs)
+        if loaded is None:  # only a first load reads the install on disk (its marker)
+            loaded = Loaded(dist, require(dist), files, stubs)
             for name in entry:
                 loaded.get(name)
             _cache[key] = loaded

@@ -73,6 +73,8 @@ class Engine:
     runtime_deps: tuple[str, ...] = ()  # real imports of the loaded modules, installed normally
     note: str = ""  # what the range is (printed with an unsupported version)
     exclude: tuple[str, ...] = ()  # releases in [low, high] that it does not load, with reason
+    family: str = ""  # the engine key whose older releases this row loads (vllm-v1-early:
+    # vllm-v1): ``ENGINE@VERSION`` and ``install ENGINE==VERSION`` of the family reach it
 
     def supports(self, version: str) -> bool:
         key = version_key(version)
@@ -93,18 +95,44 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
     Engine("vllm-v0", "vllm", "vllm", pinned="0.8.5", low="0.4.2", high="0.9.2",
            note="v0 block manager v2 (vllm/core/block/): BlockTable, naive and "
                 "prefix-caching allocators"),
-    Engine("vllm-v0-legacy", "vllm", "vllm", pinned="0.4.0", low="0.3.3", high="0.4.0",
+    Engine("vllm-v0-legacy", "vllm", "vllm", pinned="0.4.0", low="0.3.3", high="0.6.2",
            note="v0 BlockSpaceManager v1 (vllm/core/block_manager[_v1].py), before block "
-                "manager v2; loaded by impl/thirdparty/vllm_v0_legacy.py for raw replays, no "
-                "kvcheck Target yet"),
+                "manager v2: target vllm-v0-legacy (impl/thirdparty/vllm_v0_legacy.py), a "
+                "cyclic sliding window"),
+    # after vllm-v0: a plain vllm==0.8.5 still names v0's generation; vllm-v1==0.8.5 this
+    Engine("vllm-v1-early", "vllm", "vllm", pinned="0.10.1.1", low="0.6.4.post1",
+           high="0.10.1.1", family="vllm-v1",
+           note="v1 KVCacheManager from its first release: manager-side hashing, "
+                "preallocation, BlockPool from 0.8, coordinator from 0.9.2 "
+                "(impl/thirdparty/vllm_v1_early.py; vllm-v1@VERSION selects it)"),
     Engine("nano-vllm", "nano-vllm-fork", "nanovllm", pinned="20260210", low="20260210",
            high="20260210", layout="target", runtime_deps=("xxhash", "numpy"),
            note="nano-vllm-fork BlockManager"),
-    Engine("sglang", "sglang", "sglang", pinned="0.5.23", low="0.5.23", high="0.5.23",
-           note="SGLang token/paged allocators and radix cache (its allocators run on torch "
-                "CPU tensors: torch==2.13.0 from the test extras)"),
-    Engine("aphrodite", "aphrodite-engine", "aphrodite", pinned="0.24.1", low="0.24.1",
-           high="0.24.1", note="aphrodite-engine, a vLLM v1 fork"),
+    Engine("sglang", "sglang", "sglang", pinned="0.5.23", low="0.4.8", high="0.5.23",
+           note="SGLang token/paged allocators, sglang/srt/mem_cache/allocator.py (0.4.8 .. "
+                "0.5.12) or the allocator/ package (0.5.13 on); they run on torch CPU "
+                "tensors: torch==2.13.0 from the test extras; before 0.5.22 the paged one's "
+                "Triton kernels run under Triton's interpreter"),
+    Engine("sglang-radix", "sglang", "sglang", pinned="0.5.23", low="0.5.22", high="0.5.23",
+           note="SGLang RadixCache with the scheduler's checkpoint / lock / unlock API "
+                "(RadixCache.checkpoint, lock, unlock, path_device_indices: from 0.5.22)"),
+    Engine("aphrodite", "aphrodite-engine", "aphrodite", pinned="0.24.1", low="0.20.0",
+           high="0.24.1", note="aphrodite-engine's v1 KVCacheManager (a vLLM v1 fork: 0.20.0 "
+                               "and 0.21.0 read as vLLM 0.20's, 0.22.0 .. 0.24.1 as 0.26 .. "
+                               "0.29's), aphrodite@VERSION"),
+    Engine("aphrodite-v0", "aphrodite-engine", "aphrodite", pinned="0.6.5", low="0.6.0",
+           high="0.6.5", exclude=("0.6.4",),
+           note="aphrodite-engine's v0 block manager v2 (aphrodite/processing/block/: vLLM "
+                "v0's BlockTable and allocators under aphrodite's names), "
+                "kvcheck.impl.thirdparty.aphrodite_v0:make@VERSION (0.6.4 was never on PyPI: "
+                "0.6.4.post1)"),
+    Engine("aphrodite-legacy", "aphrodite-engine", "aphrodite", pinned="0.6.0", low="0.5.0",
+           high="0.6.5", exclude=("0.6.4",),
+           note="aphrodite-engine's BlockSpaceManager v1 (0.5.x aphrodite/processing/"
+                "block_manager.py, 0.6.x block_manager_v1.py), loaded by "
+                "impl/thirdparty/vllm_v0_legacy.py: raw replays and the Target "
+                "kvcheck.impl.thirdparty.aphrodite_legacy:make@VERSION (a cyclic window) "
+                "(0.6.x: aphrodite-v0 installs the same files)"),
     Engine("nano-vllm-npu", "nano-vllm-npu", "nanovllmnpu", pinned="0.0.2", low="0.0.1.post1",
            high="0.0.2", layout="target", runtime_deps=("xxhash", "numpy"),
            note="nano-vllm-npu BlockManager (upstream nano-vllm's: freed blocks keep their "
@@ -116,10 +144,16 @@ DEFAULT = ("vllm-v1", "vllm-v0", "nano-vllm")  # what a plain `kvcheck install` 
 
 
 def engines_for(name: str) -> list[Engine]:
-    """The engines ``name`` denotes: an engine key, or a distribution (every engine of it)."""
+    """The engines ``name`` denotes: an engine key (with the rows of its family: vllm-v1
+    and vllm-v1-early), or a distribution (every engine of it)."""
     if name in ENGINES:
-        return [ENGINES[name]]
+        return [ENGINES[name], *family(name)]
     return [e for e in ENGINES.values() if e.dist == name]
+
+
+def family(key: str) -> list[Engine]:
+    """The rows that load older releases of engine ``key`` (``Engine.family``)."""
+    return [e for e in ENGINES.values() if e.family == key]
 
 
 def parse(requirement: str) -> tuple[Engine, str]:
@@ -134,6 +168,8 @@ def parse(requirement: str) -> tuple[Engine, str]:
         known = ", ".join(list(ENGINES) + sorted({e.dist for e in ENGINES.values()} - set(ENGINES)))
         raise InstallError(f"unknown engine {name!r} (known: {known})")
     if not version:
+        if name in ENGINES:
+            return ENGINES[name], ENGINES[name].pinned
         if len(candidates) > 1:
             raise InstallError(
                 f"{name!r} names several engine generations "
@@ -188,7 +224,7 @@ def environment(engine: Engine) -> _loader.Dist | None:  # hundreds) would look 
     return _loader.Dist(engine.key, engine.dist, version, engine.top, root=str(pkg.parent))
 
 
-def select(key: str, version: str | None = None) -> _loader.Dist:
+def select(key: str, version: str | None = None, with_family: bool = False) -> _loader.Dist:
     """Which sources the adapter of engine ``key`` loads (the ``@VERSION`` of a target):
 
     * ``None`` -- the engine installed in this environment if its version is in the
@@ -198,23 +234,31 @@ def select(key: str, version: str | None = None) -> _loader.Dist:
       outside the range);
     * a version -- that release from the cache (``kvcheck install KEY==VERSION``).
 
-    Whether the files are there is checked when they are loaded (``_loader.require``).
+    ``with_family``: the rows of ``key``'s family count too (``vllm-v1-early`` for
+    ``vllm-v1``: what ``vllm_v1.make`` loads, and a target whose factory says
+    ``loads_family``); the returned ``Dist.key`` names the row. Whether the files are
+    there is checked when they are loaded (``_loader.require``).
     """
     engine = ENGINES[key]
+    rows = (engine, *family(key)) if with_family else (engine,)
     if version in (None, INSTALLED):
-        env = environment(engine)
-        if env is not None:
-            return env
+        for row in rows:
+            env = environment(row)
+            if env is not None:
+                return env
         if version == INSTALLED:
+            ranges = " or ".join(r.range for r in rows)
             raise _loader.ThirdPartyMissing(
-                f"{engine.dist} {engine.range} is not installed in this Python environment "
+                f"{engine.dist} {ranges} is not installed in this Python environment "
                 f"({sys.executable})")
         return engine.dist_for(engine.pinned)
     if version == PINNED:
         return engine.dist_for(engine.pinned)
-    if not engine.supports(version):
-        raise InstallError(f"{key} loads {engine.dist} {engine.range}, not {version}")
-    return engine.dist_for(version)
+    for row in rows:
+        if row.supports(version):
+            return row.dist_for(version)
+    ranges = " and ".join(r.range for r in rows)
+    raise InstallError(f"{key} loads {engine.dist} {ranges}, not {version}")
 
 
 def find(engine: Engine, version: str | None = None) -> Path | None:

@@ -1,10 +1,34 @@
-"""Adapters: SGLang 0.5.23's token and paged KV allocators as ``Target`` s.
+"""Adapters: SGLang's token and paged KV allocators as ``Target`` s (0.5.23 pinned;
+``sglang-token@VERSION`` / ``sglang-paged@VERSION`` for any release 0.4.8 .. 0.5.23).
 
 What runs is the wheel's own ``sglang/srt/mem_cache/allocator/{__init__,base,token,
 paged}.py`` (see ``_loader``), unchanged, on torch CPU tensors: the free list is
 ``free_pages`` (+ ``release_pages`` / ``staged_pages`` under ``need_sort``), a
-torch ``int64`` tensor, as on the GPU. Install: ``bash scripts/install_thirdparty.sh
-sglang`` (optional: not in the default set).
+torch ``int64`` tensor, as on the GPU. Install: ``kvcheck install sglang[==VERSION]``
+(optional: not in the default set).
+
+The range. What differs between releases is read from each release's files, not its
+version string:
+
+* layout: the allocators are one module, ``mem_cache/allocator.py``, from 0.4.8 (where
+  ``PagedTokenToKVPoolAllocator`` moved there) to 0.5.12, with their Triton kernels
+  defined in it; the package ``mem_cache/allocator/`` from 0.5.13, the kernels in
+  ``mem_cache/triton_ops/allocator.py`` (to 0.5.15) or ``sglang/kernels/ops/memory/
+  allocator.py`` (0.5.16 on). ``allocator.py`` imports ``SWAKVPool`` from the 260 KB
+  ``memory_pool.py`` for the SWA allocator's ``isinstance`` check only: a stand-in class
+  no pool here is an instance of.
+* kernels: ``paged.py`` takes a torch path on a platform without Triton from 0.5.22
+  (``current_platform``); before, the paged allocator always launches the Triton kernels
+  ``alloc_extend_kernel`` / ``alloc_decode_kernel``, and the adapter executes the file
+  that defines them, unchanged, under Triton's interpreter (``TRITON_INTERPRET=1`` while
+  the file is executed, so its ``@triton.jit`` kernels run on CPU tensors: the release's
+  own kernels, not a rewrite).
+* calls: ``alloc_extend`` / ``alloc_decode`` take the lengths' CPU copies where the
+  release's signature has them (``prefix_lens_cpu``, ``seq_lens_cpu``); the constructors
+  take ``need_sort`` from 0.5.1; a row is freed with ``free_segments`` from 0.5.17,
+  ``free`` before (what the release's ``release_kv_cache`` calls); the free list is
+  ``get_all_free_pages()`` where the release has it (0.5.21 on), else its ``free_pages``
+  + ``release_pages``.
 
 Stand-ins (every other ``sglang.*`` import raises, see ``_loader``):
 
@@ -76,18 +100,22 @@ views are the adapter's row (``ReqToTokenPool``'s stand-in), so *no aliasing* an
 from __future__ import annotations
 
 import ast
+import contextlib
+import threading
 import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import MisuseError, OutOfBlocks
-from . import _loader
+from . import _loader, install
 from ._loader import Dist, Loaded
 
+ENGINE_KEY = "sglang"  # install.ENGINES row: sglang-token@VERSION, sglang-paged@VERSION
 SGLANG = Dist("sglang", "sglang", "0.5.23", "sglang")
 
 ALLOCATOR = "sglang.srt.mem_cache.allocator"
 FILES = (ALLOCATOR, f"{ALLOCATOR}.base", f"{ALLOCATOR}.token", f"{ALLOCATOR}.paged")
+KERNELS = ("sglang.kernels.ops.memory.allocator", "sglang.srt.mem_cache.triton_ops.allocator")
 UTILS_FUNCTIONS = ("ceil_div", "get_num_new_pages", "get_bool_env_var", "is_hip",
                    "next_power_of_2")
 
@@ -127,7 +155,12 @@ def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:
 
     import torch
 
-    real_functions(mod, loaded, "sglang/srt/utils/common.py", UTILS_FUNCTIONS, {
+    rel = "sglang/srt/utils/common.py"
+    if not (loaded.root / rel).is_file():  # older releases: one module, sglang/srt/utils.py
+        rel = "sglang/srt/utils.py"
+    text = (loaded.root / rel).read_text()
+    names = [n for n in UTILS_FUNCTIONS if f"\ndef {n}(" in text]  # what the release has;
+    real_functions(mod, loaded, rel, names, {  # an import of one it lacks fails there
         "torch": torch, "os": os, "lru_cache": functools.lru_cache, "Optional": Optional,
         "logger": logging.getLogger("kvcheck.thirdparty.sglang.utils"),
         "_warned_bool_env_var_keys": set(),
@@ -157,13 +190,174 @@ STUBS = {"sglang.srt.utils": _stub_utils, "sglang.srt.platforms": _stub_platform
          "sglang.kernels.ops.memory.allocator": _stub_kernels}
 
 
-def load() -> Loaded:
-    """SGLang's allocator modules (``ThirdPartyMissing`` if not installed)."""
-    return _loader.load(SGLANG, FILES, STUBS, entry=FILES)
+def single_file(root) -> bool:
+    """Whether the release's allocators are one module, ``mem_cache/allocator.py`` (0.4.8 ..
+    0.5.12), its Triton kernels defined in it, rather than the package of 0.5.13 on."""
+    from pathlib import Path
+
+    return (Path(root) / "sglang/srt/mem_cache/allocator.py").is_file()
 
 
-def allocators() -> types.ModuleType:
-    return load()[ALLOCATOR]
+def _stub_swa_pool(mod: types.ModuleType, _: Loaded) -> None:
+    class SWAKVPool:  # no pool the adapters build is one (the SWA allocator asserts it)
+        pass
+
+    mod.SWAKVPool = SWAKVPool
+
+
+def torch_path(root) -> bool:
+    """Whether the release's ``paged.py`` has the torch path for a platform without Triton
+    (0.5.22 on); before, it launches the Triton kernels whatever the device."""
+    from pathlib import Path
+
+    return "use_triton_kernels" in (Path(root) / "sglang/srt/mem_cache/allocator/paged.py") \
+        .read_text()
+
+
+def kernel_module(root) -> str:
+    """The module ``paged.py`` imports its Triton kernels from, in this release."""
+    from pathlib import Path
+
+    text = (Path(root) / "sglang/srt/mem_cache/allocator/paged.py").read_text()
+    for name in KERNELS:
+        if f"from {name} import" in text:
+            return name
+    raise ImportError("sglang/srt/mem_cache/allocator/paged.py imports no allocator kernels "
+                      f"from {' or '.join(KERNELS)}")
+
+
+class Interpreted:
+    """The release's kernel file executed with ``TRITON_INTERPRET=1`` (its ``@triton.jit``
+    decorators then build Triton's CPU interpreter functions), the variable restored after."""
+
+    def __init__(self, loaded: Loaded, name: str):
+        self.loaded, self.name = loaded, name
+
+    def load(self) -> types.ModuleType:
+        import importlib.util
+        import os
+        import sys
+
+        where = f"{self.loaded.dist.dist} {self.loaded.dist.version}'s paged allocator " \
+                "launches Triton kernels (no torch path before 0.5.22)"
+        if importlib.util.find_spec("triton") is None:
+            raise _loader.ThirdPartyMissing(f"{where}: install triton to run them under its "
+                                            "interpreter")
+        old = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            fresh = "triton" not in sys.modules
+            import triton.language.standard as standard  # decorated now if first imported
+
+            with contextlib.suppress(ImportError):  # what a launch imports lazily (its
+                import triton.experimental.gluon  # noqa: F401 - jit helpers, decorated now)
+
+            if not fresh and not type(standard.sum).__name__.startswith("Interpreted"):
+                # tl.sum & co. are @triton.jit functions of Triton itself: decorated for
+                # the GPU when triton was imported first, they refuse the interpreter
+                raise _loader.ThirdPartyMissing(
+                    f"{where}, run here under Triton's interpreter, but triton was already "
+                    "imported in this process without TRITON_INTERPRET=1: set "
+                    "TRITON_INTERPRET=1 in the environment, or run this target in a "
+                    "process of its own")
+            return self.loaded.get(self.name)
+        finally:
+            if old is None:
+                del os.environ["TRITON_INTERPRET"]
+            else:
+                os.environ["TRITON_INTERPRET"] = old
+
+
+def files_and_stubs(root, files=FILES, stubs=STUBS) -> tuple[tuple, dict, tuple]:
+    """(files, stubs, kernel modules to execute first) for the release in ``root``: the
+    kernel stand-in where ``paged.py`` has its torch path, else the kernel file itself."""
+    if single_file(root):  # the module holds the kernels: all of it under the interpreter
+        files = (ALLOCATOR, *(f for f in files if not f.startswith(ALLOCATOR)))
+        stubs = {k: v for k, v in stubs.items() if k not in KERNELS}
+        stubs.setdefault("sglang.srt.mem_cache.memory_pool", _stub_swa_pool)
+        return files, stubs, (ALLOCATOR,)
+    if torch_path(root):
+        return tuple(files), dict(stubs), ()
+    kernels = kernel_module(root)
+    stubs = {k: v for k, v in stubs.items() if k not in KERNELS}
+    return (*files, kernels), stubs, (kernels,)
+
+
+def load(version: str | None = None) -> Loaded:
+    """SGLang's allocator modules at ``version`` (``install.select``: default the SGLang
+    installed in this environment if in range, else 0.5.23); ``ThirdPartyMissing`` if not
+    installed."""
+    return load_dist(install.select(ENGINE_KEY, version), FILES, STUBS, FILES)
+
+
+def load_dist(dist: Dist, files, stubs, entry) -> Loaded:
+    """``_loader.load`` of ``dist`` with the release's kernels (``files_and_stubs``)
+    executed first, under the interpreter where ``paged.py`` needs them."""
+    root = _loader.require(dist)
+    files, stubs, kernels = files_and_stubs(root, files, stubs)
+    entry = [e for e in entry if e in files or e in stubs]  # allocator.base & co.: a package's
+    key = (dist, tuple(sorted(files)), tuple(entry), str(root))
+    with _lock:
+        loaded = _loaded.get(key)
+        if loaded is None:
+            loaded = Loaded(dist, root, files, stubs)
+            for name in kernels:
+                Interpreted(loaded, name).load()
+            for name in entry:
+                loaded.get(name)
+            _loaded[key] = loaded
+    return loaded
+
+
+_lock = threading.Lock()
+_loaded: dict[tuple, Loaded] = {}
+
+
+def allocators(version: str | None = None) -> types.ModuleType:
+    return load(version)[ALLOCATOR]
+
+
+def free_pages_of(alloc) -> list[int]:
+    """The allocator's free pages: ``get_all_free_pages()`` where the release has it
+    (0.5.21 on), else its own ``free_pages`` + ``release_pages`` (what that method returns)."""
+    import torch
+
+    if hasattr(alloc, "get_all_free_pages"):
+        return alloc.get_all_free_pages().tolist()
+    parts = [alloc.free_pages] + ([alloc.release_pages] if getattr(
+        alloc, "release_pages", None) is not None else [])
+    return torch.cat(parts).tolist()
+
+
+def _takes(method, name: str) -> bool:
+    import inspect
+
+    return name in inspect.signature(method).parameters
+
+
+def alloc_extend(alloc, prefix_lens, seq_lens, last_loc, extend_num_tokens: int):
+    """``alloc_extend`` as the release's scheduler calls it: with the CPU copies of the
+    lengths (``prefix_lens_cpu``, ``seq_lens_cpu``) from 0.5.2, without before."""
+    if _takes(type(alloc).alloc_extend, "prefix_lens_cpu"):  # the class: not a wrapper
+        return alloc.alloc_extend(prefix_lens, prefix_lens.clone(), seq_lens, seq_lens.clone(),
+                                  last_loc, extend_num_tokens)
+    return alloc.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
+
+
+def alloc_decode(alloc, seq_lens, last_loc):
+    """``alloc_decode``, with ``seq_lens_cpu`` where the release takes it."""
+    if _takes(type(alloc).alloc_decode, "seq_lens_cpu"):  # the class: not a wrapper
+        return alloc.alloc_decode(seq_lens, seq_lens.clone(), last_loc)
+    return alloc.alloc_decode(seq_lens, last_loc)
+
+
+def free_row(alloc, row) -> None:
+    """``release_kv_cache`` without a tree frees the request's row: ``free_segments([(row,
+    0)])`` from 0.5.17, ``free(row)`` before."""
+    if hasattr(alloc, "free_segments"):
+        alloc.free_segments([(row, 0)])
+    else:
+        alloc.free(row)
 
 
 class SglangAllocatorTarget:
@@ -172,7 +366,8 @@ class SglangAllocatorTarget:
     capabilities = frozenset({"allocate", "append_slot", "free_seq"})
     vacuous = VACUOUS
 
-    def __init__(self, num_blocks: int, block_size: int, paged: bool, need_sort: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, paged: bool, need_sort: bool = False,
+                 version: str | None = None, admit_first: bool = False):
         import torch
 
         if num_blocks < 1 or block_size < 1:
@@ -184,14 +379,21 @@ class SglangAllocatorTarget:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.paged = paged
-        mods = allocators()
+        loaded = load(version)
+        self.version = loaded.dist.version
+        mods = loaded[ALLOCATOR]
         size = num_blocks * block_size
-        if paged:
-            self.alloc = mods.PagedTokenToKVPoolAllocator(size, block_size, torch.float16, "cpu",
-                                                          None, need_sort)
+        cls = mods.PagedTokenToKVPoolAllocator if paged else mods.TokenToKVPoolAllocator
+        args = (size, block_size) if paged else (size,)
+        if _takes(cls.__init__, "need_sort"):
+            self.alloc = cls(*args, torch.float16, "cpu", None, need_sort)
+        elif need_sort:
+            raise MisuseError(f"SGLang {self.version}'s {cls.__name__} has no need_sort "
+                              "(added in 0.5.1)")
         else:
-            self.alloc = mods.TokenToKVPoolAllocator(size, torch.float16, "cpu", None, need_sort)
+            self.alloc = cls(*args, torch.float16, "cpu", None)
         self.rows: dict[int, Any] = {}  # seq -> req_to_token row (int64 slots)
+        self.admit_first = admit_first
 
     def _t(self, values):
         return self.torch.tensor(values, dtype=self.torch.int64)
@@ -202,10 +404,10 @@ class SglangAllocatorTarget:
             raise MisuseError(f"sequence {seq!r} already exists")
         if n_tokens < 1:
             raise MisuseError(f"n_tokens must be positive, got {n_tokens!r}")
+        self._admit(-(-n_tokens // self.block_size))
         if self.paged:
-            zero, lens = self._t([0]), self._t([n_tokens])
-            out = self.alloc.alloc_extend(zero, zero.clone(), lens, lens.clone(), self._t([-1]),
-                                          n_tokens)
+            out = alloc_extend(self.alloc, self._t([0]), self._t([n_tokens]), self._t([-1]),
+                               n_tokens)
         else:
             out = self.alloc.alloc(n_tokens)
         if out is None:
@@ -215,9 +417,10 @@ class SglangAllocatorTarget:
     def append_slot(self, seq: int) -> tuple[int, int, int | None]:
         row = self._live(seq)
         length = len(row)
+        self._admit(1 if length % self.block_size == 0 else 0)
         if self.paged:
-            lens = self._t([length + 1])
-            out = self.alloc.alloc_decode(lens, lens.clone(), row[length - 1 : length].clone())
+            out = alloc_decode(self.alloc, self._t([length + 1]),
+                               row[length - 1 : length].clone())
         else:
             out = self.alloc.alloc(1)
         if out is None:
@@ -228,8 +431,17 @@ class SglangAllocatorTarget:
 
     def free_seq(self, seq: int) -> None:
         row = self._live(seq)
-        self.alloc.free_segments([(row, 0)])
+        free_row(self.alloc, row)
         del self.rows[seq]
+
+    def _admit(self, pages: int) -> None:
+        """With ``admit_first``: the scheduler's admission before the allocator is called
+        (``PrefillBudget`` for a prefill, the decode memory check before a decode step):
+        ``pages`` new pages that the pool lacks are refused, nothing called."""
+        free = int(self.alloc.available_size()) // self.block_size
+        if self.admit_first and pages > free:
+            raise OutOfBlocks(f"SGLang's scheduler admits {pages} new page(s) only with as "
+                              f"many free ({free})")
 
     def _live(self, seq: int):
         row = self.rows.get(seq)
@@ -255,7 +467,7 @@ class SglangAllocatorTarget:
         return counts
 
     def free_blocks(self) -> Iterable[int]:
-        return [p - 1 for p in self.alloc.get_all_free_pages().tolist()]
+        return [p - 1 for p in free_pages_of(self.alloc)]
 
     def num_free(self) -> int:
         return int(self.alloc.available_size()) // self.block_size
@@ -302,21 +514,37 @@ def row_pages(row: Sequence[int], page_size: int) -> list[int]:
     return out
 
 
-def make_token(num_blocks: int, block_size: int) -> SglangAllocatorTarget:
+def make_token(num_blocks: int, block_size: int,
+               version: str | None = None) -> SglangAllocatorTarget:
     """``TokenToKVPoolAllocator`` (page size 1: a block is a slot)."""
-    return SglangAllocatorTarget(num_blocks, block_size, paged=False)
+    return SglangAllocatorTarget(num_blocks, block_size, paged=False, version=version)
 
 
-def make_paged(num_blocks: int, block_size: int) -> SglangAllocatorTarget:
+def make_paged(num_blocks: int, block_size: int,
+               version: str | None = None) -> SglangAllocatorTarget:
     """``PagedTokenToKVPoolAllocator`` with ``page_size = block_size``."""
-    return SglangAllocatorTarget(num_blocks, block_size, paged=True)
+    return SglangAllocatorTarget(num_blocks, block_size, paged=True, version=version)
 
 
-def make_token_sorted(num_blocks: int, block_size: int) -> SglangAllocatorTarget:
+def make_paged_admitted(num_blocks: int, block_size: int,
+                        version: str | None = None) -> SglangAllocatorTarget:
+    """``make_paged`` behind the scheduler's admission: an allocation that needs more pages
+    than are free is refused before the allocator is called, as SGLang's scheduler admits
+    (so the allocator's own out-of-blocks path, where sglang #34399 launches its kernel on
+    an exhausted pool before 0.5.22, is never reached)."""
+    return SglangAllocatorTarget(num_blocks, block_size, paged=True, version=version,
+                                 admit_first=True)
+
+
+def make_token_sorted(num_blocks: int, block_size: int,
+                      version: str | None = None) -> SglangAllocatorTarget:
     """The token allocator with ``need_sort`` (frees staged in ``release_pages``)."""
-    return SglangAllocatorTarget(num_blocks, block_size, paged=False, need_sort=True)
+    return SglangAllocatorTarget(num_blocks, block_size, paged=False, need_sort=True,
+                                 version=version)
 
 
-def make_paged_sorted(num_blocks: int, block_size: int) -> SglangAllocatorTarget:
+def make_paged_sorted(num_blocks: int, block_size: int,
+                      version: str | None = None) -> SglangAllocatorTarget:
     """The paged allocator with ``need_sort`` (frees staged in ``staged_pages``)."""
-    return SglangAllocatorTarget(num_blocks, block_size, paged=True, need_sort=True)
+    return SglangAllocatorTarget(num_blocks, block_size, paged=True, need_sort=True,
+                                 version=version)

@@ -1,4 +1,5 @@
-"""Adapter: SGLang 0.5.23's ``RadixCache`` over its token / paged allocator, as a ``Target``.
+"""Adapter: SGLang's ``RadixCache`` over its token / paged allocator, as a ``Target`` (0.5.23
+pinned; ``sglang-radix@VERSION`` for 0.5.22 .. 0.5.23, see ``load``).
 
 What runs, from the installed wheel (``bash scripts/install_thirdparty.sh sglang``):
 ``mem_cache/radix_cache.py`` (``RadixCache``, ``RadixKey``, ``TreeNode``: match, insert,
@@ -95,9 +96,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import MisuseError, OutOfBlocks
-from . import _loader, sglang
+from . import install, sglang
 from ._loader import Loaded
-from .sglang import SGLANG, real_functions, row_pages
+from .sglang import real_functions, row_pages
 
 MEM = "sglang.srt.mem_cache"
 ROW_TABLE_SLOTS = 1 << 25  # int32 entries of ReqToTokenPool's table at most (128 MiB): see admits
@@ -202,10 +203,18 @@ STUBS = {**sglang.STUBS,
          "sglang.srt.utils.common": _stub_utils_common}
 
 
-def load() -> Loaded:
-    """SGLang's radix cache and allocators (``ThirdPartyMissing`` if not installed)."""
-    return _loader.load(SGLANG, FILES, STUBS, entry=(*sglang.FILES, f"{MEM}.radix_cache",
-                                                      f"{MEM}.common", f"{MEM}.memory_pool"))
+ENGINE_KEY = "sglang-radix"  # install.ENGINES row: sglang-radix@VERSION (0.5.22 .. 0.5.23)
+
+
+def load(version: str | None = None) -> Loaded:
+    """SGLang's radix cache and allocators at ``version`` (default: the environment's SGLang
+    if in range, else 0.5.23; ``ThirdPartyMissing`` if not installed). The range starts
+    where ``RadixCache`` has the scheduler API this adapter drives (``checkpoint``,
+    ``lock`` / ``unlock``, ``path_device_indices``: 0.5.22); before, the scheduler calls
+    ``cache_unfinished_req`` / ``cache_finished_req`` and ``inc_lock_ref``, another driver."""
+    return sglang.load_dist(install.select(ENGINE_KEY, version), FILES, STUBS,
+                            (*sglang.FILES, f"{MEM}.radix_cache", f"{MEM}.common",
+                             f"{MEM}.memory_pool"))
 
 
 class _Kv:
@@ -257,7 +266,8 @@ class SglangRadixTarget:
     capabilities = frozenset({"allocate", "append_slot", "free_seq"})
     vacuous = VACUOUS
 
-    def __init__(self, num_blocks: int, block_size: int, check_first: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, check_first: bool = True,
+                 version: str | None = None):
         import torch
 
         if num_blocks < 1 or block_size < 1:
@@ -265,7 +275,8 @@ class SglangRadixTarget:
         self.torch = torch
         self.num_blocks = num_blocks
         self.block_size = block_size
-        mods = load()
+        mods = load(version)
+        self.version = mods.dist.version
         paged = block_size > 1
         allocators, size = mods[sglang.ALLOCATOR], num_blocks * block_size
         if paged:
@@ -477,14 +488,15 @@ class SglangRadixTarget:
         return isinstance(exc, OutOfBlocks)
 
 
-def make(num_blocks: int, block_size: int) -> SglangRadixTarget:
+def make(num_blocks: int, block_size: int, version: str | None = None) -> SglangRadixTarget:
     """Admission first: a prefill or decode page that cannot be had even by evicting every
     unlocked page is refused before anything is evicted (see module docstring)."""
-    return SglangRadixTarget(num_blocks, block_size)
+    return SglangRadixTarget(num_blocks, block_size, version=version)
 
 
-def make_evict_first(num_blocks: int, block_size: int) -> SglangRadixTarget:
+def make_evict_first(num_blocks: int, block_size: int,
+                     version: str | None = None) -> SglangRadixTarget:
     """The allocation paths' own order with no admission check before them: evict, then
     allocate, so an allocation that fails has already evicted (a documented deviation from
     "out-of-blocks changes nothing, the cache included"; see docs/findings.md)."""
-    return SglangRadixTarget(num_blocks, block_size, check_first=False)
+    return SglangRadixTarget(num_blocks, block_size, check_first=False, version=version)

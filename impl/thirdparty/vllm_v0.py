@@ -191,25 +191,76 @@ STUBS = {
 ENGINE_KEY = "vllm-v0"  # its row in install.ENGINES: the releases this adapter loads
 
 
-def files(root) -> tuple[str, ...]:
+def _aphrodite_name(name: str) -> str:
+    """vLLM's v0 module name -> aphrodite-engine's (0.6.x: ``aphrodite/processing/`` holds
+    ``vllm/core/``, ``aphrodite/common/`` holds ``vllm/{utils,sequence,logger}.py``)."""
+    for old, new in (("vllm.core.", "aphrodite.processing."),
+                     ("vllm.utils", "aphrodite.common.utils"),
+                     ("vllm.sequence", "aphrodite.common.sequence"),
+                     ("vllm.logger", "aphrodite.common.logger"),
+                     ("vllm.platforms", "aphrodite.platforms")):
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
+LAYOUTS = {  # engine key -> its module names, from vLLM's (the names the adapter uses)
+    ENGINE_KEY: None,
+    "aphrodite-v0": _aphrodite_name,
+}
+
+
+class Modules:
+    """A load's modules under vLLM's names (``mods["vllm.core.block.block_table"]``), for an
+    engine whose files carry vLLM's v0 block manager under other module names (a fork's
+    layout, ``LAYOUTS``); the files are the fork's own, executed as they are."""
+
+    def __init__(self, loaded: Loaded, rename):
+        self.loaded, self.rename, self.dist = loaded, rename, loaded.dist
+
+    def __getitem__(self, name: str):
+        return self.loaded[self.rename(name)]
+
+    def __getattr__(self, attr: str):  # root, modules, ...: the load's own
+        return getattr(self.loaded, attr)
+
+
+def files(root, engine: str = ENGINE_KEY) -> tuple[str, ...]:
     """The module files to execute, by what the release has: the evictor module is
     ``vllm/core/evictor_v2.py`` up to 0.5.x (beside the v1 block manager's
-    ``evictor_v1.py``), ``vllm/core/evictor.py`` from 0.6.0."""
-    evictor = "vllm.core.evictor" if (root / "vllm/core/evictor.py").is_file() else (
-        "vllm.core.evictor_v2")
-    return (*FILES[:-1], evictor)
+    ``evictor_v1.py``), ``vllm/core/evictor.py`` from 0.6.0 (vLLM's names; a fork's own
+    under ``LAYOUTS``)."""
+    rename = LAYOUTS[engine] or (lambda n: n)
+    has = (root / rename("vllm.core.evictor").replace(".", "/")).with_suffix(".py").is_file()
+    evictor = "vllm.core.evictor" if has else "vllm.core.evictor_v2"
+    return tuple(rename(f) for f in (*FILES[:-1], evictor))
 
 
-def load(version: str | None = None) -> Loaded:
+def stubs(engine: str = ENGINE_KEY) -> dict:
+    """``STUBS`` under the engine's module names."""
+    rename = LAYOUTS[engine] or (lambda n: n)
+    return {rename(k): v for k, v in STUBS.items()}
+
+
+def load(version: str | None = None, engine: str = ENGINE_KEY):
     """vLLM's v0 block modules at ``version`` (see ``install.select``: default the vLLM
     installed in this environment if it is in range, else 0.8.5); ``ThirdPartyMissing``
-    if not installed."""
-    dist = install.select(ENGINE_KEY, version)
+    if not installed. ``engine``: another row of ``install.ENGINES`` whose releases carry
+    these modules under a fork's names (``LAYOUTS``: aphrodite-engine 0.6.x); its modules
+    are then returned under vLLM's names (``Modules``)."""
+    if engine not in LAYOUTS:
+        raise ValueError(f"no v0 module layout for engine {engine!r}")
+    dist = install.select(engine, version)
     root = _loader.require(dist)
-    return _loader.load(
-        dist, files(root), STUBS,
-        entry=("vllm.core.block.block_table", "vllm.core.block.cpu_gpu_block_allocator"),
-    )
+    rename = LAYOUTS[engine]
+    if rename is None:
+        return _loader.load(
+            dist, files(root), STUBS,
+            entry=("vllm.core.block.block_table", "vllm.core.block.cpu_gpu_block_allocator"),
+        )
+    entry = tuple(rename(n) for n in ("vllm.core.block.block_table",
+                                      "vllm.core.block.cpu_gpu_block_allocator"))
+    return Modules(_loader.load(dist, files(root, engine), stubs(engine), entry=entry), rename)
 
 
 def build_allocator(num_blocks: int, block_size: int, allocator_type: str = "naive",
@@ -297,15 +348,22 @@ class VllmV0Target:
                               "preempt"})
 
     def __init__(self, num_blocks: int, block_size: int, allocator_type: str = "naive",
-                 guard: str | None = None, version: str | None = None):
+                 guard: str | None = None, version: str | None = None,
+                 engine: str = ENGINE_KEY, prefill_chunk: int | None = None):
         if num_blocks < 1 or block_size < 1:
             raise MisuseError("num_blocks and block_size must be positive")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise MisuseError(f"prefill_chunk must be positive, got {prefill_chunk!r}")
+        # chunked prefill (make_chunked): a prompt longer than this many tokens is
+        # prefilled in chunks; see _prefill_chunks
+        self.prefill_chunk = prefill_chunk
         if guard not in (None, "engine"):
             raise ValueError(f"guard must be None or 'engine', got {guard!r}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.guard = guard
-        mods = load(version)  # not kept: the module table is shared, never copied
+        mods = load(version, engine)  # not kept: the module table is shared, never copied
+        self.engine = engine  # the install.ENGINES row whose files run (a fork's: LAYOUTS)
         self.version = mods.dist.version
         self._gpu = mods["vllm.utils"].Device.GPU
         self._BlockTable = mods["vllm.core.block.block_table"].BlockTable
@@ -358,6 +416,7 @@ class VllmV0Target:
         table = self._new_table()
         try:
             table.allocate(tokens)
+            self._prefill_chunks(table, n_tokens)
         except self._NoFree as exc:
             self._untrack(seq)
             raise OutOfBlocks(f"vLLM v0 NoFreeBlocksError allocating {n_tokens} tokens") from exc
@@ -374,6 +433,28 @@ class VllmV0Target:
         computed = self._computed_blocks(seq, table, cached)  # before the step's marks
         self._engine_step()
         return runner_skips(len(computed), n_tokens, self.block_size)
+
+    def _prefill_chunks(self, table: Any, n_tokens: int) -> None:
+        """Chunked prefill (``prefill_chunk``): the scheduler allocates the whole prompt
+        when it schedules its first chunk (``BlockSpaceManagerV2.allocate``); every later
+        chunk's step calls ``append_slots(seq, num_lookahead_slots=0)``, which appends the
+        prompt's unseen tokens -- none: the table holds them all -- that is
+        ``BlockTable.append_token_ids([], num_lookahead_slots=0,
+        num_computed_slots=tokens computed so far)``. The chunks are ``prefill_chunk``
+        tokens; the spec's ``allocate`` is the whole composite (nothing may change but
+        the allocation). vLLM 0.5.1 .. 0.5.4 (and aphrodite-engine 0.6.0 .. 0.6.0.post1)
+        raise ``IndexError`` there when the prompt fills its last block (vLLM #7371,
+        PR #7380; benchmarks/historical, vllm-7380)."""
+        chunk = self.prefill_chunk
+        if chunk is None:
+            return
+        import inspect
+
+        computed_kw = "num_computed_slots" in inspect.signature(table.append_token_ids).parameters
+        for computed in range(chunk, n_tokens, chunk):  # (0.4.2 has no num_computed_slots)
+            extra = {"num_computed_slots": computed} if computed_kw else {}
+            table.append_token_ids([], num_lookahead_slots=0, **extra)
+        self.allocator.clear_copy_on_writes()
 
     def _computed_blocks(self, seq: int, table: Any, cached: int | None) -> list[int]:
         """The computed block ids of a one-sequence group, as the release's
@@ -622,6 +703,15 @@ def make_guarded(num_blocks: int, block_size: int, version: str | None = None) -
     """vLLM v0 naive, with ``SelfAttnBlockSpaceManager``'s capacity checks first; a check
     that says no is a refusal (``EngineGuardRefused``), see the module docstring."""
     return VllmV0Target(num_blocks, block_size, "naive", guard="engine", version=version)
+
+
+def make_chunked(num_blocks: int, block_size: int, version: str | None = None) -> VllmV0Target:
+    """``make_guarded`` with chunked prefill, one block per chunk (``prefill_chunk =
+    block_size``): an allocation is the scheduler's ``allocate`` at the prompt's first
+    chunk followed by the ``append_slots`` call of each later chunk (no unseen tokens,
+    see ``VllmV0Target._prefill_chunks``)."""
+    return VllmV0Target(num_blocks, block_size, "naive", guard="engine", version=version,
+                        prefill_chunk=block_size)
 
 
 def make_prefix_waiting(num_blocks: int, block_size: int,

@@ -1,4 +1,4 @@
-"""Adapter: vLLM v0 ``BlockTable`` (vllm==0.8.5) with a sliding window, as a ``Target``.
+"""Adapter: vLLM v0 ``BlockTable`` (vllm==0.8.5; 0.5.0.post1 .. 0.9.2) with a sliding window.
 
 The same files, stand-ins and operations as ``vllm_v0`` (see its docstring), with
 every table built as ``SelfAttnBlockSpaceManager(sliding_window=S)`` builds it:
@@ -47,6 +47,14 @@ the engine exactly as constructed (``num_blocks`` blocks, the null block taken
 lazily): kvcheck reports that first append taking a block that no table names
 (docs/findings.md, F8).
 
+Other releases (``make_guarded@VERSION``, and ``aphrodite_v0:make_sliding_guarded``):
+0.5.0 on (a ``NullBlock`` and ``BlockTable.blocks``; an older release is a one-line
+error). Where the release refuses chunked prefill with a sliding window (vLLM 0.4.3 ..
+0.6.2, aphrodite-engine 0.6.x: read from its engine-argument file,
+``chunked_with_window``) its engine never calls ``append_token_ids([])`` with a window:
+``drop_behind_window`` is not admitted there (nor, so, an append whose own drop would
+release a block), and the window never drops in those runs.
+
 Deliberate refusals (``make_guarded``): as ``vllm_v0.make_guarded``, with
 ``can_allocate`` as 0.8.5 has it under a window: the required blocks capped at
 ``M`` (``num_required_blocks = min(num_required_blocks,
@@ -65,9 +73,10 @@ from typing import Any
 from kvcheck.spec.state import NULL
 
 from ..errors import MisuseError
+from . import _loader, install
 from .vllm_v0 import VllmV0Target, free_block_ids, load
 
-ENGINE_KEY = "vllm-v0"  # the sources vllm_v0.load picks (the engine line); make takes no version
+ENGINE_KEY = "vllm-v0"  # the sources vllm_v0.load picks (the engine line); make_guarded takes a version
 
 
 class VllmV0SlidingTarget(VllmV0Target):
@@ -77,19 +86,37 @@ class VllmV0SlidingTarget(VllmV0Target):
 
     def __init__(self, num_blocks: int, block_size: int, sliding_window: int,
                  guard: str | None = None, lazy_null: bool = False,
-                 fork_after_drop: bool = True):
+                 fork_after_drop: bool = True, version: str | None = None,
+                 engine: str = ENGINE_KEY):
         if sliding_window is None or sliding_window < 1:
             raise MisuseError(f"sliding_window must be at least 1, got {sliding_window!r}")
         if num_blocks < 1:
             raise MisuseError("num_blocks and block_size must be positive")
         self._base = 0 if lazy_null else 1  # vLLM id of oracle block 0
-        super().__init__(num_blocks + self._base, block_size, "naive", guard)
+        super().__init__(num_blocks + self._base, block_size, "naive", guard, version=version,
+                         engine=engine)
         self.num_blocks = num_blocks
         self.sliding_window = sliding_window
         self.max_block_sliding_window = sliding_window // block_size + 2
         self.drop_window = self.max_block_sliding_window * block_size
         self.fork_after_drop = fork_after_drop
-        self._NullBlock = load()["vllm.core.block.cpu_gpu_block_allocator"].NullBlock
+        mods = load(self.version, engine)
+        self._NullBlock = getattr(mods["vllm.core.block.cpu_gpu_block_allocator"], "NullBlock",
+                                  None)
+        if self._NullBlock is None or not hasattr(self._BlockTable, "blocks"):
+            raise MisuseError(f"{mods.dist.dist} {self.version}: no windowed BlockTable "
+                              f"(NullBlock, BlockTable.blocks: vLLM 0.5.0 on)")
+        # Whether the release's engine makes the call the adapter's window drop is: a
+        # chunked-prefill step's append_token_ids([]) (see the module docstring). vLLM
+        # 0.4.3 .. 0.6.2 and aphrodite 0.6.x refuse chunked prefill with a sliding window
+        # (their engine arguments: "Chunked prefill is not supported with sliding window"),
+        # so there a window drops only inside a decode append: drop_behind_window is not
+        # admitted, nor is an append whose own drop would release a block.
+        root = _loader.require(install.select(engine, self.version))
+        args = [root / "vllm/engine/arg_utils.py", root / "aphrodite/engine/args_tools.py"]
+        self.chunked_with_window = not any(
+            f.is_file() and "Chunked prefill is not supported with sliding window" in
+            f.read_text() for f in args)
         if not lazy_null:
             null = self.allocator.allocate_or_get_null_block()
             assert null.block_id == 0, null.block_id
@@ -113,7 +140,7 @@ class VllmV0SlidingTarget(VllmV0Target):
         """The configured window only; an append only when the engine would drop
         nothing first; a preemption as in ``vllm_v0``."""
         if op.kind == "drop_behind_window":
-            return op.n_tokens == self.drop_window
+            return op.n_tokens == self.drop_window and self.chunked_with_window
         if op.kind in ("append_slot", "append_slots"):
             table = self.tables.get(op.seq)
             return table is not None and not self._would_drop(table)
@@ -167,11 +194,14 @@ def make(num_blocks: int, block_size: int) -> VllmV0SlidingTarget:
     return VllmV0SlidingTarget(num_blocks, block_size, block_size)
 
 
-def make_guarded(num_blocks: int, block_size: int) -> VllmV0SlidingTarget:
+def make_guarded(num_blocks: int, block_size: int,
+                 version: str | None = None) -> VllmV0SlidingTarget:
     """``make`` behind ``SelfAttnBlockSpaceManager``'s checks, ``can_allocate`` capped by
-    the window as in 0.8.5 (a no is a declared refusal, as ``vllm_v0.make_guarded``)."""
+    the window as in 0.8.5 (a no is a declared refusal, as ``vllm_v0.make_guarded``);
+    ``version``: another release of the v0 line (``make_guarded@0.6.3.post1``; the cap is
+    read as every block manager v2 from 0.5.x to 0.8.5 has it)."""
     return VllmV0SlidingTarget(num_blocks, block_size, block_size, guard="engine",
-                               fork_after_drop=False)
+                               fork_after_drop=False, version=version)
 
 
 def make_lazy(num_blocks: int, block_size: int) -> VllmV0SlidingTarget:

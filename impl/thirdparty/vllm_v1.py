@@ -1,7 +1,8 @@
 """Adapter: vLLM v1 ``KVCacheManager`` / ``BlockPool`` (vllm 0.10.2 .. 0.33.0) as a ``Target``.
 
 Releases: 0.33.0 by default; ``vllm-v1@VERSION`` loads another of 0.10.2 .. 0.33.0
-(``kvcheck install vllm-v1==VERSION``), and a plain ``vllm-v1`` loads the vLLM of this
+(``kvcheck install vllm-v1==VERSION``); a release of 0.6.4.post1 .. 0.10.1.1 is built by
+``vllm_v1_early`` (``make`` dispatches on ``install.select``), and a plain ``vllm-v1`` loads the vLLM of this
 environment when its version is in that range (``install.select``; ``vllm-v1@pinned``
 forces 0.33.0). Differences are detected by feature: files a release lacks are not
 loaded, ``KVCacheManager``'s keyword ``scheduler_block_size`` is passed only where it
@@ -9,9 +10,9 @@ exists, ``get_computed_blocks`` returns two items (to 0.20.x) or three; 0.10.x's
 KV-cache modules import their helpers from the one ``vllm/utils/__init__.py`` (which
 imports torch and the engine: stood in below, ``vllm.utils``), its
 ``kv_cache_interface`` imports ``vllm.multimodal`` and its ``FullAttentionSpec`` has a
-``use_mla`` field. Releases before 0.10.2 are not loaded: 0.10.1 has no request block
-hasher (the manager hashed blocks itself) and its ``sha256`` helpers differ; the v1
-manager exists from 0.6.5, without ``BlockPool`` or a coordinator until 0.8/0.9.
+``use_mla`` field. Releases before 0.10.2 are another generation (the manager hashes blocks
+itself to 0.10.0, preallocates to 0.8.4, has no ``BlockPool`` before 0.8 or coordinator
+before 0.9.2; the v1 manager exists from 0.6.4.post1): ``vllm_v1_early``.
 
 What runs is vLLM's own code, executed from the installed wheel's files (see
 ``_loader``): ``vllm/v1/core/{kv_cache_manager, kv_cache_coordinator,
@@ -682,11 +683,32 @@ class VllmV1Target:
         return self.pool.null_block
 
 
+def _early(version: str | None) -> bool:
+    """Whether ``version`` (as ``install.select`` reads it, the family included) is a release
+    before 0.10.2, which ``vllm_v1_early`` adapts (the ``vllm-v1-early`` row)."""
+    return install.select(ENGINE_KEY, version, with_family=True).key != ENGINE_KEY
+
+
 def make(num_blocks: int, block_size: int, version: str | None = None) -> VllmV1Target:
-    """vLLM v1 with prefix caching (its default)."""
+    """vLLM v1 with prefix caching (its default); a release before 0.10.2 is built by
+    ``vllm_v1_early.make``."""
+    if _early(version):
+        from . import vllm_v1_early
+
+        return vllm_v1_early.make(num_blocks, block_size, version=version)
     return VllmV1Target(num_blocks, block_size, enable_caching=True, version=version)
 
 
+make.loads_family = True  # TARGET@VERSION reaches install.family(ENGINE_KEY) (kvcheck.targets)
+
+
 def make_no_cache(num_blocks: int, block_size: int, version: str | None = None) -> VllmV1Target:
-    """vLLM v1 with prefix caching disabled."""
+    """vLLM v1 with prefix caching disabled (``vllm_v1_early`` before 0.10.2)."""
+    if _early(version):
+        from . import vllm_v1_early
+
+        return vllm_v1_early.make_no_cache(num_blocks, block_size, version=version)
     return VllmV1Target(num_blocks, block_size, enable_caching=False, version=version)
+
+
+make_no_cache.loads_family = True

@@ -175,6 +175,8 @@ class Store:
             caps = result.get("capabilities")
             if caps is not None:
                 st["capabilities"] = sorted(set(st["capabilities"] or ()) | set(caps))
+            if result.get("vacuous"):  # the target's, so every run says the same
+                st["vacuous"] = dict(result["vacuous"])
         elif verdict == "cut":
             runs["cut"] += 1
         elif verdict in ("refused", "bad-target"):
@@ -310,6 +312,7 @@ class Store:
                 "seconds": seconds,
                 "ops_per_second": round(st["ops"] / seconds, 1) if seconds > 0 else 0.0,
                 "sessions": st["sessions"], "signatures": out, "coverage": self.coverage(),
+                **({"vacuous": st["vacuous"]} if st.get("vacuous") else {}),
                 **({"error": st["bad_input"]} if st.get("bad_input") else {}),
                 **({"last_refusal": st["last_refusal"]} if st.get("last_refusal") else {}),
                 **({"last_error": st["last_error"]} if st.get("last_error") else {})}

@@ -118,12 +118,23 @@ def execute(spec: RunSpec) -> dict:
     out.update(verdict="pass" if r.ok else "fail", ops=ops, original_length=original,
                seconds=time.perf_counter() - start,
                coverage=counter.result(getattr(r, "state", None)),
-               capabilities=counter.capabilities)
+               capabilities=counter.capabilities, vacuous=_vacuous(r))
     if trace is not None:
         v = trace.violation
         out["violation"] = {"kind": v.kind, "name": v.name, "witness": v.witness}
         out["trace"] = trace.to_json()
     return out
+
+
+def _vacuous(result) -> dict | None:
+    """The checks this run's target made vacuous (``kvcheck.targets.vacuity``), as
+    ``kvcheck verify`` lists them; None where there are none or no target to ask."""
+    from kvcheck.targets import vacuity
+
+    try:
+        return vacuity.of_result(result) or None
+    except Exception:  # noqa: BLE001 - a bad declaration failed the run already, at its start
+        return None
 
 
 def _verify(spec: RunSpec, model, counter: Counter):

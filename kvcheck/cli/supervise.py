@@ -21,7 +21,10 @@ even be imported or built) saying how the process ended and where: it re-runs
 the same command, deterministic from its seed, in a second child that reports
 every phase and operation before it runs it (``kvcheck.watchdog.RECORDER``), and
 names the last one. For ``verify`` that record is the counterexample trace
-(not shrunk: each replay would need a process of its own). A re-run that does
+(not shrunk: each replay would need a process of its own): the record of the target
+run (each build starts one: the search's, then each replay while shrinking) that ended
+the process, or, when the search's run had ended with a violation and a replay while
+shrinking it ended the process, that violation on the search's operations. A re-run that does
 not end the same way is said to be so; no verdict is ever printed for a run
 that did not finish.
 """
@@ -90,6 +93,8 @@ class PipeRecorder:
         os.write(self.fd, (json.dumps(record) + "\n").encode())
 
     def phase(self, name: str) -> None:
+        if name == "build":  # a new target: a run of its own (the search's, or a replay)
+            self.step = 0
         self._send({"r": "phase", "name": name})
 
     def op(self, op) -> None:
@@ -110,7 +115,14 @@ class PipeRecorder:
             data = MODEL.op_to_json(op)
         except Exception:  # noqa: BLE001 - an operation of another model
             data = None
-        self._send({"r": "done", "step": self.step, "text": op.kind, "op": data})
+        record = {"r": "done", "step": self.step, "text": op.kind, "op": data}
+        if violation is not None:  # the run found it: shrinking may be what ends the process
+            try:
+                record["violation"] = json.loads(json.dumps(violation.to_json(), default=repr))
+            except Exception:  # noqa: BLE001 - its kind and name are enough
+                record["violation"] = {"step": violation.step, "kind": violation.kind,
+                                       "name": violation.name}
+        self._send(record)
 
 
 def run(args, entry) -> int:
@@ -312,22 +324,55 @@ def _report_verify(args, ending: Ending, what: str) -> int:
     from kvcheck.models.blocks import MODEL
     from kvcheck.verify import Result
 
-    ops, last = [], ending.last("op")
-    for r in ending.records:  # each operation as requested, then with its outcome once it returned
-        if r["r"] in ("op", "done") and r.get("op") is not None:
-            op = MODEL.op_from_json(r["op"])
-            if r["r"] == "done" and ops:
-                ops[-1] = op
-            else:
-                ops.append(op)
+    runs = _runs(ending.records)
+    why = "hung beyond interruption" if ending.hung else "ended the process"
+    found = next((r["violation"] for r in runs[0] if r["r"] == "done" and r.get("violation")),
+                 None) if len(runs) > 1 else None
+    if found is not None:
+        # The run itself ended with a violation, and a replay while shrinking it ended the
+        # process: report what the run found, on the run's own operations.
+        v = Violation.from_json(found)
+        v.step = sum(r["r"] == "op" for r in runs[0])
+        ops = _ops(runs[0], MODEL)
+        note = (f"not shrunk: while shrinking, a replay ended the process "
+                f"({ending.status} {ending.phase()}), so every replay would need a process "
+                f"of its own; the trace is the run's")
+        trace = Trace(args.target, args.blocks, args.block_size, ops, v, args.seed, [], note)
+        return verify_report(args, Result("fail", v.step, 0.0, v, trace, len(ops)))
+    run = runs[-1] if runs else []
+    ops, last = _ops(run, MODEL), next((r for r in reversed(run) if r["r"] == "op"), None)
     kind = "hang" if ending.hung else "crash"
     name = ops[-1].kind if ops and last is not None else "process"
     witness = f"the target {what} {ending.phase()} ({ending.status})"
-    step = last["step"] if last is not None else 0
+    step = sum(r["r"] == "op" for r in run) if last is not None else 0
     v = Violation(step, kind, name, witness=witness)
-    why = "hung beyond interruption" if ending.hung else "ended the process"
     trace = Trace(args.target, args.blocks, args.block_size, ops, v, args.seed, [],
                   f"not shrunk: the target {why}, so every replay would need a process of "
                   f"its own")
     result = Result("fail", step, 0.0, v, trace, len(ops))
     return verify_report(args, result)
+
+
+def _runs(records: list[dict]) -> list[list[dict]]:
+    """The recorded re-run's records, one list per target built (each build starts a run:
+    the search's, then every replay while shrinking), keeping those with operations."""
+    runs: list[list[dict]] = [[]]
+    for r in records:
+        if r["r"] == "phase" and r["name"] == "build":
+            runs.append([])
+        else:
+            runs[-1].append(r)
+    return [run for run in runs if any(r["r"] == "op" for r in run)]
+
+
+def _ops(run: list[dict], model) -> list:
+    """Each operation of one run as requested, then with its outcome once it returned."""
+    ops: list = []
+    for r in run:
+        if r["r"] in ("op", "done") and r.get("op") is not None:
+            op = model.op_from_json(r["op"])
+            if r["r"] == "done" and ops:
+                ops[-1] = op
+            else:
+                ops.append(op)
+    return ops

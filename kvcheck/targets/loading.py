@@ -67,7 +67,7 @@ def versioned(name: str, version: str):
     from kvcheck.impl.thirdparty import install
 
     try:
-        install.select(key, version)
+        install.select(key, version, with_family=getattr(factory, "loads_family", False))
     except install.InstallError as exc:
         raise TargetError(str(exc)) from None
     except install.ThirdPartyMissing as exc:
@@ -88,7 +88,7 @@ def with_version(factory, spec: str, version: str):
         from kvcheck.impl.thirdparty import install
 
         try:
-            install.select(key, version)
+            install.select(key, version, with_family=getattr(factory, "loads_family", False))
         except (install.InstallError, install.ThirdPartyMissing) as exc:
             raise TargetError(str(exc)) from None
     return functools.partial(factory, version=version)
@@ -130,16 +130,18 @@ def engine_source(spec) -> str | None:
         return None
     from kvcheck.impl.thirdparty import install
 
+    family = getattr(getattr(module, where[0].partition(":")[2], None), "loads_family", False)
     try:
-        dist = install.select(key, version or None)
+        dist = install.select(key, version or None, with_family=family)
     except (install.InstallError, install.ThirdPartyMissing):
         return None
     text = dist.source
     engine = install.ENGINES[key]
     other = None if version or dist.root else install.environment_version(engine)
     if other:  # the user's own engine was not checked: say why
+        rows = (engine, *install.family(key)) if family else (engine,)
         text += (f" (the {engine.dist} {other} of this environment is outside {key}'s range "
-                 f"{engine.range})")
+                 f"{' and '.join(r.range for r in rows)})")
     return text
 
 

@@ -71,6 +71,16 @@ class Target(Protocol):
     # ``drop_window: int``, the window an engine drops behind by itself before each step
     # (its appends ``admits`` only once that drop is done): the random driver draws
     # ``drop_behind_window`` with it, and ``prove``'s exploration tries it;
+    # ``cyclic_window: int``, a sliding window of that many tokens (a multiple of the block
+    # size: ``W`` blocks) over which the engine's tables reuse their blocks cyclically
+    # (vLLM's BlockSpaceManager v1): only a table's last ``W`` entries hold references, the
+    # ones before read as ``None``/``NULL``; the oracle stamps ``W`` on every operation
+    # (``Op.cycle``), so allocate takes at most ``W`` blocks and an append at a boundary
+    # past the window is checked as the drop behind it, then the append
+    # (``spec.contracts.cyclic_pre``); a ``SeedAdapter`` forwards the attribute;
+    # ``hidden_table(seq) -> Sequence[int]``, the table as the engine itself holds it where
+    # that says more than ``block_table`` (a cyclic window's stale names): exploration keys
+    # its states by it too, so states that differ only there are expanded apart;
     # ``retries_refused: bool``, an engine whose scheduler keeps a refused request waiting
     # and tries it again: the prefix model's driver draws a refused allocation again (same
     # id and prompt) as the next allocation.
@@ -151,6 +161,11 @@ class SeedAdapter:
         self._oob = out_of_blocks
         for name in OPERATIONS:  # bound methods: the oracle calls these on its hot path
             setattr(self, name, getattr(impl, name, None))
+        window = getattr(impl, "cyclic_window", None)
+        if window is not None:  # (a declaration the oracle reads: see Target)
+            self.cyclic_window = window
+        if callable(getattr(impl, "hidden_table", None)):  # (exploration's key: see Target)
+            self.hidden_table = impl.hidden_table
 
     def block_table(self, seq: int) -> Sequence[int]:
         return self.impl.tables[seq]

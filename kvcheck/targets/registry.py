@@ -17,8 +17,11 @@ TARGETS: dict[str, tuple[str, str]] = {
                         "reference-engine with eager copy-on-write at fork and rebase"),
     "reference-window": ("kvcheck.impl.block_manager:WindowBlockManager",
                          "reference-engine with sliding-window drops (null blocks behind a window)"),
+    "reference-cyclic": ("kvcheck.impl.block_manager:CyclicBlockManager",
+                         "the seed's four operations under a cyclic sliding window of 2 blocks "
+                         "(tables reuse their blocks cyclically, as vLLM's BlockSpaceManager v1)"),
     "vllm-v1": ("kvcheck.impl.thirdparty.vllm_v1:make",
-                "vLLM v1 KVCacheManager/BlockPool (0.33.0; @0.10.2..0.33.0), prefix caching, no fork"),
+                "vLLM v1 KVCacheManager/BlockPool (0.33.0; @0.6.4.post1..0.33.0), prefix caching, no fork"),
     "vllm-v1-lifecycle": ("kvcheck.impl.thirdparty.vllm_v1_lifecycle:make",
                           "vLLM 0.33.0 v1 KVCacheManager as vllm-v1, the prompt's forward pass "
                           "as commit(seq) (allocate_slots publishes hashes before it)"),
@@ -30,14 +33,20 @@ TARGETS: dict[str, tuple[str, str]] = {
                        "vLLM v0 BlockTable (0.8.5; @0.4.2..0.9.2), prefix-caching allocator"),
     "vllm-v0-sliding": ("kvcheck.impl.thirdparty.vllm_v0_sliding:make",
                         "vLLM 0.8.5 v0 BlockTable with a sliding window (naive allocator)"),
+    "vllm-v0-legacy": ("kvcheck.impl.thirdparty.vllm_v0_legacy:make",
+                       "vLLM v0 BlockSpaceManager v1 (0.4.0; @0.3.3..0.6.2), a cyclic sliding "
+                       "window of 2 blocks, beam-search forks, copy-on-write"),
     "nano-vllm": ("kvcheck.impl.thirdparty.nano_vllm:make",
                   "nano-vllm-fork 20260210 BlockManager, xxhash prefix caching (no fork)"),
     "sglang-token": ("kvcheck.impl.thirdparty.sglang:make_token",
-                     "SGLang 0.5.23 TokenToKVPoolAllocator (page size 1; no refcounts, no fork)"),
+                     "SGLang TokenToKVPoolAllocator (0.5.23; @0.4.8..0.5.23; page size 1; "
+                     "no refcounts, no fork)"),
     "sglang-paged": ("kvcheck.impl.thirdparty.sglang:make_paged",
-                     "SGLang 0.5.23 PagedTokenToKVPoolAllocator, page size = block size (no fork)"),
+                     "SGLang PagedTokenToKVPoolAllocator (0.5.23; @0.4.8..0.5.23), page size = "
+                     "block size (no fork)"),
     "sglang-radix": ("kvcheck.impl.thirdparty.sglang_radix:make",
-                     "SGLang 0.5.23 RadixCache over its allocator: tree locks, LRU eviction (no fork)"),
+                     "SGLang RadixCache (0.5.23; @0.5.22..0.5.23) over its allocator: tree locks, "
+                     "LRU eviction (no fork)"),
     "aphrodite": ("kvcheck.impl.thirdparty.aphrodite:make",
                   "aphrodite-engine 0.24.1 v1 KVCacheManager (a vLLM v1 fork), prefix caching"),
     "device": ("kvcheck.impl.device.manager:make",

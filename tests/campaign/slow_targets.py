@@ -29,6 +29,13 @@ class NoFork(SeedAdapter):
         self.capabilities = frozenset({"allocate", "append_slot", "free_seq"})
 
 
+class DeclaresVacuous(NoFork):
+    """NoFork, declaring one invariant vacuous (as SGLang's adapter declares its derived
+    refcounts): a campaign's verdict must list it, as ``kvcheck verify``'s does."""
+
+    vacuous = {"refcount_conservation": "the test target derives its counts"}
+
+
 class OnlyBlockSizeOne(BlockManager):
     """Refuses every block size but 1 (at which every append starts a block)."""
 

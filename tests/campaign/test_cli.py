@@ -228,6 +228,20 @@ def test_coverage_warns_of_classes_that_never_occurred(tmp_path):
     assert "warning: outcome classes that never occurred: " in p.stdout
 
 
+def test_the_verdict_lists_what_the_target_made_vacuous(tmp_path):
+    out = tmp_path / "c"
+    p = campaign(f"{SLOW}:DeclaresVacuous", "--runs", "2", out=out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("VACUOUS for this target: "))
+    assert "refcount_conservation (the test target derives its counts)" in line
+    assert "the contracts of" in line and "fork" in line
+    vac = summary(out)["vacuous"]
+    assert vac["refcount_conservation"] == "the test target derives its counts" and "fork" in vac
+    plain = tmp_path / "p"
+    assert campaign(f"{SLOW}:NoFork", "--runs", "1", out=plain).returncode == 0
+    assert "vacuous" not in summary(plain)  # nothing declared: nothing listed (as verify)
+
+
 def test_json_prints_the_summary(tmp_path):
     p = campaign("reference", "--model", "scheduler", "--runs", "2", "--json", out=tmp_path / "c")
     assert p.returncode == 0, p.stderr

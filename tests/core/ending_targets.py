@@ -137,3 +137,26 @@ class HangsBeyondInterruption(BlockManager):
                 time.sleep(0.05)
             except BaseException:  # noqa: BLE001, S110 - exactly the misbehaviour under test
                 pass
+
+
+class LeaksThenSegfaultsWhenShrunk(BlockManager):
+    """A real bug the run finds (``free_seq`` keeps the table's blocks: a leak), and a
+    process-ending one only a replay while shrinking meets: every target built after the
+    first segfaults at its first allocation."""
+
+    built = 0
+
+    def __init__(self, num_blocks, block_size):
+        super().__init__(num_blocks, block_size)
+        type(self).built += 1
+        self.nth = type(self).built
+
+    def allocate(self, seq, n_tokens):
+        if self.nth > 1:
+            ctypes.string_at(0)
+        return super().allocate(seq, n_tokens)
+
+    def free_seq(self, seq):
+        self._live(seq)
+        del self.tables[seq]
+        del self.lens[seq]

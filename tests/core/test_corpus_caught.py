@@ -20,17 +20,22 @@ from kvcheck.spec.contracts import Op
 from kvcheck.verify import verify
 
 from corpus.buggy import CORPUS
+from corpus.cyclic import LEGAL as CYCLIC_LEGAL
 from corpus.engine import LEGAL as ENGINE_LEGAL
 from corpus.window import LEGAL as WINDOW_LEGAL
 
-LEGAL = {**ENGINE_LEGAL, **WINDOW_LEGAL}
+LEGAL = {**ENGINE_LEGAL, **WINDOW_LEGAL, **CYCLIC_LEGAL}
 
 BUGGY = Path(__file__).resolve().parents[1] / "corpus" / "buggy.py"
 SEEDS = (0, 1, 2)
 # The corpus lists aliasing-fork as an invariant bug (no_aliasing); the fork contract's
 # own clause "child's table is its own object" states the same thing and is checked
 # first, so the report names the contract.
-ALSO = {"aliasing-fork": {"contract"}}
+# The cyclic frees-stale bug shows as the contract's clause, or, once the stale block's
+# other holder freed it first, as its own "Double free!" (#1556's symptom); the stale
+# reuse as the engine's "Double free!" or as the append's contract.
+ALSO = {"aliasing-fork": {"contract"}, "cyclic-frees-stale": {"crash"},
+        "cyclic-reuses-stale-entry": {"contract"}}
 
 
 def _kinds(name, kind):

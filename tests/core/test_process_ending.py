@@ -123,6 +123,22 @@ def test_a_process_ended_by_the_target_is_a_violation(name, how):
     assert "Traceback" not in p.stderr
 
 
+def test_a_violation_found_before_shrinking_ended_the_process_is_reported():
+    """The run finds the leak; a replay while shrinking segfaults. The report is the run's
+    violation on the run's own operations (not a crash on a mixture of the replays'), and
+    says why it is not shrunk."""
+    p = kvcheck("verify", target("LeaksThenSegfaultsWhenShrunk"), "--ops", "500", "--json")
+    assert p.returncode == 1, p.stderr
+    data = json.loads(p.stdout)
+    v = data["violation"]["violation"]
+    assert v["kind"] != "crash" and "free_seq" in v["name"], v
+    ops = data["violation"]["ops"]
+    assert len(ops) == v["step"] and ops[-1]["op"] == "free_seq", ops[-3:]
+    assert "while shrinking, a replay ended the process (killed by signal SIGSEGV during " \
+        "operation 1: allocate" in data["violation"]["minimality"]
+    assert "Traceback" not in p.stderr
+
+
 def test_text_report_names_the_last_operation():
     p = kvcheck("verify", target("SegfaultsInFork"), "--ops", "500")
     assert p.returncode == 1

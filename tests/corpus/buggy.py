@@ -10,8 +10,9 @@ from kvcheck.impl.block_manager import BlockManager
 from kvcheck.impl.errors import OutOfBlocks
 
 try:  # imported as tests/corpus, a package ...
-    from corpus import engine, window
+    from corpus import cyclic, engine, window
 except ImportError:  # ... or loaded as a file (a TARGET path), its folder importable
+    import cyclic
     import engine
     import window
 
@@ -152,5 +153,7 @@ CORPUS = {
 }
 CORPUS.update(engine.ENGINE)
 CORPUS.update(window.WINDOW)
+CORPUS.update(cyclic.CYCLIC)
 globals().update({cls.__name__: cls for cls, _, _ in engine.ENGINE.values()})
 globals().update({cls.__name__: cls for cls, _, _ in window.WINDOW.values()})
+globals().update({cls.__name__: cls for cls, _, _ in cyclic.CYCLIC.values()})

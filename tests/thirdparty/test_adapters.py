@@ -363,6 +363,17 @@ def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
                      entry=["vllm.core.block.block_table"])
 
 
+def test_a_cached_load_reads_no_file(monkeypatch):
+    """nano-vllm's adapter calls load() per allocation: only a first load checks the
+    install on disk."""
+    from kvcheck.impl.thirdparty import _loader, nano_vllm
+
+    first = nano_vllm.load()
+    calls = []
+    monkeypatch.setattr(_loader, "is_installed", lambda dist: calls.append(dist) or True)
+    assert nano_vllm.load() is first and calls == []
+
+
 def test_versions_are_isolated():
     import sys
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 HIST = ROOT / "benchmarks" / "historical"
 
@@ -129,3 +131,121 @@ def test_the_18957_replay_on_the_engines_block_manager():
     for version, expected in (("0.8.5", True), ("0.9.2", False)):
         reproduced, detail = replays.replay_vllm_18957(version)
         assert reproduced is expected, (version, detail)
+
+
+SGLANG_REPLAYS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import hist_replays
+from kvcheck.impl.thirdparty import install
+for v in ("0.4.8", "0.5.13", "0.5.14", "0.5.21", "0.5.22"):
+    install.ensure(install.ENGINES["sglang"], v)
+print(*(hist_replays.replay_sglang_34399(v)[0] for v in ("0.4.8", "0.5.21", "0.5.22")))
+print(*(hist_replays.replay_sglang_27779(v)[0] for v in ("0.5.13", "0.5.14")))
+"""
+
+
+def test_the_sglang_replays_separate_their_releases():
+    """#34399's replay (the release's paged allocator, its kernel launches recorded): a
+    launch on the exhausted pool on 0.4.8 and 0.5.21, none on 0.5.22's GPU path. #27779's
+    (the release's SWA allocator): a SWA page freed twice on 0.5.13, once on 0.5.14. In a
+    process of its own: before 0.5.22 the kernels run under Triton's interpreter, which
+    needs triton imported with TRITON_INTERPRET=1 (not by an earlier test)."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None:
+        import pytest
+
+        pytest.skip("torch or triton missing")
+    p = subprocess.run([sys.executable, "-c", SGLANG_REPLAYS, str(HIST)], capture_output=True,
+                       text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["True", "True", "False", "True", "False"], p.stdout
+
+
+def test_the_1556_entry_end_to_end_with_a_documented_finding_on_the_fixed_release():
+    """vLLM #1556: caught on 0.3.3 (the fork's stale-entry count, 2 operations); 0.4.0
+    passes 0.3.3's counterexample and fails only with F10's documented clauses, which is
+    reported beside it, never counted as a false alarm."""
+    from kvcheck.impl.thirdparty import _loader, install
+
+    for v in ("0.3.3", "0.4.0"):
+        if not _loader.is_installed(install.select("vllm-v0-legacy", v)):
+            import pytest
+
+            pytest.skip(f"vLLM {v} not installed")
+    p = _run("--only", "vllm-1556", "--no-raw")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    assert ("caught on 0.3.3: \"fork: refcount +1 per entry of the child's table, -1 per "
+            "entry it had\"") in out and "trace of 2 operations" in out
+    assert "no alarm on 0.4.0: the buggy release's counterexample passes there" in out
+    assert "documented finding F10 reported" in out
+    assert out.splitlines()[-1] == "caught 1/1 on buggy releases, 0 false alarms on fixed releases"
+
+
+def test_documented_findings_never_excuse_another_clause():
+    known = {"F10": ["append_slot: a new block was free", "append_slot"]}
+    f10 = {"rc": 1, "violation": "append_slot"}
+    other = {"rc": 1, "violation": "free_seq: refcount -1 per entry of the freed table"}
+    assert runner._documented(known, [f10, {"rc": 0}]) == "F10"
+    assert runner._documented(known, [f10, other]) is None
+    assert runner._documented(known, [other]) is None
+    assert runner._documented(known, [{"rc": 0}]) is None
+
+
+def test_fixed_findings_may_not_list_the_expected_clause(tmp_path):
+    entry = {"id": "x", "engine": "vllm", "generation": "vllm-v0-legacy", "issue": "-",
+             "title": "-", "buggy": "0.3.3", "fixed": "0.4.0", "reach": "yes",
+             "command": ["verify", "vllm-v0-legacy@{version}"], "expected": "fork: a",
+             "raw": "replay_vllm_1556", "fixed_findings": {"F10": ["fork: a"]}}
+    bad = tmp_path / "c.json"
+    for want in ("fork: a", ["free_seq: b", "fork: a"]):
+        entry["expected"] = want
+        bad.write_text(json.dumps({"entries": [entry]}))
+        try:
+            runner.load(bad)
+        except runner.CatalogueError as exc:
+            assert "fixed_findings lists the expected clause" in str(exc)
+        else:
+            raise AssertionError("a fixed finding naming the expected clause was accepted")
+    entry["expected"], entry["fixed_findings"] = [], {}
+    bad.write_text(json.dumps({"entries": [entry]}))
+    try:
+        runner.load(bad)
+    except runner.CatalogueError as exc:
+        assert "expected must be a clause or a list of clauses" in str(exc)
+    else:
+        raise AssertionError("an empty expected list was accepted")
+
+
+@pytest.mark.parametrize("entry, buggy, fixed", [
+    ("vllm-11186", ("0.6.4.post1",), ("0.6.5", "0.7.0")),
+    ("vllm-11565", ("0.6.5", "0.6.6.post1"), ("0.7.0",)),
+    ("vllm-10730", ("0.6.4.post1",), ("0.6.5",)),
+    ("vllm-19459", ("0.9.0",), ("0.9.1", "0.9.2")),
+])
+def test_the_early_v1_replays_separate_buggy_from_fixed(entry, buggy, fixed):
+    """The raw replays of v1's first releases (the release's own ``KVCacheManager``, with
+    its defaults: preallocation on where it has it) reproduce on every buggy release they
+    name and on none of the fixed ones."""
+    from kvcheck.impl.thirdparty import install
+
+    fn = replays.REPLAYS[entry]
+    for version in buggy + fixed:
+        install.ensure(install.ENGINES["vllm-v1-early"], version)
+        reproduced, detail = fn(version)
+        assert reproduced == (version in buggy), (entry, version, detail)
+
+
+def test_the_early_v1_entries_end_to_end():
+    """kvcheck on v1's first releases (vllm-v1@VERSION -> vllm_v1_early): PR #11186 and
+    PR #11565 under the prefix model, #19459 (0.9.0's crash on resuming a preempted request
+    with speculative decoding) under the block model; each fixed release passes."""
+    p = _run("--only", "vllm-11186", "vllm-11565", "vllm-19459", "--no-raw")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    for line in ("caught on 0.6.4.post1: 'allocate: every block the cached tokens skip",
+                 "caught on 0.6.5: 'allocate: exception_safety: refcount unchanged'",
+                 "caught on 0.9.0: 'allocate'", "no alarm on 0.6.5", "no alarm on 0.7.0",
+                 "no alarm on 0.9.1"):
+        assert line in out, out
+    assert out.splitlines()[-1] == "caught 3/3 on buggy releases, 0 false alarms on fixed releases"

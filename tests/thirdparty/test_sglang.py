@@ -297,3 +297,134 @@ def test_aphrodite_passes(blocks, bs):
     r = verify("aphrodite", blocks, bs, 1500, seed=0, model="prefix")
     assert r.ok, r.trace and r.trace.violation
     assert r.state.stats.hit_allocations > 0
+
+
+# -- the release range (0.5.13 .. 0.5.23; the radix cache 0.5.22 .. 0.5.23) ----------------
+def _installed(version: str) -> bool:
+    from kvcheck.impl.thirdparty import install
+
+    return install.find(install.ENGINES["sglang"], version) is not None
+
+
+needs_range = pytest.mark.skipif(
+    not all(_installed(v) for v in ("0.4.8", "0.5.2", "0.5.3", "0.5.13", "0.5.21", "0.5.22"))
+    or importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None,
+    reason="SGLang 0.4.8, 0.5.2, 0.5.3, 0.5.13, 0.5.21, 0.5.22 (kvcheck install "
+           "sglang==VERSION), torch or triton missing")
+
+
+def _cli_json(*args) -> dict:
+    """The CLI in a process of its own: a target that ends the process (SIGSEGV under
+    Triton's interpreter) must not end the test's."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", *args, "--json"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    return {"rc": p.returncode, **json.loads(p.stdout)}
+
+
+@needs_range
+@pytest.mark.parametrize("version", ["0.4.8", "0.5.13", "0.5.23"])
+def test_the_token_allocator_holds_at_both_ends_of_the_range(version):
+    r = verify(f"sglang-token@{version}", 8, 1, 1500, seed=1)
+    assert r.ok, r.trace and r.trace.violation
+    assert r.ops == 1500
+
+
+OLDEST_PAGED = """
+import os, sys
+from kvcheck.impl.thirdparty import sglang
+before = os.environ.get("TRITON_INTERPRET")
+t = sglang.make_paged(4, 2, version=sys.argv[1])
+assert os.environ.get("TRITON_INTERPRET") == before
+kernel = t.alloc.__class__.alloc_extend.__globals__["alloc_extend_kernel"]
+assert type(kernel).__name__ == "InterpretedFunction", type(kernel)
+t.allocate(0, 3)
+assert t.block_table(0) == [0, 1] and t.append_slot(0) == (1, 1, None)
+assert t.append_slot(0) == (2, 0, None) and sorted(t.free_blocks()) == [3]
+t.free_seq(0)  # 0.4.8 and 0.5.13 have no free_segments: the release's free(row)
+assert sorted(t.free_blocks()) == [0, 1, 2, 3] and t.num_free() == 4
+print("ok")
+"""
+
+
+@needs_range
+@pytest.mark.parametrize("version", ["0.4.8", "0.5.13"])
+def test_the_oldest_paged_allocators_run_their_own_kernels_under_the_interpreter(version):
+    """Before 0.5.22 the paged allocator launches alloc_extend_kernel / alloc_decode_kernel
+    (Triton) whatever the device; they are defined in mem_cache/allocator.py (0.4.8 ..
+    0.5.12, the allocators' one module) or mem_cache/triton_ops/allocator.py (0.5.13): the
+    adapter executes that file under TRITON_INTERPRET=1, so the kernels are the release's
+    own, and restores the variable. In a process of its own: Triton must not be imported
+    before (a one-line error then, tested below)."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", OLDEST_PAGED, version], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
+TRITON_FIRST = """
+import triton.language  # imported for the GPU before the adapter
+from kvcheck.impl.thirdparty import sglang
+try:
+    sglang.make_paged(4, 2, version="0.5.21")
+except sglang._loader.ThirdPartyMissing as exc:
+    print(exc)
+"""
+
+
+@needs_range
+def test_triton_imported_first_is_a_clear_error():
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", TRITON_FIRST], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "triton was already imported in this process without TRITON_INTERPRET=1" \
+        in p.stdout
+
+
+@needs_range
+def test_34399_is_caught_on_0_5_21_and_gone_on_0_5_22():
+    """sglang #34399: before 0.5.22 the decode kernel is launched on the exhausted pool's
+    empty free_pages (pointer 0) before the capacity check: the process dies (SIGSEGV under
+    the interpreter, an illegal address on the GPU). 0.5.22 checks first."""
+    args = ["verify", "--blocks", "3", "--block-size", "4", "--ops", "1500", "--seed", "0"]
+    bad = _cli_json(args[0], "sglang-paged@0.5.21", *args[1:])
+    assert bad["rc"] == 1
+    v = bad["violation"]
+    assert v["violation"]["kind"] == "crash" and v["violation"]["name"] == "append_slot"
+    assert "SIGSEGV" in v["violation"]["witness"] and len(v["ops"]) == 3
+    good = _cli_json(args[0], "sglang-paged@0.5.22", *args[1:])
+    assert good["rc"] == 0 and good["verdict"] == "pass"
+    # behind the scheduler's admission the allocator's out-of-blocks path is never reached
+    admitted = _cli_json("verify", SGL + "make_paged_admitted@0.5.21", "--blocks", "3",
+                         "--block-size", "4", "--ops", "300", "--seed", "0")
+    assert admitted["rc"] == 0 and admitted["verdict"] == "pass"
+
+
+@needs_range
+def test_s1_came_with_0_5_3_s_page_count():
+    """S1 (page size 1: a decode page left on the free list) arrived with 0.5.3's
+    get_num_new_pages(decode=True), (seq_lens % page_size == 1).sum(), 0 at page size 1;
+    0.5.2's kernel counts the new pages itself (ret_values), right at page size 1."""
+    args = ["--blocks", "8", "--block-size", "1", "--ops", "300", "--seed", "0"]
+    old = _cli_json("verify", "sglang-paged@0.5.2", *args)["violation"]["violation"]
+    assert old["kind"] == "crash"  # no S1; #34399 at the exhausted pool
+    new = _cli_json("verify", "sglang-paged@0.5.3", *args)["violation"]["violation"]
+    assert new["name"] == "append_slot: free list shrinks by one exactly when a block is taken"
+    assert new["step"] == 2
+
+
+@needs_range
+def test_the_radix_adapter_loads_0_5_22_and_refuses_older(capsys):
+    r = verify("sglang-radix@0.5.22", 8, 2, 1000, seed=2, model="prefix")
+    assert r.ok, r.trace and r.trace.violation
+    assert r.state.stats.hit_allocations > 0
+    assert kvcheck(["verify", "sglang-radix@0.5.21", "--ops", "10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sglang-radix loads sglang 0.5.22 .. 0.5.23, not 0.5.21" in err[0]

@@ -42,9 +42,12 @@ def _cli(*args, env=None):
 @pytest.mark.parametrize("req, words", [
     ("sglang-nope", "unknown engine 'sglang-nope'"),
     ("vllm==0.1.0", "vllm 0.1.0 is not supported by any kvcheck adapter"),
-    ("vllm-v1==0.8.5", "not supported"),
+    ("vllm-v1==0.6.3.post1", "not supported"),  # before v1's first KVCacheManager
     ("vllm", "names several engine generations"),
     ("vllm==", "no version"),
+    ("sglang==0.4.7", "sglang 0.4.7 is not supported by any kvcheck adapter (sglang: "
+                      "0.4.8 .. 0.5.23)"),
+    ("sglang-radix==0.5.21", "(sglang-radix: 0.5.22 .. 0.5.23)"),
 ])
 def test_bad_requests_are_one_line_and_exit_2(req, words):
     p = _cli("install", req)
@@ -57,6 +60,20 @@ def test_parse_maps_a_release_to_its_generation():
     assert install.parse("vllm==0.20.2") == (install.ENGINES["vllm-v1"], "0.20.2")
     assert install.parse("vllm==0.10.2") == (install.ENGINES["vllm-v1"], "0.10.2")
     assert install.parse("vllm-v1") == (install.ENGINES["vllm-v1"], "0.33.0")
+    assert install.parse("sglang") == (install.ENGINES["sglang"], "0.5.23")
+    assert install.parse("sglang==0.4.8") == (install.ENGINES["sglang"], "0.4.8")
+    # v1's early releases: vllm-v1 names its family (vllm_v1_early), a plain vllm==0.8.5 v0
+    early = install.ENGINES["vllm-v1-early"]
+    assert install.parse("vllm-v1==0.6.4.post1") == (early, "0.6.4.post1")
+    assert install.parse("vllm-v1==0.10.1.1") == (early, "0.10.1.1")
+    assert install.parse("vllm==0.8.5") == (install.ENGINES["vllm-v0"], "0.8.5")
+    assert install.select("vllm-v1", "0.7.0", with_family=True).key == "vllm-v1-early"
+    assert install.select("vllm-v1", "0.10.2", with_family=True).key == "vllm-v1"
+    with pytest.raises(install.InstallError, match="0.6.4.post1 .. 0.10.1.1, not 0.6.3"):
+        install.select("vllm-v1", "0.6.3.post1", with_family=True)
+    # an adapter of the vllm-v1 key that does not load the family keeps its range
+    with pytest.raises(install.InstallError, match="0.10.2 .. 0.33.0, not 0.7.0"):
+        install.select("vllm-v1", "0.7.0")
     assert install.version_key("0.5.0.post1") > install.version_key("0.5.0")
     assert install.version_key("0.5.0rc1") < install.version_key("0.5.0")
 
@@ -143,6 +160,71 @@ def test_v0_range_ends_pass_behind_the_engine_guard(version, kind):
     assert r.ok, r.violation
 
 
+@pytest.mark.parametrize("version", ["0.6.4.post1", "0.10.1.1"])
+@pytest.mark.parametrize("command", ["verify", "verify-prefix"])
+def test_v1_early_range_ends(version, command, capsys):
+    """vllm-v1@VERSION before 0.10.2 is vllm_v1_early: its ends pass the block model at block
+    sizes 1 and 2, and the prefix model at block size 1; at block size 2 0.6.4.post1's
+    scheduler skips computing tokens of a fresh block (vLLM PR #11186: the catalogue's
+    vllm-11186), 0.10.1.1 passes."""
+    from kvcheck.impl.thirdparty import vllm_v1_early
+
+    _have("vllm-v1-early", version)
+    t = vllm_v1.make(4, 2, version=version)
+    assert isinstance(t, vllm_v1_early.VllmV1EarlyTarget) and t.version == version
+    for b in (1, 2):
+        rc = kvcheck([command, f"vllm-v1@{version}", "--blocks", "8", "--block-size", str(b),
+                      "--ops", "1500"])
+        out = capsys.readouterr().out
+        if command == "verify-prefix" and b == 2 and version == "0.6.4.post1":
+            line = out.split("VIOLATION at step ", 1)[1].splitlines()[0]
+            assert rc == 1 and "(contract): allocate:" in line and "cached tokens" in line, out
+        else:
+            assert rc == 0 and out.startswith(f"PASS vllm-v1@{version}:"), out
+            assert (f"engine: vllm {version} from kvcheck install's sources in " in out
+                    and "(not the pinned 0.33.0)" in out), out
+
+
+def test_v1_early_generations_are_detected_by_feature():
+    """What the adapter reads from each generation's files: the manager's API, the pool
+    (no null block before 0.8.3: oracle ids are vLLM's), the scheduler's full-hit branch
+    (vLLM PR #11186 in 0.6.4.post1), speculative slots from 0.7.3, lookahead from 0.8.4."""
+    from kvcheck.impl.thirdparty import vllm_v1_early
+
+    want = {"0.6.4.post1": (True, False, "token", 0, False, False),
+            "0.7.2": (False, False, "block", 0, False, False),
+            "0.8.0": (False, False, "block", 0, True, False),
+            "0.8.4": (False, False, None, 1, True, True),
+            "0.9.0": (False, True, None, 1, True, True)}
+    for version, (g1, g3, edge, off, spec, lookahead) in want.items():
+        _have("vllm-v1-early", version)
+        t = vllm_v1_early.make(4, 2, version=version)
+        got = (t._g1, t._g3, t._edge, t._off, "append_slots" in t.capabilities, t._lookahead)
+        assert got == (g1, g3, edge, off, spec, lookahead), (version, got)
+        t.allocate(0, 3)
+        t.append_slot(0)
+        assert t.block_table(0) == [0, 1] and t.num_free() == 2
+        t.free_seq(0)
+        assert t.num_free() == 4 and sorted(t.free_blocks()) == [0, 1, 2, 3]
+
+
+def test_v1_early_preallocation_is_what_the_adapter_turns_off():
+    """docs/thirdparty-notes.md D12: with the release's num_preallocate_tokens (64) a 1-token
+    prompt takes every free block, which the spec's allocate contract (exactly ceil(n/B))
+    forbids; the adapter's manager (0) takes one. 0.8.5 has no preallocation at all."""
+    from kvcheck.impl.thirdparty import vllm_v1_early
+
+    _have("vllm-v1-early", "0.7.0")
+    _have("vllm-v1-early", "0.8.5")
+    for prealloc, blocks in ((64, 8), (0, 1)):
+        t = vllm_v1_early.VllmV1EarlyTarget(8, 2, version="0.7.0", preallocate_tokens=prealloc)
+        t.allocate(0, 1)
+        assert len(t.block_table(0)) == blocks and t.num_free() == 8 - blocks
+    t = vllm_v1_early.VllmV1EarlyTarget(8, 2, version="0.8.5", preallocate_tokens=64)
+    t.allocate(0, 1)
+    assert len(t.block_table(0)) == 1
+
+
 @pytest.mark.parametrize("version", ["0.10.2", "0.33.0"])
 def test_v1_range_ends_pass(version, capsys):
     _have("vllm-v1", version)
@@ -179,6 +261,23 @@ def test_the_environments_vllm_is_checked(tmp_path):
     assert ("engine: vllm 0.8.5 from the pinned sources" in p.stdout and
             "(the vllm 0.10.2 of this environment is outside vllm-v0's range 0.4.2 .. 0.9.2)"
             in p.stdout), p.stdout[-600:]
+
+
+def test_the_environments_early_v1_vllm_is_checked(tmp_path):
+    """An environment's vLLM of v1's first releases (0.9.2 here) is what a plain ``vllm-v1``
+    checks, through vllm_v1_early (the family row), its version printed."""
+    _have("vllm-v1-early", "0.9.2")
+    src = install.find(install.ENGINES["vllm-v1-early"], "0.9.2")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "vllm").symlink_to(src / "vllm")
+    (site / "vllm-0.9.2.dist-info").symlink_to(src / "vllm-0.9.2.dist-info")
+    env = {"PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
+    for target in ("vllm-v1", "vllm-v1@installed"):
+        p = _cli("verify", target, "--blocks", "6", "--block-size", "2", "--ops", "300",
+                 env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert f"engine: vllm 0.9.2 installed in this environment ({site})" in p.stdout
 
 
 def test_a_factory_with_a_version_keyword_takes_at_version():
@@ -226,7 +325,19 @@ def test_install_list_shows_ranges_and_what_is_installed():
     lines = {ln.split(":")[0]: ln for ln in p.stdout.splitlines()}
     assert set(install.ENGINES) <= set(lines)
     assert "vllm 0.10.2 .. 0.33.0 (pinned 0.33.0)" in lines["vllm-v1"]
+    assert "vllm 0.6.4.post1 .. 0.10.1.1" in lines["vllm-v1-early"]
     assert "0.33.0" in lines["vllm-v1"].split("installed:")[1]
+
+
+def test_install_list_of_named_engines_only():
+    p = _cli("install", "vllm-v1", "nano-vllm==20260210", "--list")
+    assert p.returncode == 0, p.stderr
+    # vllm-v1 names its family too (vllm-v1-early: install vllm-v1==0.9.0 reaches it)
+    assert [ln.split(":")[0] for ln in p.stdout.splitlines()] == ["vllm-v1", "vllm-v1-early",
+                                                                  "nano-vllm"]
+    bad = _cli("install", "no-such-engine", "--list")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.count("\n") == 1 and "unknown engine 'no-such-engine'" in bad.stderr
 
 
 def test_an_allowed_deviation_does_not_hide_a_later_bug():

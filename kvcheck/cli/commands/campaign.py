@@ -196,6 +196,10 @@ def _print(args, campaign, s: dict) -> None:
     else:
         print(f"ERROR {s['target']}: {runs['completed']} runs completed{cut}{refused}{errors}: "
               f"no verdict")
+    if s.get("vacuous"):
+        from kvcheck.targets import vacuity
+
+        print(vacuity.line(s["vacuous"]))
     c = s["coverage"]
     if not c["classes"]:
         print(f"coverage: {c['note']}")

@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
                    help="what to install (default: vllm-v1, vllm-v0 and nano-vllm at their "
                         "pinned versions)")
     p.add_argument("--list", action="store_true",
-                   help="print each engine, the range of releases its adapter loads, its pinned "
+                   help="print each engine (or each one named), the range of releases its adapter loads, its pinned "
                         "version and which releases are installed, and exit (default: off)")
     p.set_defaults(run=run)
 
@@ -27,8 +27,16 @@ def run(args) -> int:
     from kvcheck.errors import UsageError
     from kvcheck.impl.thirdparty import _loader, install
 
-    if args.list:
-        for engine in install.ENGINES.values():
+    if args.list:  # every engine, or the generations the names given name
+        engines = list(install.ENGINES.values())
+        if args.engines:
+            unknown = [n for n in args.engines if not install.engines_for(n.partition("==")[0])]
+            if unknown:
+                raise UsageError(f"unknown engine {unknown[0]!r} (known: "
+                                 f"{', '.join(install.ENGINES)})")
+            named = {e.key for n in args.engines for e in install.engines_for(n.partition("==")[0])}
+            engines = [e for e in engines if e.key in named]
+        for engine in engines:
             env = install.environment(engine)
             have = sorted((d.name.rpartition("-")[2] for d in _loader.base_dir().glob(
                 f"{engine.dist}-*") if d.is_dir() and not d.name.endswith(".partial")

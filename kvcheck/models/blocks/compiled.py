@@ -44,13 +44,16 @@ FAST_INVARIANTS = [i for i in INVARIANTS if "free_list" not in i.needs]
 
 class _TOp:
     """A symbolic operation of a known kind (and, if given, a known outcome: then the
-    spec's branches on the outcome are decided while tracing)."""
+    spec's branches on the outcome are decided while tracing). Without a cyclic window
+    (``cycle`` 0): the oracle checks an operation under one from the spec itself
+    (``Oracle._step_fast``), as it does every check the tracer cannot represent."""
 
     def __init__(self, kind: str, outcome: str | None = None):
         self.kind = kind
         for f in dataclasses.fields(contracts.Op):
             if f.name != "kind":
                 setattr(self, f.name, Term("sym", f.name))
+        self.cycle = 0
         if outcome is not None:
             self.outcome = outcome
 

@@ -223,7 +223,14 @@ class BlocksModel(Model):
             if hasattr(target, "free_blocks") else ()
         refs = tuple(sorted((label.get(b, -1 - b), snap.ref(b)) for b in snap.blocks()
                             if snap.ref(b)))
-        return tables, free_order, refs
+        hidden = getattr(target, "hidden_table", None)
+        if hidden is None:
+            return tables, free_order, refs
+        # (what the engine keeps beyond what it shows, e.g. the stale names behind a cyclic
+        # window, which its later steps read: states differing there are not merged)
+        kept = tuple(sorted(tuple(label.setdefault(b, len(label)) for b in hidden(q))
+                            for q in sorted(snap.tables)))
+        return tables, free_order, refs, kept
 
     def exploration_scope(self, ops: list, scope: BlockScope) -> ExploreScope:
         return ExploreScope(scope.num_blocks, scope.block_size,

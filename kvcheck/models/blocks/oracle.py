@@ -108,6 +108,10 @@ class Oracle:
         # A target may narrow an operation's precondition to the calls its engine can
         # express (``Target.admits``): an operation it does not admit is never issued.
         self._admits = getattr(target, "admits", None)
+        # A cyclic sliding window the target declares (``Target.cyclic_window``, tokens):
+        # stamped on every operation as ``Op.cycle`` (blocks), which allocate's and
+        # append_slot's contracts read.
+        self.cycle = cyclic_blocks(target)
         # The compiled spec stands in for the spec's own contracts only where a
         # subclass does not judge operations its own way.
         self.compiled = compiled and type(self)._check_op is Oracle._check_op
@@ -205,6 +209,7 @@ class Oracle:
                 raise ValueError(f"precondition of {op.kind} fails: {op}")
         self._approved = None
         self.steps += 1
+        op.cycle = self.cycle
         if watchdog is None:
             watchdog = active_watchdog()
         recorder = watchdog_module.RECORDER
@@ -400,7 +405,8 @@ class Oracle:
                 live = [] if tables[q] is None else [q]
             else:
                 live = [q for q in seqs if tables[q] is not None]
-            steps = self._steps[kind] if self.compiled else None
+            # (under a cyclic window, the spec itself: compiled without one)
+            steps = self._steps[kind] if self.compiled and not op.cycle else None
             check = steps[op.outcome] if steps is not None else None
             if check is None or not check(g, post, op, blocks, live):
                 dom = Domain(sorted(blocks), seqs)
@@ -441,6 +447,10 @@ class Oracle:
         if op.outcome == OK:
             sh, kind = self.shadow, op.kind
             if kind == "append_slot":
+                if op.cycle:  # the engine's own drop first: the positions left behind
+                    skip = contracts.cyclic_skip(PY, self._state(), op)
+                    if skip:
+                        sh.drop(op.seq, skip)
                 sh.append(op.seq, op.block, op.offset, op.cow_src)
             elif kind == "allocate":
                 sh.allocate(op.seq, op.n_tokens, post.table_tuple(op.seq))
@@ -587,6 +597,22 @@ def _show(table) -> str:
 COPYING = frozenset({"append_slots", "fork", "rebase"})
 # Operations that reserve nothing and whose sequence then reserves nothing.
 _SINGLE = frozenset({"append_slot"})
+
+
+def cyclic_blocks(target) -> int:
+    """The cyclic window ``target`` declares, in blocks (``cyclic_window`` tokens, a
+    positive multiple of its block size; 0: none). A malformed declaration is a
+    ``TargetError`` (bad input: the adapter's)."""
+    window = getattr(target, "cyclic_window", None)
+    if window is None or window == 0:
+        return 0
+    B = target.block_size
+    if type(window) is not int or window < 0 or window % B:
+        from kvcheck.targets.loading import TargetError
+
+        raise TargetError(f"{type(target).__name__}.cyclic_window must be a positive multiple "
+                          f"of the block size {B} (tokens), not {window!r}")
+    return window // B
 
 
 def decode_copies(op: Op, result) -> str | None:

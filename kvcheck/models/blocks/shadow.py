@@ -36,6 +36,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 
+from kvcheck.spec.state import NULL
+
 Runs = tuple  # (offset, first token, count) * k, flat
 _EMPTY: tuple = ((), ())
 
@@ -228,7 +230,7 @@ class ShadowMemory:
         e = self.expected[seq]
         last = e[-1]
         end = _end(last)
-        if end == self.block_size:  # the last block is full: a new one
+        if end == self.block_size or not last:  # full (or null: dropped): a new one
             e.append((0, tok, 1))
         elif last[-2] + last[-1] == tok:
             e[-1] = last[:-1] + (last[-1] + 1,)
@@ -242,6 +244,9 @@ class ShadowMemory:
         bs, write = self.block_size, self._write
         e = self.expected[seq] = []
         for k, start in enumerate(range(0, n_tokens, bs)):
+            if table[k] == NULL:  # (a position behind a cyclic window: never read)
+                e.append(())
+                continue
             run = (0, tok + start, bs if n_tokens - start > bs else n_tokens - start)
             e.append(write(table[k], 0, run) or run)  # (the block's top, when it is the run)
 
@@ -259,7 +264,7 @@ class ShadowMemory:
         e = self.expected[seq]
         last = e[-1]
         top, below = slots.get(block, _EMPTY)
-        if top is last and offset == last[-3] + last[-1] != self.block_size:
+        if top is last and last and offset == last[-3] + last[-1] != self.block_size:
             # the block's top is what seq expects there, and the token goes on its end
             if last[-2] + last[-1] == tok:
                 new = last[:-1] + (last[-1] + 1,)

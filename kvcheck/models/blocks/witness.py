@@ -12,7 +12,9 @@ renamed in the spec is explained by the same sentences.
 
 from __future__ import annotations
 
+from kvcheck.spec import contracts
 from kvcheck.spec.contracts import OOB
+from kvcheck.spec.logic import PY
 from kvcheck.spec.state import NULL
 
 
@@ -204,7 +206,43 @@ def _append_did(op, pre, post) -> str:
 
 def for_step(ev, pre, post, op) -> str:
     """An operation's witness: what the broken clause's element looked like before and
-    after ``op``, and what ``op`` did."""
+    after ``op``, and what ``op`` did (under a cyclic window, also how the spec reads the
+    call: ``_cyclic``)."""
+    text = _for_step(ev, pre, post, op)
+    note = _cyclic(pre, post, op)
+    return f"{text}; {note}" if note else text
+
+
+def _cyclic(pre, post, op) -> str:
+    """How the spec reads ``op`` under the target's cyclic window (empty: as ever)."""
+    if not getattr(op, "cycle", 0) or op.outcome == OOB:
+        return ""
+    W, q = op.cycle, op.seq
+    if op.kind == "allocate":
+        need = -(-op.n_tokens // pre.block_size)
+        if need <= W:
+            return ""
+        return (f"under the cyclic window of {W} block(s) a prompt of {need} blocks takes "
+                f"{W} free blocks for its last {W} positions, the {need - W} before them null")
+    if op.kind != "append_slot":
+        return ""
+    skip = contracts.cyclic_skip(PY, pre, op)
+    if not skip:
+        return ""
+    j = skip - 1
+    old = pre.table(q, j)
+    text = (f"under the cyclic window of {W} block(s) this append past it is the drop of "
+            f"position {j} (block {old}, refcount {pre.ref(old)}: "
+            f"{'released, free again' if pre.ref(old) == 1 else 'another table keeps it'}) "
+            f"then an append at a block boundary, which takes a block free by then")
+    b = op.block
+    if b is not None and b != old and pre.ref(b) > 0:
+        others = [h for h in _holders(pre, b) if not h.startswith(f"sequence {q} ")]
+        text += f"; block {b} was not free: {', '.join(others) or 'a table'} held it"
+    return text
+
+
+def _for_step(ev, pre, post, op) -> str:
     head = describe_op(op)
     x = ev.element
     if op.outcome == OOB:
@@ -341,5 +379,11 @@ def narrate(op, before: dict | None, after: dict | None, block_size: int) -> str
     if op.cow_src is not None:
         text += f", after copying block {op.cow_src} into it"
     elif op.offset == 0:
-        text += " (a fresh block)"
+        t0 = (before or {}).get("tables", {}).get(str(q))
+        t1 = (after or {}).get("tables", {}).get(str(q))
+        # (a cyclic window's append past it: the block that left the window, now null there)
+        left = [i for i, b in enumerate(t0 or ()) if b == op.block and t1 is not None
+                and i < len(t1) and t1[i] in (None, NULL)]
+        text += (f" (the block that left the window at position {left[0]}, reused in place)"
+                 if left else " (a fresh block)")
     return text
