@@ -152,10 +152,13 @@ class PrefixCachingBlockManager:
         not known, read everything)."""
         if not self._journaled():
             return None
-        out = self.free_list.journal | self.evictable.journal | self.cache.journal
-        self.free_list.journal.clear()
-        self.evictable.journal.clear()
-        self.cache.journal.clear()
+        a, b, c = self.free_list.journal, self.evictable.journal, self.cache.journal
+        if not (a or b or c):  # (nothing changed: the usual step)
+            return set()
+        out = a | b | c
+        a.clear()
+        b.clear()
+        c.clear()
         return out
 
     def block_cache_state(self, block: int) -> tuple[tuple, int, int]:

@@ -15,7 +15,7 @@ from operator import index
 from kvcheck.check.watchdog import CONTROL
 from kvcheck.errors import what_it_did
 from kvcheck.spec.state import NULL, Snapshot
-from kvcheck.targets.protocol import is_value
+from kvcheck.targets.protocol import SeedAdapter, is_value
 
 
 class ObservationError(Exception):
@@ -90,14 +90,19 @@ def read_ref(target, block: int) -> int:
 def read_refs_of(target, blocks) -> dict[int, int]:
     """The refcounts of ``blocks`` (pool ids), as ``{block: refcount}``."""
     try:
-        refcount = target.refcount
-        refs = {b: refcount(b) for b in blocks}
+        if type(target) is SeedAdapter and type(target.impl.ref) is list:
+            ref = target.impl.ref  # (what its refcount(b) reads, without a call per block)
+            refs = {b: ref[b] for b in blocks}
+        else:
+            refcount = target.refcount
+            refs = {b: refcount(b) for b in blocks}
     except CONTROL:
         raise
     except BaseException:  # noqa: BLE001 - ask again one by one, to name the block
         return {b: read_ref(target, b) for b in blocks}
-    if set(map(type, refs.values())) - {int}:
-        return {b: read_ref(target, b) for b in refs}
+    for r in refs.values():
+        if type(r) is not int:
+            return {b: read_ref(target, b) for b in refs}
     return refs
 
 
@@ -160,24 +165,34 @@ def read_free(target) -> list[int]:
     return free
 
 
-class Identity:
+_IDENTITY = object()  # (the tag of an Identity's tuple: no value a target returns holds it)
+
+
+class Identity(tuple):
     """A table's identity: the table object itself, equal only to itself.
 
     Holding the object keeps it alive, so its ``id`` cannot be handed to a new
     table while the oracle still remembers the old one (raw ``id()`` values
     are reused as soon as an object is freed, which made a new table look
-    like an alias of a replaced one)."""
+    like an alias of a replaced one). A tuple ``(tag, id(obj))`` whose tag is private:
+    hashed and compared at C speed (the fast mode hashes identities every step), equal
+    exactly to an ``Identity`` of the same object."""
 
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: object):
+    def __new__(cls, obj: object):
+        self = tuple.__new__(cls, (_IDENTITY, id(obj)))
         self.obj = obj
+        return self
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Identity and other.obj is self.obj
+    def __copy__(self):
+        return self
 
-    def __hash__(self) -> int:
-        return id(self.obj)
+    def __deepcopy__(self, memo):
+        import copy
+
+        return Identity(copy.deepcopy(self.obj, memo))
+
+    def __reduce__(self):
+        return (Identity, (self.obj,))
 
     def __repr__(self) -> str:
         return f"Identity({type(self.obj).__name__} at {id(self.obj):#x})"

@@ -9,6 +9,8 @@ name the state classes the functions will be given, for their inline code:
                                               domain (``blocks`` the touched blocks, the op's own
                                               sequences), then every state invariant not needing
                                               free-list membership over ``blocks`` and ``live``
+    step_with(contract, kind, outcome, extra, Pre, Post)(pre, post, op, blocks, live, *extra)
+                                              the same with a model's own contract for ``kind``
     state_invariants(State)(s)                every state invariant over the whole of ``s``
 
 Each returns True iff every clause holds. To read the generated code:
@@ -96,22 +98,31 @@ def state_invariants_source(inline: dict) -> str:
                            {**SYMS, **_sizes("post")}, inline)
 
 
-def step_source(kind: str, inline: dict, outcome: str | None = None) -> str:
+def step_source(kind: str, inline: dict, outcome: str | None = None, contract=None,
+                extra: tuple = (), name: str | None = None) -> str:
     """The contract of ``kind`` and the fast invariants after it, in one function
     (one prelude, subterms shared between the two). With ``outcome``: for operations
     of that outcome only (the spec's branches on it taken while tracing, so the
-    function reads only what that outcome's clauses read)."""
+    function reads only what that outcome's clauses read).
+
+    ``contract(L, pre, post, op, dom, *extra)``: another spec contract standing in for
+    ``kind``'s (a model's own, e.g. ``spec.prefix.allocate_with_hits``); ``extra``
+    names its further inputs, which become parameters of the function after ``live``."""
     op = _TOp(kind, outcome)
     pre, post = TState("pre"), TState("post")
     dom = Domain(TDomain(Term("sym", "blocks")), _op_seqs(op))
+    args = [Term("sym", x) for x in extra]
 
     def clauses():  # (a refusal's contract too: ``clauses`` branches on the outcome)
-        yield from (f for _, _, f in contracts.clauses(TL, pre, post, op, dom))
+        rule = contracts.clauses(TL, pre, post, op, dom) if contract is None else \
+            contract(TL, pre, post, op, dom, *args)
+        yield from (f for _, _, f in rule)
         yield from _invariant_clauses(post, every=False)
 
-    name = f"step_{kind}" if outcome is None else f"step_{kind}_{outcome}"
-    return function_source(name, ["pre", "post", "op", "blocks", "live"],
-                           trace(clauses), {**SYMS, **_sizes("pre")}, inline)
+    name = name or (f"step_{kind}" if outcome is None else f"step_{kind}_{outcome}")
+    return function_source(name, ["pre", "post", "op", "blocks", "live", *extra],
+                           trace(clauses), {**SYMS, **{x: x for x in extra}, **_sizes("pre")},
+                           inline)
 
 
 def _compile(source: str, name: str):
@@ -149,6 +160,17 @@ def step_for(kind: str, outcome: str, pre: type | None = None, post: type | None
 
     assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
     return _compile(step_source(kind, inline_for(pre, post), outcome), f"step_{kind}_{outcome}")
+
+
+def step_with(contract, kind: str, outcome: str, extra: tuple, pre: type | None = None,
+              post: type | None = None):
+    """``f(pre, post, op, blocks, live, *extra)``: ``contract`` (see ``step_source``) for
+    operations of ``kind`` that ended with ``outcome``, and the fast invariants."""
+    from kvcheck.models.blocks.ghost import After, Ghost
+
+    assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
+    name = f"step_{contract.__name__}_{outcome}"
+    return _compile(step_source(kind, inline_for(pre, post), outcome, contract, extra, name), name)
 
 
 @cache

@@ -196,7 +196,8 @@ class After(TableTerms):
         idents: dict[int, object] = {}
         resolved: dict[int, int] = {}
         delta: dict[int, int] = {}
-        blocks = {b for b in extra if b is not None}
+        blocks = set(extra)
+        blocks.discard(None)
         for q in seqs:
             old = gt.get(q)
             new = tables[q] = read_table(target, q, old)
@@ -218,7 +219,7 @@ class After(TableTerms):
         self._impl_lens = impl_lens
         self._idents = idents
         self.impl_lengths = resolved
-        self.holder_delta = {b: d for b, d in delta.items() if d}
+        self.holder_delta = {b: d for b, d in delta.items() if d} if delta else {}
         ic, counts = ghost.ident_count, {}
         if len(seqs) == 1:  # (the common case: the loop below, for one sequence)
             q = seqs[0]

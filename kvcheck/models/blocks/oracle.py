@@ -81,6 +81,11 @@ class Unsupported(Exception):
 
 
 class Oracle:
+    # Each operation's compiled step check, per outcome (a subclass judging an operation
+    # by its own contract may stand in its own compiled form: the prefix oracle's
+    # allocate with cache hits).
+    _steps = _STEPS
+
     def __init__(self, target, mode: str = "fast", sweep_every: int | None = None,
                  timeout: float | None = 10.0, compiled: bool = True):
         if mode not in ("fast", "full"):
@@ -385,15 +390,23 @@ class Oracle:
                 extra = [b for pair in op.copies for b in pair]
             else:
                 extra = ()
-            after = {q: m for q, m in delta.items() if m is not None}
+            if len(seqs) == 1:  # (the usual step: one sequence, no comprehensions)
+                q = seqs[0]
+                m = delta[q]
+                after = {} if m is None else {q: m}
+            else:
+                after = {q: m for q, m in delta.items() if m is not None}
             post = After(self.target, g, seqs, after, extra)
             if kind not in _SINGLE:
                 self._reserve(op, g, post, post.reservations)
             blocks = post.blocks
             tables = post.tables
-            live = [q for q in seqs if tables[q] is not None]
+            if len(seqs) == 1:
+                live = [] if tables[q] is None else [q]
+            else:
+                live = [q for q in seqs if tables[q] is not None]
             # (under a cyclic window, the spec itself: compiled without one)
-            steps = _STEPS[kind] if self.compiled and not op.cycle else None
+            steps = self._steps[kind] if self.compiled and not op.cycle else None
             check = steps[op.outcome] if steps is not None else None
             if check is None or not check(g, post, op, blocks, live):
                 dom = Domain(sorted(blocks), seqs)

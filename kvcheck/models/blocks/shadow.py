@@ -278,6 +278,26 @@ class ShadowMemory:
         if top == e[-1]:  # (share the tuple, so the next token takes the way above)
             e[-1] = top
 
+    def append_token(self, seq: int, block: int, offset: int, tok: int) -> None:
+        """``write(block, offset, tok)`` then ``expect_one_more(seq, tok)``, in one pass
+        (``append``'s way: when the block's top is what seq expects there, the token goes
+        on the end of both, one shared tuple)."""
+        slots, e = self.slots, self.expected[seq]
+        last = e[-1]
+        top, below = slots.get(block, _EMPTY)
+        if last and top is last and offset == last[-3] + last[-1] != self.block_size:
+            if last[-2] + last[-1] == tok:
+                new = last[:-1] + (last[-1] + 1,)
+            else:
+                new = last + (offset, tok, 1)
+            slots[block] = (new, below)
+            e[-1] = new
+            return
+        top = self._write(block, offset, (offset, tok, 1))
+        self.expect_one_more(seq, tok)
+        if top == e[-1]:  # (share the tuple, so the next token takes the way above)
+            e[-1] = top
+
     def extend(self, seq: int, n: int, table: Sequence[int]) -> None:
         """The caller writes ``n`` fresh tokens after ``seq``'s last one, through ``table``
         (a multi-token reservation): one run per block written, whatever ``n``."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from kvcheck.compile.emit import function_source, simple
 from kvcheck.compile.terms import Term
 from kvcheck.compile.tracer import TL, TDomain, TState, Untraceable, trace
+from kvcheck.spec import prefix as P
 from kvcheck.spec.prefix import PREFIX_INVARIANTS
 
 SYMS = {"post": "post", "all_blocks": "range(post.num_blocks)", "N": "post.num_blocks",
@@ -62,7 +63,8 @@ def _binds(role: str, *fields: str) -> dict[str, str]:
     return {f"{role}_{f}": f"{role}.{f}" for f in fields}
 
 
-# PrefixSnapshot's vocabulary, inline (``content_ok`` and ``meaning`` stay calls).
+# PrefixSnapshot's vocabulary, inline (``meaning`` stays a call, ``content_ok`` one but
+# for a block under one key).
 INLINE = {
     "ref": lambda r, b: (f"({r}_refs[{b}] if 0 <= {b} < {r}_num_blocks else 0)",
                          _binds(r, "refs", "num_blocks")) if simple(b) else None,
@@ -73,6 +75,11 @@ INLINE = {
     "partial": lambda r, b: (f"({b} in {r}__partial)", _binds(r, "_partial")),
     "filled": lambda r, b: (f"{r}_filled_map.get({b}, 0)", _binds(r, "filled_map")),
     "content": lambda r, b: (f"{r}_content_map.get({b}, -1)", _binds(r, "content_map")),
+    # content_ok: one key (the usual case) compared inline, else the method
+    "content_ok": lambda r, b: (
+        f"({r}_meanings.get({r}__keys[{b}][0], -1) == {r}_content_map.get({b}, -1) >= 0 "
+        f"if len({r}__keys.get({b}, ())) == 1 else {r}_content_ok({b}))",
+        _binds(r, "meanings", "_keys", "content_map", "content_ok")) if simple(b) else None,
     "free_list_len": lambda r: (f"{r}__free_len", _binds(r, "_free_len")),
     "evictable_len": lambda r: (f"{r}__evict_len", _binds(r, "_evict_len")),
 }
@@ -140,3 +147,24 @@ def compile_touched(inline: bool = True):
 
 
 touched_invariants = compile_touched()
+
+
+# -- allocate with cache hits: the fast mode's compiled step check ------------------------------
+def _allocate_with_hits():
+    """``{outcome: f(pre, post, op, blocks, live, hits)}`` for OK and OOB:
+    ``spec.prefix.allocate_with_hits`` (``hits`` the blocks served from the cache) and the
+    block manager's fast invariants, compiled from their text as the block manager's
+    step checks are (``kvcheck.models.blocks.compiled.step_with``); None where the tracer
+    cannot represent the spec's text."""
+    from kvcheck.models.blocks import compiled as block_checks
+    from kvcheck.models.blocks.ghost import After, Ghost
+    from kvcheck.spec.contracts import OK, OOB
+
+    try:
+        return {o: block_checks.step_with(P.allocate_with_hits, "allocate", o, ("hits",), Ghost, After)
+                for o in (OK, OOB)}
+    except Untraceable:
+        return None
+
+
+allocate_with_hits = _allocate_with_hits()

@@ -2,15 +2,18 @@
 
 Where the target's cache view reads one block at a time (``view.incremental``: the
 bundled reference's journaled containers, ``impl/journaled.py``), the fast mode keeps a
-``Mirror`` of the cache as last verified and, after each step, reads only the *touched*
-blocks: every block the tables of the step's sequences name before or after it, the
-blocks the operation returned or copied (what the contracts mention), and every block
+``Mirror`` of the cache as last verified and, after each step, reads only the blocks
 whose keys or list membership changed since the last read (the containers' journal,
-kept by their own mutators, whatever code changed them). The ghost contents
-(``filled``/``content``) change only on blocks written through a touched table. On
-those blocks it evaluates every per-block invariant of ``spec.prefix.PREFIX_INVARIANTS``
-(compiled from the spec's text, ``compiled.touched_invariants``; the spec itself names
-what broke). Untouched blocks are unchanged since they were verified.
+kept by their own mutators, whatever code changed them; the per-block reads read the
+containers' index, which the same mutators keep, so a block the journal does not name
+reads as before). It checks the *touched* blocks: every block the tables of the step's
+sequences name before or after it, the blocks the operation returned or copied (what
+the contracts mention: the structural step's ``After.blocks``) and the journal's. The
+ghost contents (``filled``/``content``) change only on blocks written through a touched
+table, refcounts and partial tails only on touched blocks. On those blocks it evaluates
+every per-block invariant of ``spec.prefix.PREFIX_INVARIANTS`` (compiled from the
+spec's text, ``compiled.touched_invariants``; the spec itself names what broke).
+Untouched blocks are unchanged since they were verified.
 
 The global invariant (``pool_sizes``) and everything else are checked by a *full check*
 (the full mode's: the whole cache read, every invariant on every block) in a sweep every
@@ -38,7 +41,7 @@ class Mirror(P.PrefixSnapshot):
         self._s = structural
         self.free_list = Counter(snap.free_list)
         self.evictable = Counter(snap.evictable)
-        self._keys = {b: list(ks) for b, ks in snap._keys.items()}
+        self._keys = {b: tuple(ks) for b, ks in snap._keys.items()}  # (tuples: as read)
         self.meanings = meanings  # the oracle's bindings (a superset of the cached keys')
         self.filled_map = ghost.filled
         self.content_map = ghost.content
@@ -48,7 +51,7 @@ class Mirror(P.PrefixSnapshot):
         self.n_entries = len(snap.entries)
         self.n_free = sum(self.free_list.values())
         self.n_evict = sum(self.evictable.values())
-        self.pcount: Counter = Counter()
+        self.pcount: dict = {}  # block -> how many sequences hold it partial
         self.seq_partial: dict = {}
         for q, blocks in seqs_partial:
             self.set_partial(q, blocks)
@@ -71,8 +74,11 @@ class Mirror(P.PrefixSnapshot):
 
     def set_partial(self, q, blocks) -> None:
         """Sequence q's blocks past its last full block are ``blocks`` (None: q is gone)."""
+        sp = self.seq_partial
+        if blocks and sp.get(q) == blocks:
+            return  # (unchanged: an append within the last block)
         pc = self.pcount
-        for b in self.seq_partial.pop(q, ()):
+        for b in sp.pop(q, ()):
             c = pc[b] - 1
             if c:
                 pc[b] = c
@@ -81,29 +87,29 @@ class Mirror(P.PrefixSnapshot):
                 if hasattr(self, "_partial"):
                     self._partial.discard(b)
         if blocks:
-            self.seq_partial[q] = blocks
+            sp[q] = blocks
             for b in blocks:
-                pc[b] += 1
+                pc[b] = pc.get(b, 0) + 1
                 if hasattr(self, "_partial"):
                     self._partial.add(b)
 
     def block(self, b) -> tuple:
         """(keys, times on the free list, times evictable) as the mirror holds them."""
-        return tuple(self._keys.get(b, ())), self.free_list.get(b, 0), self.evictable.get(b, 0)
+        return self._keys.get(b, ()), self.free_list.get(b, 0), self.evictable.get(b, 0)
 
     def set_block(self, b, keys: tuple, on_free: int, on_evict: int) -> tuple:
         """Block b now holds ``keys`` and is that many times on each list; returns
         (whether it had a key, times it was evictable) before."""
         old = self._keys.get(b, ())
         before = (bool(old), self.evictable.get(b, 0))
-        if (keys or old) and tuple(old) != keys:
+        if (keys or old) and old != keys:
             for k in old:
                 self._name(self.meanings.get(k, -1), -1)
             for k in keys:
                 self._name(self.meanings.get(k, -1), +1)
             self.n_entries += len(keys) - len(old)
             if keys:
-                self._keys[b] = list(keys)
+                self._keys[b] = keys
             else:
                 self._keys.pop(b, None)
         counts = self.free_list
@@ -113,7 +119,7 @@ class Mirror(P.PrefixSnapshot):
             if on_free:
                 counts[b] = on_free
             else:
-                del counts[b]
+                counts.pop(b)  # (not Counter's own __delitem__, in Python)
         counts = self.evictable
         was = counts.get(b, 0)
         if was != on_evict:
@@ -121,8 +127,19 @@ class Mirror(P.PrefixSnapshot):
             if on_evict:
                 counts[b] = on_evict
             else:
-                del counts[b]
+                counts.pop(b)
         return before
+
+    def content_ok(self, b):
+        """``PrefixSnapshot.content_ok`` (the common case, one key, without a generator)."""
+        c = self.content_map.get(b, -1)
+        if c < 0:
+            return False
+        ks = self._keys.get(b, ())
+        if len(ks) == 1:
+            return self.meanings.get(ks[0], -1) == c
+        meanings = self.meanings
+        return all(meanings.get(k, -1) == c for k in ks)
 
     def _name(self, m: int, d: int) -> None:
         if m < 0:
@@ -139,7 +156,7 @@ class Mirror(P.PrefixSnapshot):
                         self.orphans.add(m)
                 self.orphans.difference_update(self.children.get(m, ()))
             return
-        del named[m]
+        named.pop(m)  # (not Counter's own __delitem__, in Python)
         self.orphans.discard(m)
         if parent >= 0:
             self.children.get(parent, set()).discard(m)

@@ -58,10 +58,11 @@ from kvcheck.check import evidence
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, active_watchdog
 from kvcheck.errors import what_it_did
-from kvcheck.models.blocks.oracle import Oracle
+from kvcheck.models.blocks.oracle import _STEPS, Oracle
 from kvcheck.models.blocks.shadow import ShadowMemory
 from kvcheck.models.prefix import compiled as compiled_checks
 from kvcheck.models.prefix.incremental import Mirror, partial_blocks
+from kvcheck.models.prefix.live import LiveOrder
 from kvcheck.models.prefix.model import PrefixOp, cache_json
 from kvcheck.spec import prefix as P
 from kvcheck.spec.contracts import OK, OOB, REFUSED
@@ -346,8 +347,7 @@ class PrefixShadow(ShadowMemory):
         tok = o.pending.tokens[0]
         if cow_src is not None:
             self.copy(cow_src, block)
-        self.write(block, offset, tok)
-        self.expect_one_more(seq, tok)
+        self.append_token(seq, block, offset, tok)
         self._wrote(seq, block, offset)
 
     def _wrote(self, seq, block, offset):
@@ -408,10 +408,19 @@ class _Structural(Oracle):
         self.oracle = oracle
         super().__init__(target, mode=mode, timeout=timeout, compiled=compiled)
         # The block manager's compiled spec judges every operation but allocate (whose
-        # contract here is allocate_with_hits, see _step_fast); the sweeps' and the full
-        # mode's state invariants too.
+        # contract here is allocate_with_hits, compiled from its own text: _allocate_steps);
+        # the sweeps' and the full mode's state invariants too.
         self.compiled = compiled
         self.shadow = PrefixShadow(target.block_size, oracle)
+        self.after = None  # the last fast step's observation (``After``), see _record
+        # (the spec judges allocate where it cannot be compiled: the block manager's
+        # compiled allocate knows no hits)
+        self._steps = {**_STEPS, "allocate": self._allocate_steps()}
+
+    def clone(self):
+        new = super().clone()
+        new._steps = {**_STEPS, "allocate": new._allocate_steps()}  # (the copy's own)
+        return new
 
     def _call(self, op):
         t = self.target
@@ -426,14 +435,29 @@ class _Structural(Oracle):
             return t.append_slots(op.seq, op.n_tokens, op.lookahead, token_ids=list(op.tokens))
         return super()._call(op)
 
-    def _step_fast(self, op, delta):
-        if op.kind != "allocate" or not self.compiled:
-            return super()._step_fast(op, delta)
-        self.compiled = False  # the compiled allocate contract knows no cache hits
-        try:
-            return super()._step_fast(op, delta)
-        finally:
-            self.compiled = True
+    def _allocate_steps(self) -> dict | None:
+        """allocate's compiled step checks: ``spec.prefix.allocate_with_hits`` (compiled
+        from its text, ``compiled.allocate_with_hits``) after the cache-hit checks, for
+        each outcome; None where either cannot be compiled (then the spec judges it)."""
+        awh, plain = compiled_checks.allocate_with_hits, _STEPS.get("allocate")
+        if awh is None or plain is None:
+            return None
+        ok, oob = awh[OK], awh[OOB]
+
+        def allocate_ok(pre, post, op, blocks, live):  # (self's oracle: see clone)
+            oracle = self.oracle
+            if oracle._check_hits(post, op, self.steps) is not None:
+                return False  # (the spec names it: ``_check_op``)
+            return ok(pre, post, op, blocks, live, oracle.pending_hits)
+
+        def allocate_oob(pre, post, op, blocks, live):
+            return oob(pre, post, op, blocks, live, 0)
+
+        return {OK: allocate_ok, OOB: allocate_oob, REFUSED: plain[REFUSED]}
+
+    def _record(self, op, delta, post):
+        self.after = post  # (this step's observation: the prefix fast mode reads its blocks)
+        super()._record(op, delta, post)
 
     def _check_op(self, pre, post, op, dom, n):
         if op.kind != "allocate" or op.outcome == REFUSED:  # a refusal: contracts.refused
@@ -458,6 +482,10 @@ class _Before:
 
 
 # -- the oracle --------------------------------------------------------------------------
+LIVE_LIST = 2048
+"""Up to this many live sequences ``live()`` is a plain list (C-speed indexing; its
+``remove`` cheap at that size), beyond it a ``LiveOrder`` (O(log n) throughout)."""
+
 @dataclass
 class Stats:
     allocations: int = 0
@@ -533,7 +561,7 @@ class PrefixOracle:
         self.fast = (mode == "fast" and self.compiled and compiled_checks.touched_invariants is not None
                      and getattr(self.view, "incremental", False))
         self.mirror: Mirror | None = None
-        self._live: list | None = None  # live(), kept step by step
+        self._live: list | LiveOrder | None = None  # live(), kept step by step
         if self.violation is None:
             wd = active_watchdog()
             if wd is not None:
@@ -568,12 +596,17 @@ class PrefixOracle:
     def live_seqs(self) -> list[int]:
         return self.s.live_seqs()
 
-    def live(self) -> list[int]:
-        """The live sequences in the order they were allocated (the driver's choices): a
-        list kept step by step (``list(lengths)`` costs the number of live sequences)."""
+    def live(self) -> list[int] | LiveOrder:
+        """The live sequences in the order they were allocated (the driver's choices), kept
+        step by step (``list(lengths)`` costs the number of live sequences): a list while
+        at most ``LIVE_LIST`` are live, beyond that a ``LiveOrder`` (a list's ``remove``
+        costs the number of live sequences too); read-only to the caller."""
         got = self._live
         if got is None:
-            got = self._live = self.s.live()
+            got = self.s.live()
+            if len(got) > LIVE_LIST:
+                got = LiveOrder(got)
+            self._live = got
         return got
 
     def _track_live(self, op) -> None:
@@ -583,6 +616,8 @@ class PrefixOracle:
             return
         if op.kind in ("allocate", "fork"):
             got.append(op.seq if op.kind == "allocate" else op.child)
+            if type(got) is list and len(got) > LIVE_LIST:
+                self._live = LiveOrder(got)
         elif op.kind in ("free_seq", "preempt"):
             got.remove(op.seq)
 
@@ -617,27 +652,26 @@ class PrefixOracle:
                 return v
             unwritten = op.kind in ("free_seq", "preempt") and op.seq in self.uncommitted
             inc = self.mirror is not None
-            if inc:  # the step's sequences and the blocks their tables name before it
-                seqs = (op.seq, op.child) if op.kind in ("fork", "rebase") else (op.seq,)
-                g = self.s._state()
-                pre_blocks = {b for q in seqs if g.live(q) for b in g.table_tuple(q)}
+            self.s.after = None
             v = self.s.step(op, wd)
             self.steps = self.s.steps
-            self._live = None if v is not None else self._live
             if v is None:
                 self._track_live(op)
                 was = None
                 if inc and self.steps % self.s.sweep_every:
-                    post, v, was = self._step_incremental(op, seqs, pre_blocks)
+                    post, v, was = self._step_incremental(op)
                 else:
                     post, v = self._full_check(self.steps, op)
                 if v is None:
                     self._count(op, post, was)
-                    self.stats.freed_uncommitted += unwritten
+                    if unwritten:
+                        self.stats.freed_uncommitted += 1
                     if was is None:
                         self._verified(post)
-            elif v.kind in ("contract", "invariant", "data"):
-                self._observe_for_the_record()
+            else:
+                self._live = None
+                if v.kind in ("contract", "invariant", "data"):
+                    self._observe_for_the_record()
         except OperationTimeout as exc:
             v = Violation(self.s.steps, "hang", "prefix observation",
                           witness=f"reading the prefix cache after {op.kind} {exc}")
@@ -825,59 +859,70 @@ class PrefixOracle:
             self.mirror = None  # rebuilt from post by _verified
         return post, v
 
-    def _step_incremental(self, op, seqs, pre_blocks):
+    def _step_incremental(self, op):
         """Observe and check what ``op`` touched (module ``incremental``). Returns (post,
         violation, the state before for the touched blocks) or a full check's (post,
         violation, None) where one was needed."""
-        n, m, view, g = self.steps, self.mirror, self.view, self.s._state()
+        n, m, view = self.steps, self.mirror, self.view
         nb, bs = self.target.num_blocks, self.block_size
+        after = self.s.after  # the structural step's observation (``After``)
+        if after is None:
+            return (*self._full_check(n, op), None)
+        old = {}  # touched block -> (whether it had a key, times evictable) before
         try:
-            changed = view.changes()
+            changed = view.obj.cache_changes()  # (``view.changes``)
             if changed is None:
                 return (*self._full_check(n, op), None)
-            touched = pre_blocks | changed
-            for q in seqs:
-                if g.live(q):
-                    touched.update(g.table_tuple(q))
-            if op.kind == "append_slot":
-                touched.update((op.block, op.cow_src))
-            for pair in op.copies or ():
-                touched.update(pair)
-            touched = [b for b in touched if type(b) is int and 0 <= b < nb]  # (any order:
-            # a failure is named by the full check)
-            read, new = view._block, []
-            for b in touched:
+            # checked: every block the step's tables name before or after it and the blocks
+            # it returned or copied (the structural step's ``After.blocks``: pool blocks),
+            # and the blocks the journal names (any order: a failure is named by the full
+            # check); read: the journal's blocks (their keys and places are what changed:
+            # the containers' index, which the block reads read, and their journal are kept
+            # by the same mutators)
+            touched = after.blocks
+            if changed:
+                changed = {b for b in changed if type(b) is int and 0 <= b < nb}
+                touched = touched | changed
+            read = view._block
+            mkeys, mfree, mevict = m._keys, m.free_list, m.evictable
+            failed = op.outcome in (OOB, REFUSED)
+            meanings, filled, content = self.meanings, self.ghost.filled, self.ghost.content
+            for b in changed:
                 keys, on_free, on_evict = read(b)
                 if type(keys) is not tuple or type(on_free) is not int or type(on_evict) is not int:
                     keys, on_free, on_evict = view.block(b)
-                new.append((b, (keys, on_free, on_evict)))
+                if keys == mkeys.get(b, ()) and on_free == mfree.get(b, 0) and \
+                        on_evict == mevict.get(b, 0):
+                    old[b] = (bool(keys), on_evict)  # unchanged (its keys bound when first read)
+                    continue
+                if failed:  # a failed call changed the cache: the full mode's words for it
+                    return (*self._full_check(n, op), None)
+                for key in keys:
+                    if key not in meanings:
+                        meanings[key] = content.get(b, -1) if filled.get(b, 0) == bs else -1
+                old[b] = m.set_block(b, keys, on_free, on_evict)
             sizes = view.sizes()
-            reported = (view.free_list_len(), view.evictable_len())
+            f, e = view._n_free, view._n_evict  # (``free_list_len``, ``evictable_len``)
+            reported = (view.free_list_len() if f is None or type(a := f()) is not int else a,
+                        view.evictable_len() if e is None or type(c := e()) is not int else c)
         except CONTROL:
             raise
         except BaseException as exc:  # noqa: BLE001 - the allocator's fault
             why = f"reading the prefix cache {what_it_did(exc)}"
             return None, Violation(n, "malformed", "prefix observation", witness=why), None
-        if op.outcome in (OOB, REFUSED) and any(m.block(b) != got for b, got in new):
-            return (*self._full_check(n, op), None)  # (the full mode's words for it)
-        old = {}
-        meanings, filled, content = self.meanings, self.ghost.filled, self.ghost.content
-        for b, (keys, on_free, on_evict) in new:
-            for key in keys:
-                if key not in meanings:
-                    meanings[key] = content.get(b, -1) if filled.get(b, 0) == bs else -1
-            old[b] = m.set_block(b, keys, on_free, on_evict)
-        was = _Before(m, old)
         m._free_len, m._evict_len = reported
-        for q in seqs:
-            m.set_partial(q, partial_blocks(g, q, bs) if g.live(q) else None)
+        tables, lengths, partial = after.tables, after.lengths, m.seq_partial
+        for q, t in tables.items():  # (the step's sequences: ``partial_blocks`` of each)
+            got = None if t is None else t[lengths[q] // bs:]
+            if not got or partial.get(q) != got:
+                m.set_partial(q, got)
         self.observed = m
         if sizes != (m.n_entries, m.n_free, m.n_evict) or reported != sizes[1:] or \
                 not compiled_checks.touched_invariants(m, touched):
             # something changed beyond what was read, the sizes it reports are not those
             # it holds, or an invariant broke: the full check (and the full mode's words)
             return (*self._full_check(n, op), None)
-        return m, None, was
+        return m, None, _Before(m, old)
 
     def _observe_for_the_record(self) -> None:
         """After a structural violation (the call returned): the cache as it is now, for
@@ -938,39 +983,9 @@ class PrefixOracle:
     # -- allocate ------------------------------------------------------------------------
     def _check_allocate(self, pre, post, op, dom, n):
         if op.outcome == OK:
-            table = post.table_tuple(op.seq)
-            try:
-                if self.mirror is not None:  # the fast mode: the candidates' keys only
-                    now = {(repr(k), b) for b in set(table) for k in self.view.block(b)[0]}
-                else:
-                    now = {(repr(k), b) for k, b in self.view.entries()}
-            except CONTROL:
-                raise
-            except BaseException:  # noqa: BLE001 - reported by the state check
-                now = set()
-            before = self.pre
-            hits = 0
-            full = op.n_tokens // self.block_size
-            while hits < min(full, len(table)) and before is not None:
-                b = table[hits]
-                if not any((repr(k), b) in now for k in before.keys_of(b)):
-                    break
-                hits += 1
-            self.pending_hits = op.hits = hits
-            wants = self.ghost.chain(op.tokens)[:hits]
-            for name, i, holds in P.cache_hits(PY, before, table[:hits], wants):
-                if not holds:
-                    b = table[i]
-                    return Violation(n, "contract", f"allocate: {name}", b, subject="block", witness=(
-                        f"sequence {op.seq} was given block {b} at position {i} from the cache for "
-                        f"{self.ghost.show(wants[i])}, but before the call block {b} "
-                        f"{'was cached and ' if before.cached(b) else 'was not cached and '}"
-                        f"held {self.ghost.show(before.content(b))}"),
-                        doc=" ".join((P.cache_hits.__doc__ or "").split()[:60]))
-            if op.cached_tokens is not None:
-                v = self._check_cached_tokens(op, before, table, hits, n)
-                if v is not None:
-                    return v
+            v = self._check_hits(post, op, n)
+            if v is not None:
+                return v
         for name, element, holds in P.allocate_with_hits(PY, pre, post, op, dom,
                                                          self.pending_hits):
             if not holds:
@@ -978,6 +993,48 @@ class PrefixOracle:
                                  witness=f"after {op.kind}({op.seq}, {op.n_tokens} tokens, "
                                          f"{self.pending_hits} block(s) from the cache)",
                                  doc=" ".join((P.allocate_with_hits.__doc__ or "").split()))
+        return None
+
+    def _check_hits(self, post, op, n):
+        """A successful allocation's cache hits: which leading blocks were served from the
+        cache (``pending_hits``, ``op.hits``), ``spec.prefix.cache_hits`` on them and, where
+        the target reports one, ``spec.prefix.cached_tokens``. The violation, or None."""
+        table = post.table_tuple(op.seq)
+        now: dict = {}  # block -> the reprs of the keys naming it after the call
+        try:
+            if self.mirror is not None:  # the fast mode: the candidates' keys only
+                read = self.view.block
+                for b in set(table):
+                    now[b] = set(map(repr, read(b)[0]))
+            else:
+                for k, b in self.view.entries():
+                    now.setdefault(b, set()).add(repr(k))
+        except CONTROL:
+            raise
+        except BaseException:  # noqa: BLE001 - reported by the state check
+            now = {}
+        before = self.pre
+        hits = 0
+        full = op.n_tokens // self.block_size
+        while hits < min(full, len(table)) and before is not None:
+            b = table[hits]  # a hit: still cached under a key it had before the call
+            got = now.get(b)
+            if not got or got.isdisjoint(map(repr, before.keys_of(b))):
+                break
+            hits += 1
+        self.pending_hits = op.hits = hits
+        wants = self.ghost.chain(op.tokens)[:hits]
+        for name, i, holds in P.cache_hits(PY, before, table[:hits], wants):
+            if not holds:
+                b = table[i]
+                return Violation(n, "contract", f"allocate: {name}", b, subject="block", witness=(
+                    f"sequence {op.seq} was given block {b} at position {i} from the cache for "
+                    f"{self.ghost.show(wants[i])}, but before the call block {b} "
+                    f"{'was cached and ' if before.cached(b) else 'was not cached and '}"
+                    f"held {self.ghost.show(before.content(b))}"),
+                    doc=" ".join((P.cache_hits.__doc__ or "").split()[:60]))
+        if op.cached_tokens is not None:
+            return self._check_cached_tokens(op, before, table, hits, n)
         return None
 
     def _orphaned(self, post) -> bool:
@@ -1025,27 +1082,41 @@ class PrefixOracle:
             st.refused += 1
             return
         st.orphans += post.orphaned() if isinstance(post, Mirror) else self._orphaned(post)
-        if op.kind == "rollback":
+        kind = op.kind
+        if kind == "rollback":
             st.rollbacks += 1
             if pre is not None:
                 st.rollbacks_into_cached += any(
                     pre.cached(b) for b in self.s._state().table_tuple(op.seq)[
                         self.s.lengths[op.seq] // self.block_size:])
-        st.rebases += op.kind == "rebase"
-        st.preempts += op.kind == "preempt"
-        st.append_slots += op.kind == "append_slots"
-        if op.kind == "allocate":
+        elif kind == "rebase":
+            st.rebases += 1
+        elif kind == "preempt":
+            st.preempts += 1
+        elif kind == "append_slots":
+            st.append_slots += 1
+        elif kind == "allocate":
             st.allocations += 1
             st.hit_blocks += self.pending_hits
             st.hit_allocations += self.pending_hits > 0
             st.partial_hits += 0 < self.pending_hits < (op.n_tokens - 1) // self.block_size
             st.repeats += (last is not None and last.kind == "allocate" and last.outcome == OK
                            and last.tokens == op.tokens)
-        if pre is None or op.kind not in ("allocate", "append_slot", "append_slots"):
+        if pre is None or kind not in ("allocate", "append_slot", "append_slots"):
             return
-        table = self.s._state().table_tuple(op.seq)
-        hits = set(table[: self.pending_hits]) if op.kind == "allocate" else set()
-        for b in set(table):
+        if was is not None:
+            # (a fast step's state before differs from the mirror only on the blocks it
+            # read: only those can have left the evictable list)
+            blocks = [b for b, got in was.old.items() if got[1]]
+            if not blocks:
+                return
+            table = self.s._state().table_tuple(op.seq)
+            blocks = [b for b in blocks if b in table]
+        else:
+            table = self.s._state().table_tuple(op.seq)
+            blocks = set(table)
+        hits = set(table[: self.pending_hits]) if kind == "allocate" else set()
+        for b in blocks:
             if pre.on_evictable(b) and post.on_evictable(b) == 0:
                 if b in hits:
                     st.revived += 1
