@@ -132,6 +132,14 @@ CYCLIC = {
     "cyclic-takes-every-block": (CyclicTakesEveryBlock, "contract", 1),
 }
 
+# For the corpus-wide exploration tests (tests/proofs/test_explore.py, tests/traces): a
+# cyclic bug needs a prompt longer than the window (2 blocks of 2 tokens there), so their
+# bounded BFS runs with prompts up to BFS_MAX_TOKENS; BEYOND_BFS are the bugs whose
+# shortest trace is longer than those tests' depth (tests/core/test_cyclic.py and
+# test_corpus_caught cover them).
+BFS_MAX_TOKENS = 6
+BEYOND_BFS = {"cyclic-reuses-stale-entry": "its shortest trace is 16 operations"}
+
 LEGAL = {
     "cyclic": CyclicBlockManager,
     "cyclic-engine-view": _Stale,
