@@ -151,6 +151,15 @@ def engines_for(name: str) -> list[Engine]:
     return [e for e in ENGINES.values() if e.dist == name]
 
 
+def named(name: str) -> list[Engine]:
+    """``engines_for(name)``, or ``InstallError`` naming the known engines when it is none."""
+    candidates = engines_for(name)
+    if not candidates:
+        known = ", ".join(list(ENGINES) + sorted({e.dist for e in ENGINES.values()} - set(ENGINES)))
+        raise InstallError(f"unknown engine {name!r} (known: {known})")
+    return candidates
+
+
 def family(key: str) -> list[Engine]:
     """The rows that load older releases of engine ``key`` (``Engine.family``)."""
     return [e for e in ENGINES.values() if e.family == key]
@@ -163,10 +172,7 @@ def parse(requirement: str) -> tuple[Engine, str]:
     version = version.strip() if sep else ""
     if sep and not version:
         raise InstallError(f"{requirement!r}: no version after '=='")
-    candidates = engines_for(name)
-    if not candidates:
-        known = ", ".join(list(ENGINES) + sorted({e.dist for e in ENGINES.values()} - set(ENGINES)))
-        raise InstallError(f"unknown engine {name!r} (known: {known})")
+    candidates = named(name)
     if not version:
         if name in ENGINES:
             return ENGINES[name], ENGINES[name].pinned

@@ -30,12 +30,11 @@ def run(args) -> int:
     if args.list:  # every engine, or the generations the names given name
         engines = list(install.ENGINES.values())
         if args.engines:
-            unknown = [n for n in args.engines if not install.engines_for(n.partition("==")[0])]
-            if unknown:
-                raise UsageError(f"unknown engine {unknown[0]!r} (known: "
-                                 f"{', '.join(install.ENGINES)})")
-            named = {e.key for n in args.engines for e in install.engines_for(n.partition("==")[0])}
-            engines = [e for e in engines if e.key in named]
+            try:
+                keys = {e.key for n in args.engines for e in install.named(n.partition("==")[0])}
+            except install.InstallError as exc:
+                raise UsageError(str(exc)) from None
+            engines = [e for e in engines if e.key in keys]
         for engine in engines:
             env = install.environment(engine)
             have = sorted((d.name.rpartition("-")[2] for d in _loader.base_dir().glob(
