@@ -181,7 +181,7 @@ class Dropped(TableTerms):
     def _released(self) -> int:
         """How many blocks the drop returned to the free list."""
         if self._freed is None:
-            self._freed = sum(1 for b, c in self._dropped.items() if self.pre.ref(b) - c == 0)
+            self._freed = sum(1 for b in self._dropped if self.ref(b) == 0)
         return self._freed
 
     def blocks(self):

@@ -144,33 +144,32 @@ def precondition(kind: str, pre: type | None = None):
     return _compile(precondition_source(kind, inline_for(pre)), f"precondition_{kind}")
 
 
-@cache
-def step(kind: str, pre: type | None = None, post: type | None = None):
-    """``f(pre, post, op, blocks, live)``: the contract and the fast invariants."""
+def _step_inline(pre: type | None, post: type | None) -> dict:
     from kvcheck.models.blocks.ghost import After, Ghost
 
     assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
-    return _compile(step_source(kind, inline_for(pre, post)), f"step_{kind}")
+    return inline_for(pre, post)
+
+
+@cache
+def step(kind: str, pre: type | None = None, post: type | None = None):
+    """``f(pre, post, op, blocks, live)``: the contract and the fast invariants."""
+    return _compile(step_source(kind, _step_inline(pre, post)), f"step_{kind}")
 
 
 @cache
 def step_for(kind: str, outcome: str, pre: type | None = None, post: type | None = None):
     """``step(kind, pre, post)`` for operations that ended with ``outcome`` only."""
-    from kvcheck.models.blocks.ghost import After, Ghost
-
-    assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
-    return _compile(step_source(kind, inline_for(pre, post), outcome), f"step_{kind}_{outcome}")
+    return _compile(step_source(kind, _step_inline(pre, post), outcome), f"step_{kind}_{outcome}")
 
 
 def step_with(contract, kind: str, outcome: str, extra: tuple, pre: type | None = None,
               post: type | None = None):
     """``f(pre, post, op, blocks, live, *extra)``: ``contract`` (see ``step_source``) for
     operations of ``kind`` that ended with ``outcome``, and the fast invariants."""
-    from kvcheck.models.blocks.ghost import After, Ghost
-
-    assert post is not After or pre is Ghost, "After's same_table template reads a Ghost"
     name = f"step_{contract.__name__}_{outcome}"
-    return _compile(step_source(kind, inline_for(pre, post), outcome, contract, extra, name), name)
+    return _compile(step_source(kind, _step_inline(pre, post), outcome, contract, extra, name),
+                    name)
 
 
 @cache
