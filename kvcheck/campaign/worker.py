@@ -28,6 +28,8 @@ from multiprocessing.connection import wait as wait_for
 
 from kvcheck.campaign.coverage import Counter
 from kvcheck.campaign.plan import RunSpec
+from kvcheck.check import recording
+from kvcheck.check.recording import Recorder
 
 GRACE = 5.0  # seconds beyond twice the timeout before a stuck call's process is killed
 POLL = 0.25  # seconds between looks at a child's heartbeat
@@ -160,29 +162,15 @@ def _scheduler(spec: RunSpec):
 
 
 # -- the child process ----------------------------------------------------------------------
-class _Recorder:
+class _Recorder(Recorder):
     """Sends every phase and operation of the run to the watching process as it happens."""
 
     def __init__(self, conn, model):
-        self.conn, self.model, self.step = conn, model, 0
+        super().__init__(model)
+        self.conn = conn
 
-    def phase(self, name: str) -> None:
-        self.conn.send(("record", {"r": "phase", "name": name}))
-
-    def op(self, op) -> None:
-        self.step += 1
-        try:
-            data, text = self.model.op_to_json(self.model.request(op)), self.model.describe(op)
-        except Exception:  # noqa: BLE001
-            data, text = None, op.kind
-        self.conn.send(("record", {"r": "op", "step": self.step, "text": text, "op": data}))
-
-    def outcome(self, op, violation) -> None:
-        try:
-            data = self.model.op_to_json(op)
-        except Exception:  # noqa: BLE001
-            data = None
-        self.conn.send(("record", {"r": "done", "step": self.step, "text": op.kind, "op": data}))
+    def send(self, record: dict) -> None:
+        self.conn.send(("record", record))
 
 
 def _child(conn, spec_json: dict, record: bool, beat, log: str | None) -> None:
@@ -383,19 +371,22 @@ def _recorded(spec: RunSpec, records: list[dict], first: _Child, what: str) -> d
     from kvcheck.check.violation import Violation
 
     model = model_named(spec.model)
-    ops, last_op = [], None
-    for r in records:  # each operation as requested, then with its outcome once it returned
-        if r["r"] in ("op", "done") and r.get("op") is not None:
-            try:
-                op = model.op_from_json(r["op"])
-            except Exception:  # noqa: BLE001 - not an operation of this model
-                continue
-            if r["r"] == "done" and ops:
-                ops[-1] = op
-            else:
-                ops.append(op)
-        if r["r"] == "op":
-            last_op = r
+    runs = recording.runs(records)
+    why = "hung beyond interruption" if first.hung else "ended the process"
+    scope = dict(spec.scope)
+    nb, bs = scope.pop("num_blocks"), scope.pop("block_size")
+    found = recording.found(runs)
+    if found is not None:  # the run found a violation; a replay while shrinking it ended
+        v = Violation.from_json(found)  # the process: what the run found, on its operations
+        v.step = sum(r["r"] == "op" for r in runs[0])
+        ops = recording.ops_of(runs[0], model)
+        note = (f"not shrunk: while shrinking, a replay {what} ({first.status()}), so every "
+                f"replay would need a process of its own; the trace is the run's")
+        return _as_result(Trace(spec.target, nb, bs, ops, v, spec.seed, [], note,
+                                model=spec.model, extra=scope), ops, v)
+    run = (runs or [[]])[-1]  # (the target built last: the run it ended)
+    ops = recording.ops_of(run, model)
+    last_op = next((r for r in reversed(run) if r["r"] == "op"), None)
     last = records[-1] if records else None
     if last is None:
         where = "before kvcheck could say what it was doing"
@@ -410,17 +401,19 @@ def _recorded(spec: RunSpec, records: list[dict], first: _Child, what: str) -> d
     witness = f"the target {what} {where} ({first.status()})"
     step = last_op["step"] if last_op is not None else 0
     v = Violation(step, kind, name, witness=witness)
-    why = "hung beyond interruption" if first.hung else "ended the process"
-    scope = dict(spec.scope)
-    trace = Trace(spec.target, scope.pop("num_blocks"), scope.pop("block_size"), ops, v,
-                  spec.seed, [], f"not shrunk: the target {why}, so every replay would need a "
-                                 f"process of its own", model=spec.model, extra=scope)
+    return _as_result(Trace(spec.target, nb, bs, ops, v, spec.seed, [],
+                            f"not shrunk: the target {why}, so every replay would need a "
+                            f"process of its own", model=spec.model, extra=scope), ops, v)
+
+
+def _as_result(trace, ops: list, v) -> dict:
+    """A run's result fields for violation ``v`` and its trace of ``ops``."""
     try:
         data = trace.to_json()
     except Exception:  # noqa: BLE001 - operations the trace format cannot write: no trace
         data = None
     return {"ops": len(ops), "original_length": len(ops), "trace": data,
-            "violation": {"kind": kind, "name": name, "witness": witness}}
+            "violation": {"kind": v.kind, "name": v.name, "witness": v.witness}}
 
 
 def run_watched(spec: RunSpec, log: str | None = None) -> dict:

@@ -41,6 +41,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from kvcheck.check import recording
+from kvcheck.check.recording import Recorder
+
 SUPERVISED = frozenset({"verify", "verify-prefix", "verify-scheduler", "verify-device", "verify-hybrid",
                         "prove",
                         "replay"})
@@ -82,47 +85,21 @@ class Ending:
         return last is not None and last["r"] == "phase" and last["name"] in ("import", "build")
 
 
-class PipeRecorder:
+class PipeRecorder(Recorder):
     """Reports every phase and operation of a run to a file descriptor, as it happens."""
 
     def __init__(self, fd: int):
+        super().__init__(_blocks_model)
         self.fd = fd
-        self.step = 0
 
-    def _send(self, record: dict) -> None:
+    def send(self, record: dict) -> None:
         os.write(self.fd, (json.dumps(record) + "\n").encode())
 
-    def phase(self, name: str) -> None:
-        if name == "build":  # a new target: a run of its own (the search's, or a replay)
-            self.step = 0
-        self._send({"r": "phase", "name": name})
 
-    def op(self, op) -> None:
-        from kvcheck.models.blocks import MODEL
+def _blocks_model():
+    from kvcheck.models.blocks import MODEL
 
-        self.step += 1
-        req = MODEL.request(op) if op.kind in MODEL.ops else op
-        try:
-            data, text = MODEL.op_to_json(req), MODEL.describe(req)
-        except Exception:  # noqa: BLE001 - an operation of another model: its kind is enough
-            data, text = None, op.kind
-        self._send({"r": "op", "step": self.step, "text": text, "op": data})
-
-    def outcome(self, op, violation) -> None:
-        from kvcheck.models.blocks import MODEL
-
-        try:
-            data = MODEL.op_to_json(op)
-        except Exception:  # noqa: BLE001 - an operation of another model
-            data = None
-        record = {"r": "done", "step": self.step, "text": op.kind, "op": data}
-        if violation is not None:  # the run found it: shrinking may be what ends the process
-            try:
-                record["violation"] = json.loads(json.dumps(violation.to_json(), default=repr))
-            except Exception:  # noqa: BLE001 - its kind and name are enough
-                record["violation"] = {"step": violation.step, "kind": violation.kind,
-                                       "name": violation.name}
-        self._send(record)
+    return MODEL
 
 
 def run(args, entry) -> int:
@@ -324,23 +301,22 @@ def _report_verify(args, ending: Ending, what: str) -> int:
     from kvcheck.models.blocks import MODEL
     from kvcheck.verify import Result
 
-    runs = _runs(ending.records)
+    runs = recording.runs(ending.records)
     why = "hung beyond interruption" if ending.hung else "ended the process"
-    found = next((r["violation"] for r in runs[0] if r["r"] == "done" and r.get("violation")),
-                 None) if len(runs) > 1 else None
+    found = recording.found(runs)
     if found is not None:
         # The run itself ended with a violation, and a replay while shrinking it ended the
         # process: report what the run found, on the run's own operations.
         v = Violation.from_json(found)
         v.step = sum(r["r"] == "op" for r in runs[0])
-        ops = _ops(runs[0], MODEL)
+        ops = recording.ops_of(runs[0], MODEL)
         note = (f"not shrunk: while shrinking, a replay ended the process "
                 f"({ending.status} {ending.phase()}), so every replay would need a process "
                 f"of its own; the trace is the run's")
         trace = Trace(args.target, args.blocks, args.block_size, ops, v, args.seed, [], note)
         return verify_report(args, Result("fail", v.step, 0.0, v, trace, len(ops)))
     run = runs[-1] if runs else []
-    ops, last = _ops(run, MODEL), next((r for r in reversed(run) if r["r"] == "op"), None)
+    ops, last = recording.ops_of(run, MODEL), next((r for r in reversed(run) if r["r"] == "op"), None)
     kind = "hang" if ending.hung else "crash"
     name = ops[-1].kind if ops and last is not None else "process"
     witness = f"the target {what} {ending.phase()} ({ending.status})"
@@ -352,27 +328,3 @@ def _report_verify(args, ending: Ending, what: str) -> int:
     result = Result("fail", step, 0.0, v, trace, len(ops))
     return verify_report(args, result)
 
-
-def _runs(records: list[dict]) -> list[list[dict]]:
-    """The recorded re-run's records, one list per target built (each build starts a run:
-    the search's, then every replay while shrinking), keeping those with operations."""
-    runs: list[list[dict]] = [[]]
-    for r in records:
-        if r["r"] == "phase" and r["name"] == "build":
-            runs.append([])
-        else:
-            runs[-1].append(r)
-    return [run for run in runs if any(r["r"] == "op" for r in run)]
-
-
-def _ops(run: list[dict], model) -> list:
-    """Each operation of one run as requested, then with its outcome once it returned."""
-    ops: list = []
-    for r in run:
-        if r["r"] in ("op", "done") and r.get("op") is not None:
-            op = model.op_from_json(r["op"])
-            if r["r"] == "done" and ops:
-                ops[-1] = op
-            else:
-                ops.append(op)
-    return ops

@@ -165,6 +165,20 @@ def test_a_target_that_ends_its_worker_process_is_a_finding(tmp_path, cls, kind)
     assert trace["ops"][-1]["op"] == "fork"
 
 
+def test_a_violation_found_before_shrinking_ended_the_worker_is_the_finding(tmp_path):
+    """As for ``kvcheck verify`` (tests/core/test_process_ending.py): the run finds a leak, a
+    replay while shrinking segfaults; the signature is the run's violation on the run's own
+    operations, not a crash on a mixture of the replays'."""
+    out = tmp_path / "c"
+    p = campaign(f"{ENDING}:LeaksThenSegfaultsWhenShrunk", "--runs", "1", out=out)
+    assert p.returncode == 1, p.stdout + p.stderr
+    (e,) = summary(out)["signatures"]
+    assert e["kind"] != "crash" and "free_seq" in e["clause"], e
+    assert "while shrinking, a replay ended the process" in e["shortest"]["minimality"]
+    trace = json.loads((out / e["shortest"]["trace"]).read_text())
+    assert trace["ops"][-1]["op"] == "free_seq" and trace["violation"]["step"] == len(trace["ops"])
+
+
 def test_a_target_that_wedges_its_worker_process_is_a_hang(tmp_path):
     out = tmp_path / "c"
     p = campaign(f"{ENDING}:HangsBeyondInterruption", "--runs", "1", "--timeout", "0.5",
