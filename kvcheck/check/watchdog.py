@@ -67,9 +67,10 @@ _HEARTBEAT = struct.Struct("<qb")  # calls started, busy
 _SESSIONS = [0]
 _ACTIVE: list[Watchdog] = []  # innermost last; only it reports to the heartbeat
 
-# Set by the supervisor's recording re-run (``kvcheck.supervise.PipeRecorder``): told of
-# every phase (``phase(name)``) and operation (``op(op)``, ``outcome(op, violation)``)
-# as it happens, so that a run the target ends can say where.
+# Set by a recording re-run (a ``kvcheck.check.recording.Recorder``: the supervisor's, or a
+# campaign's watched run's): told of every phase (``phase(name)``) and operation
+# (``op(op)``, ``outcome(op, violation)``) as it happens, so that a run the target ends
+# can say where.
 RECORDER = None
 
 
