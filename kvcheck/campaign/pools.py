@@ -54,6 +54,16 @@ class LocalPool:
         for w in self.running.values():
             w.restore()
 
+    def shrinking(self) -> set[int]:
+        """The runs in flight that found a violation and are shrinking it."""
+        return {run for run, w in self.running.items() if w.shrinking}
+
+    def hold(self, runs: set[int]) -> None:
+        """While ``runs`` is not empty, every other run in flight is stopped (the machine
+        is theirs); once it is empty, every run goes on."""
+        for run, w in self.running.items():
+            w.pause(bool(runs) and run not in runs)
+
     def wait(self, timeout: float) -> list[tuple[RunSpec, dict]]:
         """The runs that finished within ``timeout`` seconds (at least one look at each)."""
         if not self.running:
@@ -153,6 +163,13 @@ class RayPool:
         self.running[self.task.remote(spec.to_json())] = (spec, time.monotonic())
 
     def ahead(self) -> None:
+        pass
+
+    def shrinking(self) -> set[int]:
+        """(A Ray task tells nothing before it ends.)"""
+        return set()
+
+    def hold(self, runs: set[int]) -> None:
         pass
 
     def wait(self, timeout: float) -> list[tuple[RunSpec, dict]]:

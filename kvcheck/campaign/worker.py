@@ -139,6 +139,19 @@ def _vacuous(result) -> dict | None:
         return None
 
 
+# Set in a watched child: told once, when the run found a violation and starts shrinking it
+# (the campaign may then pause the runs beside it: see ``pools.LocalPool.shrinking``).
+_TELL_SHRINKING = None
+
+
+def _shrinking(attempts: int, length: int) -> None:
+    """``shrink_progress``: the first call tells the watching process that shrinking began."""
+    global _TELL_SHRINKING
+    tell, _TELL_SHRINKING = _TELL_SHRINKING, None
+    if tell is not None:
+        tell()
+
+
 def _verify(spec: RunSpec, model, counter: Counter):
     from kvcheck.targets.loading import load_exception
     from kvcheck.verify import verify
@@ -147,8 +160,9 @@ def _verify(spec: RunSpec, model, counter: Counter):
         else None
     s = spec.scope
     return verify(spec.target, s["num_blocks"], s["block_size"], spec.ops, spec.seed, oob,
-                  spec.timeout, shrink_budget=spec.shrink_seconds, model=spec.model,
-                  scope=model.scope_from_json(s), extra={**spec.extra, "watch": counter.watch})
+                  spec.timeout, shrink_budget=spec.shrink_seconds, shrink_progress=_shrinking,
+                  model=spec.model, scope=model.scope_from_json(s),
+                  extra={**spec.extra, "watch": counter.watch})
 
 
 def _scheduler(spec: RunSpec):
@@ -157,7 +171,7 @@ def _scheduler(spec: RunSpec):
     s = spec.scope
     return verify(spec.target, s["num_blocks"], s["block_size"], s["watermark"], spec.ops,
                   spec.seed, spec.extra.get("workloads", 1), spec.timeout,
-                  shrink_budget=spec.shrink_seconds,
+                  shrink_budget=spec.shrink_seconds, shrink_progress=_shrinking,
                   block_manager=spec.block_manager, out_of_blocks=spec.out_of_blocks)
 
 
@@ -175,6 +189,7 @@ class _Recorder(Recorder):
 
 def _child(conn, spec_json: dict, record: bool, beat, log: str | None) -> None:
     """The child: run the spec, send its result, end without running anything else."""
+    global _TELL_SHRINKING
     code = 0
     try:
         _die_with_parent()
@@ -190,6 +205,7 @@ def _child(conn, spec_json: dict, record: bool, beat, log: str | None) -> None:
         spec = RunSpec.from_json(spec_json)
         if record:
             watchdog.RECORDER = _Recorder(conn, model_named(spec.model))
+        _TELL_SHRINKING = lambda: conn.send(("shrinking", None))  # noqa: E731
         if "torch" in sys.modules:  # one core per run: the campaign runs one per core
             sys.modules["torch"].set_num_threads(1)
         try:
@@ -249,6 +265,8 @@ class _Child:
         w.close()
         self.records: list[dict] = []
         self.result: dict | None = None
+        self.shrinking = False  # it found a violation and shrinks it
+        self.paused = False  # stopped (SIGSTOP) while a run beside it shrinks
         self.ended = False
         self.hung = False
         self.kill_at = kill_at
@@ -264,6 +282,8 @@ class _Child:
                 kind, data = self.conn.recv()
                 if kind == "record":
                     self.records.append(data)
+                elif kind == "shrinking":
+                    self.shrinking = True
                 else:
                     self.result = data
         except (EOFError, OSError):
@@ -272,6 +292,9 @@ class _Child:
             self.proc.join()
             return
         now = time.monotonic()
+        if self.paused:  # a stopped child's call in flight is not stuck
+            self.since = now
+            return
         state = read_heartbeat(self.beat)
         if state != self.seen:
             self.seen, self.since = state, now
@@ -284,6 +307,18 @@ class _Child:
             os.kill(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, TypeError):
             pass
+
+    def pause(self, paused: bool) -> None:
+        """Stop the child (SIGSTOP) or let it go on (SIGCONT); its hang clock starts again
+        when it goes on."""
+        if paused == self.paused:
+            return
+        try:
+            os.kill(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        except (ProcessLookupError, TypeError):
+            return
+        self.paused = paused
+        self.since = time.monotonic()
 
     def status(self) -> str:
         """How the child ended, in words."""
@@ -309,6 +344,7 @@ class Watched:
         self.spec, self.log, self.nice = spec, log, nice
         self.started = time.monotonic()
         self.child = _Child(spec, record=False, log=log, nice=nice)
+        self.paused = False
         self.first: _Child | None = None  # the child the target ended, while re-running
 
     @property
@@ -327,8 +363,19 @@ class Watched:
             self.first = c
             self.child = _Child(self.spec, record=True, log=self.log, nice=self.nice,
                                 kill_at=c.seen[0] if c.hung and c.seen else None)
+            self.child.pause(self.paused)
             return None
         return died(self.spec, self.first, c, time.monotonic() - self.started)
+
+    @property
+    def shrinking(self) -> bool:
+        """Whether the run found a violation and is shrinking it."""
+        return self.child.shrinking
+
+    def pause(self, paused: bool) -> None:
+        """Stop the run's process, or let it go on (``_Child.pause``)."""
+        self.paused = paused
+        self.child.pause(paused)
 
     def restore(self) -> None:
         """Back to this process's priority (from ``nice``)."""

@@ -97,3 +97,50 @@ class NotesItsPriority(BlockManager):
                 seen.append(os.nice(0))
                 note.write_text(" ".join(map(str, seen)))
         super().__init__(num_blocks, block_size)
+
+
+class ShrinksBesideAnother(BlockManager):
+    """In a campaign's run 0 (the process whose first target is built at 32 blocks x 4):
+    leaks the blocks of every freed sequence (a violation at the first free), and every
+    target built while it is shrunk (each replay builds one, at any shape) notes, in
+    ``$KVCHECK_TEST_BESIDE`` (a directory), the state letter of ``/proc/PID/stat`` of each
+    run beside it (``T``: stopped); its first build waits (up to 20 s) until one is there.
+    In any other run: correct, each append taking 20 ms, leaving its process id there."""
+
+    builds = 0  # targets built in this process: the run's, then the replays'
+    run0 = None  # whether this process is run 0 (its first target's shape says)
+
+    def __init__(self, num_blocks, block_size):
+        where = Path(os.environ["KVCHECK_TEST_BESIDE"])
+        cls = ShrinksBesideAnother
+        if cls.run0 is None:
+            cls.run0 = (num_blocks, block_size) == (32, 4)
+            if not cls.run0:
+                (where / f"{os.getpid()}.pid").write_text("")
+        if cls.run0:
+            cls.builds += 1
+            deadline = time.monotonic() + 20.0
+            while not list(where.glob("*.pid")) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if cls.builds > 2:  # the replays: shrinking has begun
+                time.sleep(0.05)
+                for pid in where.glob("*.pid"):
+                    try:
+                        stat = Path(f"/proc/{pid.stem}/stat").read_text()
+                    except OSError:
+                        continue
+                    with open(where / "seen", "a") as f:
+                        f.write(stat.rsplit(")", 1)[1].split()[0])
+        super().__init__(num_blocks, block_size)
+
+    def append_slot(self, seq):
+        if not self.run0:
+            time.sleep(0.02)
+        return super().append_slot(seq)
+
+    def free_seq(self, seq):
+        if not self.run0:
+            return super().free_seq(seq)
+        self._live(seq)
+        del self.tables[seq]
+        del self.lens[seq]

@@ -444,3 +444,31 @@ def test_the_runs_beside_run_0_run_behind_it_until_it_ends(tmp_path):
     assert [seen for _, seen in got] == [[base]] * 3  # each started after run 0 ended
     got = run("--runs", "2", "--workers", "2", out=tmp_path / "one")  # resumed: no run 0
     assert [seen for _, seen in got] == [[base]] * 2
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc/PID/stat")
+def test_with_stop_on_failure_the_runs_beside_a_shrinking_run_wait(tmp_path):
+    import os
+
+    beside = tmp_path / "beside"
+
+    def run(*args, out):
+        beside.mkdir()
+        env = {**os.environ, "KVCHECK_TEST_BESIDE": str(beside)}
+        p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "campaign",
+                            f"{SLOW}:ShrinksBesideAnother", "--workers", "2", "--time", "2m",
+                            *args, "--out", str(out)], capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert p.returncode == 1 and "Traceback" not in p.stderr, p.stdout + p.stderr
+        seen = (beside / "seen").read_text()
+        for f in beside.iterdir():
+            f.unlink()
+        beside.rmdir()
+        return p, seen
+
+    p, seen = run("--stop-on-failure", out=tmp_path / "stop")
+    assert seen and seen[-1] == "T", seen  # stopped while run 0 shrank (not at once: told first)
+    s = summary(tmp_path / "stop")
+    assert s["signatures"][0]["first_run"] == 0 and s["signatures"][0]["shortest"]["length"] <= 3
+    p, seen = run("--runs", "2", out=tmp_path / "on")  # no stop: the machine is shared as ever
+    assert seen and "T" not in seen, seen
