@@ -283,3 +283,19 @@ def stub_logger(mod: types.ModuleType, _loaded: Loaded) -> None:
         return logging.getLogger(f"kvcheck.thirdparty.{name}")
 
     mod.init_logger = init_logger
+
+
+_TAKES: dict[tuple[Callable, str], bool] = {}
+
+
+def takes(function: Callable, name: str) -> bool:
+    """Whether ``function`` (a release's function or unbound method: the class's, not a
+    bound one, which is a new object per call) has a parameter ``name``; looked up once
+    per function, as adapters ask it on every operation."""
+    key = (function, name)
+    found = _TAKES.get(key)
+    if found is None:
+        import inspect
+
+        found = _TAKES[key] = name in inspect.signature(function).parameters
+    return found

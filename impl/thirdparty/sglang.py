@@ -108,7 +108,7 @@ from typing import Any
 
 from ..errors import MisuseError, OutOfBlocks
 from . import _loader, install
-from ._loader import Dist, Loaded
+from ._loader import Dist, Loaded, takes
 
 ENGINE_KEY = "sglang"  # install.ENGINES row: sglang-token@VERSION, sglang-paged@VERSION
 SGLANG = Dist("sglang", "sglang", "0.5.23", "sglang")
@@ -329,16 +329,10 @@ def free_pages_of(alloc) -> list[int]:
     return torch.cat(parts).tolist()
 
 
-def _takes(method, name: str) -> bool:
-    import inspect
-
-    return name in inspect.signature(method).parameters
-
-
 def alloc_extend(alloc, prefix_lens, seq_lens, last_loc, extend_num_tokens: int):
     """``alloc_extend`` as the release's scheduler calls it: with the CPU copies of the
     lengths (``prefix_lens_cpu``, ``seq_lens_cpu``) from 0.5.2, without before."""
-    if _takes(type(alloc).alloc_extend, "prefix_lens_cpu"):  # the class: not a wrapper
+    if takes(type(alloc).alloc_extend, "prefix_lens_cpu"):  # the class: not a wrapper
         return alloc.alloc_extend(prefix_lens, prefix_lens.clone(), seq_lens, seq_lens.clone(),
                                   last_loc, extend_num_tokens)
     return alloc.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
@@ -346,7 +340,7 @@ def alloc_extend(alloc, prefix_lens, seq_lens, last_loc, extend_num_tokens: int)
 
 def alloc_decode(alloc, seq_lens, last_loc):
     """``alloc_decode``, with ``seq_lens_cpu`` where the release takes it."""
-    if _takes(type(alloc).alloc_decode, "seq_lens_cpu"):  # the class: not a wrapper
+    if takes(type(alloc).alloc_decode, "seq_lens_cpu"):  # the class: not a wrapper
         return alloc.alloc_decode(seq_lens, seq_lens.clone(), last_loc)
     return alloc.alloc_decode(seq_lens, last_loc)
 
@@ -385,7 +379,7 @@ class SglangAllocatorTarget:
         size = num_blocks * block_size
         cls = mods.PagedTokenToKVPoolAllocator if paged else mods.TokenToKVPoolAllocator
         args = (size, block_size) if paged else (size,)
-        if _takes(cls.__init__, "need_sort"):
+        if takes(cls.__init__, "need_sort"):
             self.alloc = cls(*args, torch.float16, "cpu", None, need_sort)
         elif need_sort:
             raise MisuseError(f"SGLang {self.version}'s {cls.__name__} has no need_sort "

@@ -135,7 +135,7 @@ from typing import Any
 
 from ..errors import MisuseError, OutOfBlocks, Refused
 from . import _loader, install
-from ._loader import Loaded
+from ._loader import Loaded, takes
 
 FILES = (
     "vllm.core.block.block_table",
@@ -299,12 +299,15 @@ def copy_pairs(cows: Any) -> list[tuple[int, int]]:
     return [(src, dst) for src, dst in cows]
 
 
+def _function(method: Any) -> Any:
+    """A bound method's function (one object for every call; ``_loader.takes`` caches by it)."""
+    return getattr(method, "__func__", method)
+
+
 def append_tokens(table: Any, tokens: list[int], lookahead: int = 0) -> None:
     """``BlockTable.append_token_ids`` as ``SelfAttnBlockSpaceManager.append_slots`` calls
     it: with ``num_computed_slots`` where the release has that parameter (0.6.x on)."""
-    import inspect
-
-    if "num_computed_slots" in inspect.signature(table.append_token_ids).parameters:
+    if takes(_function(table.append_token_ids), "num_computed_slots"):
         table.append_token_ids(tokens, num_lookahead_slots=lookahead,
                                num_computed_slots=table.num_full_slots)
     else:
@@ -448,9 +451,7 @@ class VllmV0Target:
         chunk = self.prefill_chunk
         if chunk is None:
             return
-        import inspect
-
-        computed_kw = "num_computed_slots" in inspect.signature(table.append_token_ids).parameters
+        computed_kw = takes(_function(table.append_token_ids), "num_computed_slots")
         for computed in range(chunk, n_tokens, chunk):  # (0.4.2 has no num_computed_slots)
             extra = {"num_computed_slots": computed} if computed_kw else {}
             table.append_token_ids([], num_lookahead_slots=0, **extra)
