@@ -18,4 +18,5 @@ RUN = {
                "batch_prob": 0.3},
     "scheduler": {"num_blocks": 16, "block_size": 4, "watermark": 1,  # kvcheck verify-scheduler
                   "requests": 12, "workloads": 20},
+    "hybrid": {"num_blocks": 16, "block_size": 2, "ops": 3_000},  # kvcheck verify-hybrid
 }

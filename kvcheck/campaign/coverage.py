@@ -11,8 +11,10 @@ campaign counts: ``Counter.watch`` is handed to the checker as ``Options.extra["
 The block manager's classes apply wherever a model checks its structure through the
 block manager's oracle (``blocks``; ``prefix``, whose cache adds the classes its
 ``verify-prefix`` reports: a hit, a revival, an eviction, out of blocks; ``device``, whose
-decode steps reserve their slots as appends). The scheduler model has no outcome classes
-in the spec: its coverage says so instead of inventing any.
+decode steps reserve their slots as appends). The hybrid model's oracle reads the whole pool
+itself: its runs count what its ``verify-hybrid`` reports (cache hits, sliding-window drops,
+out of blocks, multi-token steps). The scheduler model has no outcome classes in the spec:
+its coverage says so instead of inventing any.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ PREFIX_CLASSES = {"cache/hit": "hit_allocations", "cache/revived": "revived",
                   "cache/partial-hit": "partial_hits", "cache/orphan": "orphans",
                   "cache/repeated-prompt": "repeats"}
 
+# The hybrid model's runs (``verify-hybrid``: its oracle checks the whole pool itself, not
+# through the block manager's oracle, so the block manager's classes are not counted there):
+# the behaviour its oracle's ``stats`` count, by class.
+HYBRID_CLASSES = {"hybrid/hit": "hits", "hybrid/window-drop": "dropped",
+                  "hybrid/out-of-blocks": "oob", "hybrid/out-of-blocks-after-a-drop": "oob_dropping",
+                  "hybrid/append-tokens": "append_tokens"}
+
 NO_CLASSES = {"scheduler": "the scheduler model has no outcome classes in the spec (its policy "
                            "clauses are checked at every step; nothing to count)"}
 
@@ -36,12 +45,16 @@ def classes(model: str) -> list[str]:
     """Every class a run of ``model`` can count, in the spec's order."""
     if model in NO_CLASSES:
         return []
+    if model == "hybrid":
+        return list(HYBRID_CLASSES)
     return list(OUTCOMES) + (list(PREFIX_CLASSES) if model == "prefix" else [])
 
 
 def needs(name: str) -> set[str]:
     """The operations a target must offer for class ``name`` to be possible at all."""
-    if name.startswith("cache/"):
+    if name == "hybrid/append-tokens":
+        return {"append_tokens"}
+    if name.startswith(("cache/", "hybrid/")):
         return {"allocate"}
     kind = OUTCOMES[name][0]
     return {kind, "fork"} if "copy-on-write" in name else {kind}
@@ -142,6 +155,9 @@ class Counter:
         a model without classes."""
         if self.model in NO_CLASSES:
             return None
+        if self.model == "hybrid":
+            stats = getattr(end_state if end_state is not None else self.state, "stats", None) or {}
+            return {name: int(stats.get(key, 0) or 0) for name, key in HYBRID_CLASSES.items()}
         out = {name: self.counts.get(name, 0) for name in OUTCOMES}
         if self.model == "prefix":
             stats = getattr(end_state if end_state is not None else self.state, "stats", None)

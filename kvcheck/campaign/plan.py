@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass, field
 from kvcheck.defaults import RUN
 
 PLAN = 2  # run 0: the checking command at its defaults; runs 1, 2, ...: the swarm
-MODELS = ("blocks", "prefix", "scheduler", "device")
+MODELS = tuple(RUN)  # every model with a checking command (``kvcheck.defaults``)
 COMMANDS = {"blocks": "verify", "prefix": "verify-prefix", "scheduler": "verify-scheduler",
-            "device": "verify-device"}
+            "device": "verify-device", "hybrid": "verify-hybrid"}
 
 # What the swarm draws from, per model: pools, block sizes, operations per run.
 POOLS = {
@@ -41,23 +41,27 @@ POOLS = {
     "prefix": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128),
     "device": (1, 2, 3, 4, 6, 8, 12, 16, 32),
     "scheduler": (2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
+    "hybrid": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256),
 }
 BLOCK_SIZES = {
     "blocks": (1, 1, 2, 2, 3, 4, 4, 8, 16, 32),
     "prefix": (1, 1, 2, 2, 3, 4, 4, 8, 16),
     "device": (1, 1, 2, 3, 4, 4, 8, 16),
     "scheduler": (1, 1, 2, 4, 4, 8, 16),
+    "hybrid": (1, 1, 2, 2, 3, 4, 8, 16),
 }
 OPS = {
     "blocks": (300, 1000, 2000, 5000, 10000, 20000),
     "prefix": (200, 500, 1000, 2000, 5000),
     "device": (50, 100, 200, 400, 800),
     "scheduler": (2, 4, 6, 8, 12, 16, 24, 32),  # requests in the run's one workload
+    "hybrid": (200, 500, 1000, 3000, 5000),
 }
 MIX = {"blocks": ("allocate", "fork", "free_seq", "max_prompt"),
        "prefix": ("allocate", "fork", "free_seq"),
        "device": ("allocate", "fork", "free_seq", "max_prompt"),
-       "scheduler": ()}
+       "scheduler": (),
+       "hybrid": ("allocate", "free_seq")}
 
 
 # How often a run leaves an operation out of its mix entirely (no forks: nothing shared; no

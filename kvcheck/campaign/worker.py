@@ -67,6 +67,7 @@ PRELOAD = {  # kvcheck's own modules a run of each model needs (never the target
     "prefix": ("kvcheck.verify", "kvcheck.models.prefix.model", "kvcheck.models.prefix.oracle"),
     "device": ("kvcheck.verify", "kvcheck.models.device.model", "kvcheck.models.device.oracle"),
     "scheduler": ("kvcheck.models.scheduler.runs", "kvcheck.models.scheduler.oracle"),
+    "hybrid": ("kvcheck.verify", "kvcheck.models.hybrid.model", "kvcheck.models.hybrid.oracle"),
 }
 _COMMON = ("kvcheck.check.shrink", "kvcheck.check.explore", "kvcheck.check.trace",
            "kvcheck.campaign.coverage")

@@ -270,6 +270,7 @@ CORPUS = [
     ("prefix", f"{TESTS / 'prefix' / 'buggy_prefix.py'}:PartialBlockCached", "invariant"),
     ("scheduler", f"{TESTS / 'scheduler' / 'buggy.py'}:DecodeTwice", "policy"),
     ("device", f"{SLOW}:copy_full_block", "contract"),
+    ("hybrid", f"{TESTS / 'corpus' / 'hybrid.py'}:FreeOneGroup", "invariant"),
 ]
 
 
@@ -285,7 +286,7 @@ def test_a_corpus_bug_of_every_model_is_found(tmp_path, model, target, kind):
         assert data["model"] == model
 
 
-@pytest.mark.parametrize("model", ["blocks", "prefix", "scheduler", "device"])
+@pytest.mark.parametrize("model", ["blocks", "prefix", "scheduler", "device", "hybrid"])
 def test_every_model_passes_on_its_reference(tmp_path, model):
     out = tmp_path / "c"
     p = campaign("--model", model, "--runs", "2", "--workers", "2", out=out)
@@ -294,8 +295,14 @@ def test_every_model_passes_on_its_reference(tmp_path, model):
     assert s["verdict"] == "pass" and s["model"] == model and s["runs"]["passed"] == 2
     assert s["ops"] > 0
     verb = {"blocks": "verify", "prefix": "verify-prefix", "scheduler": "verify-scheduler",
-            "device": "verify-device"}[model]
+            "device": "verify-device", "hybrid": "verify-hybrid"}[model]
     assert all(r["command"].startswith(f"kvcheck {verb} ") for r in runs(out))
+    if model == "hybrid":  # its own classes, counted from its oracle (not the block manager's)
+        assert set(s["coverage"]["total"]) == {"hybrid/hit", "hybrid/window-drop",
+                                               "hybrid/out-of-blocks",
+                                               "hybrid/out-of-blocks-after-a-drop",
+                                               "hybrid/append-tokens"}, s["coverage"]
+        assert s["coverage"]["total"]["hybrid/window-drop"] > 0
 
 
 class Links(HTMLParser):

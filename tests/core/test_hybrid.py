@@ -169,3 +169,20 @@ def test_a_hybrid_pool_file_under_a_block_command_is_bad_input(capsys, command):
     assert main([command, target], isolate=False) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a hybrid pool" in err and "verify-hybrid" in err, err
+
+
+def test_mix_multiplies_the_drivers_chances_as_the_other_models_do():
+    """``--mix allocate=W`` multiplies the driver's chance of an allocation (as a campaign
+    run draws it, and as ``verify --mix`` does): it never replaces the weight."""
+    from kvcheck.models.blocks.model import BlockScope
+    from kvcheck.models.hybrid.driver import WEIGHTS, HybridDriver
+
+    d = HybridDriver(0, BlockScope(8, 2), HybridBlockManager(8, 2), {"allocate": 0.5})
+    assert d.w == {"allocate": WEIGHTS["allocate"] * 0.5, "free_seq": WEIGHTS["free_seq"]}
+    counts = {}
+    for weight in (0.25, 4.0):
+        r = verify("reference-hybrid", 32, 2, 600, 1, model="hybrid",
+                   extra={"weights": {"allocate": weight}})
+        assert r.ok
+        counts[weight] = r.state.stats["allocate"]
+    assert counts[0.25] < counts[4.0], counts

@@ -13,11 +13,12 @@ from kvcheck.cli.commands.common import (
     emit_json,
     positive_int,
 )
+from kvcheck.defaults import RUN
 
-MODELS = ("blocks", "prefix", "scheduler", "device")
+MODELS = tuple(RUN)  # the models with a checking command
 DEFAULT_TIME = "1m"
 DEFAULT_TARGET = {"blocks": "reference", "prefix": "prefix", "scheduler": "reference",
-                  "device": "device"}  # what each model's checking command checks by default
+                  "device": "device", "hybrid": "reference-hybrid"}  # each command's default target
 
 
 def duration(text: str) -> float:
@@ -44,13 +45,14 @@ def add_parser(sub) -> None:
     p.add_argument("target", nargs="?", default=None,
                    help="what to check, as the model's checking command takes it (an allocator; "
                         "a prefix-caching allocator with --model prefix; a scheduler with --model "
-                        "scheduler; a data target with --model device): a registered name, "
+                        "scheduler; a data target with --model device; a hybrid pool with --model "
+                        "hybrid): a registered name, "
                         "module:attr or file.py:attr (default: the model's own reference: "
                         + ", ".join(f"{m} {t}" for m, t in DEFAULT_TARGET.items()) + ")")
     p.add_argument("--model", choices=MODELS, default="blocks",
                    help="what TARGET is checked as: blocks (verify), prefix (verify-prefix), "
-                        "scheduler (verify-scheduler), device (verify-device) "
-                        "(default: %(default)s)")
+                        "scheduler (verify-scheduler), device (verify-device), hybrid "
+                        "(verify-hybrid) (default: %(default)s)")
     p.add_argument("--time", type=duration, metavar="DURATION",
                    help=f"time budget: 90s, 10m, 1h (default: {DEFAULT_TIME} unless --runs is "
                         f"given); runs still in flight then are cut, never counted as passed")

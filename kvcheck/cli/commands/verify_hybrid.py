@@ -8,6 +8,7 @@ which ``kvcheck replay`` and ``kvcheck report`` read like any other.
 from __future__ import annotations
 
 from kvcheck.cli.commands import checking
+from kvcheck.defaults import RUN
 
 HYBRID_MIX = ("allocate", "free_seq")
 FULL_HELP = ("accepted for symmetry with the other checking commands: the hybrid oracle reads "
@@ -25,8 +26,9 @@ def add_parser(sub) -> None:
                                    "seeded shared-prefix workloads under the hybrid oracle; on a "
                                    "violation print a shrunk counterexample. Exit 0 when every "
                                    "rule held, 1 on a violation, 2 on bad input.")
-    checking.add_run_flags(p, "reference-hybrid", "hybrid pool", 16, 2, 3000, 30.0, FULL_HELP,
-                           mix=HYBRID_MIX)
+    d = RUN["hybrid"]
+    checking.add_run_flags(p, "reference-hybrid", "hybrid pool", d["num_blocks"], d["block_size"],
+                           d["ops"], 30.0, FULL_HELP, mix=HYBRID_MIX)
     p.set_defaults(run=run)
 
 

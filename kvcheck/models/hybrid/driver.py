@@ -9,6 +9,7 @@ import random
 from kvcheck.models.hybrid.model import _make
 
 WEIGHTS = {"allocate": 3.0, "free_seq": 1.5}  # append_slot takes the rest (of 10)
+# ``weights`` (optional, ``--mix``): multipliers of the chances of allocate and free_seq
 VOCAB = 3  # few token values: identical blocks recur
 
 
@@ -16,7 +17,7 @@ class HybridDriver:
     def __init__(self, seed: int, scope, target, weights=None):
         self.rng = random.Random(seed)
         self.nb, self.bs = scope.num_blocks, scope.block_size
-        self.w = {**WEIGHTS, **(weights or {})}
+        self.w = {k: w * float((weights or {}).get(k, 1.0)) for k, w in WEIGHTS.items()}
         self.caps = frozenset(getattr(target, "capabilities", ("allocate", "append_slot",
                                                                "free_seq")))
         self.next_seq = 0
