@@ -177,10 +177,20 @@ class Watchdog:
     def _watch(self) -> None:
         seen, since = -1, _now()
         step = max(self.timeout / 4, 0.01)
+        last, cpu = since, time.process_time()
         while not self._stop.wait(step):
             if HEARTBEAT is not None and _ACTIVE and _ACTIVE[-1] is self:
                 _HEARTBEAT.pack_into(HEARTBEAT, 0, self.serial + self.started, self.busy)
-            now = _now()
+            now, cpu_now = _now(), time.process_time()
+            gap = now - last - step  # how much later than asked this thread woke
+            if gap > STOPPED_GAP and cpu_now - cpu < gap / 2:
+                # and the process ran little meanwhile: it was stopped (SIGSTOP: a campaign
+                # holding the runs beside a shrinking one; a suspend). That time is not the
+                # call's. (A call that holds the interpreter lock in C keeps this thread from
+                # waking too, but it runs: its time counts, and the supervisor's heartbeat
+                # watch is there for a call that never lets go.)
+                since += gap
+            last, cpu = now, cpu_now
             if not self.busy or self.started != seen:
                 seen, since = self.started, now
                 continue
@@ -191,6 +201,7 @@ class Watchdog:
 
 
 _now = time.monotonic
+STOPPED_GAP = 1.0  # seconds this thread may wake late before it asks whether the process ran
 
 
 def active_watchdog() -> Watchdog | None:

@@ -183,3 +183,45 @@ def test_bulk_refcounts_garbage_is_a_violation(how, says):
     r = verify(factory, 8, 2, 200, 0, do_shrink=False)
     assert r.verdict == "fail" and r.violation.kind == "malformed", r.violation
     assert r.violation.witness == says
+
+
+STOPPED_CHILD = """
+import sys, time
+from kvcheck.check.watchdog import OperationTimeout, Watchdog
+with Watchdog(2.0) as wd:
+    wd.enter()
+    print("in", flush=True)
+    try:
+        for _ in range(%d):
+            time.sleep(0.05)
+        print("returned", flush=True)
+    except OperationTimeout:
+        print("timeout", flush=True)
+    finally:
+        wd.leave()
+"""
+
+
+@pytest.mark.parametrize("sleeps,says", [(18, "returned"), (100, "timeout")])
+def test_time_the_process_spent_stopped_is_not_the_calls(sleeps, says):
+    """A call of 0.9 s (under a 2 s timeout) that the process spends 3 s stopped in
+    (SIGSTOP: a campaign holding the runs beside a shrinking one), once the watchdog has seen
+    it start, did not hang; a call of 5 s, stopped the same way, still did."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    p = subprocess.Popen([sys.executable, "-c", STOPPED_CHILD % sleeps], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "in"
+        time.sleep(0.7)  # (the watchdog looks every 0.5 s)
+        p.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)
+        p.send_signal(signal.SIGCONT)
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert out.strip() == says, out
