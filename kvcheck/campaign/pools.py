@@ -68,7 +68,8 @@ class LocalPool:
         """The runs that finished within ``timeout`` seconds (at least one look at each)."""
         if not self.running:
             return []
-        wait_for([w.conn for w in self.running.values()], timeout=max(0.0, min(timeout, POLL)))
+        wait_for([w.conn for w in self.running.values() if not w.paused],
+                 timeout=max(0.0, min(timeout, POLL)))
         done = []
         for run, w in list(self.running.items()):
             result = w.pump()

@@ -130,6 +130,11 @@ class Campaign:
                 if self.stop_on_failure:  # the first violation ends the campaign: while one
                     pool.hold(pool.shrinking())  # is shrunk, the runs beside it wait
                 if stop and pool.running:
+                    pool.hold(set())  # a run stopped beside the shrinking one may have ended
+                    for spec, result in pool.wait(0.0):  # just before: its result is not lost
+                        found = store.record(spec, result, before + elapsed())
+                        if found is not None and self.on_found is not None:
+                            self.on_found(found)
                     for spec in pool.cancel():
                         store.record(spec, {"verdict": "cut"}, before + elapsed())
                     break

@@ -275,9 +275,13 @@ class _Child:
         self.kill_after = 2 * (spec.timeout or 10.0) + GRACE
 
     def pump(self) -> None:
-        """Read what the child sent; notice its end; kill it if a call is stuck."""
+        """Read what the child sent; notice its end; kill it if a call is stuck. A stopped
+        child is not read (a message it was stopped in the middle of would never end)."""
         from kvcheck.check.watchdog import read_heartbeat
 
+        if self.paused:  # nor is its call in flight stuck
+            self.since = time.monotonic()
+            return
         try:
             while not self.ended and self.conn.poll():
                 kind, data = self.conn.recv()
@@ -293,9 +297,6 @@ class _Child:
             self.proc.join()
             return
         now = time.monotonic()
-        if self.paused:  # a stopped child's call in flight is not stuck
-            self.since = now
-            return
         state = read_heartbeat(self.beat)
         if state != self.seen:
             self.seen, self.since = state, now
