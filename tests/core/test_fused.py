@@ -30,8 +30,8 @@ LEGAL = {**ENGINE_LEGAL, **WINDOW_LEGAL, **CYCLIC_LEGAL}
 def test_every_one_sequence_operation_is_fused():
     """Each fused kind has its step (a generation failure would quietly fall back to the
     layered path), and its post-state terms are all locals: no call into an ``After``."""
-    assert set(oracle_mod._FUSED) == {(k, OK) for k in fused.SINGLE}
-    for kind in fused.SINGLE:
+    assert set(oracle_mod._FUSED) == {(k, OK) for k in fused.KINDS}
+    for kind in fused.KINDS:
         src = fused.source(kind)
         assert "post." not in src and "post_" not in src, kind
 

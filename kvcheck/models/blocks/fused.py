@@ -6,7 +6,8 @@ verified state, in one pass over plain locals.
 was observed), hands it to the compiled step check (``compiled.step_for``, which reads
 those dictionaries back), records the caller's writes, reads the shadow back and commits
 the ``After`` into the ``Ghost``. For the operations of one sequence (``SINGLE``) this
-module generates, per kind and outcome, one function doing all of that:
+module generates, per kind and outcome (``KINDS``, successful operations: the others are
+rare), one function doing all of that:
 
 * observing: the sequence's table (``read_table``), own length, table identity, the
   refcounts of every pool block its table names before or after and of the blocks the
@@ -45,10 +46,10 @@ from kvcheck.spec.contracts import OK, Domain
 from kvcheck.spec.logic import PY
 from kvcheck.targets.observe import read_identity, read_len, read_num_free, read_ref, read_refs_of, read_table
 
-# The kinds fused: one sequence each (``op.seq``), with what ``_record`` does for them.
-# (fork and rebase touch two sequences, rollback and the window drop read the verified
-# state while recording: they keep the general path.)
-SINGLE = ("allocate", "append_slot", "append_slots", "free_seq", "preempt")
+# The kinds fused (``_SEQS``, ``_RECORD``: what ``length_delta`` and ``_record`` do for
+# them). The others keep the general path: rebase (its child may be live before),
+# rollback and the window drop (recording them reads the verified state).
+KINDS = ("allocate", "append_slot", "append_slots", "free_seq", "preempt", "fork")
 
 
 class Unfusable(Exception):
@@ -67,61 +68,67 @@ def _entry(table: tuple, i) -> int:
     return table[i] if 0 <= i < len(table) else -1
 
 
-def _q(q: str) -> None:
-    if q != "s_seq":
-        raise Unfusable(f"a post-state term of {q}, not the operation's sequence")
+def _post_templates(index: dict[str, int]) -> dict:
+    """The post state's vocabulary on the operation's sequences (their emitted names,
+    ``s_seq`` / ``s_child``, to their index ``i``) as the fused function's locals:
+    ``f_new{i}`` (the table, None: gone), ``f_tab{i}`` (``f_new{i} or ()``), ``f_len{i}``
+    (the length), ``f_impl{i}`` (its own length, resolved), ``f_res{i}`` (reserved),
+    ``f_shr{i}`` (sharers); shared: ``f_refs`` (refcounts observed), ``f_hd`` (holder
+    changes), ``f_gh`` (the ghost's holder counts), ``f_nf`` / ``f_zero`` (the free count,
+    the refcount-0 blocks). Each means what ``After``'s method does."""
 
+    def at(q: str) -> int:
+        i = index.get(q)
+        if i is None:
+            raise Unfusable(f"a post-state term of {q}, not one of the operation's sequences")
+        return i
 
-def _post(method):
-    def template(role, q, *args):
-        _q(q)
-        return method(*args), {}
-    return template
+    def per_seq(code):
+        def template(role, q, *args):
+            return code(at(q), *args), {}
+        return template
 
+    def table(i, k):
+        return (f"(f_tab{i}[{k}] if 0 <= {k} < len(f_tab{i}) else -1)" if simple(k)
+                else f"_entry(f_tab{i}, {k})")
 
-# The post state's vocabulary on the operation's sequence (``s_seq``) as the fused
-# function's locals: f_new (its table, None: gone), f_tab (f_new or ()), f_len (its
-# length), f_impl (its own length, resolved), f_res (reserved), f_shr (sharers), f_refs
-# (refcounts observed), f_hd (holder changes), f_gh (the ghost's holder counts), f_nf /
-# f_zero (the free count and refcount-0 blocks). Each means what ``After``'s method does.
-POST = {
-    "live": _post(lambda: "(f_new is not None)"),
-    "length": _post(lambda: "f_len"),
-    "nblocks": _post(lambda: "len(f_tab)"),
-    "tail": _post(lambda: "(f_new or (-1,))[-1]"),
-    "table": _post(lambda i: f"(f_tab[{i}] if 0 <= {i} < len(f_tab) else -1)" if simple(i)
-                   else f"_entry(f_tab, {i})"),
-    "occurrences": _post(lambda b: f"f_tab.count({b})"),
-    "impl_length": _post(lambda: "f_impl"),
-    "reserved": _post(lambda: "f_res"),
-    "sharers": _post(lambda: "f_shr"),
-    "same_table": lambda role, q, other, p, upto: (_q(q), _same_table(other, p, upto))[1],
-    "ref": lambda role, b: (
-        f"(f_refs[{b}] if {b} in f_refs else _ref_outside(f_target, f_refs, {b}, s_N))", {})
-    if simple(b) else None,
-    "free_count": lambda role, b: (
-        f"((1 if f_refs[{b}] == 0 else 0) if {b} in f_refs else "
-        f"(1 if 0 <= {b} < s_N and _ref_outside(f_target, f_refs, {b}, s_N) == 0 else 0))",
-        {}) if simple(b) else None,
-    "holders": lambda role, b: (f"(f_gh.get({b}, 0) + f_hd.get({b}, 0))", {}),
-    "num_free": lambda role: ("f_nf", {}),
-    "zero_refs": lambda role: ("f_zero", {}),
-    "free_entries": lambda role: ("f_zero", {}),
-}
+    def same_table(role, q, other, p, upto):
+        i = at(q)
+        if other != "s_pre":
+            raise Unfusable("same_table against a state other than the verified one")
+        if upto == "None":
+            return f"(f_tab{i} == s_pre.tables.get({p}, ()))", {}
+        return f"(f_tab{i}[:{upto}] == s_pre.tables.get({p}, ())[:{upto}])", {}
 
-
-def _same_table(other: str, p: str, upto: str):
-    if other != "s_pre":
-        raise Unfusable("same_table against a state other than the verified one")
-    if upto == "None":
-        return f"(f_tab == s_pre.tables.get({p}, ()))", {}
-    return f"(f_tab[:{upto}] == s_pre.tables.get({p}, ())[:{upto}])", {}
+    return {
+        "live": per_seq(lambda i: f"(f_new{i} is not None)"),
+        "length": per_seq(lambda i: f"f_len{i}"),
+        "nblocks": per_seq(lambda i: f"len(f_tab{i})"),
+        "tail": per_seq(lambda i: f"(f_new{i} or (-1,))[-1]"),
+        "table": per_seq(table),
+        "occurrences": per_seq(lambda i, b: f"f_tab{i}.count({b})"),
+        "impl_length": per_seq(lambda i: f"f_impl{i}"),
+        "reserved": per_seq(lambda i: f"f_res{i}"),
+        "sharers": per_seq(lambda i: f"f_shr{i}"),
+        "same_table": same_table,
+        "ref": lambda role, b: (
+            f"(f_refs[{b}] if {b} in f_refs else _ref_outside(f_target, f_refs, {b}, s_N))", {})
+        if simple(b) else None,
+        "free_count": lambda role, b: (
+            f"((1 if f_refs[{b}] == 0 else 0) if {b} in f_refs else "
+            f"(1 if 0 <= {b} < s_N and _ref_outside(f_target, f_refs, {b}, s_N) == 0 else 0))",
+            {}) if simple(b) else None,
+        "holders": lambda role, b: (f"(f_gh.get({b}, 0) + f_hd.get({b}, 0))", {}),
+        "num_free": lambda role: ("f_nf", {}),
+        "zero_refs": lambda role: ("f_zero", {}),
+        "free_entries": lambda role: ("f_zero", {}),
+    }
 
 
 def _clauses(kind: str, outcome: str):
     """``compiled.step_source``'s clauses for ``kind`` ending with ``outcome``: the
-    contract on the fast-mode domain, then the fast invariants, the sequence ones on the
-    operation's sequence when it is live afterwards."""
+    contract on the fast-mode domain, then the fast invariants, the sequence ones on each
+    of the operation's sequences that is live afterwards."""
     op = compiled_checks._TOp(kind, outcome)
     pre, post = TState("pre"), TState("post")
     seqs = compiled_checks._op_seqs(op)
@@ -145,44 +152,62 @@ def _clauses(kind: str, outcome: str):
 
 
 # -- the parts around the check (the model's bookkeeping, as text) ------------------------
-_OBSERVE = """\
+_START = """\
     f_target = o.target
     pre = o.ghost
-    q = op.seq
     lengths = o.lengths
-    f_len = {length}
-    f_old = pre.tables.get(q)
-    f_new = read_table(f_target, q, f_old)
     blocks = {extra}
-    if f_old:
-        blocks.update(f_old)
     f_delta = {{}}
-    if f_new is None:
-        f_impl = f_ident = f_raw = None
-        if f_old:
-            _count_change(f_old, (), f_delta)
-        f_tab = ()
+"""
+
+# ``After.__init__``'s reads of one sequence, ``q{i}``, in its order.
+_OBSERVE_SEQ = """\
+    q{i} = {q}
+    f_len{i} = {length}
+    f_old{i} = pre.tables.get(q{i})
+    f_new{i} = read_table(f_target, q{i}, f_old{i})
+    if f_old{i}:
+        blocks.update(f_old{i})
+    if f_new{i} is None:
+        f_ident{i} = f_raw{i} = None
+        f_impl{i} = f_len{i}
+        if f_old{i}:
+            _count_change(f_old{i}, (), f_delta)
+        f_tab{i} = ()
     else:
-        if f_new is not f_old:
-            blocks.update(f_new)
-            _count_change(f_old or (), f_new, f_delta)
-        f_raw = read_len(f_target, q)
-        f_was = pre.identities.get(q)
-        f_ident = read_identity(f_target, q, f_was)
-        f_impl = f_len if f_raw is None else f_raw
-        f_tab = f_new
-    f_hd = {{b: d for b, d in f_delta.items() if d}} if f_delta else {{}}
-    if f_ident is None:
-        f_shr = 1
-    elif f_ident is f_was:  # (the same table as before: as many sharers as before)
-        f_shr = pre.ident_count.get(f_ident, 0)
+        if f_new{i} is not f_old{i}:
+            blocks.update(f_new{i})
+            _count_change(f_old{i} or (), f_new{i}, f_delta)
+        f_raw{i} = read_len(f_target, q{i})
+        f_was{i} = pre.identities.get(q{i})
+        f_ident{i} = read_identity(f_target, q{i}, f_was{i})
+        f_impl{i} = f_len{i} if f_raw{i} is None else f_raw{i}
+        f_tab{i} = f_new{i}
+    f_res{i} = pre.reservations.get(q{i}, 0)
+"""
+
+# ``After``'s sharer count of one sequence of one (``_SHARERS_ONE``) or more touched.
+_SHARERS_ONE = """\
+    if f_ident0 is None:
+        f_shr0 = 1
+    elif f_ident0 is f_was0:  # (the same table as before: as many sharers as before)
+        f_shr0 = pre.ident_count.get(f_ident0, 0)
     else:
-        f_shr = pre.ident_count.get(f_ident, 0) + (f_ident == f_ident) - (pre.identities.get(q) == f_ident)
+        f_shr0 = pre.ident_count.get(f_ident0, 0) + (f_ident0 == f_ident0) - (pre.identities.get(q0) == f_ident0)
+"""
+_SHARERS = """\
+    if f_ident{i} is None:
+        f_shr{i} = 1
+    else:
+        f_shr{i} = pre.ident_count.get(f_ident{i}, 0) + {terms}
+"""
+
+_BLOCKS = """\
+    f_hd = {b: d for b, d in f_delta.items() if d} if f_delta else {}
     s_N = pre.num_blocks
     if blocks and (min(blocks) < 0 or max(blocks) >= s_N):
-        blocks = {{b for b in blocks if 0 <= b < s_N}}
+        blocks = {b for b in blocks if 0 <= b < s_N}
     f_refs = read_refs_of(f_target, blocks)
-    f_res = {reserved}
     f_gh = pre.holders_count
 """
 
@@ -197,85 +222,106 @@ _ZERO = """\
 # the read-back of what changed (``Oracle._step_fast``'s).
 _RECORD = {
     "append_slot": """\
-    o.shadow.append(q, op.block, op.offset, op.cow_src)
-    lengths[q] = f_len
-    if o.shadow.mismatch(q, f_new, f_len - 1) is not None:
-        f_bad = o._check_data({q: f_new}, lengths, o.steps, f_len - 1)
+    o.shadow.append(q0, op.block, op.offset, op.cow_src)
+    lengths[q0] = f_len0
+    if o.shadow.mismatch(q0, f_new0, f_len0 - 1) is not None:
+        f_bad = o._check_data({q0: f_new0}, lengths, o.steps, f_len0 - 1)
 """,
     "allocate": """\
-    o.shadow.allocate(q, op.n_tokens, f_tab)
-    if f_res:
-        o.reserved[q] = f_res
+    o.shadow.allocate(q0, op.n_tokens, f_tab0)
+    if f_res0:
+        o.reserved[q0] = f_res0
     else:
-        o.reserved.pop(q, None)
-    if q not in lengths:
-        o._pos[q] = len(o._order)
-        o._order.append(q)
-    lengths[q] = f_len
-    if f_new is not None and o.shadow.mismatch(q, f_new) is not None:
-        f_bad = o._check_data({q: f_new}, lengths, o.steps)
+        o.reserved.pop(q0, None)
+    if q0 not in lengths:
+        o._pos[q0] = len(o._order)
+        o._order.append(q0)
+    lengths[q0] = f_len0
+    if f_new0 is not None and o.shadow.mismatch(q0, f_new0) is not None:
+        f_bad = o._check_data({q0: f_new0}, lengths, o.steps)
 """,
     "append_slots": """\
-    f_first = lengths[q]
+    f_first = lengths[q0]
     sh = o.shadow
     for src, dst in op.copies or ():
         sh.copy(src, dst)
-    sh.extend(q, op.n_tokens, f_tab)
-    if f_res:
-        o.reserved[q] = f_res
+    sh.extend(q0, op.n_tokens, f_tab0)
+    if f_res0:
+        o.reserved[q0] = f_res0
     else:
-        o.reserved.pop(q, None)
-    lengths[q] = f_len
+        o.reserved.pop(q0, None)
+    lengths[q0] = f_len0
     if f_first:
-        if sh.mismatch(q, f_new, f_first) is not None:
-            f_bad = o._check_data({q: f_new}, lengths, o.steps, f_first)
-    elif f_new is not None and sh.mismatch(q, f_new) is not None:
-        f_bad = o._check_data({q: f_new}, lengths, o.steps)
+        if sh.mismatch(q0, f_new0, f_first) is not None:
+            f_bad = o._check_data({q0: f_new0}, lengths, o.steps, f_first)
+    elif f_new0 is not None and sh.mismatch(q0, f_new0) is not None:
+        f_bad = o._check_data({q0: f_new0}, lengths, o.steps)
 """,
     "free_seq": """\
-    o.shadow.free(q)
-    o.reserved.pop(q, None)
-    if lengths.pop(q, None) is not None:
+    o.shadow.free(q0)
+    o.reserved.pop(q0, None)
+    if lengths.pop(q0, None) is not None:
         order, pos = o._order, o._pos
-        i = pos.pop(q)
+        i = pos.pop(q0)
         last = order.pop()
-        if last != q:
+        if last != q0:
             order[i] = last
             pos[last] = i
-    if f_new is not None and o.shadow.mismatch(q, f_new) is not None:
-        f_bad = o._check_data({q: f_new}, lengths, o.steps)
+    if f_new0 is not None and o.shadow.mismatch(q0, f_new0) is not None:
+        f_bad = o._check_data({q0: f_new0}, lengths, o.steps)
+""",
+    "fork": """\
+    sh = o.shadow
+    for src, dst in op.copies or ():
+        sh.copy(src, dst)
+    sh.free(q1)
+    sh.fork(q0, q1)
+    for q, r in ((q0, f_res0), (q1, f_res1)):
+        if r:
+            o.reserved[q] = r
+        else:
+            o.reserved.pop(q, None)
+    lengths[q0] = f_len0
+    if q1 not in lengths:
+        o._pos[q1] = len(o._order)
+        o._order.append(q1)
+    lengths[q1] = f_len1
+    f_live = [(q, t) for q, t in ((q0, f_new0), (q1, f_new1)) if t is not None]
+    for q, t in f_live:
+        if sh.mismatch(q, t) is not None:
+            f_bad = o._check_data(dict(f_live), lengths, o.steps)
+            break
 """,
 }
 _RECORD["preempt"] = _RECORD["free_seq"]
 
-# ``Ghost.commit`` of an ``After`` touching the one sequence ``q``.
-_COMMIT = """\
-    if pre._occ:
-        pre._occ.clear()
-    f_ic = pre.ident_count
-    f_was = pre.identities.pop(q, None)
+# ``Ghost.commit`` of an ``After``: each touched sequence ``q{i}`` in turn, then the blocks.
+_COMMIT_SEQ = """\
+    f_was = pre.identities.pop(q{i}, None)
     if f_was is not None:
         k = f_ic[f_was] - 1
         if k:
             f_ic[f_was] = k
         else:
             del f_ic[f_was]
-    if f_new is None:
-        pre.tables.pop(q, None)
-        pre.lengths.pop(q, None)
-        pre.impl_lengths.pop(q, None)
-        pre.reservations.pop(q, None)
+    if f_new{i} is None:
+        pre.tables.pop(q{i}, None)
+        pre.lengths.pop(q{i}, None)
+        pre.impl_lengths.pop(q{i}, None)
+        pre.reservations.pop(q{i}, None)
     else:
-        pre.tables[q] = f_new
-        pre.lengths[q] = f_len
-        if f_res:
-            pre.reservations[q] = f_res
+        pre.tables[q{i}] = f_new{i}
+        pre.lengths[q{i}] = f_len{i}
+        if f_res{i}:
+            pre.reservations[q{i}] = f_res{i}
         else:
-            pre.reservations.pop(q, None)
-        pre.impl_lengths[q] = f_raw
-        pre.identities[q] = f_ident
-        if f_ident is not None:
-            f_ic[f_ident] = f_ic.get(f_ident, 0) + 1
+            pre.reservations.pop(q{i}, None)
+        pre.impl_lengths[q{i}] = f_raw{i}
+        pre.identities[q{i}] = f_ident{i}
+        if f_ident{i} is not None:
+            f_ic[f_ident{i}] = f_ic.get(f_ident{i}, 0) + 1
+"""
+_COMMIT_BLOCKS = """\
     for b, d in f_hd.items():
         f_gh[b] = f_gh.get(b, 0) + d
     pre.zero = f_zero
@@ -286,74 +332,97 @@ _COMMIT = """\
     return f_bad
 """
 
-
-def _length(kind: str) -> str:
-    """The sequence's token count after a successful ``kind`` (``length_delta``; 0: gone)."""
-    return {"append_slot": "lengths[q] + 1", "allocate": "op.n_tokens",
-            "append_slots": "lengths[q] + op.n_tokens"}.get(kind, "0")
+# Each fused kind's sequences' token counts after success, in the order of its
+# sequence arguments (``length_delta``; 0: gone).
+_SEQS = {
+    "append_slot": ("lengths[q0] + 1",),
+    "allocate": ("op.n_tokens",),
+    "append_slots": ("lengths[q0] + op.n_tokens",),
+    "free_seq": ("0",),
+    "preempt": ("0",),
+    "fork": ("lengths[q0]", "lengths[q0]"),
+}
 
 
 def _extra(kind: str) -> str:
-    """The blocks the operation returned (``_step_fast``'s ``extra``)."""
+    """The blocks the operation returned (``_step_fast``'s ``extra``), a set."""
     if kind == "append_slot":
         return "{op.block, op.cow_src} - {None}"
-    if kind == "append_slots":
+    if kind in ("append_slots", "fork"):
         return "{b for pair in op.copies or () for b in pair} - {None}"
     return "set()"
 
 
-def _reserved(kind: str) -> str:
-    """The sequence's reservation after a successful ``kind`` (``reserve_after``; a
-    single-slot append keeps what it had, the oracle's ``_SINGLE``)."""
+def _reserve(kind: str) -> str:
+    """The new reservation after a successful ``kind`` (``reserve_after``; a single-slot
+    append keeps what it had: the oracle's ``_SINGLE``)."""
     if kind == "append_slot":
-        return "pre.reservations.get(q, 0)"
+        return ""
     if kind in ("free_seq", "preempt"):
-        return "0"
-    return "reserved_after(PY, pre, op, len(f_tab))"
+        return "    f_res0 = 0\n"
+    if kind == "fork":  # (the child's)
+        return "    f_res1 = reserved_after(PY, pre, op, len(f_tab1))\n"
+    return "    f_res0 = reserved_after(PY, pre, op, len(f_tab0))\n"
 
 
 def source(kind: str, outcome: str = OK) -> str:
     """The fused step of ``kind`` ending with ``outcome``, as Python source. Raises
     ``Unfusable`` (or ``Untraceable``) where it cannot be generated."""
-    if kind not in SINGLE or outcome != OK:
+    if kind not in KINDS or outcome != OK:
         raise Unfusable(f"{kind} ending {outcome} is not fused")
+    op = compiled_checks._TOp(kind, outcome)
+    names = [f"s_{t.args[0]}" for t in compiled_checks._op_seqs(op)]
+    if len(names) != len(_SEQS[kind]):
+        raise Unfusable(f"{kind}'s sequences are not {len(_SEQS[kind])}")
     tree = _clauses(kind, outcome)
     syms = {**compiled_checks.SYMS, "B": "pre.block_size", "N": "pre.num_blocks"}
-    e = Emitter(syms, {"pre": FOR[Ghost], "post": POST})
+    e = Emitter(syms, {"pre": FOR[Ghost], "post": _post_templates({n: i for i, n in enumerate(names)})})
     e.tree(tree, "    ")
     if any(state != "pre" for state, _ in e.used_methods) or "post" in e.used_syms \
             or "live" in e.used_syms:
         raise Unfusable(f"the step of {kind} reads the post state other than through locals")
     body = "\n".join(e.lines)
-    lines = [f"def fused_{kind}_{outcome}(o, op):",
-             _OBSERVE.format(length=_length(kind), extra=_extra(kind),
-                             reserved=_reserved(kind)).rstrip("\n")]
-    uses_nf = "f_nf" in body
-    uses_zero = "f_zero" in body
+    n = len(names)
+    out = [f"def fused_{kind}_{outcome}(o, op):\n", _START.format(extra=_extra(kind))]
+    for i, length in enumerate(_SEQS[kind]):
+        out.append(_OBSERVE_SEQ.format(i=i, q=syms[names[i][2:]], length=length))
+    if n == 1:
+        out.append(_SHARERS_ONE)
+    else:
+        for i in range(n):
+            terms = " + ".join(f"((f_ident{j} == f_ident{i}) - (pre.identities.get(q{j}) == "
+                               f"f_ident{i}))" for j in range(n))
+            out.append(_SHARERS.format(i=i, terms=terms))
+    out.append(_BLOCKS)
+    out.append(_reserve(kind))
+    uses_nf, uses_zero = "f_nf" in body, "f_zero" in body
     if uses_nf:
-        lines.append(_NUM_FREE.rstrip("\n"))
+        out.append(_NUM_FREE)
     if uses_zero:
-        lines.append(_ZERO.rstrip("\n"))
+        out.append(_ZERO)
     for s in sorted(e.used_syms):
         if s != "N":  # (s_N: bound while observing)
-            lines.append(f"    s_{s} = {syms[s]}")
+            out.append(f"    s_{s} = {syms[s]}\n")
     for local, src in sorted(e.binds.items()):
-        lines.append(f"    {local} = {src}")
+        out.append(f"    {local} = {src}\n")
     for state, method in sorted(e.used_methods):
-        lines.append(f"    {state}_{method} = {state}.{method}")
-    seen = "(f_new, f_raw, f_ident, f_refs, f_nf)" if uses_nf else \
-        "(f_new, f_raw, f_ident, f_refs, None)"
+        out.append(f"    {state}_{method} = {state}.{method}\n")
+    observed = "{" + ", ".join(f"q{i}: (f_new{i}, f_raw{i}, f_ident{i})" for i in range(n)) + "}"
+    seen = f"({observed}, f_refs, {'f_nf' if uses_nf else 'None'})"
     for line in e.lines:
-        lines.append(line.replace("return False", f"return {seen}")
-                     if line.strip() == "return False" else line)
-    lines.append("    f_bad = None")
-    lines.append(_RECORD[kind].rstrip("\n"))
+        out.append((line.replace("return False", f"return {seen}")
+                    if line.strip() == "return False" else line) + "\n")
+    out.append("    f_bad = None\n")
+    out.append(_RECORD[kind])
     if not uses_nf:
-        lines.append(_NUM_FREE.rstrip("\n"))
+        out.append(_NUM_FREE)
     if not uses_zero:
-        lines.append(_ZERO.rstrip("\n"))
-    lines.append(_COMMIT.rstrip("\n"))
-    return "\n".join(lines) + "\n"
+        out.append(_ZERO)
+    out.append("    if pre._occ:\n        pre._occ.clear()\n    f_ic = pre.ident_count\n")
+    for i in range(n):
+        out.append(_COMMIT_SEQ.format(i=i))
+    out.append(_COMMIT_BLOCKS)
+    return "".join(out)
 
 
 _NAMESPACE = {
@@ -380,7 +449,7 @@ def step(kind: str, outcome: str = OK):
 def steps() -> dict:
     """Every fused step that can be generated, by ``(kind, outcome)``."""
     out = {}
-    for kind in SINGLE:
+    for kind in KINDS:
         try:
             out[kind, OK] = step(kind, OK)
         except (Unfusable, Untraceable):

@@ -179,9 +179,9 @@ class After(TableTerms):
         refcount of every pool block their tables name before or after, plus the
         blocks in ``extra`` (what the operation returned): ``self.blocks``.
 
-        ``seen``: what a fused step (``kvcheck.models.blocks.fused``) has already read of
-        the one sequence in ``seqs``, ``(table, own length, identity, refcounts, free
-        count or None)``: taken as observed, not read again."""
+        ``seen``: what a fused step (``kvcheck.models.blocks.fused``) has already read,
+        ``({seq: (table, own length, identity)}, refcounts, free count or None)``: taken
+        as observed, not read again."""
         self.target = target
         self.ghost = ghost
         self.num_blocks = n = ghost.num_blocks
@@ -205,7 +205,7 @@ class After(TableTerms):
         blocks.discard(None)
         for q in seqs:
             old = gt.get(q)
-            new = tables[q] = read_table(target, q, old) if seen is None else seen[0]
+            new = tables[q] = read_table(target, q, old) if seen is None else seen[0][q][0]
             if old:
                 blocks.update(old)
             if new is None:
@@ -221,8 +221,8 @@ class After(TableTerms):
                 m = impl_lens[q] = read_len(target, q)
                 idents[q] = read_identity(target, q, gi.get(q))
             else:
-                m = impl_lens[q] = seen[1]
-                idents[q] = seen[2]
+                _, m, idents[q] = seen[0][q]
+                impl_lens[q] = m
             resolved[q] = lengths.get(q, 0) if m is None else m
         self.tables = tables
         self._impl_lens = impl_lens
@@ -251,9 +251,8 @@ class After(TableTerms):
         if seen is None:
             self.refs = read_refs_of(target, blocks)
         else:
-            assert len(seqs) == 1, "a fused step observes one sequence"
-            self.refs = dict(seen[3])  # (its blocks, and any it read on demand)
-            self._num_free = seen[4]
+            self.refs = dict(seen[1])  # (its blocks, and any it read on demand)
+            self._num_free = seen[2]
 
     # -- vocabulary ------------------------------------------------------------
     def seqs(self):
