@@ -37,7 +37,7 @@ from functools import cache
 
 from kvcheck.compile.emit import Emitter, simple
 from kvcheck.compile.terms import Term
-from kvcheck.compile.tracer import TL, TDomain, TState, Untraceable, trace
+from kvcheck.compile.tracer import TL, Branch, TDomain, TState, Untraceable, trace
 from kvcheck.models.blocks import compiled as compiled_checks
 from kvcheck.models.blocks.ghost import Ghost, _count_change
 from kvcheck.models.blocks.inline import FOR
@@ -123,6 +123,65 @@ def _post_templates(index: dict[str, int]) -> dict:
         "zero_refs": lambda role: ("f_zero", {}),
         "free_entries": lambda role: ("f_zero", {}),
     }
+
+
+def _domains(tree) -> dict[str, tuple]:
+    """Each bound variable of ``tree`` that ranges over one domain wherever it occurs
+    (the tracer names them per path), with that domain's key."""
+    domains: dict[str, set] = {}
+
+    def walk(t):
+        if isinstance(t, Term):
+            if t.kind == "agg":
+                domains.setdefault(t.args[1].args[0], set()).add(t.args[2].key)
+            for a in t.args:
+                walk(a)
+
+    def nodes(node):
+        if isinstance(node, Branch):
+            walk(node.cond)
+            nodes(node.then)
+            nodes(node.orelse)
+        else:
+            for c in node.clauses:
+                walk(c)
+
+    nodes(tree)
+    return {v: next(iter(ds)) for v, ds in domains.items() if len(ds) == 1}
+
+
+def _in_domain_templates(domains: dict[str, tuple], names: list[str], pre: dict,
+                         post: dict) -> tuple[dict, dict]:
+    """``pre``'s and ``post``'s templates, where an argument is a variable ranging over
+    ``blocks`` (the touched blocks: in the pool, every one observed, its refcount in
+    ``f_refs``) or over the positions of a touched sequence's post table: the refcount
+    or the entry read directly, which is what the method returns for such an argument."""
+    blocks = Term("sym", "blocks").key
+    pool = {v for v, d in domains.items() if d == blocks}
+    positions = {v: names.index(f"s_{d[3][1][1]}") for v, d in domains.items()
+                 if d[:3] == ("call", ("=", "post"), ("=", "nblocks")) and len(d) == 4
+                 and d[3][0] == "sym" and f"s_{d[3][1][1]}" in names}
+
+    def pick(pooled, other):
+        return lambda role, b: pooled(b) if b in pool else other(role, b)
+
+    entry = post["table"]
+
+    def table(role, q, k):
+        i = positions.get(k)
+        if i is not None and q == names[i]:
+            return f"f_tab{i}[{k}]", {}
+        return entry(role, q, k)
+
+    pre = {**pre,
+           "ref": pick(lambda b: (f"pre_refs[{b}]", {"pre_refs": "pre.refs"}), pre["ref"]),
+           "free_count": pick(lambda b: (f"(1 if pre_refs[{b}] == 0 else 0)",
+                                         {"pre_refs": "pre.refs"}), pre["free_count"])}
+    post = {**post, "table": table,
+            "ref": pick(lambda b: (f"f_refs[{b}]", {}), post["ref"]),
+            "free_count": pick(lambda b: (f"(1 if f_refs[{b}] == 0 else 0)", {}),
+                               post["free_count"])}
+    return pre, post
 
 
 def _clauses(kind: str, outcome: str):
@@ -376,7 +435,9 @@ def source(kind: str, outcome: str = OK) -> str:
         raise Unfusable(f"{kind}'s sequences are not {len(_SEQS[kind])}")
     tree = _clauses(kind, outcome)
     syms = {**compiled_checks.SYMS, "B": "pre.block_size", "N": "pre.num_blocks"}
-    e = Emitter(syms, {"pre": FOR[Ghost], "post": _post_templates({n: i for i, n in enumerate(names)})})
+    pre, post = _in_domain_templates(_domains(tree), names, FOR[Ghost],
+                                     _post_templates({n: i for i, n in enumerate(names)}))
+    e = Emitter(syms, {"pre": pre, "post": post})
     e.tree(tree, "    ")
     if any(state != "pre" for state, _ in e.used_methods) or "post" in e.used_syms \
             or "live" in e.used_syms:
