@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from core.test_compiled import Faulty
 
-from kvcheck.impl.block_manager import BlockManager
+from kvcheck.impl.block_manager import BlockManager, EagerForkBlockManager
 from kvcheck.models.blocks import fused
 from kvcheck.models.blocks import oracle as oracle_mod
 from kvcheck.models.blocks.driver import RandomDriver
@@ -59,18 +59,21 @@ def _state(o: Oracle):
             sh.expected, sh.slots, sh._next, sh._own_start, sh._own_seq)
 
 
-def _lockstep(factory, nb, bs, ops, seed, counts):
+def _lockstep(factory, nb, bs, ops, seed, counts, seen=None):
     """The same operations on two targets, checked fused and layered: the same verdict
-    and the same state after every step. ``counts``: fused steps passed / failed."""
+    and the same state after every step. ``counts``: fused steps passed / failed; the
+    kinds fused are taken out of ``seen``."""
     a = Oracle(build(factory, nb, bs), mode="fast", timeout=None, sweep_every=50)
     b = Oracle(build(factory, nb, bs), mode="fast", timeout=None, sweep_every=50, fused=False)
     assert a._fused and not b._fused
     calls = {}
     for key, step in a._fused.items():
         def counted(o, op, step=step):
-            seen = step(o, op)
-            counts["failed" if type(seen) is tuple else "passed"] += 1
-            return seen
+            got = step(o, op)
+            counts["failed" if type(got) is tuple else "passed"] += 1
+            if seen is not None:
+                seen.discard(op.kind)
+            return got
         calls[key] = counted
     a._fused = calls
     driver = RandomDriver(seed, nb, bs, a.target.capabilities)
@@ -90,20 +93,50 @@ def _lockstep(factory, nb, bs, ops, seed, counts):
     return None
 
 
+class FaultyEngine(Faulty, EagerForkBlockManager):
+    """``Faulty`` with the engines' operations (reservations with lookahead, rollbacks,
+    rebases, preemptions, eager copies at fork), each followed by a random fault too."""
+
+    def append_slots(self, seq, n_tokens, lookahead=0):
+        copies = super().append_slots(seq, n_tokens, lookahead)
+        self._fault()
+        return copies
+
+    def rollback(self, seq, n_tokens):
+        super().rollback(seq, n_tokens)
+        self._fault()
+
+    def rebase(self, source, child):
+        copies = super().rebase(source, child)
+        self._fault()
+        return copies
+
+    def preempt(self, seq):
+        super().preempt(seq)
+        self._fault()
+
+
 @pytest.mark.parametrize("seed", range(60))
-def test_fused_and_layered_agree_on_faulty_allocators(seed):
+@pytest.mark.parametrize("faulty", [Faulty, FaultyEngine], ids=["seed-ops", "engine-ops"])
+def test_fused_and_layered_agree_on_faulty_allocators(faulty, seed):
     nb, bs = [(3, 1), (6, 1), (10, 2), (16, 4), (24, 3), (40, 5)][seed % 6]
     rate = (0.01, 0.03, 0.1)[seed % 3]
-    _lockstep(Faulty.factory(seed, rate), nb, bs, 600, seed, {"passed": 0, "failed": 0})
+    _lockstep(faulty.factory(seed, rate), nb, bs, 600, seed, {"passed": 0, "failed": 0})
 
 
-def test_the_lockstep_is_not_vacuous():
-    """The comparison above runs the fused steps, sees them pass and fail (then the
+@pytest.mark.parametrize("faulty", [Faulty, FaultyEngine], ids=["seed-ops", "engine-ops"])
+def test_the_lockstep_is_not_vacuous(faulty):
+    """The comparison above runs every fused step, sees them pass and fail (then the
     layered path names the clause on what they observed), and most faulty runs fail."""
     counts = {"passed": 0, "failed": 0}
-    found = sum(_lockstep(Faulty.factory(s, 0.03), 10, 2, 400, s, counts) is not None
-                for s in range(20))
-    assert found >= 15 and counts["passed"] >= 300 and counts["failed"] >= 10, counts
+    kinds = set()
+    found = 0
+    for s in range(20):
+        a = Oracle(build(faulty.factory(s, 0.03), 10, 2), timeout=None)
+        kinds |= {k for k, _ in a._fused} & set(a.target.capabilities)
+        found += _lockstep(faulty.factory(s, 0.03), 10, 2, 400, s, counts, seen=kinds) is not None
+    assert found >= 15 and counts["passed"] >= 300 and counts["failed"] >= 5, counts
+    assert not kinds, f"never fused: {kinds}"
 
 
 def _outcome(target, seed, nb=16, bs=4):

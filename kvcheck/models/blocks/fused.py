@@ -356,13 +356,16 @@ _RECORD["preempt"] = _RECORD["free_seq"]
 
 # ``Ghost.commit`` of an ``After``: each touched sequence ``q{i}`` in turn, then the blocks.
 _COMMIT_SEQ = """\
-    f_was = pre.identities.pop(q{i}, None)
-    if f_was is not None:
-        k = f_ic[f_was] - 1
-        if k:
-            f_ic[f_was] = k
-        else:
-            del f_ic[f_was]
+    if f_new{i} is None or f_ident{i} is not f_was{i}:  # (the same table object: as it was)
+        f_was = pre.identities.pop(q{i}, None)
+        if f_was is not None:
+            k = f_ic[f_was] - 1
+            if k:
+                f_ic[f_was] = k
+            else:
+                del f_ic[f_was]
+        if f_ident{i} is not None:
+            f_ic[f_ident{i}] = f_ic.get(f_ident{i}, 0) + 1
     if f_new{i} is None:
         pre.tables.pop(q{i}, None)
         pre.lengths.pop(q{i}, None)
@@ -377,8 +380,6 @@ _COMMIT_SEQ = """\
             pre.reservations.pop(q{i}, None)
         pre.impl_lengths[q{i}] = f_raw{i}
         pre.identities[q{i}] = f_ident{i}
-        if f_ident{i} is not None:
-            f_ic[f_ident{i}] = f_ic.get(f_ident{i}, 0) + 1
 """
 _COMMIT_BLOCKS = """\
     for b, d in f_hd.items():
@@ -405,8 +406,8 @@ _SEQS = {
 
 def _extra(kind: str) -> str:
     """The blocks the operation returned (``_step_fast``'s ``extra``), a set."""
-    if kind == "append_slot":
-        return "{op.block, op.cow_src} - {None}"
+    if kind == "append_slot":  # (op.block is an int: ``decode_append``)
+        return "{op.block} if op.cow_src is None else {op.block, op.cow_src}"
     if kind in ("append_slots", "fork"):
         return "{b for pair in op.copies or () for b in pair} - {None}"
     return "set()"
