@@ -1,34 +1,37 @@
-"""The fast mode's fused steps: one generated function per operation kind and outcome
-that observes what the operation touched, checks it, plays the caller and commits the
+"""The fast mode's fused steps: one generated function per operation kind that observes
+what a successful operation touched, checks it, plays the caller and commits the
 verified state, in one pass over plain locals.
 
 ``Oracle._step_fast`` goes through layers: it builds an ``After`` (dictionaries of what
 was observed), hands it to the compiled step check (``compiled.step_for``, which reads
 those dictionaries back), records the caller's writes, reads the shadow back and commits
-the ``After`` into the ``Ghost``. For the operations of one sequence (``SINGLE``) this
-module generates, per kind and outcome (``KINDS``, successful operations: the others are
-rare), one function doing all of that:
+the ``After`` into the ``Ghost``. For the kinds in ``KINDS`` (the operations of one
+sequence, and fork), when they succeed, this module generates one function doing all of
+that:
 
-* observing: the sequence's table (``read_table``), own length, table identity, the
-  refcounts of every pool block its table names before or after and of the blocks the
-  operation returned, exactly the reads ``After`` makes, in the same order, through the
-  same readers (``kvcheck.targets.observe``);
+* observing: each of the operation's sequences' table (``read_table``), own length and
+  table identity, then the refcounts of every pool block their tables name before or
+  after and of the blocks the operation returned: the reads ``After`` makes, in its
+  order, through the same readers (``kvcheck.targets.observe``);
 * checking: the operation's contract and every invariant not needing free-list
-  membership, traced from the spec's own text (``kvcheck.compile``) exactly as
+  membership, traced from the spec's own text (``kvcheck.compile``) as
   ``compiled.step_for`` traces them, with one difference: the sequence invariants over
-  the touched sequences that are live afterwards are stated for the operation's own
-  sequence under a branch on its liveness (what the ``live`` domain holds for one
-  sequence), so every post-state term of it reads a local (``POST``'s templates);
+  the touched sequences live afterwards are stated for each of the operation's
+  sequences under a branch on its liveness (what the ``live`` domain holds), so every
+  post-state term reads a local (``_post_templates``; a variable ranging over the
+  touched blocks or a touched table's positions reads its value directly,
+  ``_in_domain_templates``);
 * on success: the caller's part (``_record``'s shadow writes and bookkeeping for the
-  kind), the read-back of what changed, and the ghost commit (``Ghost.commit`` for one
-  sequence).
+  kind), the read-back of what changed, and the ghost commit (``Ghost.commit``).
 
-A failing check returns what it observed, untouched otherwise: the oracle then checks
-the operation the general way on those very observations (``After(..., seen=...)``),
-so the spec itself names the clause, and must agree it is broken. Every clause and
-invariant name stays in ``spec/``; nothing here states a rule. To read the code:
+A failing check changes nothing and returns what it observed: the oracle then checks
+the operation the layered way on those very observations (``After(..., seen=...)``), so
+the spec itself names the clause, and must find it broken. Every clause and invariant
+stays in ``spec/``; nothing here states or names a rule (the text around the check is
+the model's bookkeeping). ``tests/core/test_fused.py`` holds both paths to the same
+verdicts and the same state. To read one:
 
-    python3 -c "from kvcheck.models.blocks import fused; print(fused.source('append_slot', 'ok'))"
+    python3 -c "from kvcheck.models.blocks import fused; print(fused.source('append_slot'))"
 """
 
 from __future__ import annotations
@@ -500,8 +503,9 @@ def step(kind: str, outcome: str = OK):
     """``f(oracle, op)`` for ``op`` of ``kind`` that ended with ``outcome`` (the call
     made and judged, ``op`` filled in): None when it passed (everything recorded and
     committed), the read-back's ``Violation`` when the data came back wrong (recorded and
-    committed), or, when the check failed, what it observed, ``(table, own length,
-    identity, refcounts, free count or None)``, with nothing changed."""
+    committed), or, when the check failed, what it observed, ``({seq: (table, own
+    length, identity)}, refcounts, free count or None)`` (``After``'s ``seen``), with
+    nothing changed."""
     name = f"fused_{kind}_{outcome}"
     namespace = dict(_NAMESPACE)
     exec(compile(source(kind, outcome), f"<kvcheck fused {name}>", "exec"), namespace)  # noqa: S102

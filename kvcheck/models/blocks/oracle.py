@@ -12,7 +12,10 @@ Two modes share that spec text:
             quantify over everything (exact; used for shrinking and replay).
   ``fast``  observe only what the operation touched (O(touched) per
             operation) and audit everything in a full *sweep* every
-            ``sweep_every`` operations and at the end (amortised O(1)).
+            ``sweep_every`` operations and at the end (amortised O(1)). The
+            common successful operations take one generated function each
+            (``kvcheck.models.blocks.fused``: observe, check, record, commit in
+            one pass; ``fused=False``: the layered path, ``_step_fast``).
 
 The oracle never trusts the implementation: an exception it did not expect,
 a result of the wrong shape, garbage in its state or a hang is reported as a
