@@ -198,10 +198,13 @@ class Identity(tuple):
         return f"Identity({type(self.obj).__name__} at {id(self.obj):#x})"
 
 
-def read_identity(target, seq: int) -> object | None:
+def read_identity(target, seq: int, known: object = None) -> object | None:
     """``seq``'s table identity (None: unknown). A hashable value with its own
     equality (an int, a string, a tuple: e.g. a handle) is used as it is; any
-    other object (a list, a table object) is its own identity: ``Identity``."""
+    other object (a list, a table object) is its own identity: ``Identity``.
+
+    ``known``: the identity read last time; when the target hands back the very object
+    it stands for, it is returned as it is (equal to a new ``Identity`` of it)."""
     try:
         value = target.table_identity(seq)
     except CONTROL:
@@ -210,6 +213,8 @@ def read_identity(target, seq: int) -> object | None:
         return None
     if value is None:
         return None
+    if type(known) is Identity and known.obj is value:
+        return known
     if is_value(value):
         return value
     return Identity(value)

@@ -292,6 +292,9 @@ def test_per_outcome_steps_agree_with_the_whole_contract(seed, monkeypatch):
     for kind, by_outcome in list(oracle_mod._STEPS.items()):
         monkeypatch.setitem(oracle_mod._STEPS, kind,
                             {o: paired(kind, o, f) for o, f in by_outcome.items()})
+    # (the layered path's checks: the fused steps, which stand in for them on one-sequence
+    # operations, are compared with that path in test_fused.py)
+    monkeypatch.setattr(oracle_mod, "_FUSED", {})
     _run_lockstep(Faulty.factory(seed, 0.02), 6, 2, 400, seed)
     assert calls[0] > 0 and "ok" in outcomes
 

@@ -173,10 +173,15 @@ class After(TableTerms):
     ``lengths``, ``refs``, ``impl_lengths`` and ``sharer_counts`` directly.
     """
 
-    def __init__(self, target, ghost: Ghost, seqs: tuple, lengths: dict[int, int], extra=()):
+    def __init__(self, target, ghost: Ghost, seqs: tuple, lengths: dict[int, int], extra=(),
+                 seen: tuple | None = None):
         """Observe ``seqs`` (their tables, own lengths, table identities) and the
         refcount of every pool block their tables name before or after, plus the
-        blocks in ``extra`` (what the operation returned): ``self.blocks``."""
+        blocks in ``extra`` (what the operation returned): ``self.blocks``.
+
+        ``seen``: what a fused step (``kvcheck.models.blocks.fused``) has already read,
+        ``({seq: (table, own length, identity)}, refcounts, free count or None)``: taken
+        as observed, not read again."""
         self.target = target
         self.ghost = ghost
         self.num_blocks = n = ghost.num_blocks
@@ -200,7 +205,7 @@ class After(TableTerms):
         blocks.discard(None)
         for q in seqs:
             old = gt.get(q)
-            new = tables[q] = read_table(target, q, old)
+            new = tables[q] = read_table(target, q, old) if seen is None else seen[0][q][0]
             if old:
                 blocks.update(old)
             if new is None:
@@ -212,8 +217,12 @@ class After(TableTerms):
             if new is not old:  # (read_table hands back the verified tuple when equal)
                 blocks.update(new)
                 _count_change(old or (), new, delta)
-            m = impl_lens[q] = read_len(target, q)
-            idents[q] = read_identity(target, q)
+            if seen is None:
+                m = impl_lens[q] = read_len(target, q)
+                idents[q] = read_identity(target, q, gi.get(q))
+            else:
+                _, m, idents[q] = seen[0][q]
+                impl_lens[q] = m
             resolved[q] = lengths.get(q, 0) if m is None else m
         self.tables = tables
         self._impl_lens = impl_lens
@@ -239,7 +248,11 @@ class After(TableTerms):
         if blocks and (min(blocks) < 0 or max(blocks) >= n):
             blocks = {b for b in blocks if 0 <= b < n}
         self.blocks = blocks
-        self.refs = read_refs_of(target, blocks)
+        if seen is None:
+            self.refs = read_refs_of(target, blocks)
+        else:
+            self.refs = dict(seen[1])  # (its blocks, and any it read on demand)
+            self._num_free = seen[2]
 
     # -- vocabulary ------------------------------------------------------------
     def seqs(self):

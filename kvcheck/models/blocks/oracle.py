@@ -12,7 +12,10 @@ Two modes share that spec text:
             quantify over everything (exact; used for shrinking and replay).
   ``fast``  observe only what the operation touched (O(touched) per
             operation) and audit everything in a full *sweep* every
-            ``sweep_every`` operations and at the end (amortised O(1)).
+            ``sweep_every`` operations and at the end (amortised O(1)). The
+            common successful operations take one generated function each
+            (``kvcheck.models.blocks.fused``: observe, check, record, commit in
+            one pass; ``fused=False``: the layered path, ``_step_fast``).
 
 The oracle never trusts the implementation: an exception it did not expect,
 a result of the wrong shape, garbage in its state or a hang is reported as a
@@ -31,6 +34,7 @@ from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, Watch
 from kvcheck.compile.tracer import Untraceable
 from kvcheck.errors import what_it_did
 from kvcheck.models.blocks import compiled as compiled_checks
+from kvcheck.models.blocks import fused as fused_steps
 from kvcheck.models.blocks import witness
 from kvcheck.models.blocks.ghost import After, Ghost
 from kvcheck.models.blocks.model import OPS, call
@@ -69,6 +73,9 @@ def _steps_of(kind: str) -> dict | None:
 
 
 _STEPS = {k: _steps_of(k) for k in contracts.CONTRACTS}
+# The fused steps (``kvcheck.models.blocks.fused``): observe, check, record and commit in
+# one generated function, for the one-sequence operations, by (kind, outcome).
+_FUSED = fused_steps.steps()
 _PRECONDITIONS = {k: _compiled(compiled_checks.precondition, k, Ghost) for k in contracts.CONTRACTS}
 _STATE_INVARIANTS = _compiled(compiled_checks.state_invariants, Snapshot)
 # The fast mode's per-operation invariants, (invariant, predicate, domain) in spec
@@ -87,7 +94,7 @@ class Oracle:
     _steps = _STEPS
 
     def __init__(self, target, mode: str = "fast", sweep_every: int | None = None,
-                 timeout: float | None = 10.0, compiled: bool = True):
+                 timeout: float | None = 10.0, compiled: bool = True, fused: bool = True):
         if mode not in ("fast", "full"):
             raise ValueError(f"mode must be 'fast' or 'full', not {mode!r}")
         self.target = target
@@ -115,6 +122,10 @@ class Oracle:
         # The compiled spec stands in for the spec's own contracts only where a
         # subclass does not judge operations its own way.
         self.compiled = compiled and type(self)._check_op is Oracle._check_op
+        # The fused steps stand in for the layers of ``_step_fast`` (observe, check with the
+        # compiled spec, record, read back, commit) only on this class's own: a subclass
+        # calling, recording or judging its own way takes the general path.
+        self._fused = _FUSED if fused and self.compiled and type(self) is Oracle else {}
         wd = active_watchdog()
         record_phase("the first observation")
         if wd is not None:
@@ -356,9 +367,20 @@ class Oracle:
         v = self._invoke(op, watchdog)
         if v is not None:
             return v
-        delta = self._length_delta(op)  # touched seq -> length after (None: gone)
         if self.mode == "fast":
-            return self._step_fast(op, delta)
+            step = self._fused.get((op.kind, op.outcome)) if not op.cycle else None
+            seen = None
+            if step is not None:
+                try:
+                    seen = step(self, op)
+                except ObservationError as exc:
+                    return self._malformed(exc)
+                if type(seen) is not tuple:  # passed, or the read-back's violation
+                    return seen
+            # (a fused check that failed: the general path names the clause, on what the
+            # fused step observed)
+            return self._step_fast(op, self._length_delta(op), seen)
+        delta = self._length_delta(op)  # touched seq -> length after (None: gone)
         n, seqs = self.steps, tuple(delta)
         lengths = {**self.lengths, **delta}
         lengths = {q: m for q, m in lengths.items() if m is not None}
@@ -377,10 +399,13 @@ class Oracle:
         self.snap = post
         return self._check_data({q: post.table_tuple(q) for q in self.lengths}, self.lengths, n)
 
-    def _step_fast(self, op: Op, delta: dict) -> Violation | None:
+    def _step_fast(self, op: Op, delta: dict, seen: tuple | None = None) -> Violation | None:
         """Check ``op`` on what it touched (its sequences, every block their tables
         name before or after, the blocks it returned): the compiled spec first;
-        only when that fails, the spec itself, to name and explain the clause."""
+        only when that fails, the spec itself, to name and explain the clause.
+
+        ``seen``: what a fused step observed before its check failed (``After``'s
+        ``seen``): then the step must fail here too."""
         n, g, seqs = self.steps, self.ghost, tuple(delta)
         kind = op.kind
         try:
@@ -396,7 +421,7 @@ class Oracle:
                 after = {} if m is None else {q: m}
             else:
                 after = {q: m for q, m in delta.items() if m is not None}
-            post = After(self.target, g, seqs, after, extra)
+            post = After(self.target, g, seqs, after, extra, seen)
             if kind not in _SINGLE:
                 self._reserve(op, g, post, post.reservations)
             blocks = post.blocks
@@ -414,6 +439,8 @@ class Oracle:
                 assert v is not None or check is None, f"compiled spec disagrees on {op}"
                 if v is not None:
                     return v
+            elif seen is not None:
+                raise AssertionError(f"fused step disagrees with the compiled spec on {op}")
         except ObservationError as exc:
             return self._malformed(exc)
         first = self.lengths.get(op.seq, 0) if kind == "append_slots" else 0
