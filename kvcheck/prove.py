@@ -3,7 +3,9 @@
 What was proved about the *spec* (``SPEC`` rows; they say nothing about the
 target):
   * Z3 over the spec: 1-induction of every invariant (and isolation), BMC
-    from the empty pool, and vacuity (a witness for every outcome class);
+    from the empty pool (``bmc_lemmas``: the invariants the induction rows prove are
+    closed at every depth, the others asked of every run on the unrolling, every one to
+    depth 2), and vacuity (a witness for every outcome class);
     1-induction of every prefix-cache invariant over the prefix manager's
     block steps (engine "z3 k-induction (prefix cache)").
 What was checked on the *target* (``TARGET`` rows):
@@ -203,6 +205,9 @@ def _z3_rows(st: Settings, report: Report, deadline: float, say, cycle=None) -> 
                if not b.unrolled else
                f"{', '.join(b.unrolled)} asked of every run on the unrolling, "
                f"{len(b.closed)} other invariants closed by their 1-induction above")
+        if b.closed and b.asked_all:
+            how += (f"; every invariant also asked of every run to depth {b.asked_all} "
+                    f"(apart from the induction)")
         searched = f"every run to depth {b.depth}: {how}"
         if b.complete:
             result, detail = "holds", searched

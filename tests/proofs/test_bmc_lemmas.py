@@ -33,6 +33,7 @@ def test_the_spec_is_clean_to_depth_10_every_invariant_closed():
     r = bmc_lemmas(SMALL, 10)
     assert r.violated is None and r.complete and r.depth == 10
     assert set(r.closed) == {i.name for i in INVARIANTS} | {"scope_bound"} and not r.unrolled
+    assert r.asked_all == 2  # (every invariant also asked of every run to depth 2)
 
 
 def test_a_mutated_contract_is_caught_shortest_on_the_unrolling():
@@ -60,3 +61,15 @@ def test_proofs_of_another_scope_close_nothing():
              for i in INVARIANTS]
     r = bmc_lemmas(SMALL, 3, contracts=MUTANT, proofs=wrong)
     assert not r.closed and r.violated == "refcount_conservation" and r.depth == 2
+
+
+def test_the_independent_depths_catch_a_wrong_proof():
+    """Proofs claiming every invariant of the mutant inductive (they are not): the depths
+    asked apart from the induction still find its depth-2 violation; with none, the claim
+    is trusted and the run is clean (the closure rests on the proofs it is handed)."""
+    lying = [Proof(ENGINE, name, SMALL.describe(), "proved", 0.0)
+             for name in [*(i.name for i in INVARIANTS), "scope_bound"]]
+    caught = bmc_lemmas(SMALL, 4, contracts=MUTANT, proofs=lying)
+    assert caught.violated == "refcount_conservation" and caught.depth == 2
+    trusted = bmc_lemmas(SMALL, 4, contracts=MUTANT, proofs=lying, independent=0)
+    assert trusted.violated is None and trusted.depth == 4 and not trusted.unrolled
