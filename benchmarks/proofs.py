@@ -14,7 +14,9 @@ under 120 s), in this one run, route by route (``--bmc-routes``): ``lemmas``, wh
 at every depth, the rest asked on one incremental unrolling; its time includes the
 induction's), ``unrolled`` (the same unrolling with no invariant closed), ``choice``
 (``bmc_bfs``, the explicit enumeration ``kvcheck prove`` used before) and, on request,
-``step`` (``bmc_bfs``'s first enumeration): depth completed, seconds, and the ratio to
+``step`` (``bmc_bfs``'s first enumeration) and ``alone`` (``bmc_lemmas`` checking
+refcount_conservation alone, which is not inductive by itself: what the unrolling costs
+for an invariant no induction closes): depth completed, seconds, and the ratio to
 the goal (seconds / goal when every depth was done; the budget ratio and the depth
 reached when it ran out); the enumerations also print distinct states and transitions.
 """
@@ -26,6 +28,7 @@ import time
 
 from kvcheck.proofs.bmc import bmc, bmc_bfs, bmc_lemmas, witnesses
 from kvcheck.proofs.induction import prove_invariants
+from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.symbolic import SymScope
 
 ROUTES = ("lemmas", "unrolled", "choice")
@@ -39,8 +42,10 @@ def bmc_only(budget: float | None, routes=ROUTES) -> None:
         print(f"bfs bmc at {scope.describe()}, to depth {depth}, goal {goal:g} s, "
               f"budget {left:g} s")
         for route in routes:
-            if route in ("lemmas", "unrolled"):
-                r = bmc_lemmas(scope, depth, budget=left, induction=route == "lemmas")
+            if route in ("lemmas", "unrolled", "alone"):
+                only = [i for i in INVARIANTS if i.name == "refcount_conservation"]
+                r = bmc_lemmas(scope, depth, budget=left, induction=route != "unrolled",
+                               invariants=only if route == "alone" else None)
                 extra = (f"{len(r.closed)} invariants closed by induction in "
                          f"{r.induction_seconds:.1f} s, {len(r.unrolled)} unrolled")
             else:
@@ -61,13 +66,14 @@ def main() -> None:
     ap.add_argument("--bmc", action="store_true",
                     help="only breadth-first BMC, both enumerations (issue 18's goal)")
     ap.add_argument("--bmc-routes", default=",".join(ROUTES),
-                    help="with --bmc: comma-separated routes (lemmas, unrolled, choice, step)")
+                    help="with --bmc: comma-separated routes (lemmas, unrolled, choice, step, "
+                         "alone)")
     ap.add_argument("--bmc-budget", type=float, default=None,
                     help="seconds per BMC run (default: the goal's; 60 without --bmc)")
     args = ap.parse_args()
     if args.bmc:
         routes = [r for r in args.bmc_routes.split(",") if r]
-        bad = [r for r in routes if r not in (*ROUTES, "step")]
+        bad = [r for r in routes if r not in (*ROUTES, "step", "alone")]
         if bad:
             ap.error(f"unknown BMC route(s): {', '.join(bad)}")
         bmc_only(args.bmc_budget, routes)

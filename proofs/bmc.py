@@ -7,9 +7,9 @@ state at depth d - 1 satisfies every invariant, the earlier depths being clean, 
 induction step gives it at depth d) and is asserted, not asked; the others are asked of
 every run, depth by depth, and every invariant is asked to a small depth besides
 (``independent``), apart from the induction. Depth 10 at 4 slots x 8 blocks costs the
-induction (about 7 s) when every invariant is inductive, as in the spec; an invariant
-that is not is left to the unrolling, which reaches depth 3 at 3 x 6 or 4 x 8 in a minute
-or two (benchmarks/proofs.py --bmc).
+induction and the independent depths (about 15 s) when every invariant is inductive, as
+in the spec; an invariant that is not is left to the unrolling, which reaches depth 3 at
+3 x 6 or 4 x 8 in a minute or two (benchmarks/proofs.py --bmc).
 
 ``bmc_bfs`` (``kvcheck prove``'s before): breadth-first reachability in
 which Z3 enumerates, from each reached state, every successor the contracts
