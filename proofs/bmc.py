@@ -276,6 +276,8 @@ def bmc_lemmas(scope: SymScope, depth: int, contracts=None, invariants=None,
                 break
             extend(u)
         s = u.states[-1]
+        if d > independent:
+            u.solver.add(*[inv.formula(L, s) for inv in closed])  # they hold at depth d
         r = ask(s, invs if d <= independent else unclosed)  # (the empty pool: every one)
         if r == z3.sat:
             res.depth, res.seconds = d, time.perf_counter() - t0
@@ -284,9 +286,7 @@ def bmc_lemmas(scope: SymScope, depth: int, contracts=None, invariants=None,
             res.complete = False
             res.seconds = time.perf_counter() - t0
             return res
-        if d > independent:
-            u.solver.add(*[inv.formula(L, s) for inv in closed])  # they hold at depth d
-        else:
+        if d <= independent:
             res.asked_all = d
         res.depth = d
         if progress is not None:
