@@ -9,11 +9,16 @@ of a bit-vector/integer portfolio.
     python3 benchmarks/proofs.py --bmc [--bmc-budget S]
 
 ``--bmc`` only: breadth-first BMC (issue 18: depth 10 at 4 slots x 8 blocks in
-under 120 s) with the per-choice enumeration ``kvcheck prove`` uses and the
-first, whole-step one (``enumeration="step"``, the code before), in this one run:
-depth completed, distinct states, transitions, seconds, and the ratio to the goal
-(seconds / goal when every depth was done; the budget ratio and the depth reached
-when it ran out).
+under 120 s), in this one run, route by route (``--bmc-routes``): ``lemmas``, what
+``kvcheck prove`` uses (``bmc_lemmas``: the invariants their 1-induction proves closed
+at every depth, the rest asked on one incremental unrolling; its time includes the
+induction's), ``unrolled`` (the same unrolling with no invariant closed), ``choice``
+(``bmc_bfs``, the explicit enumeration ``kvcheck prove`` used before) and, on request,
+``step`` (``bmc_bfs``'s first enumeration) and ``alone`` (``bmc_lemmas`` checking
+refcount_conservation alone, which is not inductive by itself: what the unrolling costs
+for an invariant no induction closes): depth completed, seconds, and the ratio to
+the goal (seconds / goal when every depth was done; the budget ratio and the depth
+reached when it ran out); the enumerations also print distinct states and transitions.
 """
 
 from __future__ import annotations
@@ -21,26 +26,38 @@ from __future__ import annotations
 import argparse
 import time
 
-from kvcheck.proofs.bmc import bmc, bmc_bfs, witnesses
+from kvcheck.proofs.bmc import bmc, bmc_bfs, bmc_lemmas, witnesses
 from kvcheck.proofs.induction import prove_invariants
+from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.symbolic import SymScope
 
+ROUTES = ("lemmas", "unrolled", "choice")
 
-def bmc_only(budget: float | None) -> None:
+
+def bmc_only(budget: float | None, routes=ROUTES) -> None:
     cases = [(SymScope(num_blocks=6, block_size=2, seqs=3, max_tokens=6), 8, 60.0),
              (SymScope(num_blocks=8, block_size=2, seqs=4, max_tokens=8), 10, 120.0)]
     for scope, depth, goal in cases:
         left = goal if budget is None else budget
         print(f"bfs bmc at {scope.describe()}, to depth {depth}, goal {goal:g} s, "
               f"budget {left:g} s")
-        for enumeration in ("step", "choice"):
-            r = bmc_bfs(scope, depth, budget=left, enumeration=enumeration)
-            done = r.complete and (r.depth == depth or r.violated is None)
+        for route in routes:
+            if route in ("lemmas", "unrolled", "alone"):
+                only = [i for i in INVARIANTS if i.name == "refcount_conservation"]
+                r = bmc_lemmas(scope, depth, budget=left, induction=route != "unrolled",
+                               invariants=only if route == "alone" else None)
+                extra = (f"{len(r.closed)} invariants closed by induction in "
+                         f"{r.induction_seconds:.1f} s, {len(r.unrolled)} unrolled")
+            else:
+                r = bmc_bfs(scope, depth, budget=left, enumeration=route)
+                extra = (f"{r.states} states, {r.transitions} transitions, new states per "
+                         f"depth {r.per_depth}")
+            done = r.complete  # (every depth asked was answered: no budget ran out)
             verdict = (f"ratio {r.seconds / goal:.2f}" if done else
                        f"budget ran out: ratio > {r.seconds / goal:.2f}")
-            print(f"  {enumeration:6s}: depth {r.depth} of {depth} in {r.seconds:6.1f} s, "
-                  f"{r.states} states, {r.transitions} transitions, new states per depth "
-                  f"{r.per_depth} ({verdict})", flush=True)
+            found = f", {r.violated} broken" if r.violated else ""
+            print(f"  {route:8s}: depth {r.depth} of {depth} in {r.seconds:6.1f} s{found}, "
+                  f"{extra} ({verdict})", flush=True)
 
 
 def main() -> None:
@@ -48,11 +65,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="skip the single-encoding comparison")
     ap.add_argument("--bmc", action="store_true",
                     help="only breadth-first BMC, both enumerations (issue 18's goal)")
+    ap.add_argument("--bmc-routes", default=",".join(ROUTES),
+                    help="with --bmc: comma-separated routes (lemmas, unrolled, choice, step, "
+                         "alone)")
     ap.add_argument("--bmc-budget", type=float, default=None,
                     help="seconds per BMC run (default: the goal's; 60 without --bmc)")
     args = ap.parse_args()
     if args.bmc:
-        bmc_only(args.bmc_budget)
+        routes = [r for r in args.bmc_routes.split(",") if r]
+        bad = [r for r in routes if r not in (*ROUTES, "step", "alone")]
+        if bad:
+            ap.error(f"unknown BMC route(s): {', '.join(bad)}")
+        bmc_only(args.bmc_budget, routes)
         return
     if args.bmc_budget is None:
         args.bmc_budget = 60.0
@@ -72,8 +96,12 @@ def main() -> None:
 
     small = SymScope(num_blocks=6, block_size=2, seqs=3, max_tokens=6)
     print(f"bmc at {small.describe()}, budget {args.bmc_budget:g} s")
+    c = bmc_lemmas(small, 8, budget=args.bmc_budget)
+    print(f"  bmc_lemmas (kvcheck prove): depth {c.depth} of 8 in {c.seconds:.1f} s, "
+          f"{len(c.closed)} invariants closed by induction, {len(c.unrolled)} unrolled "
+          f"(goal 60 s: ratio {c.seconds / 60:.2f}{'' if c.complete else ', budget ran out'})")
     b = bmc_bfs(small, 8, budget=args.bmc_budget)
-    print(f"  breadth-first (kvcheck prove): depth {b.depth} of 8 in {b.seconds:.1f} s, "
+    print(f"  breadth-first enumeration: depth {b.depth} of 8 in {b.seconds:.1f} s, "
           f"{b.states} states, {b.transitions} transitions "
           f"(goal 60 s: ratio {b.seconds / 60:.2f}{'' if b.complete else ', budget ran out'})")
     r = bmc(small, 8, budget=args.bmc_budget)

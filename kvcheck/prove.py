@@ -3,7 +3,9 @@
 What was proved about the *spec* (``SPEC`` rows; they say nothing about the
 target):
   * Z3 over the spec: 1-induction of every invariant (and isolation), BMC
-    from the empty pool, and vacuity (a witness for every outcome class);
+    from the empty pool (``bmc_lemmas``: the invariants the induction rows prove are
+    closed at every depth, the others asked of every run on the unrolling, every one to
+    depth 2), and vacuity (a witness for every outcome class);
     1-induction of every prefix-cache invariant over the prefix manager's
     block steps (engine "z3 k-induction (prefix cache)").
 What was checked on the *target* (``TARGET`` rows):
@@ -27,7 +29,7 @@ from kvcheck.check.watchdog import Watchdog
 from kvcheck.models.blocks.model import MODEL as BLOCKS
 from kvcheck.models.blocks.oracle import Oracle, cyclic_blocks
 from kvcheck.models.blocks.runs import Scope, explore
-from kvcheck.proofs.bmc import bmc_bfs, witnesses
+from kvcheck.proofs.bmc import bmc_lemmas, witnesses
 from kvcheck.proofs.induction import cyclic_contracts, prove_invariants
 from kvcheck.proofs.prefix_induction import prove_prefix_invariants
 from kvcheck.proofs.prefix_model import PrefixModelScope
@@ -168,8 +170,9 @@ def _z3_rows(st: Settings, report: Report, deadline: float, say, cycle=None) -> 
         return witnesses(sym, st.depth, pairs=st.pairs, budget=left, progress=searching)
     scope = sym.describe()
     proved = True
-    for p in prove_invariants(sym, timeout_ms=int(1000 * max(1.0, deadline - time.monotonic())),
-                              progress=lambda name: say(f"z3 k-induction: {name}")):
+    proofs = prove_invariants(sym, timeout_ms=int(1000 * max(1.0, deadline - time.monotonic())),
+                              progress=lambda name: say(f"z3 k-induction: {name}"))
+    for p in proofs:
         result = {"proved": "holds"}.get(p.result, p.result)
         proved &= p.result == "proved"
         report.rows.append(Row(p.engine, p.property, scope, result, p.seconds, p.detail))
@@ -189,16 +192,23 @@ def _z3_rows(st: Settings, report: Report, deadline: float, say, cycle=None) -> 
         result = {"proved": "holds"}.get(p.result, p.result)
         report.rows.append(Row(p.engine, p.property, p.scope, result, p.seconds, p.detail))
     left = max(1.0, (deadline - time.monotonic()) * 0.4)
-    b = bmc_bfs(sym, st.depth, budget=left, progress=lambda d, states, moves: say(
-        f"z3 bmc: depth {d} of {st.depth}, {states} distinct states, {moves} transitions"))
+    b = bmc_lemmas(sym, st.depth, budget=left, proofs=proofs, progress=lambda d, closed, n: say(
+        f"z3 bmc: depth {d} of {st.depth}, {closed} of {n} invariants closed by their induction"))
     name = f"no invariant broken within depth {st.depth}"
     if b.violated:
         report.rows.append(Row("z3 bmc", name, scope, "violated", b.seconds,
                                f"{b.violated} broken at depth {b.depth}: " +
                                "; ".join(_show(o) for o in b.ops)))
     else:
-        searched = (f"every run to depth {b.depth}: {b.states} distinct states, "
-                    f"{b.transitions} transitions")
+        how = ("every invariant holds on the empty pool and each is preserved by every step "
+               "from a state satisfying them all (its 1-induction above), so every depth holds"
+               if not b.unrolled else
+               f"{', '.join(b.unrolled)} asked of every run on the unrolling, "
+               f"{len(b.closed)} other invariants closed by their 1-induction above")
+        if b.closed and b.asked_all:
+            how += (f"; every invariant also asked of every run to depth {b.asked_all} "
+                    f"(apart from the induction)")
+        searched = f"every run to depth {b.depth}: {how}"
         if b.complete:
             result, detail = "holds", searched
         elif proved:

@@ -1,6 +1,7 @@
 """Breadth-first BMC's per-choice enumeration against the first (whole-step) one: the same
 states up to renaming at every depth, and a weakened contract still caught at its
-shortest depth (the one the classic unrolling finds), with a trace the reference runs."""
+shortest depth (the one the classic unrolling finds) by it and by ``bmc_lemmas``, with a
+trace the reference runs."""
 
 from collections import defaultdict
 
@@ -8,7 +9,7 @@ import pytest
 
 from kvcheck.impl.block_manager import EagerForkBlockManager, EngineBlockManager
 from kvcheck.models.blocks.runs import replay
-from kvcheck.proofs.bmc import bmc, bmc_bfs, exact_key
+from kvcheck.proofs.bmc import bmc, bmc_bfs, bmc_lemmas, exact_key
 from kvcheck.spec import contracts
 from kvcheck.spec.symbolic import SymScope
 
@@ -84,6 +85,9 @@ def test_a_seeded_bug_is_found_at_its_shortest_depth(kind, clause):
     assert shortest.violated is not None
     assert found.violated is not None and found.depth == shortest.depth == len(found.ops)
     assert found.ops[-1].kind == kind
+    lemmas = bmc_lemmas(SMALL, 4, contracts=weak)  # (kvcheck prove's route)
+    assert lemmas.violated is not None and lemmas.depth == shortest.depth == len(lemmas.ops)
+    assert lemmas.ops[-1].kind == kind
     # the run up to the faulty step is legal: both references take it
     for ref in (EngineBlockManager, EagerForkBlockManager):
         assert replay(ref, SMALL.num_blocks, SMALL.block_size, found.ops[:-1]).violation is None
