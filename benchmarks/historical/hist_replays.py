@@ -643,7 +643,7 @@ def replay_sglang_34399(version: str) -> tuple[bool, str]:
     try:
         cls = paged.PagedTokenToKVPoolAllocator
         alloc = cls(3 * ps, ps, torch.float16, "cpu", None, *(
-            [False] if sglang._takes(cls.__init__, "need_sort") else []))
+            [False] if sglang.takes(cls.__init__, "need_sort") else []))
 
         def t(v):
             return torch.tensor(v, dtype=torch.int64)
