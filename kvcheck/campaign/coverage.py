@@ -155,12 +155,11 @@ class Counter:
         a model without classes."""
         if self.model in NO_CLASSES:
             return None
-        if self.model == "hybrid":
-            stats = getattr(end_state if end_state is not None else self.state, "stats", None) or {}
-            return {name: int(stats.get(key, 0) or 0) for name, key in HYBRID_CLASSES.items()}
+        stats = getattr(end_state if end_state is not None else self.state, "stats", None)
+        if self.model == "hybrid":  # (its oracle's stats: a dict)
+            return {name: int((stats or {}).get(key, 0) or 0) for name, key in HYBRID_CLASSES.items()}
         out = {name: self.counts.get(name, 0) for name in OUTCOMES}
         if self.model == "prefix":
-            stats = getattr(end_state if end_state is not None else self.state, "stats", None)
             for name, attr in PREFIX_CLASSES.items():
                 out[name] = int(getattr(stats, attr, 0) or 0)
         return out
