@@ -28,7 +28,7 @@ from multiprocessing.connection import wait as wait_for
 
 from kvcheck.campaign.coverage import Counter
 from kvcheck.campaign.plan import RunSpec
-from kvcheck.check import recording
+from kvcheck.check import recording, watchdog
 from kvcheck.check.recording import Recorder
 
 GRACE = 5.0  # seconds beyond twice the timeout before a stuck call's process is killed
@@ -193,13 +193,12 @@ def _child(conn, spec_json: dict, record: bool, beat, log: str | None) -> None:
     global _TELL_SHRINKING
     code = 0
     try:
-        _die_with_parent()
+        watchdog.die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign's Ctrl-C is the parent's
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         fd = os.open(log or os.devnull, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(fd, 1)  # the target's output, at any level, goes to the log
         os.dup2(fd, 2)
-        from kvcheck.check import watchdog
         from kvcheck.check.model import model_named
 
         watchdog.supervised_child(beat)
@@ -230,16 +229,6 @@ def _child(conn, spec_json: dict, record: bool, beat, log: str | None) -> None:
         except BaseException:  # noqa: BLE001
             pass
         os._exit(code)
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL when the watching process dies first (best effort elsewhere)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _context():

@@ -166,7 +166,7 @@ def _run_child(entry, args, beat, status_w: int, rec_w: int | None) -> None:
 
     code = 3
     try:
-        _die_with_parent()
+        watchdog.die_with_parent()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         watchdog.supervised_child(beat)
         own = os.dup(1)
@@ -192,17 +192,6 @@ def _run_child(entry, args, beat, status_w: int, rec_w: int | None) -> None:
             pass
         os.write(status_w, f"rc {code}\n".encode())
         os._exit(code if isinstance(code, int) else 3)
-
-
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGKILL if the parent dies first (best effort elsewhere)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _watch(pid: int, beat, status_r: int, rec_r: int | None, timeout: float,
