@@ -15,14 +15,8 @@ from multiprocessing.connection import wait as wait_for
 
 from kvcheck.campaign.plan import RunSpec
 from kvcheck.campaign.worker import BEHIND, POLL, Watched, can_restore, preload
+from kvcheck.check.processes import cores
 from kvcheck.errors import UsageError
-
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 class LocalPool:

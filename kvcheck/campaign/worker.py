@@ -29,6 +29,7 @@ from multiprocessing.connection import wait as wait_for
 from kvcheck.campaign.coverage import Counter
 from kvcheck.campaign.plan import RunSpec
 from kvcheck.check import recording, watchdog
+from kvcheck.check.processes import die_with_parent
 from kvcheck.check.recording import Recorder
 
 GRACE = 5.0  # seconds beyond twice the timeout before a stuck call's process is killed
@@ -193,7 +194,7 @@ def _child(conn, spec_json: dict, record: bool, beat, log: str | None) -> None:
     global _TELL_SHRINKING
     code = 0
     try:
-        watchdog.die_with_parent()
+        die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign's Ctrl-C is the parent's
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         fd = os.open(log or os.devnull, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -57,17 +57,6 @@ CONTROL = (OperationTimeout, Interrupted)
 
 _REAL_EXIT = os._exit
 
-
-def die_with_parent() -> None:
-    """Linux: this (forked) process gets SIGKILL when its parent dies first (best effort
-    elsewhere). Called first thing in every child kvcheck forks."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
 # Set by the supervisor in its child process: (shared memory for the heartbeat,
 # the stream kvcheck writes its own output to, so that target prints are redirected).
 HEARTBEAT = None

@@ -163,10 +163,11 @@ def _child(entry, args, timeout: float, record: bool,
 
 def _run_child(entry, args, beat, status_w: int, rec_w: int | None) -> None:
     from kvcheck.check import watchdog
+    from kvcheck.check.processes import die_with_parent
 
     code = 3
     try:
-        watchdog.die_with_parent()
+        die_with_parent()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         watchdog.supervised_child(beat)
         own = os.dup(1)
