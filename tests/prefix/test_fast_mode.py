@@ -87,3 +87,40 @@ def test_fast_mode_is_incremental_on_the_reference():
     assert r.state.fast and isinstance(r.state.mirror, Mirror)
     st = r.state.stats
     assert st.hit_allocations and st.revived and st.evicted and st.oob and st.orphans
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_fused_structural_steps_observe_what_the_layered_ones_do(seed):
+    """The block manager's fused steps under the prefix oracle (every kind but allocate)
+    leave in ``after`` the blocks, tables and lengths the layered step's ``After`` holds,
+    and the two oracles reach the same verdicts and states, step by step."""
+    from kvcheck.check.model import Options, model_named
+    from kvcheck.models.blocks.fused import Touched
+    from kvcheck.models.blocks.model import BlockScope
+    from kvcheck.models.prefix.oracle import PrefixOracle
+
+    model, scope, options = model_named("prefix"), BlockScope(48, 2), Options()
+    fused = PrefixOracle(model.build(PrefixCachingBlockManager, scope, options))
+    layered = PrefixOracle(model.build(PrefixCachingBlockManager, scope, options), fused=False)
+    assert set(k for k, _ in fused.s._fused) == {"append_slot", "append_slots", "free_seq",
+                                                  "preempt", "fork"} and not layered.s._fused
+    driver = model.driver(seed, scope, fused.target, options)
+    kinds = set()
+    for _ in range(3000):
+        op = driver.next_op(fused)
+        if op is None:
+            break
+        if not fused.valid(op):
+            continue
+        twin = model.request(op)
+        assert layered.valid(twin)
+        v1, v2 = fused.step(op), layered.step(twin)
+        assert v1 is None and v2 is None, (v1, v2)
+        a, b = fused.s.after, layered.s.after
+        if type(a) is Touched:
+            kinds.add(op.kind)
+            assert (a.blocks, a.tables) == (b.blocks, b.tables), op
+            assert {q: a.lengths[q] for q, t in a.tables.items() if t is not None} == \
+                {q: b.lengths[q] for q, t in b.tables.items() if t is not None}, op
+        assert fused.observed_json() == layered.observed_json(), op
+    assert kinds >= {"append_slot", "free_seq", "fork"}, kinds

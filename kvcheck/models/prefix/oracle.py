@@ -58,6 +58,7 @@ from kvcheck.check import evidence
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, active_watchdog
 from kvcheck.errors import what_it_did
+from kvcheck.models.blocks import fused as fused_steps
 from kvcheck.models.blocks.oracle import _STEPS, Oracle
 from kvcheck.models.blocks.shadow import ShadowMemory
 from kvcheck.models.prefix import compiled as compiled_checks
@@ -401,10 +402,14 @@ class PrefixShadow(ShadowMemory):
         self.oracle.uncommitted.pop(seq, None)  # freed before its write: never written
 
 
+_FUSED_KINDS = tuple(k for k in fused_steps.KINDS if k != "allocate")
+
+
 class _Structural(Oracle):
     """The structural oracle, calling with token ids and judging allocate with hits."""
 
-    def __init__(self, target, oracle: PrefixOracle, mode: str, timeout, compiled: bool):
+    def __init__(self, target, oracle: PrefixOracle, mode: str, timeout, compiled: bool,
+                 fused: bool = True):
         self.oracle = oracle
         super().__init__(target, mode=mode, timeout=timeout, compiled=compiled)
         # The block manager's compiled spec judges every operation but allocate (whose
@@ -416,6 +421,11 @@ class _Structural(Oracle):
         # (the spec judges allocate where it cannot be compiled: the block manager's
         # compiled allocate knows no hits)
         self._steps = {**_STEPS, "allocate": self._allocate_steps()}
+        # The block manager's fused steps for the kinds this class judges as the block
+        # manager does (not allocate: its hits), each leaving what it observed in
+        # ``self.after`` (``fused.Touched``) for the cache check: what ``_record`` keeps
+        self._fused = fused_steps.steps(keep=True, kinds=_FUSED_KINDS) \
+            if compiled and fused else {}
 
     def clone(self):
         new = super().clone()
@@ -537,7 +547,7 @@ class PrefixOracle:
     """The prefix model's run state: see the module docstring."""
 
     def __init__(self, target, mode: str = "fast", timeout: float | None = 10.0,
-                 compiled: bool = True):
+                 compiled: bool = True, fused: bool = True):
         self.target = target
         self.view = view_for(target)
         self.mode = mode
@@ -551,7 +561,7 @@ class PrefixOracle:
         self.commit_fn = committer(target)
         self.slot_tokens = takes_token_ids(target)  # append_slots with token ids
         self.uncommitted: dict[int, list] = {}  # seq -> (block, filled, content) its commit writes
-        self.s = _Structural(target, self, mode, timeout, compiled)
+        self.s = _Structural(target, self, mode, timeout, compiled, fused)
         self.violation = self.s.violation
         self.steps = 0
         self.pre: P.PrefixSnapshot | None = None  # the last verified cache state
