@@ -92,10 +92,10 @@ def test_fast_mode_is_incremental_on_the_reference():
 @pytest.mark.parametrize("seed", range(3))
 def test_the_fused_structural_steps_observe_what_the_layered_ones_do(seed):
     """The block manager's fused steps under the prefix oracle (every kind but allocate)
-    leave in ``after`` the blocks, tables and lengths the layered step's ``After`` holds,
-    and the two oracles reach the same verdicts and states, step by step."""
+    leave in ``touched`` the blocks the layered step's ``After`` holds, and its sequences
+    (their tables and lengths then the ghost's: ``After``'s), and the two oracles reach the
+    same verdicts and states, step by step."""
     from kvcheck.check.model import Options, model_named
-    from kvcheck.models.blocks.fused import Touched
     from kvcheck.models.blocks.model import BlockScope
     from kvcheck.models.prefix.oracle import PrefixOracle
 
@@ -116,11 +116,13 @@ def test_the_fused_structural_steps_observe_what_the_layered_ones_do(seed):
         assert layered.valid(twin)
         v1, v2 = fused.step(op), layered.step(twin)
         assert v1 is None and v2 is None, (v1, v2)
-        a, b = fused.s.after, layered.s.after
-        if type(a) is Touched:
+        if fused.s.touched is not None:
             kinds.add(op.kind)
-            assert (a.blocks, a.tables) == (b.blocks, b.tables), op
-            assert {q: a.lengths[q] for q, t in a.tables.items() if t is not None} == \
-                {q: b.lengths[q] for q, t in b.tables.items() if t is not None}, op
+            blocks, *seqs = fused.s.touched
+            after, g = layered.s.after, fused.s.ghost
+            assert fused.s.after is None and blocks == after.blocks, op
+            assert {q: g.tables.get(q) for q in seqs} == after.tables, op
+            assert {q: g.lengths[q] for q in seqs if q in g.tables} == \
+                {q: after.lengths[q] for q, t in after.tables.items() if t is not None}, op
         assert fused.observed_json() == layered.observed_json(), op
     assert kinds >= {"append_slot", "free_seq", "fork"}, kinds

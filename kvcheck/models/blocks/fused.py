@@ -428,22 +428,12 @@ def _reserve(kind: str) -> str:
     return "    f_res0 = reserved_after(PY, pre, op, len(f_tab0))\n"
 
 
-class Touched:
-    """What a passed fused step observed, for a model checking more on top of the block
-    manager (``steps(keep=True)``; the prefix oracle reads the cache where the step touched
-    it): as ``After``'s ``blocks`` (the pool blocks touched), ``tables`` (each of the
-    step's sequences: its table after, None when gone) and ``lengths`` (their lengths)."""
-
-    __slots__ = ("blocks", "tables", "lengths")
-
-    def __init__(self, blocks: set, tables: dict, lengths: dict):
-        self.blocks, self.tables, self.lengths = blocks, tables, lengths
-
-
-def source(kind: str, outcome: str = OK, keep: bool = False) -> str:
+def source(kind: str, outcome: str = OK) -> str:
     """The fused step of ``kind`` ending with ``outcome``, as Python source. Raises
-    ``Unfusable`` (or ``Untraceable``) where it cannot be generated. ``keep``: a passed
-    step leaves what it observed in ``o.after`` (a ``Touched``)."""
+    ``Unfusable`` (or ``Untraceable``) where it cannot be generated. A passed step leaves
+    ``o.touched``: the pool blocks it touched (``After.blocks``) and its sequences, as a
+    tuple (their tables and lengths are the ghost's once committed), for a model checking
+    more on top of the block manager (the prefix oracle reads the cache there)."""
     if kind not in KINDS or outcome != OK:
         raise Unfusable(f"{kind} ending {outcome} is not fused")
     op = compiled_checks._TOp(kind, outcome)
@@ -490,10 +480,7 @@ def source(kind: str, outcome: str = OK, keep: bool = False) -> str:
     for line in e.lines:
         out.append((line.replace("return False", f"return {seen}")
                     if line.strip() == "return False" else line) + "\n")
-    if keep:
-        tables = "{" + ", ".join(f"q{i}: f_new{i}" for i in range(n)) + "}"
-        lengths = "{" + ", ".join(f"q{i}: f_len{i}" for i in range(n)) + "}"
-        out.append(f"    o.after = Touched(blocks, {tables}, {lengths})\n")
+    out.append(f"    o.touched = (blocks, {', '.join(f'q{i}' for i in range(n))})\n")
     out.append("    f_bad = None\n")
     out.append(_RECORD[kind])
     if not uses_nf:
@@ -511,32 +498,30 @@ _NAMESPACE = {
     "read_table": read_table, "read_len": read_len, "read_identity": read_identity,
     "read_refs_of": read_refs_of, "read_num_free": read_num_free, "_count_change": _count_change,
     "_ref_outside": _ref_outside, "_entry": _entry, "reserved_after": contracts.reserved_after,
-    "PY": PY, "Touched": Touched,
+    "PY": PY,
 }
 
 
 @cache
-def step(kind: str, outcome: str = OK, keep: bool = False):
+def step(kind: str, outcome: str = OK):
     """``f(oracle, op)`` for ``op`` of ``kind`` that ended with ``outcome`` (the call
     made and judged, ``op`` filled in): None when it passed (everything recorded and
     committed), the read-back's ``Violation`` when the data came back wrong (recorded and
     committed), or, when the check failed, what it observed, ``({seq: (table, own
     length, identity)}, refcounts, free count or None)`` (``After``'s ``seen``), with
-    nothing changed. ``keep``: see ``source``."""
+    nothing changed (``o.touched``: see ``source``)."""
     name = f"fused_{kind}_{outcome}"
     namespace = dict(_NAMESPACE)
-    exec(compile(source(kind, outcome, keep), f"<kvcheck fused {name}>", "exec"), namespace)  # noqa: S102
+    exec(compile(source(kind, outcome), f"<kvcheck fused {name}>", "exec"), namespace)  # noqa: S102
     return namespace[name]
 
 
-@cache
-def steps(keep: bool = False, kinds: tuple = KINDS) -> dict:
-    """Every fused step of ``kinds`` that can be generated, by ``(kind, outcome)``
-    (``keep``: see ``source``)."""
+def steps() -> dict:
+    """Every fused step that can be generated, by ``(kind, outcome)``."""
     out = {}
-    for kind in kinds:
+    for kind in KINDS:
         try:
-            out[kind, OK] = step(kind, OK, keep)
+            out[kind, OK] = step(kind, OK)
         except (Unfusable, Untraceable):
             pass
     return out

@@ -58,8 +58,7 @@ from kvcheck.check import evidence
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, active_watchdog
 from kvcheck.errors import what_it_did
-from kvcheck.models.blocks import fused as fused_steps
-from kvcheck.models.blocks.oracle import _STEPS, Oracle
+from kvcheck.models.blocks.oracle import _FUSED, _STEPS, Oracle
 from kvcheck.models.blocks.shadow import ShadowMemory
 from kvcheck.models.prefix import compiled as compiled_checks
 from kvcheck.models.prefix.incremental import Mirror, partial_blocks
@@ -402,9 +401,6 @@ class PrefixShadow(ShadowMemory):
         self.oracle.uncommitted.pop(seq, None)  # freed before its write: never written
 
 
-_FUSED_KINDS = tuple(k for k in fused_steps.KINDS if k != "allocate")
-
-
 class _Structural(Oracle):
     """The structural oracle, calling with token ids and judging allocate with hits."""
 
@@ -422,9 +418,10 @@ class _Structural(Oracle):
         # compiled allocate knows no hits)
         self._steps = {**_STEPS, "allocate": self._allocate_steps()}
         # The block manager's fused steps for the kinds this class judges as the block
-        # manager does (not allocate: its hits), each leaving what it observed in
-        # ``self.after`` (``fused.Touched``) for the cache check: what ``_record`` keeps
-        self._fused = fused_steps.steps(keep=True, kinds=_FUSED_KINDS) \
+        # manager does (not allocate: its hits), each leaving the blocks it touched and
+        # its sequences in ``self.touched`` for the cache check (``fused.source``)
+        self.touched = None
+        self._fused = {k: f for k, f in _FUSED.items() if k[0] != "allocate"} \
             if compiled and fused else {}
 
     def clone(self):
@@ -662,7 +659,7 @@ class PrefixOracle:
                 return v
             unwritten = op.kind in ("free_seq", "preempt") and op.seq in self.uncommitted
             inc = self.mirror is not None
-            self.s.after = None
+            self.s.after = self.s.touched = None
             v = self.s.step(op, wd)
             self.steps = self.s.steps
             if v is None:
@@ -876,7 +873,14 @@ class PrefixOracle:
         n, m, view = self.steps, self.mirror, self.view
         nb, bs = self.target.num_blocks, self.block_size
         after = self.s.after  # the structural step's observation (``After``)
-        if after is None:
+        if after is not None:
+            touched, tables, lengths = after.blocks, after.tables, after.lengths
+        elif self.s.touched is not None:  # a fused step's: its sequences as committed
+            touched, *seqs = self.s.touched
+            g = self.s.ghost
+            tables = {q: g.tables.get(q) for q in seqs}
+            lengths = g.lengths
+        else:
             return (*self._full_check(n, op), None)
         old = {}  # touched block -> (whether it had a key, times evictable) before
         try:
@@ -889,7 +893,6 @@ class PrefixOracle:
             # check); read: the journal's blocks (their keys and places are what changed:
             # the containers' index, which the block reads read, and their journal are kept
             # by the same mutators)
-            touched = after.blocks
             if changed:
                 changed = {b for b in changed if type(b) is int and 0 <= b < nb}
                 touched = touched | changed
@@ -921,7 +924,7 @@ class PrefixOracle:
             why = f"reading the prefix cache {what_it_did(exc)}"
             return None, Violation(n, "malformed", "prefix observation", witness=why), None
         m._free_len, m._evict_len = reported
-        tables, lengths, partial = after.tables, after.lengths, m.seq_partial
+        partial = m.seq_partial
         for q, t in tables.items():  # (the step's sequences: ``partial_blocks`` of each)
             got = None if t is None else t[lengths[q] // bs:]
             if not got or partial.get(q) != got:
