@@ -23,6 +23,7 @@ invariants imply that the block written is held by the writer alone.
 
 from __future__ import annotations
 
+import mmap
 import time
 from dataclasses import dataclass
 
@@ -100,12 +101,36 @@ PORTFOLIO_SLICES_MS = (300, 1_000, 3_000)
 _PREFERRED: dict = {}  # query key -> the encoding that answered it last
 
 
-def _portfolio(encodings, build, timeout_ms, key=None):
+class _SharedChoices:
+    """``_PREFERRED`` for a fixed set of keys, in memory the forked workers share (one
+    byte per key: 0 none yet, else 1 + the encoding's index), so that what one worker
+    learns the others use next, as one process asking them all in turn would."""
+
+    def __init__(self, keys, encodings: tuple):
+        self.index = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+        self.encodings = encodings
+        self.memory = mmap.mmap(-1, max(1, len(self.index)))
+
+    def get(self, key):
+        i = self.index.get(key)
+        v = self.memory[i] if i is not None else 0
+        return self.encodings[v - 1] if v else None
+
+    def __setitem__(self, key, encoding) -> None:
+        i = self.index.get(key)
+        if i is not None:
+            self.memory[i] = 1 + self.encodings.index(encoding)
+
+
+def _portfolio(encodings, build, timeout_ms, key=None, preferred=None):
     """Try the query in each encoding for each slice in turn, then the full budget.
 
-    The encoding that last answered a query of the same ``key`` goes first.
+    The encoding that last answered a query of the same ``key`` goes first (as
+    ``preferred`` remembers it: default, this process's ``_PREFERRED``).
     """
-    first = _PREFERRED.get(key)
+    if preferred is None:
+        preferred = _PREFERRED
+    first = preferred.get(key)
     if first is not None:
         encodings = sorted(encodings, key=lambda e: e.model.encoding != first)
     slices = [min(ms, timeout_ms) if timeout_ms else ms for ms in PORTFOLIO_SLICES_MS]
@@ -114,7 +139,7 @@ def _portfolio(encodings, build, timeout_ms, key=None):
         for enc in encodings:
             r = _solve(build(enc), ms)
             if r in (z3.sat, z3.unsat):
-                _PREFERRED[key] = enc.model.encoding
+                preferred[key] = enc.model.encoding
                 return r
     return r
 
@@ -137,6 +162,9 @@ class _Queries:
     def __init__(self, encs, scope, contracts, invariants, timeout_ms):
         self.encs, self.scope, self.timeout_ms = encs, scope, timeout_ms
         self.contracts, self.invariants = contracts, invariants
+        e = encs[0]
+        self.preferred = _SharedChoices([None, "isolation", *(i.name for i in e.others + e.blocks)],
+                                        tuple(x.model.encoding for x in encs))
 
     def verdict(self, task: tuple) -> str:
         what = task[0]
@@ -153,7 +181,7 @@ class _Queries:
                                      z3.Not(e.globals[i].formula(e.L, e.s2))]), None
         else:
             build, key = self._isolation, "isolation"
-        return str(_portfolio(self.encs, build, self.timeout_ms, key=key))
+        return str(_portfolio(self.encs, build, self.timeout_ms, key, self.preferred))
 
     def _isolation(self, e):
         bare = Model(self.scope, self.contracts, self.invariants, omit_clauses=("isolation",),
