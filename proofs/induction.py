@@ -56,10 +56,14 @@ def _verdict(r) -> str:
     return "violated" if str(r) == "sat" else "unknown"
 
 
-def _solve(parts, timeout_ms):
+def _solve(parts, timeout_ms, rlimit: int = 0):
+    """The query's answer within ``timeout_ms`` (None: no limit) and, if given, ``rlimit``
+    of Z3's resource units (work done, not time: the same on a busy machine)."""
     solver = z3.Solver()
     if timeout_ms:
         solver.set("timeout", timeout_ms)
+    if rlimit:
+        solver.set("rlimit", rlimit)
     solver.add(*parts)
     return solver.check()
 
@@ -91,11 +95,14 @@ class _Encoding:
 
 
 FOCUS = 0  # by symmetry, "any block"
-# Each encoding gets a short slice, then a longer one, then the whole budget: which
+# Each encoding gets a short slice, then longer ones, then the whole budget: which
 # encoding is fast differs per query by orders of magnitude (free_list x allocate: 0.03 s
 # with integers, over 60 s with bit-vectors; refcount_conservation x append_slot the other
-# way round), so the short slice bounds what a wrong first guess costs.
-PORTFOLIO_SLICES_MS = (300, 1_000, 3_000)
+# way round), so the short slice bounds what a wrong first guess costs. The slices are
+# Z3 resource units, not milliseconds, so that a loaded machine (or a worker beside
+# another) does not cut a query short that an idle one answers: on this project's 2-core
+# machine about 0.2-0.3 s, 0.7-1 s and 2-3 s of an idle core.
+PORTFOLIO_SLICES_RLIMIT = (1_500_000, 5_000_000, 15_000_000)
 
 
 _PREFERRED: dict = {}  # query key -> the encoding that answered it last
@@ -133,11 +140,10 @@ def _portfolio(encodings, build, timeout_ms, key=None, preferred=None):
     first = preferred.get(key)
     if first is not None:
         encodings = sorted(encodings, key=lambda e: e.model.encoding != first)
-    slices = [min(ms, timeout_ms) if timeout_ms else ms for ms in PORTFOLIO_SLICES_MS]
     r = z3.unknown
-    for ms in dict.fromkeys([*slices, timeout_ms]):  # in order, each once
+    for units in (*PORTFOLIO_SLICES_RLIMIT, 0):  # in order; 0: the whole budget
         for enc in encodings:
-            r = _solve(build(enc), ms)
+            r = _solve(build(enc), timeout_ms, units)
             if r in (z3.sat, z3.unsat):
                 preferred[key] = enc.model.encoding
                 return r
