@@ -126,6 +126,9 @@ class Oracle:
         # compiled spec, record, read back, commit) only on this class's own: a subclass
         # calling, recording or judging its own way takes the general path.
         self._fused = _FUSED if fused and self.compiled and type(self) is Oracle else {}
+        # What the last passed fused step touched: its blocks and sequences (``fused.source``;
+        # a model checking more on top, the prefix oracle, reads it)
+        self.touched = None
         wd = active_watchdog()
         record_phase("the first observation")
         if wd is not None:

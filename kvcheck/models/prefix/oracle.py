@@ -420,7 +420,6 @@ class _Structural(Oracle):
         # The block manager's fused steps for the kinds this class judges as the block
         # manager does (not allocate: its hits), each leaving the blocks it touched and
         # its sequences in ``self.touched`` for the cache check (``fused.source``)
-        self.touched = None
         self._fused = {k: f for k, f in _FUSED.items() if k[0] != "allocate"} \
             if compiled and fused else {}
 
