@@ -25,12 +25,13 @@ from __future__ import annotations
 
 
 class Term:
-    __slots__ = ("kind", "args", "key")
+    __slots__ = ("kind", "args", "key", "fv")
 
     def __init__(self, kind: str, *args):
         self.kind = kind
         self.args = args
         self.key = (kind, *(a.key if isinstance(a, Term) else ("=", a) for a in args))
+        self.fv = None  # ``free_vars``, once asked (a term never changes)
 
     def __repr__(self) -> str:
         return f"Term{self.key!r}"
@@ -101,16 +102,25 @@ def subterms(x):
             yield from subterms(a)
 
 
-def free_vars(x) -> set[str]:
-    """Names of the bound variables ``x`` uses without binding them."""
+_NONE: frozenset[str] = frozenset()
+
+
+def free_vars(x) -> frozenset[str]:
+    """Names of the bound variables ``x`` uses without binding them (worked out once per
+    term: the compiler asks of every subterm in every scope)."""
     if not isinstance(x, Term):
-        return set()
-    if x.kind == "var":
-        return {x.args[0]}
-    if x.kind == "agg":
-        _, var, domain, body = x.args
-        return free_vars(domain) | (free_vars(body) - {var.args[0]})
-    out: set[str] = set()
-    for a in x.args:
-        out |= free_vars(a)
+        return _NONE
+    out = x.fv
+    if out is None:
+        if x.kind == "var":
+            out = frozenset((x.args[0],))
+        elif x.kind == "agg":
+            _, var, domain, body = x.args
+            out = free_vars(domain) | (free_vars(body) - {var.args[0]})
+        else:
+            out = _NONE
+            for a in x.args:
+                if isinstance(a, Term):
+                    out = out | free_vars(a)
+        x.fv = out
     return out
