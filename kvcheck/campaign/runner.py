@@ -13,6 +13,10 @@ leaves of the machine, then at the campaign's own: on a busy machine they do not
 With ``--stop-on-failure`` the first violation ends the campaign, so while a run shrinks the
 one it found, the local runs beside it are stopped (``pools.LocalPool.hold``): on a machine
 whose cores share caches and memory, a run beside it would slow its shrinking by a fifth.
+Run 0 is the exception while it is in flight (``going_on``): another run's shrink never
+stops it (it may find the same bug and shrink it sooner, as the command alone would), and
+a run already shrinking goes on beside run 0's shrink: the first shrunk violation ends
+the campaign, so it is never later than run 0's alone, nor than a faster swarm run's.
 """
 
 from __future__ import annotations
@@ -31,6 +35,20 @@ REFUSED_IN_A_ROW = 20  # refused runs, none completed: the target cannot be run 
 class Budget:
     seconds: float | None = None  # wall-clock time for this session
     runs: int | None = None  # runs to start in this session
+
+
+def going_on(shrinking: set[int], lead: int | None) -> set[int]:
+    """The runs in flight that go on while some shrink the violation they found (the rest
+    wait: ``pools.LocalPool.hold``), ``lead`` being run 0 while in flight (else None): the
+    shrinking runs, and run 0.
+
+    Run 0 is the command at its defaults: another run's shrink never stops it, since it
+    may find the bug itself and shrink it sooner (a swarm run on a tiny pool can find a
+    bug first and still shrink it slower); a run already shrinking goes on beside run 0's
+    shrink, since it may end first."""
+    if lead is None or not shrinking:
+        return shrinking
+    return shrinking | {lead}
 
 
 class Campaign:
@@ -128,7 +146,7 @@ class Campaign:
                         if self.stop_on_failure:
                             stop = True
                 if self.stop_on_failure:  # the first violation ends the campaign: while one
-                    pool.hold(pool.shrinking())  # is shrunk, the runs beside it wait
+                    pool.hold(going_on(pool.shrinking(), lead))  # is shrunk, the others wait
                 if stop and pool.running:
                     pool.hold(set())  # a run stopped beside the shrinking one may have ended
                     for spec, result in pool.wait(0.0):  # just before: its result is not lost

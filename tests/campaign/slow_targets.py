@@ -99,6 +99,53 @@ class NotesItsPriority(BlockManager):
         super().__init__(num_blocks, block_size)
 
 
+class OthersShrinkBesideRun0(BlockManager):
+    """The mirror of ``ShrinksBesideAnother``. In a campaign's run 0 (the process whose first
+    target is built at 32 blocks x 4): correct, each append taking 20 ms, its process id left
+    in ``$KVCHECK_TEST_BESIDE`` (a directory). In any other run: leaks the blocks of every
+    freed sequence, and every target built while that is shrunk notes there the state
+    letter of ``/proc/PID/stat`` of run 0 (``T``: stopped); its first build waits (up to
+    20 s) until run 0 has left its id."""
+
+    builds = 0
+    run0 = None
+
+    def __init__(self, num_blocks, block_size):
+        where = Path(os.environ["KVCHECK_TEST_BESIDE"])
+        cls = OthersShrinkBesideRun0
+        if cls.run0 is None:
+            cls.run0 = (num_blocks, block_size) == (32, 4)
+            if cls.run0:
+                (where / f"{os.getpid()}.pid").write_text("")
+        if not cls.run0:
+            cls.builds += 1
+            deadline = time.monotonic() + 20.0
+            while not list(where.glob("*.pid")) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if cls.builds > 2:  # the replays: shrinking has begun
+                time.sleep(0.05)
+                for pid in where.glob("*.pid"):
+                    try:
+                        stat = Path(f"/proc/{pid.stem}/stat").read_text()
+                    except OSError:
+                        continue
+                    with open(where / "seen", "a") as f:
+                        f.write(stat.rsplit(")", 1)[1].split()[0])
+        super().__init__(num_blocks, block_size)
+
+    def append_slot(self, seq):
+        if self.run0:
+            time.sleep(0.02)
+        return super().append_slot(seq)
+
+    def free_seq(self, seq):
+        if self.run0:
+            return super().free_seq(seq)
+        self._live(seq)
+        del self.tables[seq]
+        del self.lens[seq]
+
+
 class ShrinksBesideAnother(BlockManager):
     """In a campaign's run 0 (the process whose first target is built at 32 blocks x 4):
     leaks the blocks of every freed sequence (a violation at the first free), and every

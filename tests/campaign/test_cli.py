@@ -479,3 +479,34 @@ def test_with_stop_on_failure_the_runs_beside_a_shrinking_run_wait(tmp_path):
     assert s["signatures"][0]["first_run"] == 0 and s["signatures"][0]["shortest"]["length"] <= 3
     p, seen = run("--runs", "2", out=tmp_path / "on")  # no stop: the machine is shared as ever
     assert seen and "T" not in seen, seen
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc/PID/stat")
+def test_with_stop_on_failure_run_0_goes_on_while_another_run_shrinks(tmp_path):
+    """Run 0 is the command at its defaults: another run's shrink does not stop it (it may
+    find the bug itself and shrink it sooner), so the campaign is never slower than the
+    command alone for waiting on a slower shrink."""
+    import os
+
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    env = {**os.environ, "KVCHECK_TEST_BESIDE": str(beside)}
+    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "campaign",
+                        f"{SLOW}:OthersShrinkBesideRun0", "--workers", "2", "--time", "2m",
+                        "--stop-on-failure", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stdout + p.stderr
+    seen = (beside / "seen").read_text()
+    assert seen and "T" not in seen, seen  # run 0 ran on while the other run shrank
+    s = summary(tmp_path / "out")
+    assert s["signatures"][0]["first_run"] != 0, s["signatures"]
+
+
+def test_run_0_and_the_shrinking_runs_go_on_the_others_wait():
+    from kvcheck.campaign.runner import going_on
+
+    assert going_on(set(), 0) == set()  # nothing shrinks: nothing waits
+    assert going_on({3}, None) == {3}  # no run 0 in flight: the shrinking run alone
+    assert going_on({3}, 0) == {0, 3}  # run 0 goes on beside another run's shrink
+    assert going_on({0}, 0) == {0}  # run 0 shrinks: the runs still searching wait
+    assert going_on({0, 3}, 0) == {0, 3}  # a run already shrinking goes on beside it
