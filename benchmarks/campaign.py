@@ -13,10 +13,13 @@
    ``kvcheck campaign TARGET`` at its defaults (one worker per core, 1 minute; its run 0
    is that ``verify`` run, the swarm beside it) with ``--stop-on-failure`` (which changes
    only when it stops). Both are whole commands, timed from their start until they print
-   the violation (shrunk) and until they exit, one after the other in the same run, each
-   the fastest of ``--repeat``. ``speed-up`` is verify's seconds over the campaign's,
-   until each printed the violation; a ``verify`` that passes missed the bug. ``load`` is
-   the 1-minute load average after the entry's commands (this machine may be shared).
+   the violation (shrunk) and until they exit. The two alternate, ``--repeat`` pairs per
+   entry, the order swapped from pair to pair, so that a slow moment of a shared machine
+   falls on both alike; each command's median of its ``--repeat`` times is shown, its
+   fastest beside it. ``speed-up`` is verify's median over the campaign's, until each
+   printed the violation; ``won`` the pairs in which the campaign printed it first (or
+   together); a ``verify`` that passes missed the bug. ``load`` is the 1-minute load
+   average after the entry's commands (this machine may be shared).
 
     python3 benchmarks/campaign.py                      # both parts, Ray where installed
     python3 benchmarks/campaign.py --runs 60 --no-ray   # longer throughput part, local only
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,27 +82,37 @@ def kvcheck(*argv: str, first: str, timeout: float) -> tuple[int, float | None, 
 def first_violation(target: str, campaign_time: str, tmp: Path, repeat: int = 1) -> dict:
     """verify's and the campaign's time to the first violation of ``target``: until each
     printed it (verify its FAIL line, the campaign its first ``found:`` line, both after
-    shrinking it), and until each command exited; each command's fastest of ``repeat``."""
-    best = None
-    for _ in range(repeat):
-        code, v_first, v_s, text = kvcheck("verify", target, first="FAIL ", timeout=600)
-        if code not in (0, 1):
-            return {"error": f"verify exit {code}: {text.strip().splitlines()[-1:]}"}
-        if best is None or (v_first or v_s) < (best[1] or best[2]):
-            best = (code, v_first, v_s)
-    _, v_first, v_s = best
-    best = None
+    shrinking it), and until each command exited.
+
+    The two commands alternate, ``repeat`` pairs, the order swapped from one pair to the
+    next (a slow moment of a shared machine falls on both alike): each command's median
+    and fastest of ``repeat``, and how many pairs the campaign printed first (or together)."""
+    v_runs, c_runs = [], []
     for i in range(repeat):
-        out = tmp / f"c-{abs(hash(target))}-{i}"
-        c_code, c_first, c_s, c_text = kvcheck("campaign", target, "--stop-on-failure", "--time",
-                                               campaign_time, "--out", str(out), first="found: ",
-                                               timeout=900)
-        if best is None or (c_first or c_s) < (best[1] or best[2]):
-            best = (c_code, c_first, c_s, c_text, out)
-    c_code, c_first, c_s, c_text, out = best
-    row = {"verify": "found" if v_first is not None else "missed", "verify_first": v_first,
-           "verify_s": v_s, "campaign": "found" if c_first is not None else "missed",
-           "campaign_first": c_first, "campaign_s": c_s}
+        order = ("verify", "campaign") if i % 2 == 0 else ("campaign", "verify")
+        for which in order:
+            if which == "verify":
+                code, first, secs, text = kvcheck("verify", target, first="FAIL ", timeout=600)
+                if code not in (0, 1):
+                    return {"error": f"verify exit {code}: {text.strip().splitlines()[-1:]}"}
+                v_runs.append((first, secs))
+            else:
+                out = tmp / f"c-{abs(hash(target))}-{i}"
+                code, first, secs, text = kvcheck(
+                    "campaign", target, "--stop-on-failure", "--time", campaign_time,
+                    "--out", str(out), first="found: ", timeout=900)
+                c_runs.append((first, secs, code, text, out))
+    row = {"pairs": repeat}
+    for name, got in (("verify", v_runs), ("campaign", c_runs)):
+        firsts = [r[0] for r in got if r[0] is not None]
+        # found only if every command of the pairs found it (the runs are deterministic)
+        row[name] = "found" if len(firsts) == len(got) else "missed"
+        row[f"{name}_first"] = statistics.median(firsts) if firsts else None
+        row[f"{name}_fastest"] = min(firsts) if firsts else None
+        row[f"{name}_s"] = statistics.median(r[1] for r in got)
+    if row["verify"] == row["campaign"] == "found":
+        row["campaign_won"] = sum(c[0] <= v[0] for v, c in zip(v_runs, c_runs, strict=True))
+    c_first, _, c_code, c_text, out = min(c_runs, key=lambda r: r[0] if r[0] is not None else r[1])
     try:
         s = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
@@ -143,10 +157,10 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=positive_int, default=40,
                     help="campaign runs per throughput measurement (default: %(default)s)")
     ap.add_argument("--seed", type=nonneg_int, default=0)
-    ap.add_argument("--repeat", type=positive_int, default=2,
-                    help="sessions per throughput row and commands per corpus entry, the fastest "
-                         "kept (other jobs on a shared machine only slow one down) "
-                         "(default: %(default)s)")
+    ap.add_argument("--repeat", type=positive_int, default=3,
+                    help="sessions per throughput row, the fastest kept (other jobs on a shared "
+                         "machine only slow one down), and alternating pairs of commands per "
+                         "corpus entry, the median shown (default: %(default)s)")
     ap.add_argument("--no-ray", action="store_true", help="local processes only")
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--no-corpus", action="store_true")
@@ -198,10 +212,11 @@ def main(argv=None) -> int:
         if not args.no_corpus:
             print(f"\n## time to the first violation: kvcheck verify (defaults) vs kvcheck "
                   f"campaign (defaults, --time {args.campaign_time}, --stop-on-failure)")
-            print("seconds until the violation was printed (after shrinking), then until the "
-                  "command exited; speed-up: verify's first / the campaign's first")
-            print(f"{'entry':<24} {'verify':>7} {'printed':>8} {'exited':>7} {'campaign':>9} "
-                  f"{'printed':>8} {'exited':>7} {'speed-up':>9} {'load':>5}  "
+            print("seconds until the violation was printed (after shrinking): median (fastest) of "
+                  f"{args.repeat}, alternating; then until the command exited (median); speed-up: "
+                  "verify's median / the campaign's; won: pairs the campaign printed first")
+            print(f"{'entry':<24} {'verify':>7} {'printed':>13} {'exited':>7} {'campaign':>9} "
+                  f"{'printed':>13} {'exited':>7} {'speed-up':>9} {'won':>5} {'load':>5}  "
                   f"first signature (run: shape)")
             faster = missed_found = both = 0
             for name, target in rows:
@@ -219,17 +234,22 @@ def main(argv=None) -> int:
                 else:
                     ratio = "-"
 
-                def secs(x):
-                    return "-" if x is None else f"{x:.2f}"
+                def secs(x, fastest=None):
+                    if x is None:
+                        return "-"
+                    return f"{x:.2f}" if fastest is None else f"{x:.2f} ({fastest:.2f})"
 
+                won = f"{r['campaign_won']}/{r['pairs']}" if "campaign_won" in r else "-"
                 what = (f"{r['clause']} (run {r['run']}: {r['shape']}; {r['length']} ops)"
                         if "clause" in r else r.get("error", ""))
-                print(f"{name:<24} {r['verify']:>7} {secs(r['verify_first']):>8} "
-                      f"{r['verify_s']:>7.2f} {r['campaign']:>9} {secs(r['campaign_first']):>8} "
-                      f"{r['campaign_s']:>7.2f} {ratio:>9} {os.getloadavg()[0]:>5.2f}  {what}",
-                      flush=True)
-            print(f"campaign at least as fast as verify on {faster} of the {both} entries both "
-                  f"found; found {missed_found} that verify at its defaults missed; "
+                print(f"{name:<24} {r['verify']:>7} "
+                      f"{secs(r['verify_first'], r['verify_fastest']):>13} "
+                      f"{r['verify_s']:>7.2f} {r['campaign']:>9} "
+                      f"{secs(r['campaign_first'], r['campaign_fastest']):>13} "
+                      f"{r['campaign_s']:>7.2f} {ratio:>9} {won:>5} {os.getloadavg()[0]:>5.2f}  "
+                      f"{what}", flush=True)
+            print(f"campaign at least as fast as verify (median) on {faster} of the {both} "
+                  f"entries both found; found {missed_found} that verify at its defaults missed; "
                   f"{len(rows)} entries")
     print(f"\nload average {os.getloadavg()[0]:.2f} (1 min) at the end")
     return 0

@@ -18,13 +18,18 @@ def _run(*args):
 
 
 def test_a_tiny_run_prints_both_parts():
-    r = _run("--runs", "2", "--repeat", "1", "--no-ray", "--entries", "no-copy-on-write", "--campaign-time", "30s")
+    r = _run("--runs", "2", "--repeat", "2", "--no-ray", "--entries", "no-copy-on-write", "--campaign-time", "30s")
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "## throughput" in out and "local: 2 workers / 1 worker = " in out
     assert "## time to the first violation" in out
     (row,) = [line for line in out.splitlines() if line.startswith("no-copy-on-write ")]
-    assert row.split()[1] == "found" and row.split()[4] == "found", row
+    # entry, verify, its median (fastest), exited, campaign, its median (fastest), exited,
+    # speed-up, won: the pairs the campaign printed first, of the 2 alternated
+    fields = row.split()
+    assert fields[1] == "found" and fields[5] == "found", row
+    assert fields[3].startswith("(") and fields[7].startswith("("), row
+    assert fields[9].endswith("x") and fields[10] in ("0/2", "1/2", "2/2"), row
     assert "entries both found" in out
 
 
