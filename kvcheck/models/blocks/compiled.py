@@ -25,6 +25,7 @@ import dataclasses
 from functools import cache
 
 from kvcheck.check.model import NEW_SEQ, SEQ
+from kvcheck.compile.codecache import define
 from kvcheck.compile.emit import function_source
 from kvcheck.compile.terms import Term
 from kvcheck.compile.tracer import TL, TDomain, TState, trace
@@ -126,9 +127,7 @@ def step_source(kind: str, inline: dict, outcome: str | None = None, contract=No
 
 
 def _compile(source: str, name: str):
-    namespace: dict = {}
-    exec(compile(source, f"<kvcheck compiled {name}>", "exec"), namespace)  # noqa: S102
-    return namespace[name]
+    return define(source, f"<kvcheck compiled {name}>", name)
 
 
 def inline_for(pre=None, post=None) -> dict:

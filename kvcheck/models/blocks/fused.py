@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from kvcheck.compile.codecache import define
 from kvcheck.compile.emit import Emitter, simple
 from kvcheck.compile.terms import Term
 from kvcheck.compile.tracer import TL, Branch, TDomain, TState, Untraceable, trace
@@ -511,9 +512,7 @@ def step(kind: str, outcome: str = OK):
     length, identity)}, refcounts, free count or None)`` (``After``'s ``seen``), with
     nothing changed (``o.touched``: see ``source``)."""
     name = f"fused_{kind}_{outcome}"
-    namespace = dict(_NAMESPACE)
-    exec(compile(source(kind, outcome), f"<kvcheck fused {name}>", "exec"), namespace)  # noqa: S102
-    return namespace[name]
+    return define(source(kind, outcome), f"<kvcheck fused {name}>", name, dict(_NAMESPACE))
 
 
 def steps() -> dict:

@@ -12,6 +12,7 @@ the spec itself to name the invariant and the block. To read the generated code:
 
 from __future__ import annotations
 
+from kvcheck.compile.codecache import define
 from kvcheck.compile.emit import function_source, simple
 from kvcheck.compile.terms import Term
 from kvcheck.compile.tracer import TL, TDomain, TState, Untraceable, trace
@@ -107,9 +108,7 @@ def compile_invariants(inline: bool = True):
         source = invariants_source(inline)
     except Untraceable:  # the spec says something the tracer cannot represent: evaluate it
         return None
-    namespace: dict = {}
-    exec(compile(source, "<kvcheck compiled prefix invariants>", "exec"), namespace)  # noqa: S102
-    return namespace["prefix_invariants"]
+    return define(source, "<kvcheck compiled prefix invariants>", "prefix_invariants")
 
 
 invariants = compile_invariants()
@@ -141,9 +140,8 @@ def compile_touched(inline: bool = True):
         source = touched_invariants_source(inline)
     except Untraceable:
         return None
-    namespace: dict = {}
-    exec(compile(source, "<kvcheck compiled touched prefix invariants>", "exec"), namespace)  # noqa: S102
-    return namespace["prefix_touched_invariants"]
+    return define(source, "<kvcheck compiled touched prefix invariants>",
+                  "prefix_touched_invariants")
 
 
 touched_invariants = compile_touched()
