@@ -1,8 +1,8 @@
 """The compiled code of generated check functions, kept on disk between processes.
 
 Every kvcheck process generates its check functions from the spec's text (``emit``) and
-hands about 200 KB of Python to the interpreter's compiler: a tenth of a second at each
-start of a command, a campaign's run or a test's subprocess. ``define(source, filename,
+hands about 200 KB of Python to the interpreter's compiler: 0.05-0.07 s at each start of
+a command, a campaign or a test's subprocess on the development machine. ``define(source, filename,
 name)`` compiles ``source`` once per machine: the code object is kept, marshalled, under a
 name that is the hash of the filename and the source text, for this interpreter's
 bytecode version only (``importlib.util.MAGIC_NUMBER``). The key is the text itself, so a
