@@ -16,7 +16,8 @@ whose cores share caches and memory, a run beside it would slow its shrinking by
 Run 0 is the exception while it is in flight (``going_on``): another run's shrink never
 stops it (it may find the same bug and shrink it sooner, as the command alone would), and
 a run already shrinking goes on beside run 0's shrink: the first shrunk violation ends
-the campaign, so it is never later than run 0's alone, nor than a faster swarm run's.
+the campaign, which never waits on one shrink while the other, stopped, would have ended
+sooner (the two share the machine meanwhile, as any runs beside each other do).
 """
 
 from __future__ import annotations
