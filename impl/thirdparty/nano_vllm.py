@@ -101,9 +101,11 @@ def load() -> Loaded:
     return _loader.load(NANO_VLLM, FILES, STUBS, entry=FILES)
 
 
-def new_sequence(token_ids: Sequence[int], block_size: int) -> Any:
-    """A real nano-vllm ``Sequence`` with its block size set on the instance."""
-    seq = load()["nanovllm.engine.sequence"].Sequence(list(token_ids))
+def new_sequence(token_ids: Sequence[int], block_size: int, cls: Any = None) -> Any:
+    """A real nano-vllm ``Sequence`` with its block size set on the instance (``cls``: the
+    release's ``Sequence`` class, where the caller holds it: ``load()`` checks the install
+    on disk, a fifth of a checked run when asked at every allocation)."""
+    seq = (cls or load()["nanovllm.engine.sequence"].Sequence)(list(token_ids))
     seq.block_size = block_size
     return seq
 
@@ -128,6 +130,7 @@ class NanoVllmTarget:
         mods = load()  # once: each load() checks the install on disk
         self.manager = mods["nanovllm.engine.block_manager"].BlockManager(num_blocks, block_size)
         self._Status = mods["nanovllm.engine.sequence"].SequenceStatus
+        self._Sequence = mods["nanovllm.engine.sequence"].Sequence
         self.seqs: dict[int, Any] = {}
         self.preempted: dict[int, Any] = {}  # preempted seq -> its Sequence, to re-admit
         self._tokens = itertools.count(1)
@@ -145,7 +148,7 @@ class NanoVllmTarget:
             ]
             if len(tokens) != n_tokens:
                 raise MisuseError("len(token_ids) != n_tokens")
-            s = new_sequence(tokens, self.block_size)
+            s = new_sequence(tokens, self.block_size, self._Sequence)
         if not self.manager.can_allocate(s):
             raise OutOfBlocks(f"nano-vllm can_allocate is False for {n_tokens} tokens")
         self.manager.allocate(s)

@@ -364,14 +364,30 @@ def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
 
 
 def test_a_cached_load_reads_no_file(monkeypatch):
-    """nano-vllm's adapter calls load() per allocation: only a first load checks the
-    install on disk."""
+    """Only a first load checks the install on disk."""
     from kvcheck.impl.thirdparty import _loader, nano_vllm
 
     first = nano_vllm.load()
     calls = []
     monkeypatch.setattr(_loader, "is_installed", lambda dist: calls.append(dist) or True)
     assert nano_vllm.load() is first and calls == []
+
+
+def test_nano_vllm_allocates_without_loading_again(monkeypatch):
+    """An allocation makes its ``Sequence`` from the class the target holds: asking
+    ``load()`` per allocation was a fifth of a checked run (and of the bare one)."""
+    from kvcheck.impl.thirdparty import nano_vllm
+
+    t = nano_vllm.make(8, 2)
+    calls = []
+    real = nano_vllm.load
+    monkeypatch.setattr(nano_vllm, "load", lambda: calls.append(1) or real())
+    for seq in range(3):
+        t.allocate(seq, 3)
+        t.append_slot(seq)
+    t.free_seq(0)
+    t.allocate(0, 2)
+    assert calls == [] and t.block_table(0) and len(t.block_table(1)) == 2
 
 
 def test_versions_are_isolated():
