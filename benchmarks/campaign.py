@@ -4,8 +4,15 @@
    mixes and operations every time) on 1 worker and on 2, as local processes and as Ray
    tasks on a local Ray cluster started with as many CPUs as workers. Each figure is the
    session's checked operations over its wall-clock time, the pool's start excluded (it is
-   printed apart), the fastest of ``--repeat`` sessions; every row of one pool checks the
-   same operations, so the ratio is that of the times.
+   printed apart); every session of one pool checks the same operations, so a ratio is
+   that of the times. The 1- and 2-worker sessions alternate, ``--repeat`` pairs, the order
+   swapped from pair to pair (load from elsewhere on a shared machine slows the 2-worker
+   session most: it needs both cores, while the 1-worker one finds one free); each row
+   shows its fastest session, and the summary line the ratio of the fastest and the median
+   of the pairs' ratios. ``busy``, for local processes, is the runs' CPU time over the
+   workers x the wall-clock time: how fully the pool kept its workers' cores busy
+   (nothing else on the machine moves it much; a Ray worker is not a child of this process,
+   so it is not shown there).
 2. Time to the first violation of every entry of the block-manager corpus
    (``tests/corpus/buggy.py``), and of the registered third-party targets with a known
    finding that are importable here (``nano-vllm``: only at block size 1): ``kvcheck
@@ -46,17 +53,35 @@ BEYOND = ("nano-vllm", "vllm-v0")  # registered targets with a finding (docs/fin
 
 def throughput(pool: str, workers: int, runs: int, seed: int, out: Path) -> dict:
     """One campaign session of ``runs`` runs of the reference: its figures."""
+    import resource
+
     from kvcheck.campaign import Budget, Campaign, Settings
 
     c = Campaign(Settings("reference", seed=seed), str(out), Budget(runs=runs), workers,
                  "" if pool == "ray" else None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     s = c.run()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if s["verdict"] != "pass":
         sys.exit(f"benchmarks/campaign.py: the reference did not pass: {s['verdict']}")
     session = s["sessions"][-1]
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"ops": session["ops"], "seconds": session["seconds"],
             "rate": session["ops"] / session["seconds"], "start": session["pool_start_s"],
-            "where": session["pool"]}
+            "where": session["pool"],
+            "busy": cpu / (workers * session["seconds"]) if pool == "local" else None}
+
+
+def throughput_pairs(pool: str, runs: int, seed: int, repeat: int, tmp: Path) -> dict:
+    """``repeat`` pairs of sessions on 1 and 2 workers, alternating, the order swapped from
+    pair to pair: each worker count's sessions, and the pairs' ratios (2 workers / 1)."""
+    got: dict[int, list[dict]] = {1: [], 2: []}
+    for i in range(repeat):
+        for workers in ((1, 2) if i % 2 == 0 else (2, 1)):
+            got[workers].append(throughput(pool, workers, runs, seed,
+                                           tmp / f"t-{pool}-{workers}-{i}"))
+    ratios = [two["rate"] / one["rate"] for one, two in zip(got[1], got[2], strict=True)]
+    return {"sessions": got, "ratios": ratios}
 
 
 def kvcheck(*argv: str, first: str, timeout: float) -> tuple[int, float | None, float, str]:
@@ -158,9 +183,8 @@ def main(argv=None) -> int:
                     help="campaign runs per throughput measurement (default: %(default)s)")
     ap.add_argument("--seed", type=nonneg_int, default=0)
     ap.add_argument("--repeat", type=positive_int, default=3,
-                    help="sessions per throughput row, the fastest kept (other jobs on a shared "
-                         "machine only slow one down), and alternating pairs of commands per "
-                         "corpus entry, the median shown (default: %(default)s)")
+                    help="alternating pairs of sessions (1 and 2 workers) per throughput pool, "
+                         "and of commands per corpus entry (default: %(default)s)")
     ap.add_argument("--no-ray", action="store_true", help="local processes only")
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--no-corpus", action="store_true")
@@ -198,17 +222,22 @@ def main(argv=None) -> int:
             print(f"\n## throughput: the reference, the same {args.runs} campaign runs "
                   f"(seed {args.seed}) on 1 and 2 workers")
             print(f"{'pool':<6} {'workers':>7} {'ops':>10} {'seconds':>8} {'checked ops/s':>14} "
-                  f"{'pool start s':>12}  where")
+                  f"{'pool start s':>12} {'busy':>6}  where")
             for pool in pools:
-                rates = {}
+                got = throughput_pairs(pool, args.runs, args.seed, args.repeat, tmp)
+                fastest = {}
                 for workers in (1, 2):
-                    r = max((throughput(pool, workers, args.runs, args.seed,
-                                        tmp / f"t-{pool}-{workers}-{i}")
-                             for i in range(args.repeat)), key=lambda x: x["rate"])
-                    rates[workers] = r["rate"]
+                    sessions = got["sessions"][workers]
+                    r = fastest[workers] = max(sessions, key=lambda x: x["rate"])
+                    busy = ("" if r["busy"] is None else
+                            f"{statistics.median(x['busy'] for x in sessions):>6.0%}")
                     print(f"{pool:<6} {workers:>7} {r['ops']:>10,} {r['seconds']:>8.2f} "
-                          f"{r['rate']:>14,.0f} {r['start']:>12.2f}  {r['where']}", flush=True)
-                print(f"{pool}: 2 workers / 1 worker = {rates[2] / rates[1]:.2f}x", flush=True)
+                          f"{r['rate']:>14,.0f} {r['start']:>12.2f} {busy:>6}  {r['where']}",
+                          flush=True)
+                ratios = got["ratios"]
+                print(f"{pool}: 2 workers / 1 worker = {fastest[2]['rate'] / fastest[1]['rate']:.2f}x "
+                      f"(fastest sessions); pairs: median {statistics.median(ratios):.2f}x, "
+                      f"{' '.join(f'{x:.2f}x' for x in ratios)}", flush=True)
         if not args.no_corpus:
             print(f"\n## time to the first violation: kvcheck verify (defaults) vs kvcheck "
                   f"campaign (defaults, --time {args.campaign_time}, --stop-on-failure)")

@@ -22,6 +22,11 @@ def test_a_tiny_run_prints_both_parts():
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "## throughput" in out and "local: 2 workers / 1 worker = " in out
+    # the 2 alternated pairs' ratios, and how busy the workers' cores were (a percentage)
+    (summary,) = [line for line in out.splitlines() if line.startswith("local: ")]
+    assert "pairs: median " in summary and len(summary.split("pairs: median ")[1].split()) == 3
+    local = [line.split() for line in out.splitlines() if line.startswith("local ")]
+    assert [row[1] for row in local] == ["1", "2"] and all(row[6].endswith("%") for row in local)
     assert "## time to the first violation" in out
     (row,) = [line for line in out.splitlines() if line.startswith("no-copy-on-write ")]
     # entry, verify, its median (fastest), exited, campaign, its median (fastest), exited,
