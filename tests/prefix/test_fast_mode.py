@@ -91,10 +91,11 @@ def test_fast_mode_is_incremental_on_the_reference():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_the_fused_structural_steps_observe_what_the_layered_ones_do(seed):
-    """The block manager's fused steps under the prefix oracle (every kind but allocate)
-    leave in ``touched`` the blocks the layered step's ``After`` holds, and its sequences
-    (their tables and lengths then the ghost's: ``After``'s), and the two oracles reach the
-    same verdicts and states, step by step."""
+    """The block manager's fused steps under the prefix oracle (allocate's with
+    ``allocate_with_hits`` for its contract) leave in ``touched`` the blocks the layered
+    step's ``After`` holds, and its sequences (their tables and lengths then the ghost's:
+    ``After``'s), and the two oracles reach the same verdicts, states and cache hits, step
+    by step."""
     from kvcheck.check.model import Options, model_named
     from kvcheck.models.blocks.model import BlockScope
     from kvcheck.models.prefix.oracle import PrefixOracle
@@ -102,8 +103,9 @@ def test_the_fused_structural_steps_observe_what_the_layered_ones_do(seed):
     model, scope, options = model_named("prefix"), BlockScope(48, 2), Options()
     fused = PrefixOracle(model.build(PrefixCachingBlockManager, scope, options))
     layered = PrefixOracle(model.build(PrefixCachingBlockManager, scope, options), fused=False)
-    assert set(k for k, _ in fused.s._fused) == {"append_slot", "append_slots", "free_seq",
-                                                  "preempt", "fork"} and not layered.s._fused
+    assert set(k for k, _ in fused.s._fused) == {"allocate", "append_slot", "append_slots",
+                                                  "free_seq", "preempt", "fork"}
+    assert not layered.s._fused
     driver = model.driver(seed, scope, fused.target, options)
     kinds = set()
     for _ in range(3000):
@@ -125,4 +127,50 @@ def test_the_fused_structural_steps_observe_what_the_layered_ones_do(seed):
             assert {q: g.lengths[q] for q in seqs if q in g.tables} == \
                 {q: after.lengths[q] for q, t in after.tables.items() if t is not None}, op
         assert fused.observed_json() == layered.observed_json(), op
-    assert kinds >= {"append_slot", "free_seq", "fork"}, kinds
+        assert (fused.pending_hits, op.hits) == (layered.pending_hits, twin.hits), op
+    assert kinds >= {"allocate", "append_slot", "free_seq", "fork"}, kinds
+    assert fused.stats.hit_allocations and fused.stats.to_json() == layered.stats.to_json()
+
+
+def _fused_against_layered(name, monkeypatch) -> list[bool]:
+    """Corpus bug ``name``, fast mode, unshrunk, seeds 0.. until it is found: the same verdict,
+    step, clause and element with the fused allocate as with the layered one. Per fused
+    allocate run, whether its check failed (it then returns what it observed, a tuple)."""
+    from kvcheck.models.prefix import oracle as prefix_oracle
+
+    cls, key = CORPUS[name][0], ("allocate", "ok")
+    step = prefix_oracle._FUSED_ALLOCATE[key]
+    ran = []
+
+    def counted(o, op):
+        got = step(o, op)
+        ran.append(type(got) is tuple)
+        return got
+
+    for seed in range(4):
+        monkeypatch.setitem(prefix_oracle._FUSED_ALLOCATE, key, counted)
+        fused = run(cls, "fast", seed, do_shrink=False)
+        monkeypatch.delitem(prefix_oracle._FUSED_ALLOCATE, key)
+        layered = run(cls, "fast", seed, do_shrink=False)
+        assert fused.ok == layered.ok, (name, seed)
+        if not fused.ok:
+            v, w = fused.violation, layered.violation
+            assert (v.step, v.kind, v.name, v.element) == (w.step, w.kind, w.name, w.element)
+            break
+    assert ran, f"{name}: the fused allocate never ran"
+    return ran
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_corpus_same_step_and_clause_with_the_fused_allocate_and_without(name, monkeypatch):
+    """The fused allocate (``allocate_with_hits`` for its contract) finds every corpus bug
+    where the layered allocate does, on the same clause and element."""
+    _fused_against_layered(name, monkeypatch)
+
+
+@pytest.mark.parametrize("name", ["full-hit-no-token-left", "pinned-on-free-queue"])
+def test_the_fused_allocate_fails_where_the_bug_is_in_allocate(name, monkeypatch):
+    """A bug in the cached-token count (``fused_inputs``' hit check fails) and one in the
+    free list (the compiled ``allocate_with_hits`` fails): the fused step's failing way
+    runs, and the layered path names the same clause (above)."""
+    assert any(_fused_against_layered(name, monkeypatch)), name

@@ -188,17 +188,21 @@ def _in_domain_templates(domains: dict[str, tuple], names: list[str], pre: dict,
     return pre, post
 
 
-def _clauses(kind: str, outcome: str):
+def _clauses(kind: str, outcome: str, contract=None, extra: tuple = ()):
     """``compiled.step_source``'s clauses for ``kind`` ending with ``outcome``: the
-    contract on the fast-mode domain, then the fast invariants, the sequence ones on each
-    of the operation's sequences that is live afterwards."""
+    contract on the fast-mode domain (``contract(L, pre, post, op, dom, *extra)`` where a
+    model has its own, as ``step_source`` takes it), then the fast invariants, the sequence
+    ones on each of the operation's sequences that is live afterwards."""
     op = compiled_checks._TOp(kind, outcome)
     pre, post = TState("pre"), TState("post")
     seqs = compiled_checks._op_seqs(op)
     dom = Domain(TDomain(Term("sym", "blocks")), seqs)
+    args = [Term("sym", x) for x in extra]
 
     def clauses():
-        yield from (f for _, _, f in contracts.clauses(TL, pre, post, op, dom))
+        rule = contracts.clauses(TL, pre, post, op, dom) if contract is None else \
+            contract(TL, pre, post, op, dom, *args)
+        yield from (f for _, _, f in rule)
         for inv in compiled_checks.FAST_INVARIANTS:
             if inv.domain == "global":
                 yield inv.predicate(TL, post)
@@ -429,20 +433,41 @@ def _reserve(kind: str) -> str:
     return "    f_res0 = reserved_after(PY, pre, op, len(f_tab0))\n"
 
 
-def source(kind: str, outcome: str = OK) -> str:
+# A model's own contract with further inputs (``source``'s ``extra``): asked of the oracle,
+# on the operation's sequence's table as observed, before the check. None: a check of the
+# model's own failed (the general path names it).
+_INPUTS = """\
+    f_inputs = o.fused_inputs(op, f_tab0)
+    if f_inputs is None:
+        return {seen}
+    {names}, = f_inputs
+"""
+
+
+def source(kind: str, outcome: str = OK, contract=None, extra: tuple = (),
+           name: str | None = None) -> str:
     """The fused step of ``kind`` ending with ``outcome``, as Python source. Raises
     ``Unfusable`` (or ``Untraceable``) where it cannot be generated. A passed step leaves
     ``o.touched``: the pool blocks it touched (``After.blocks``) and its sequences, as a
     tuple (their tables and lengths are the ghost's once committed), for a model checking
-    more on top of the block manager (the prefix oracle reads the cache there)."""
+    more on top of the block manager (the prefix oracle reads the cache there).
+
+    ``contract``, ``extra``: a model's own contract for ``kind`` standing in for the block
+    manager's (``compiled.step_source``'s), for a one-sequence kind; its further inputs
+    ``extra`` come from ``o.fused_inputs(op, table)``, called with the sequence's table
+    as observed once the step is observed: a tuple of their values, or None when a check
+    of the model's own fails (the step then fails, as a failed clause does)."""
     if kind not in KINDS or outcome != OK:
         raise Unfusable(f"{kind} ending {outcome} is not fused")
     op = compiled_checks._TOp(kind, outcome)
     names = [f"s_{t.args[0]}" for t in compiled_checks._op_seqs(op)]
     if len(names) != len(_SEQS[kind]):
         raise Unfusable(f"{kind}'s sequences are not {len(_SEQS[kind])}")
-    tree = _clauses(kind, outcome)
-    syms = {**compiled_checks.SYMS, "B": "pre.block_size", "N": "pre.num_blocks"}
+    if extra and len(names) != 1:
+        raise Unfusable(f"a contract's further inputs on {kind}: one sequence only")
+    tree = _clauses(kind, outcome, contract, extra)
+    syms = {**compiled_checks.SYMS, "B": "pre.block_size", "N": "pre.num_blocks",
+            **{x: f"f_{x}" for x in extra}}
     pre, post = _in_domain_templates(_domains(tree), names, FOR[Ghost],
                                      _post_templates({n: i for i, n in enumerate(names)}))
     e = Emitter(syms, {"pre": pre, "post": post})
@@ -452,7 +477,8 @@ def source(kind: str, outcome: str = OK) -> str:
         raise Unfusable(f"the step of {kind} reads the post state other than through locals")
     body = "\n".join(e.lines)
     n = len(names)
-    out = [f"def fused_{kind}_{outcome}(o, op):\n", _START.format(extra=_extra(kind))]
+    name = name or f"fused_{kind}_{outcome}"
+    out = [f"def {name}(o, op):\n", _START.format(extra=_extra(kind))]
     for i, length in enumerate(_SEQS[kind]):
         out.append(_OBSERVE_SEQ.format(i=i, q=syms[names[i][2:]], length=length))
     if n == 1:
@@ -469,6 +495,10 @@ def source(kind: str, outcome: str = OK) -> str:
         out.append(_NUM_FREE)
     if uses_zero:
         out.append(_ZERO)
+    observed = "{" + ", ".join(f"q{i}: (f_new{i}, f_raw{i}, f_ident{i})" for i in range(n)) + "}"
+    seen = f"({observed}, f_refs, {'f_nf' if uses_nf else 'None'})"
+    if extra:
+        out.append(_INPUTS.format(seen=seen, names=", ".join(f"f_{x}" for x in extra)))
     for s in sorted(e.used_syms):
         if s != "N":  # (s_N: bound while observing)
             out.append(f"    s_{s} = {syms[s]}\n")
@@ -476,8 +506,6 @@ def source(kind: str, outcome: str = OK) -> str:
         out.append(f"    {local} = {src}\n")
     for state, method in sorted(e.used_methods):
         out.append(f"    {state}_{method} = {state}.{method}\n")
-    observed = "{" + ", ".join(f"q{i}: (f_new{i}, f_raw{i}, f_ident{i})" for i in range(n)) + "}"
-    seen = f"({observed}, f_refs, {'f_nf' if uses_nf else 'None'})"
     for line in e.lines:
         out.append((line.replace("return False", f"return {seen}")
                     if line.strip() == "return False" else line) + "\n")
@@ -513,6 +541,15 @@ def step(kind: str, outcome: str = OK):
     nothing changed (``o.touched``: see ``source``)."""
     name = f"fused_{kind}_{outcome}"
     return define(source(kind, outcome), f"<kvcheck fused {name}>", name, dict(_NAMESPACE))
+
+
+@cache
+def step_with(contract, kind: str, extra: tuple, outcome: str = OK):
+    """``step`` with a model's own contract for ``kind`` and its further inputs ``extra``
+    (see ``source``): e.g. ``spec.prefix.allocate_with_hits`` and its ``hits``."""
+    name = f"fused_{contract.__name__}_{outcome}"
+    return define(source(kind, outcome, contract, extra, name), f"<kvcheck fused {name}>", name,
+                  dict(_NAMESPACE))
 
 
 def steps() -> dict:

@@ -401,6 +401,22 @@ class PrefixShadow(ShadowMemory):
         self.oracle.uncommitted.pop(seq, None)  # freed before its write: never written
 
 
+def _fused_allocate() -> dict:
+    """allocate's fused step with ``spec.prefix.allocate_with_hits`` for its contract (its
+    hits from ``_Structural.fused_inputs``), by (kind, outcome); empty where it cannot be
+    generated (allocate then takes the layered path: ``_allocate_steps``)."""
+    from kvcheck.compile.tracer import Untraceable
+    from kvcheck.models.blocks import fused
+
+    try:
+        return {("allocate", OK): fused.step_with(P.allocate_with_hits, "allocate", ("hits",))}
+    except (fused.Unfusable, Untraceable):
+        return {}
+
+
+_FUSED_ALLOCATE = _fused_allocate()
+
+
 class _Structural(Oracle):
     """The structural oracle, calling with token ids and judging allocate with hits."""
 
@@ -418,10 +434,11 @@ class _Structural(Oracle):
         # compiled allocate knows no hits)
         self._steps = {**_STEPS, "allocate": self._allocate_steps()}
         # The block manager's fused steps for the kinds this class judges as the block
-        # manager does (not allocate: its hits), each leaving the blocks it touched and
-        # its sequences in ``self.touched`` for the cache check (``fused.source``)
-        self._fused = {k: f for k, f in _FUSED.items() if k[0] != "allocate"} \
-            if compiled and fused else {}
+        # manager does, and allocate's with allocate_with_hits for its contract (its hits
+        # from ``fused_inputs``), each leaving the blocks it touched and its sequences in
+        # ``self.touched`` for the cache check (``fused.source``)
+        self._fused = {**{k: f for k, f in _FUSED.items() if k[0] != "allocate"},
+                       **_FUSED_ALLOCATE} if compiled and fused else {}
 
     def clone(self):
         new = super().clone()
@@ -440,6 +457,14 @@ class _Structural(Oracle):
         if op.kind == "append_slots":
             return t.append_slots(op.seq, op.n_tokens, op.lookahead, token_ids=list(op.tokens))
         return super()._call(op)
+
+    def fused_inputs(self, op, table: tuple) -> tuple | None:
+        """The fused allocate's further input (``fused.source``): its cache hits, once
+        ``_check_hits`` passed on ``table`` (the new table as observed); None if it failed."""
+        oracle = self.oracle
+        if oracle._check_hits_on(table, op, self.steps) is not None:
+            return None
+        return (oracle.pending_hits,)
 
     def _allocate_steps(self) -> dict | None:
         """allocate's compiled step checks: ``spec.prefix.allocate_with_hits`` (compiled
@@ -1011,7 +1036,10 @@ class PrefixOracle:
         """A successful allocation's cache hits: which leading blocks were served from the
         cache (``pending_hits``, ``op.hits``), ``spec.prefix.cache_hits`` on them and, where
         the target reports one, ``spec.prefix.cached_tokens``. The violation, or None."""
-        table = post.table_tuple(op.seq)
+        return self._check_hits_on(post.table_tuple(op.seq), op, n)
+
+    def _check_hits_on(self, table: tuple, op, n):
+        """``_check_hits`` on the new table ``table`` as observed."""
         now: dict = {}  # block -> the reprs of the keys naming it after the call
         try:
             if self.mirror is not None:  # the fast mode: the candidates' keys only
