@@ -25,7 +25,7 @@ import dataclasses
 from functools import cache
 
 from kvcheck.check.model import NEW_SEQ, SEQ
-from kvcheck.compile.codecache import define, generated, named
+from kvcheck.compile.codecache import define
 from kvcheck.compile.emit import function_source
 from kvcheck.compile.terms import Term
 from kvcheck.compile.tracer import TL, TDomain, TState, trace
@@ -140,9 +140,7 @@ def inline_for(pre=None, post=None) -> dict:
 @cache
 def precondition(kind: str, pre: type | None = None):
     """``pre``: the class of the states it will get (for their inline templates)."""
-    source = generated(("precondition", kind, named(pre)),
-                       lambda: precondition_source(kind, inline_for(pre)))
-    return _compile(source, f"precondition_{kind}")
+    return _compile(precondition_source(kind, inline_for(pre)), f"precondition_{kind}")
 
 
 def _step_inline(pre: type | None, post: type | None) -> dict:
@@ -155,17 +153,13 @@ def _step_inline(pre: type | None, post: type | None) -> dict:
 @cache
 def step(kind: str, pre: type | None = None, post: type | None = None):
     """``f(pre, post, op, blocks, live)``: the contract and the fast invariants."""
-    source = generated(("step", kind, named(pre), named(post)),
-                       lambda: step_source(kind, _step_inline(pre, post)))
-    return _compile(source, f"step_{kind}")
+    return _compile(step_source(kind, _step_inline(pre, post)), f"step_{kind}")
 
 
 @cache
 def step_for(kind: str, outcome: str, pre: type | None = None, post: type | None = None):
     """``step(kind, pre, post)`` for operations that ended with ``outcome`` only."""
-    source = generated(("step_for", kind, outcome, named(pre), named(post)),
-                       lambda: step_source(kind, _step_inline(pre, post), outcome))
-    return _compile(source, f"step_{kind}_{outcome}")
+    return _compile(step_source(kind, _step_inline(pre, post), outcome), f"step_{kind}_{outcome}")
 
 
 def step_with(contract, kind: str, outcome: str, extra: tuple, pre: type | None = None,
@@ -173,15 +167,11 @@ def step_with(contract, kind: str, outcome: str, extra: tuple, pre: type | None 
     """``f(pre, post, op, blocks, live, *extra)``: ``contract`` (see ``step_source``) for
     operations of ``kind`` that ended with ``outcome``, and the fast invariants."""
     name = f"step_{contract.__name__}_{outcome}"
-    source = generated(("step_with", named(contract), kind, outcome, extra, named(pre), named(post)),
-                       lambda: step_source(kind, _step_inline(pre, post), outcome, contract,
-                                           extra, name))
-    return _compile(source, name)
+    return _compile(step_source(kind, _step_inline(pre, post), outcome, contract, extra, name),
+                    name)
 
 
 @cache
 def state_invariants(state: type | None = None):
     """``f(s)``: every invariant on a whole state of class ``state`` (the sweep)."""
-    source = generated(("state_invariants", named(state)),
-                       lambda: state_invariants_source(inline_for(post=state)))
-    return _compile(source, "invariants")
+    return _compile(state_invariants_source(inline_for(post=state)), "invariants")

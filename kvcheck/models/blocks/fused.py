@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from kvcheck.compile.codecache import define, generated, named
+from kvcheck.compile.codecache import define
 from kvcheck.compile.emit import Emitter, simple
 from kvcheck.compile.terms import Term
 from kvcheck.compile.tracer import TL, Branch, TDomain, TState, Untraceable, trace
@@ -540,8 +540,7 @@ def step(kind: str, outcome: str = OK):
     length, identity)}, refcounts, free count or None)`` (``After``'s ``seen``), with
     nothing changed (``o.touched``: see ``source``)."""
     name = f"fused_{kind}_{outcome}"
-    text = generated(("fused", kind, outcome), lambda: source(kind, outcome))
-    return define(text, f"<kvcheck fused {name}>", name, dict(_NAMESPACE))
+    return define(source(kind, outcome), f"<kvcheck fused {name}>", name, dict(_NAMESPACE))
 
 
 @cache
@@ -549,9 +548,8 @@ def step_with(contract, kind: str, extra: tuple, outcome: str = OK):
     """``step`` with a model's own contract for ``kind`` and its further inputs ``extra``
     (see ``source``): e.g. ``spec.prefix.allocate_with_hits`` and its ``hits``."""
     name = f"fused_{contract.__name__}_{outcome}"
-    text = generated(("fused_with", named(contract), kind, extra, outcome),
-                     lambda: source(kind, outcome, contract, extra, name))
-    return define(text, f"<kvcheck fused {name}>", name, dict(_NAMESPACE))
+    return define(source(kind, outcome, contract, extra, name), f"<kvcheck fused {name}>", name,
+                  dict(_NAMESPACE))
 
 
 def steps() -> dict:

@@ -12,7 +12,7 @@ the spec itself to name the invariant and the block. To read the generated code:
 
 from __future__ import annotations
 
-from kvcheck.compile.codecache import define, generated
+from kvcheck.compile.codecache import define
 from kvcheck.compile.emit import function_source, simple
 from kvcheck.compile.terms import Term
 from kvcheck.compile.tracer import TL, TDomain, TState, Untraceable, trace
@@ -105,7 +105,7 @@ def compile_invariants(inline: bool = True):
     """The compiled check (``inline=False``: every term a method call), or None where the
     tracer cannot represent the spec's text."""
     try:
-        source = generated(("prefix_invariants", inline), lambda: invariants_source(inline))
+        source = invariants_source(inline)
     except Untraceable:  # the spec says something the tracer cannot represent: evaluate it
         return None
     return define(source, "<kvcheck compiled prefix invariants>", "prefix_invariants")
@@ -137,8 +137,7 @@ def compile_touched(inline: bool = True):
     """``f(post, blocks)``: every per-block prefix invariant holds on ``blocks`` (or None
     where the tracer cannot represent the spec's text)."""
     try:
-        source = generated(("prefix_touched_invariants", inline),
-                           lambda: touched_invariants_source(inline))
+        source = touched_invariants_source(inline)
     except Untraceable:
         return None
     return define(source, "<kvcheck compiled touched prefix invariants>",
