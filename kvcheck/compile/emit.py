@@ -98,8 +98,10 @@ class Emitter:
         raise ValueError(f"cannot emit {t!r}")
 
     def value(self, t) -> str:
-        """``t`` where its value (not just its truth) matters."""
-        if isinstance(t, Term) and t.kind in ("and", "or", "implies") and t.key not in self.names:
+        """``t`` where its value (not just its truth) matters: a connective over operands
+        that are not all booleans is made one (``x and y`` is ``y`` when ``x`` holds)."""
+        if isinstance(t, Term) and t.kind in ("and", "or", "implies") and t.key not in self.names \
+                and not _boolean(t):
             return f"bool({self.expr(t)})"
         return self.expr(t)
 
@@ -178,6 +180,23 @@ class Emitter:
         self.tree(node.orelse, indent + "    ")
         if len(self.lines) == start:
             self.lines.append(f"{indent}    pass")
+
+
+def _boolean(t) -> bool:
+    """Whether ``t``'s emitted value is always a bool (a comparison, a negation, a bool, or
+    a connective of those: ``a and b``, ``a or b`` and ``not a or b`` then give one of
+    their operands' values, or ``not a``'s)."""
+    if type(t) is bool:
+        return True
+    if not isinstance(t, Term):
+        return False
+    if t.kind in ("cmp", "not"):
+        return True
+    if t.kind in ("and", "or"):
+        return all(_boolean(x) for x in t.args)
+    if t.kind == "implies":
+        return _boolean(t.args[1])
+    return False
 
 
 def _fuse(clauses):

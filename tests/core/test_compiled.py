@@ -339,3 +339,30 @@ def test_spec_text_the_tracer_cannot_represent_is_checked_directly(monkeypatch):
     ok = _run_lockstep(BlockManager, 10, 2, 500, 0)
     assert ok is None
     assert _run_lockstep(CORPUS["fork-without-refcount"][0], 10, 2, 500, 0) is not None
+
+
+def test_a_connective_of_booleans_is_its_value_others_are_made_bools():
+    """``Emitter.value``: ``a and b`` over comparisons already is a bool (no ``bool()``
+    call); over a value that may be any object (a symbol) it is made one. Either way the
+    emitted value is exactly the connective's truth, a bool."""
+    from kvcheck.compile.emit import Emitter
+
+    x, y = Term("sym", "x"), Term("sym", "y")
+    cases = [
+        (Term("and", Term("cmp", ">", x, 0), Term("not", Term("cmp", "==", y, 1))), False),
+        (Term("or", Term("cmp", ">", x, 0), Term("implies", Term("cmp", "==", y, 1), True)),
+         False),
+        (Term("and", Term("cmp", ">", x, 0), y), True),
+        (Term("implies", Term("cmp", ">", x, 0), y), True),
+    ]
+    for t, wrapped in cases:
+        text = Emitter({"x": "x", "y": "y"}, {}).value(t)
+        assert text.startswith("bool(") == wrapped, text
+        for xv in (-1, 0, 2):
+            for yv in (0, 1, 5, [], [0]):
+                got = eval(text, {"s_x": xv, "s_y": yv})  # noqa: S307 - our own emitted text
+                truth = {"and": lambda a, b: a and b, "or": lambda a, b: a or b,
+                         "implies": lambda a, b: (not a) or b}[t.kind]
+                want = bool(truth(*[eval(Emitter({"x": "x", "y": "y"}, {}).expr(a),  # noqa: S307
+                                         {"s_x": xv, "s_y": yv}) for a in t.args]))
+                assert type(got) is bool and got == want, (text, xv, yv)
