@@ -10,7 +10,7 @@
    session most: it needs both cores, while the 1-worker one finds one free); each row
    shows its fastest session, and the summary line the ratio of the fastest and the median
    of the pairs' ratios. ``busy``, for local processes, is the runs' CPU time over the
-   workers x the wall-clock time: how fully the pool kept its workers' cores busy
+   workers x the wall-clock time (the median of the row's sessions): how fully the pool kept its workers' cores busy
    (nothing else on the machine moves it much; a Ray worker is not a child of this process,
    so it is not shown there).
 2. Time to the first violation of every entry of the block-manager corpus

@@ -539,15 +539,15 @@ def step(kind: str, outcome: str = OK):
     committed), or, when the check failed, what it observed, ``({seq: (table, own
     length, identity)}, refcounts, free count or None)`` (``After``'s ``seen``), with
     nothing changed (``o.touched``: see ``source``)."""
-    name = f"fused_{kind}_{outcome}"
-    return define(source(kind, outcome), f"<kvcheck fused {name}>", name, dict(_NAMESPACE))
+    return step_with(None, kind, (), outcome)
 
 
 @cache
 def step_with(contract, kind: str, extra: tuple, outcome: str = OK):
-    """``step`` with a model's own contract for ``kind`` and its further inputs ``extra``
-    (see ``source``): e.g. ``spec.prefix.allocate_with_hits`` and its ``hits``."""
-    name = f"fused_{contract.__name__}_{outcome}"
+    """``step`` with a model's own contract for ``kind`` (None: the block manager's) and its
+    further inputs ``extra`` (see ``source``): e.g. ``spec.prefix.allocate_with_hits`` and
+    its ``hits``."""
+    name = f"fused_{kind if contract is None else contract.__name__}_{outcome}"
     return define(source(kind, outcome, contract, extra, name), f"<kvcheck fused {name}>", name,
                   dict(_NAMESPACE))
 

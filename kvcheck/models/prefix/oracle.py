@@ -57,7 +57,9 @@ from dataclasses import dataclass
 from kvcheck.check import evidence
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, active_watchdog
+from kvcheck.compile.tracer import Untraceable
 from kvcheck.errors import what_it_did
+from kvcheck.models.blocks import fused as fused_steps
 from kvcheck.models.blocks.oracle import _FUSED, _STEPS, Oracle
 from kvcheck.models.blocks.shadow import ShadowMemory
 from kvcheck.models.prefix import compiled as compiled_checks
@@ -405,12 +407,10 @@ def _fused_allocate() -> dict:
     """allocate's fused step with ``spec.prefix.allocate_with_hits`` for its contract (its
     hits from ``_Structural.fused_inputs``), by (kind, outcome); empty where it cannot be
     generated (allocate then takes the layered path: ``_allocate_steps``)."""
-    from kvcheck.compile.tracer import Untraceable
-    from kvcheck.models.blocks import fused
-
     try:
-        return {("allocate", OK): fused.step_with(P.allocate_with_hits, "allocate", ("hits",))}
-    except (fused.Unfusable, Untraceable):
+        return {("allocate", OK): fused_steps.step_with(P.allocate_with_hits, "allocate",
+                                                        ("hits",))}
+    except (fused_steps.Unfusable, Untraceable):
         return {}
 
 
