@@ -14,8 +14,17 @@ number (``draw``), so a campaign is reproducible and resuming it continues the s
   long shared chains);
 * a number of operations (the scheduler: requests; the device: a batch-step share).
 
+Small scopes first: runs 1 to ``SMALL_FIRST`` draw from the small end only (pools of at most
+``SMALL_POOL`` blocks, block sizes up to ``SMALL_BLOCK``, the two shortest run lengths), each
+with a mix drawn as above. Most allocator bugs show on a few blocks within a few operations,
+where a run is cheap to drive and its counterexample cheap to shrink, so beside run 0 the
+campaign tries many small shapes before the large ones (the small scope hypothesis; a
+property-based tester starts small for the same reason); the full swarm follows.
+
 ``PLAN`` numbers this sequence: plan 1 (campaigns begun before run 0 was the command's
-defaults) drew every run, run 0 included; a resumed campaign keeps the plan it began with.
+defaults) drew every run, run 0 included, from the full swarm; plan 2 made run 0 the
+command's defaults and the later runs the full swarm; plan 3 puts the small scopes first.
+A resumed campaign keeps the plan it began with.
 
 A ``RunSpec`` is small, picklable and JSON; ``command()`` is the one ``kvcheck`` command
 line that re-runs it exactly (the checking commands take the mix as ``--mix``).
@@ -30,7 +39,10 @@ from dataclasses import asdict, dataclass, field
 
 from kvcheck.defaults import RUN
 
-PLAN = 2  # run 0: the checking command at its defaults; runs 1, 2, ...: the swarm
+PLAN = 3  # run 0: the checking command at its defaults; then small scopes; then the swarm
+SMALL_FIRST = 6  # runs 1..SMALL_FIRST of plan 3: small scopes
+SMALL_POOL = 8  # blocks, at most, in a small-scope run
+SMALL_BLOCK = 4  # block size, at most, in a small-scope run
 MODELS = tuple(RUN)  # every model with a checking command (``kvcheck.defaults``)
 COMMANDS = {"blocks": "verify", "prefix": "verify-prefix", "scheduler": "verify-scheduler",
             "device": "verify-device", "hybrid": "verify-hybrid"}
@@ -57,6 +69,9 @@ OPS = {
     "scheduler": (2, 4, 6, 8, 12, 16, 24, 32),  # requests in the run's one workload
     "hybrid": (200, 500, 1000, 3000, 5000),
 }
+SMALL_OPS = {  # a small-scope run's length: a few times what fills its pool
+    "blocks": (100, 300), "prefix": (100, 200), "device": (50, 100), "scheduler": (2, 4, 6),
+    "hybrid": (100, 200)}
 MIX = {"blocks": ("allocate", "fork", "free_seq", "max_prompt"),
        "prefix": ("allocate", "fork", "free_seq"),
        "device": ("allocate", "fork", "free_seq", "max_prompt"),
@@ -191,19 +206,40 @@ def is_defaults(run: int, plan: int = PLAN) -> bool:
     return plan >= 2 and run == 0
 
 
+def is_small(run: int, plan: int = PLAN) -> bool:
+    """Whether run ``run`` of a campaign drawn by ``plan`` is a small-scope run."""
+    return plan >= 3 and 1 <= run <= SMALL_FIRST
+
+
 def draw(settings: Settings, run: int, plan: int = PLAN) -> RunSpec:
     """Run ``run`` of the campaign with ``settings``: the same every time it is drawn. Under
-    plan 2 (``PLAN``) run 0 is the command at its defaults (``defaults``) and run ``n`` the
-    swarm's draw ``n - 1``; under plan 1 run ``n`` is the swarm's draw ``n``."""
+    plan 3 (``PLAN``) run 0 is the command at its defaults (``defaults``), runs 1 to
+    ``SMALL_FIRST`` the small-scope draws 0 to ``SMALL_FIRST - 1``, and run ``n`` after them
+    the swarm's draw ``n - 1 - SMALL_FIRST``; under plan 2 run ``n`` is the swarm's draw
+    ``n - 1``, under plan 1 the swarm's draw ``n``."""
     if is_defaults(run, plan):
         return defaults(settings)
-    index = run - 1 if plan >= 2 else run
+    if is_small(run, plan):
+        return _drawn(settings, run, f"small:{run - 1}", small=True)
+    index = run - 1 - (SMALL_FIRST if plan >= 3 else 0) if plan >= 2 else run
+    return _drawn(settings, run, str(index), small=False)
+
+
+def _drawn(settings: Settings, run: int, key: str, small: bool) -> RunSpec:
+    """Run ``run``: a shape, length and mix drawn from the campaign's seed and ``key`` (the
+    swarm's draw number, or ``small:`` and the small-scope draw's), from the small end of
+    each choice if ``small``."""
     model = settings.model
-    rng = random.Random(f"kvcheck-campaign:{model}:{settings.seed}:{index}")
+    rng = random.Random(f"kvcheck-campaign:{model}:{settings.seed}:{key}")
+    pools, sizes, lengths = POOLS[model], BLOCK_SIZES[model], OPS[model]
+    if small:
+        pools = tuple(n for n in pools if n <= SMALL_POOL)
+        sizes = tuple(b for b in sizes if b <= SMALL_BLOCK)
+        lengths = SMALL_OPS[model]
     seed = rng.getrandbits(31)
-    nb = rng.choice(POOLS[model])
-    bs = rng.choice(BLOCK_SIZES[model])
-    ops = rng.choice(OPS[model])
+    nb = rng.choice(pools)
+    bs = rng.choice(sizes)
+    ops = rng.choice(lengths)
     scope: dict = {"num_blocks": nb, "block_size": bs}
     extra: dict = {}
     if model == "scheduler":

@@ -52,6 +52,10 @@ class LocalPool:
         """The runs in flight that found a violation and are shrinking it."""
         return {run for run, w in self.running.items() if w.shrinking}
 
+    def in_flight(self) -> set[int]:
+        """The run numbers in flight."""
+        return set(self.running)
+
     def hold(self, runs: set[int]) -> None:
         """While ``runs`` is not empty, every other run in flight is stopped (the machine
         is theirs); once it is empty, every run goes on."""
@@ -163,6 +167,9 @@ class RayPool:
     def shrinking(self) -> set[int]:
         """(A Ray task tells nothing before it ends.)"""
         return set()
+
+    def in_flight(self) -> set[int]:
+        return {spec.run for spec, _ in self.running.values()}
 
     def hold(self, runs: set[int]) -> None:
         pass

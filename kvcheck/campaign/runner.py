@@ -17,7 +17,10 @@ Run 0 is the exception while it is in flight (``going_on``): another run's shrin
 stops it (it may find the same bug and shrink it sooner, as the command alone would), and
 a run already shrinking goes on beside run 0's shrink: the first shrunk violation ends
 the campaign, which never waits on one shrink while the other, stopped, would have ended
-sooner (the two share the machine meanwhile, as any runs beside each other do).
+sooner (the two share the machine meanwhile, as any runs beside each other do). The
+small-scope runs (``plan.is_small``) go on once a shrink has lasted ``HEDGE`` seconds (a
+hedged request): each takes milliseconds, and one that finds the bug ends the campaign long
+before a long shrink would, while a short shrink, the common case, runs alone as before.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvcheck.campaign.plan import Settings, draw, is_defaults
+from kvcheck.campaign.plan import Settings, draw, is_defaults, is_small
 from kvcheck.campaign.results import Store, now_iso
 
 REFUSED_IN_A_ROW = 20  # refused runs, none completed: the target cannot be run at all
+HEDGE = 0.25  # seconds of a shrink after which the small-scope runs go on beside it
 
 
 @dataclass
@@ -38,18 +42,22 @@ class Budget:
     runs: int | None = None  # runs to start in this session
 
 
-def going_on(shrinking: set[int], lead: int | None) -> set[int]:
+def going_on(shrinking: set[int], lead: int | None, small: set[int] = frozenset()) -> set[int]:
     """The runs in flight that go on while some shrink the violation they found (the rest
-    wait: ``pools.LocalPool.hold``), ``lead`` being run 0 while in flight (else None): the
-    shrinking runs, and run 0.
+    wait: ``pools.LocalPool.hold``), ``lead`` being run 0 while in flight (else None) and
+    ``small`` the small-scope runs in flight (``plan.is_small``): the shrinking runs, run 0,
+    and the small-scope runs.
 
     Run 0 is the command at its defaults: another run's shrink never stops it, since it
     may find the bug itself and shrink it sooner (a swarm run on a tiny pool can find a
     bug first and still shrink it slower); a run already shrinking goes on beside run 0's
-    shrink, since it may end first."""
-    if lead is None or not shrinking:
-        return shrinking
-    return shrinking | {lead}
+    shrink, since it may end first. A small-scope run takes milliseconds, its shrink as
+    few: beside a long shrink (run 0's, of a trace of hundreds of operations on 32
+    blocks) it costs that shrink little and may end the campaign long before it (the
+    campaign passes them once a shrink has lasted ``HEDGE`` seconds)."""
+    if not shrinking:
+        return set()
+    return shrinking | small | ({lead} if lead is not None else set())
 
 
 class Campaign:
@@ -101,6 +109,7 @@ class Campaign:
         started, stop = 0, False
         refused_row = 0
         lead = None  # run 0 (the command's defaults), while in flight: the others run behind it
+        shrinks: dict[int, float] = {}  # the runs shrinking, and since when
 
         def elapsed() -> float:
             return time.monotonic() - start
@@ -147,7 +156,13 @@ class Campaign:
                         if self.stop_on_failure:
                             stop = True
                 if self.stop_on_failure:  # the first violation ends the campaign: while one
-                    pool.hold(going_on(pool.shrinking(), lead))  # is shrunk, the others wait
+                    now = time.monotonic()
+                    shrinking = pool.shrinking()
+                    shrinks = {n: shrinks.get(n, now) for n in shrinking}
+                    hedge = any(now - since >= HEDGE for since in shrinks.values())
+                    small = {n for n in pool.in_flight() if is_small(n, store.plan)} if hedge \
+                        else set()
+                    pool.hold(going_on(shrinking, lead, small))  # is shrunk, others wait
                 if stop and pool.running:
                     pool.hold(set())  # a run stopped beside the shrinking one may have ended
                     for spec, result in pool.wait(0.0):  # just before: its result is not lost

@@ -152,17 +152,22 @@ class ShrinksBesideAnother(BlockManager):
     target built while it is shrunk (each replay builds one, at any shape) notes, in
     ``$KVCHECK_TEST_BESIDE`` (a directory), the state letter of ``/proc/PID/stat`` of each
     run beside it (``T``: stopped); its first build waits (up to 20 s) until one is there.
-    In any other run: correct, each append taking 20 ms, leaving its process id there."""
+    In any other run on a pool of more than 8 blocks or blocks of more than 4 slots (not a
+    small-scope run, which goes on beside a shrink): correct, each append taking 20 ms,
+    leaving its process id there. On a smaller pool: correct, at full speed."""
 
     builds = 0  # targets built in this process: the run's, then the replays'
     run0 = None  # whether this process is run 0 (its first target's shape says)
+    slow = False  # whether this process's run goes slowly (its first target's shape says)
+    small_too = False  # whether a small-scope run goes slowly too
 
     def __init__(self, num_blocks, block_size):
         where = Path(os.environ["KVCHECK_TEST_BESIDE"])
-        cls = ShrinksBesideAnother
+        cls = type(self)
         if cls.run0 is None:
             cls.run0 = (num_blocks, block_size) == (32, 4)
-            if not cls.run0:
+            cls.slow = num_blocks > 8 or block_size > 4 or cls.small_too
+            if not cls.run0 and cls.slow:
                 (where / f"{os.getpid()}.pid").write_text("")
         if cls.run0:
             cls.builds += 1
@@ -181,7 +186,7 @@ class ShrinksBesideAnother(BlockManager):
         super().__init__(num_blocks, block_size)
 
     def append_slot(self, seq):
-        if not self.run0:
+        if not self.run0 and self.slow:
             time.sleep(0.02)
         return super().append_slot(seq)
 
@@ -191,3 +196,13 @@ class ShrinksBesideAnother(BlockManager):
         self._live(seq)
         del self.tables[seq]
         del self.lens[seq]
+
+
+class SmallRunsBesideAShrink(ShrinksBesideAnother):
+    """``ShrinksBesideAnother`` whose every other run, a small-scope one too, goes slowly
+    and leaves its process id (the small-scope runs beside run 0's shrink are noted)."""
+
+    builds = 0
+    run0 = None
+    slow = False
+    small_too = True

@@ -380,7 +380,7 @@ def test_the_progress_line_is_drawn_only_on_a_terminal(tmp_path):
 
 def test_run_0_is_verify_at_its_defaults_recorded_like_any_run_and_resume_keeps_the_plan(
         tmp_path):
-    from kvcheck.campaign.plan import Settings, draw
+    from kvcheck.campaign.plan import PLAN, Settings, draw
 
     out = tmp_path / "c"
     p = campaign("reference", "--runs", "1", out=out)
@@ -394,7 +394,7 @@ def test_run_0_is_verify_at_its_defaults_recorded_like_any_run_and_resume_keeps_
     s = summary(out)
     assert s["runs"]["completed"] == 1 and s["ops"] == 10_000
     assert s["coverage"]["total"] == line["coverage"]
-    assert json.loads((out / "campaign.json").read_text())["plan"] == 2
+    assert json.loads((out / "campaign.json").read_text())["plan"] == PLAN
     again = campaign("reference", "--runs", "2", out=out)
     assert again.returncode == 0, again.stdout + again.stderr
     settings = Settings("reference")
@@ -412,6 +412,16 @@ def test_run_0_is_verify_at_its_defaults_recorded_like_any_run_and_resume_keeps_
     specs = sorted((r["spec"] for r in runs(old)), key=lambda x: x["run"])
     assert specs[1:] == [draw(settings, n, plan=1).to_json() for n in (1, 2)]
     assert json.loads((old / "campaign.json").read_text())["plan"] == 1
+    # one begun under plan 2 (no small scopes first) resumes with plan 2's swarm
+    two = tmp_path / "two"
+    assert campaign("reference", "--runs", "1", out=two).returncode == 0
+    begun = json.loads((two / "campaign.json").read_text())
+    (two / "campaign.json").write_text(json.dumps({**begun, "plan": 2}))
+    p = campaign("reference", "--runs", "2", out=two)
+    assert p.returncode == 0, p.stdout + p.stderr
+    specs = sorted((r["spec"] for r in runs(two)), key=lambda x: x["run"])
+    assert specs[1:] == [draw(settings, n, plan=2).to_json() for n in (1, 2)]
+    assert specs[1:] != [draw(settings, n).to_json() for n in (1, 2)]
     state["plan"] = 99
     (old / "campaign.json").write_text(json.dumps(state))
     p = campaign("reference", "--runs", "1", out=old)
@@ -477,8 +487,31 @@ def test_with_stop_on_failure_the_runs_beside_a_shrinking_run_wait(tmp_path):
     assert seen and seen[-1] == "T", seen  # stopped while run 0 shrank (not at once: told first)
     s = summary(tmp_path / "stop")
     assert s["signatures"][0]["first_run"] == 0 and s["signatures"][0]["shortest"]["length"] <= 3
-    p, seen = run("--runs", "2", out=tmp_path / "on")  # no stop: the machine is shared as ever
+    # no stop: the machine is shared as ever (the slow run is cut when the time is up)
+    p, seen = run("--time", "15s", out=tmp_path / "on")
     assert seen and "T" not in seen, seen
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc/PID/stat")
+def test_with_stop_on_failure_a_small_scope_run_goes_on_beside_a_shrink(tmp_path):
+    """Run 1, a small-scope run (slowed here: 20 ms per append), goes on once run 0's
+    shrink of the violation it found has lasted HEDGE seconds (before: stopped, if at all)."""
+    import os
+
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    env = {**os.environ, "KVCHECK_TEST_BESIDE": str(beside)}
+    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "campaign",
+                        f"{SLOW}:SmallRunsBesideAShrink", "--workers", "2", "--time", "2m",
+                        "--stop-on-failure", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stdout + p.stderr
+    seen = (beside / "seen").read_text()
+    assert seen and seen[-1] != "T", seen  # run 1 ran on while run 0 shrank
+    s = summary(tmp_path / "out")
+    assert s["signatures"][0]["first_run"] == 0, s["signatures"]
+    (run1,) = [r for r in runs(tmp_path / "out") if r["run"] == 1]
+    assert run1["spec"]["scope"]["num_blocks"] <= 8  # a small-scope run
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc/PID/stat")
@@ -510,3 +543,6 @@ def test_run_0_and_the_shrinking_runs_go_on_the_others_wait():
     assert going_on({3}, 0) == {0, 3}  # run 0 goes on beside another run's shrink
     assert going_on({0}, 0) == {0}  # run 0 shrinks: the runs still searching wait
     assert going_on({0, 3}, 0) == {0, 3}  # a run already shrinking goes on beside it
+    assert going_on({0}, 0, {2}) == {0, 2}  # the small-scope runs go on beside a shrink
+    assert going_on({9}, None, {2}) == {9, 2}
+    assert going_on(set(), 0, {2}) == set()  # nothing shrinks: nothing waits

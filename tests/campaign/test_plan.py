@@ -13,9 +13,14 @@ import pytest
 
 from kvcheck.campaign import coverage as cov
 from kvcheck.campaign.plan import (
+    BLOCK_SIZES,
     COMMANDS,
     MIX,
     MODELS,
+    SMALL_BLOCK,
+    SMALL_FIRST,
+    SMALL_OPS,
+    SMALL_POOL,
     RunSpec,
     Settings,
     draw,
@@ -80,8 +85,36 @@ def test_run_0_is_the_command_at_its_defaults(model, seed):
         {k: v for k, v in bare.items() if k != "run"}
     for n in range(20):
         old = draw(s, n, plan=1).to_json()
-        assert draw(s, n + 1).to_json() == {**old, "run": n + 1}
+        assert draw(s, n + 1, plan=2).to_json() == {**old, "run": n + 1}
         assert old["run"] == n
+        # plan 3: the small scopes, then plan 2's swarm
+        late = draw(s, n + 1 + SMALL_FIRST).to_json()
+        assert late == {**old, "run": n + 1 + SMALL_FIRST}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_small_scopes_come_first(model):
+    """Runs 1 to SMALL_FIRST draw small pools, block sizes and run lengths, each its own
+    seed, shape and mix (reproducibly, differing by the campaign's seed); the full swarm
+    follows. Across campaigns the small draws cover the small end's choices."""
+    shapes = set()
+    for seed in range(40):
+        s = Settings("reference", model, seed=seed)
+        small = [draw(s, n) for n in range(1, SMALL_FIRST + 1)]
+        assert [x.to_json() for x in small] == [draw(s, n).to_json()
+                                                for n in range(1, SMALL_FIRST + 1)]
+        for x in small:
+            assert x.scope["num_blocks"] <= max(SMALL_POOL, 2)  # the scheduler needs 2
+            assert x.scope["block_size"] <= SMALL_BLOCK
+            assert x.ops in SMALL_OPS[model]
+            shapes.add((x.scope["num_blocks"], x.scope["block_size"]))
+        assert len({x.seed for x in small}) == SMALL_FIRST
+        assert small != [draw(Settings("reference", model, seed=seed + 100), n)
+                         for n in range(1, SMALL_FIRST + 1)]
+        swarm = [draw(s, n) for n in range(SMALL_FIRST + 1, SMALL_FIRST + 60)]
+        assert max(x.scope["num_blocks"] for x in swarm) > SMALL_POOL
+    assert {b for _, b in shapes} == {b for b in BLOCK_SIZES[model] if b <= SMALL_BLOCK}
+    assert {1, 2, 8} <= {n for n, _ in shapes} | ({1} if model == "scheduler" else set())
 
 
 @pytest.mark.parametrize("entry", ["aliasing-fork", "no-copy-on-write", "release-before-allocate"])
