@@ -15,7 +15,7 @@ number (``draw``), so a campaign is reproducible and resuming it continues the s
 * a number of operations (the scheduler: requests; the device: a batch-step share).
 
 Small scopes first: runs 1 to ``SMALL_FIRST`` draw from the small end only (pools of at most
-``SMALL_POOL`` blocks, block sizes up to ``SMALL_BLOCK``, the two shortest run lengths), each
+``SMALL_POOL`` blocks, block sizes up to ``SMALL_BLOCK``, ``SMALL_OPS`` operations), each
 with a mix drawn as above. Most allocator bugs show on a few blocks within a few operations,
 where a run is cheap to drive and its counterexample cheap to shrink, so beside run 0 the
 campaign tries many small shapes before the large ones (the small scope hypothesis; a
