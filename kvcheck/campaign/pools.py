@@ -48,9 +48,11 @@ class LocalPool:
         for w in self.running.values():
             w.restore()
 
-    def shrinking(self) -> set[int]:
-        """The runs in flight that found a violation and are shrinking it."""
-        return {run for run, w in self.running.items() if w.shrinking}
+    def shrinking(self) -> dict[int, float]:
+        """The runs in flight that found a violation and are shrinking it, each with the
+        moment (``time.monotonic``) it began."""
+        return {run: w.shrinking_since for run, w in self.running.items()
+                if w.shrinking_since is not None}
 
     def in_flight(self) -> set[int]:
         """The run numbers in flight."""
@@ -164,9 +166,9 @@ class RayPool:
     def ahead(self) -> None:
         pass
 
-    def shrinking(self) -> set[int]:
+    def shrinking(self) -> dict[int, float]:
         """(A Ray task tells nothing before it ends.)"""
-        return set()
+        return {}
 
     def in_flight(self) -> set[int]:
         return {spec.run for spec, _ in self.running.values()}

@@ -109,7 +109,6 @@ class Campaign:
         started, stop = 0, False
         refused_row = 0
         lead = None  # run 0 (the command's defaults), while in flight: the others run behind it
-        shrinks: dict[int, float] = {}  # the runs shrinking, and since when
 
         def elapsed() -> float:
             return time.monotonic() - start
@@ -156,13 +155,11 @@ class Campaign:
                         if self.stop_on_failure:
                             stop = True
                 if self.stop_on_failure:  # the first violation ends the campaign: while one
-                    now = time.monotonic()
-                    shrinking = pool.shrinking()
-                    shrinks = {n: shrinks.get(n, now) for n in shrinking}
-                    hedge = any(now - since >= HEDGE for since in shrinks.values())
+                    shrinking = pool.shrinking()  # run -> since when
+                    hedge = any(time.monotonic() - since >= HEDGE for since in shrinking.values())
                     small = {n for n in pool.in_flight() if is_small(n, store.plan)} if hedge \
                         else set()
-                    pool.hold(going_on(shrinking, lead, small))  # is shrunk, others wait
+                    pool.hold(going_on(set(shrinking), lead, small))  # is shrunk, others wait
                 if stop and pool.running:
                     pool.hold(set())  # a run stopped beside the shrinking one may have ended
                     for spec, result in pool.wait(0.0):  # just before: its result is not lost

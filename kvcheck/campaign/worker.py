@@ -256,7 +256,7 @@ class _Child:
         w.close()
         self.records: list[dict] = []
         self.result: dict | None = None
-        self.shrinking = False  # it found a violation and shrinks it
+        self.shrinking_since: float | None = None  # when it told it shrinks what it found
         self.paused = False  # stopped (SIGSTOP) while a run beside it shrinks
         self.ended = False
         self.hung = False
@@ -278,7 +278,7 @@ class _Child:
                 if kind == "record":
                     self.records.append(data)
                 elif kind == "shrinking":
-                    self.shrinking = True
+                    self.shrinking_since = time.monotonic()
                 else:
                     self.result = data
         except (EOFError, OSError):
@@ -360,9 +360,10 @@ class Watched:
         return died(self.spec, self.first, c, time.monotonic() - self.started)
 
     @property
-    def shrinking(self) -> bool:
-        """Whether the run found a violation and is shrinking it."""
-        return self.child.shrinking
+    def shrinking_since(self) -> float | None:
+        """Since when (``time.monotonic``) the run has been shrinking the violation it
+        found; None while it has found none."""
+        return self.child.shrinking_since
 
     def pause(self, paused: bool) -> None:
         """Stop the run's process, or let it go on (``_Child.pause``)."""

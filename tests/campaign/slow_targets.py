@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from kvcheck.campaign.plan import SMALL_BLOCK, SMALL_POOL
 from kvcheck.impl.block_manager import BlockManager
 from kvcheck.targets.protocol import SeedAdapter
 
@@ -152,8 +153,8 @@ class ShrinksBesideAnother(BlockManager):
     target built while it is shrunk (each replay builds one, at any shape) notes, in
     ``$KVCHECK_TEST_BESIDE`` (a directory), the state letter of ``/proc/PID/stat`` of each
     run beside it (``T``: stopped); its first build waits (up to 20 s) until one is there.
-    In any other run on a pool of more than 8 blocks or blocks of more than 4 slots (not a
-    small-scope run, which goes on beside a shrink): correct, each append taking 20 ms,
+    In any other run on a pool larger than a small-scope run's (``plan.SMALL_POOL``,
+    ``SMALL_BLOCK``: a small-scope run goes on beside a shrink): correct, each append taking 20 ms,
     leaving its process id there. On a smaller pool: correct, at full speed."""
 
     builds = 0  # targets built in this process: the run's, then the replays'
@@ -166,7 +167,7 @@ class ShrinksBesideAnother(BlockManager):
         cls = type(self)
         if cls.run0 is None:
             cls.run0 = (num_blocks, block_size) == (32, 4)
-            cls.slow = num_blocks > 8 or block_size > 4 or cls.small_too
+            cls.slow = num_blocks > SMALL_POOL or block_size > SMALL_BLOCK or cls.small_too
             if not cls.run0 and cls.slow:
                 (where / f"{os.getpid()}.pid").write_text("")
         if cls.run0:

@@ -499,6 +499,8 @@ def test_with_stop_on_failure_a_small_scope_run_goes_on_beside_a_shrink(tmp_path
     shrink of the violation it found has lasted HEDGE seconds (before: stopped, if at all)."""
     import os
 
+    from kvcheck.campaign.plan import SMALL_POOL
+
     beside = tmp_path / "beside"
     beside.mkdir()
     env = {**os.environ, "KVCHECK_TEST_BESIDE": str(beside)}
@@ -512,7 +514,7 @@ def test_with_stop_on_failure_a_small_scope_run_goes_on_beside_a_shrink(tmp_path
     s = summary(tmp_path / "out")
     assert s["signatures"][0]["first_run"] == 0, s["signatures"]
     (run1,) = [r for r in runs(tmp_path / "out") if r["run"] == 1]
-    assert run1["spec"]["scope"]["num_blocks"] <= 8  # a small-scope run
+    assert run1["spec"]["scope"]["num_blocks"] <= SMALL_POOL  # a small-scope run
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc/PID/stat")
