@@ -1040,28 +1040,34 @@ class PrefixOracle:
 
     def _check_hits_on(self, table: tuple, op, n):
         """``_check_hits`` on the new table ``table`` as observed."""
-        now: dict = {}  # block -> the reprs of the keys naming it after the call
-        try:
-            if self.mirror is not None:  # the fast mode: the candidates' keys only
-                read = self.view.block
-                for b in set(table):
-                    now[b] = set(map(repr, read(b)[0]))
-            else:
-                for k, b in self.view.entries():
-                    now.setdefault(b, set()).add(repr(k))
-        except CONTROL:
-            raise
-        except BaseException:  # noqa: BLE001 - reported by the state check
-            now = {}
         before = self.pre
         hits = 0
-        full = op.n_tokens // self.block_size
-        while hits < min(full, len(table)) and before is not None:
-            b = table[hits]  # a hit: still cached under a key it had before the call
-            got = now.get(b)
-            if not got or got.isdisjoint(map(repr, before.keys_of(b))):
-                break
-            hits += 1
+        full = min(op.n_tokens // self.block_size, len(table))
+        try:
+            if before is None or not full:
+                pass
+            elif self.mirror is not None:  # the fast mode: the candidates' keys, in order
+                read = self.view.block
+                while hits < full:  # a hit: still cached under a key it had before the call
+                    b = table[hits]
+                    got = set(map(repr, read(b)[0]))
+                    if not got or got.isdisjoint(map(repr, before.keys_of(b))):
+                        break
+                    hits += 1
+            else:
+                now: dict = {}  # block -> the reprs of the keys naming it after the call
+                for k, b in self.view.entries():
+                    now.setdefault(b, set()).add(repr(k))
+                while hits < full:
+                    b = table[hits]
+                    got = now.get(b)
+                    if not got or got.isdisjoint(map(repr, before.keys_of(b))):
+                        break
+                    hits += 1
+        except CONTROL:
+            raise
+        except BaseException:  # noqa: BLE001 - reported by the state check (a read failed)
+            hits = 0
         self.pending_hits = op.hits = hits
         wants = self.ghost.chain(op.tokens)[:hits]
         for name, i, holds in P.cache_hits(PY, before, table[:hits], wants):
