@@ -11,6 +11,10 @@ name the state classes the functions will be given, for their inline code:
                                               free-list membership over ``blocks`` and ``live``
     step_with(contract, kind, outcome, extra, Pre, Post)(pre, post, op, blocks, live, *extra)
                                               the same with a model's own contract for ``kind``
+    contract_for(kind, outcome, Pre, Post)(pre, post, op, blocks)
+                                              spec.contracts.CONTRACTS[kind] alone, for operations
+                                              of that outcome, over ``blocks`` and the op's own
+                                              sequences (the full mode's, over every block)
     state_invariants(State)(s)                every state invariant over the whole of ``s``
 
 Each returns True iff every clause holds. To read the generated code:
@@ -126,6 +130,19 @@ def step_source(kind: str, inline: dict, outcome: str | None = None, contract=No
                            inline)
 
 
+def contract_source(kind: str, inline: dict, outcome: str) -> str:
+    """``kind``'s contract alone, for operations that ended with ``outcome``, over the blocks
+    ``blocks`` and the operation's own sequences (no invariant: the full mode checks them
+    on the whole state after). ``Oracle._check_op`` gives it every block of the pool and
+    evaluates the spec itself over every other sequence."""
+    op = _TOp(kind, outcome)
+    pre, post = TState("pre"), TState("post")
+    dom = Domain(TDomain(Term("sym", "blocks")), _op_seqs(op))
+    return function_source(f"contract_{kind}_{outcome}", ["pre", "post", "op", "blocks"],
+                           trace(lambda: [f for _, _, f in contracts.clauses(TL, pre, post, op, dom)]),
+                           {**SYMS, **_sizes("pre")}, inline)
+
+
 def _compile(source: str, name: str):
     return define(source, f"<kvcheck compiled {name}>", name)
 
@@ -169,6 +186,14 @@ def step_with(contract, kind: str, outcome: str, extra: tuple, pre: type | None 
     name = f"step_{contract.__name__}_{outcome}"
     return _compile(step_source(kind, _step_inline(pre, post), outcome, contract, extra, name),
                     name)
+
+
+@cache
+def contract_for(kind: str, outcome: str, pre: type | None = None, post: type | None = None):
+    """``f(pre, post, op, blocks)``: ``kind``'s contract for operations that ended with
+    ``outcome`` (see ``contract_source``)."""
+    return _compile(contract_source(kind, inline_for(pre, post), outcome),
+                    f"contract_{kind}_{outcome}")
 
 
 @cache

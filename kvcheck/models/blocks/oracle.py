@@ -78,6 +78,10 @@ _STEPS = {k: _steps_of(k) for k in contracts.CONTRACTS}
 _FUSED = fused_steps.steps()
 _PRECONDITIONS = {k: _compiled(compiled_checks.precondition, k, Ghost) for k in contracts.CONTRACTS}
 _STATE_INVARIANTS = _compiled(compiled_checks.state_invariants, Snapshot)
+# The full mode's contracts, compiled over every block and the operation's own sequences,
+# by (kind, outcome) where the tracer can represent them (``Oracle._passes_compiled``).
+_CONTRACTS = {(k, o): f for k in contracts.CONTRACTS for o in (OK, OOB, REFUSED)
+              if (f := _compiled(compiled_checks.contract_for, k, o, Snapshot, Snapshot))}
 # The fast mode's per-operation invariants, (invariant, predicate, domain) in spec
 # order, for naming the one the compiled check found broken.
 _FAST_PREDS = [(i, i.predicate, i.domain) for i in compiled_checks.FAST_INVARIANTS]
@@ -526,6 +530,8 @@ class Oracle:
 
     # -- checks ------------------------------------------------------------------
     def _check_op(self, pre, post, op: Op, dom: Domain, n: int) -> Violation | None:
+        if self._passes_compiled(pre, post, op, dom):
+            return None
         for name, element, holds in contracts.clauses(PY, pre, post, op, dom):
             if not holds:
                 ev = self._evidence(pre, post, op, dom) or evidence.Evidence(name, element, None, [])
@@ -534,6 +540,31 @@ class Oracle:
                                  doc=" ".join((_rule(op).__doc__ or "").split()),
                                  subject=ev.subject, terms=ev.terms)
         return None
+
+    def _passes_compiled(self, pre, post, op: Op, dom: Domain) -> bool:
+        """The full mode's contract check, fast where it passes. A contract quantifies over
+        blocks and over sequences in separate loops (never one inside the other), and what
+        it says of one sequence reads no block it quantifies over. So two parts read every
+        clause the spec yields over the whole of ``dom``: the contract compiled from the
+        spec's text over ``dom``'s blocks (every block) and the operation's own sequences;
+        then the spec itself over the other sequences and no block, the clauses about
+        those sequences (its other clauses, the same ones over no block, are the first
+        part's). False: the spec judges the step clause by clause (and names the one that
+        fails), as where the tracer cannot represent it, under a cyclic window, or for
+        states other than whole snapshots."""
+        if not self.compiled or op.cycle or type(pre) is not Snapshot or type(post) is not Snapshot:
+            return False
+        check = _CONTRACTS.get((op.kind, op.outcome))
+        if check is None or not check(pre, post, op, dom.blocks):
+            return False
+        own = compiled_checks._op_seqs(op)
+        others = [q for q in dom.seqs if q not in own]
+        if not others:
+            return True
+        named = set(others)
+        return all(holds for _, element, holds in
+                   contracts.clauses(PY, pre, post, op, Domain((), others))
+                   if type(element) is int and element in named)
 
     def _evidence(self, pre, post, op: Op, dom: Domain):
         """The first failing clause of ``op``'s contract, re-run over recording states:
