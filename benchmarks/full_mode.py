@@ -1,0 +1,175 @@
+"""The full mode's compiled contracts: what a full-mode step and a shrink cost with them and
+without them, alternated in one run.
+
+The full mode checks each step's contract over the whole state: every block of the pool
+and every sequence. Shrinking replays every candidate in it, and so do ``kvcheck replay``
+and ``verify --mode full``. Where the spec's contract was evaluated clause by clause,
+a step at 1,024 blocks read every block through the spec's generators. Now
+``Oracle._passes_compiled`` runs the contract compiled from the spec's text over every
+block and the operation's own sequences, and the spec itself over the other sequences;
+the clause-by-clause evaluation runs only where that fails, and names the clause.
+*Without* (``_CONTRACTS`` emptied for the session) is the earlier code path exactly.
+
+Three parts, each side timed by this process's CPU time, the two sides alternated
+(without, with, with, without, ...) ``--repeat`` times, the best of each side shown:
+
+* ``full``: ``verify`` of the reference in full mode, no shrinking, at each pool size:
+  checked operations per second;
+* ``corpus``: ``verify`` of every corpus entry (``tests/corpus/buggy.py``) at its
+  defaults, shrinking on: the seconds to the shrunk counterexample, summed;
+* ``large``: the corpus entries that campaign runs at large pools find, each run as the
+  campaign's worker runs it (``kvcheck.campaign.worker.execute``): seconds to the shrunk
+  counterexample.
+
+Both sides must find the same shrunk counterexamples (the same operations): the script
+stops with an error otherwise.
+
+    python3 benchmarks/full_mode.py
+    python3 benchmarks/full_mode.py --parts full --blocks 32 1024 10000 --repeat 3
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from kvcheck.cli.commands.common import OneLineParser, positive_int
+
+ROOT = Path(__file__).resolve().parents[1]
+BUGGY = ROOT / "tests" / "corpus" / "buggy.py"
+# (entry, campaign seed, run): runs of plan 3 at a large pool that find the entry
+LARGE = (("slots-cow-first-block-only", 1, 7),)
+
+
+class Without:
+    """The session without the compiled full-mode contracts (the earlier code path)."""
+
+    def __enter__(self):
+        import kvcheck.models.blocks.oracle as oracle_mod
+
+        self.saved = dict(oracle_mod._CONTRACTS)
+        oracle_mod._CONTRACTS.clear()
+
+    def __exit__(self, *exc):
+        import kvcheck.models.blocks.oracle as oracle_mod
+
+        oracle_mod._CONTRACTS.update(self.saved)
+
+
+class With:
+    def __enter__(self):
+        pass
+
+    def __exit__(self, *exc):
+        pass
+
+
+def full_rate(blocks: int, ops: int) -> tuple[float, str]:
+    from kvcheck.verify import verify
+
+    start = time.process_time()
+    r = verify("reference", blocks, 4, ops, 0, mode="full", do_shrink=False)
+    seconds = time.process_time() - start
+    if not r.ok:
+        sys.exit(f"the reference failed in full mode at {blocks} blocks: {r.violation}")
+    return r.ops / seconds, "pass"
+
+
+def _shrunk(result) -> str:
+    import json
+
+    return json.dumps([result.violation.key, result.trace.to_json()["ops"]], default=str)
+
+
+def corpus_seconds(entries: list[str] | None = None) -> tuple[float, str]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from kvcheck.verify import verify
+
+    from corpus.buggy import CORPUS
+
+    total, found = 0.0, []
+    for name in entries or sorted(CORPUS):
+        start = time.process_time()
+        r = verify(f"{BUGGY}:{CORPUS[name][0].__name__}")
+        total += time.process_time() - start
+        found.append(_shrunk(r) if not r.ok else f"{name}: pass")
+    return total, "\n".join(found)
+
+
+def large_seconds(entry: str, seed: int, run: int) -> tuple[float, str]:
+    import json
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from kvcheck.campaign import worker
+    from kvcheck.campaign.plan import Settings, draw
+
+    from corpus.buggy import CORPUS
+
+    spec = draw(Settings(f"{BUGGY}:{CORPUS[entry][0].__name__}", seed=seed), run)
+    start = time.process_time()
+    out = worker.execute(spec)
+    seconds = time.process_time() - start
+    if out.get("verdict") != "fail":
+        sys.exit(f"{entry} (campaign seed {seed}, run {run}) did not fail: {out.get('verdict')}")
+    return seconds, json.dumps([out["violation"]["name"], out["trace"]["ops"]])
+
+
+def alternate(measure, repeat: int, higher_is_better: bool):
+    """``measure()`` without and with, alternated; (best without, best with)."""
+    got = {Without: [], With: []}
+    found = {}
+    for i in range(repeat):
+        for side in ((Without, With) if i % 2 == 0 else (With, Without)):
+            with side():
+                value, what = measure()
+            got[side].append(value)
+            if found.setdefault(side, what) != what:
+                sys.exit(f"{measure}: two sessions of one side found different results")
+    if found[Without] != found[With]:
+        sys.exit(f"{measure}: with and without the compiled contracts found different results")
+    pick = max if higher_is_better else min
+    return pick(got[Without]), pick(got[With])
+
+
+def main(argv=None) -> int:
+    p = OneLineParser(prog="benchmarks/full_mode.py", description=__doc__.splitlines()[0])
+    p.add_argument("--parts", nargs="+", choices=("full", "corpus", "large"),
+                   default=["full", "corpus", "large"])
+    p.add_argument("--blocks", nargs="+", type=positive_int, default=[32, 1024])
+    p.add_argument("--ops", type=positive_int, default=2000, help="full mode: operations per run")
+    p.add_argument("--repeat", type=positive_int, default=2)
+    p.add_argument("--entries", nargs="+", metavar="ENTRY",
+                   help="corpus part: these entries only (default: every one)")
+    a = p.parse_args(argv)
+    if a.entries:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from corpus.buggy import CORPUS
+
+        unknown = [e for e in a.entries if e not in CORPUS]
+        if unknown:
+            p.error(f"unknown corpus entry {unknown[0]!r}")
+    from kvcheck.verify import verify
+
+    verify("reference", 16, 4, 50, 0, mode="full", do_shrink=False)  # warm up (imports, compiles)
+    print("part    case                                  without      with   speed-up")
+    if "full" in a.parts:
+        for n in a.blocks:
+            old, new = alternate(lambda n=n: full_rate(n, a.ops), a.repeat, True)
+            print(f"full    reference, {n:>6} blocks (ops/s)   {old:>9.0f} {new:>9.0f} {new / old:>8.2f}x",
+                  flush=True)
+    if "corpus" in a.parts:
+        old, new = alternate(lambda: corpus_seconds(a.entries), a.repeat, False)
+        label = "every entry" if not a.entries else f"{len(a.entries)} entries"
+        print(f"corpus  {label + ' at defaults (s)':<38} {old:>9.2f} {new:>9.2f} {old / new:>8.2f}x",
+              flush=True)
+    if "large" in a.parts:
+        for entry, seed, run in LARGE:
+            old, new = alternate(lambda e=entry, s=seed, r=run: large_seconds(e, s, r), a.repeat, False)
+            label = f"{entry} (seed {seed}, run {run}) (s)"
+            print(f"large   {label:<38} {old:>9.2f} {new:>9.2f} {old / new:>8.2f}x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
