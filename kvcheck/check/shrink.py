@@ -4,7 +4,9 @@
 violation kind and rule, ``Violation.key``), greedily and to a fixpoint,
 replaying every candidate from scratch in full mode (``kvcheck.check.run.replay``):
 
-  1. cut everything after the violating step;
+  1. cut everything after the violating step; then halve each size of the scope
+     above ``HALVE_ABOVE`` while the run still fails the same way (a full-mode step
+     reads the whole pool, so at a large one the later passes' replays are slow);
   2. delete chunks of operations, halving the chunk size down to one;
   3. the model's own candidates (``Model.shrink_candidates``: e.g. fold an
      append into its sequence's allocation, drop an allocation together with
@@ -94,7 +96,7 @@ def shrink(model: Model, factory, scope, ops: list, key: tuple, options: Options
     r = fails(ops, scope)
     if r is None:
         return None
-    cur, sc = _cut(r.ops, r.violation), scope
+    cur, sc = _halved(model, fails, _cut(r.ops, r.violation), scope, deadline)
     shortest = ""
     while True:
         cur, sc, settled = _greedy(model, fails, cur, sc, deadline)
@@ -188,6 +190,31 @@ def _cut(ops: list, violation) -> list:
 def _requests(model: Model, ops: list) -> list:
     """``ops`` as the requests they are (arguments only), to compare runs."""
     return [model.op_to_json(model.request(o)) for o in ops]
+
+
+HALVE_ABOVE = 64
+"""A scope size above this is first halved, again and again while the run still fails the
+same way, before the greedy passes (which try every smaller size later, smallest first,
+on the shrunk run: the result is as minimal). At most this, a run is shrunk at its own
+scope from the start (``kvcheck verify``'s default pool is 32 blocks)."""
+
+
+def _halved(model: Model, replays_failing, cur: list, sc, deadline: float):
+    """Pass 1's second half: each scope size above ``HALVE_ABOVE`` halved while ``cur``
+    (as is, or as the model adapts it: ``Model.scope_variants``) fails the same way."""
+    for f in model.scope_fields:
+        value = getattr(sc, f.name)
+        while value > HALVE_ABOVE and time.monotonic() < deadline:
+            new = lower(sc, f.name, max(f.low, value // 2))
+            got = None
+            for cand in (cur, *model.scope_variants(cur, sc, new)):
+                got = replays_failing(cand, new)
+                if got is not None:
+                    break
+            if got is None:
+                break
+            cur, sc, value = got.ops, new, getattr(new, f.name)
+    return cur, sc
 
 
 def _greedy(model: Model, replays_failing, cur: list, sc, deadline: float):

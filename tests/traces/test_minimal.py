@@ -50,3 +50,51 @@ def test_ids_renumbered_from_zero(corpus_name):
             if q not in seen:
                 seen.append(q)
     assert seen == list(range(len(seen)))
+
+
+def _replayed_scopes(monkeypatch, name: str, num_blocks: int):
+    """The pool sizes shrinking replays at, in order, for ``name`` found at ``num_blocks``."""
+    import kvcheck.check.shrink as shrink
+    from kvcheck.verify import verify
+
+    seen, original = [], shrink.replay
+
+    def replay(model, factory, sc, ops, options, **kw):
+        seen.append(sc.num_blocks)
+        return original(model, factory, sc, ops, options, **kw)
+
+    monkeypatch.setattr(shrink, "replay", replay)
+    r = verify(CORPUS[name][0], num_blocks, 4, 3000, 0, shrink_budget=60)
+    assert not r.ok
+    return r, seen
+
+
+def test_a_large_pool_is_halved_before_the_greedy_passes(monkeypatch):
+    """Found at 1,024 blocks: the run is replayed at 512 right after the run itself (and on
+    while it fails the same way), and the result is as minimal as ever: 1-minimal, its
+    pool no larger than it needs."""
+    from kvcheck.check.shrink import HALVE_ABOVE
+
+    name = "no-copy-on-write"
+    r, seen = _replayed_scopes(monkeypatch, name, 1024)
+    assert seen[:2] == [1024, 512], seen[:5]
+    assert max(seen[seen.index(512):]) <= 512
+    trace = r.trace
+    assert trace.num_blocks <= HALVE_ABOVE and len(trace.ops) <= CORPUS[name][2]
+    for i in range(len(trace.ops)):
+        fewer = [MODEL.request(o) for j, o in enumerate(trace.ops) if j != i]
+        again = replay(CORPUS[name][0], trace.num_blocks, trace.block_size, fewer, timeout=2.0)
+        assert again.violation is None or again.violation.key != trace.violation.key, i
+    if trace.num_blocks > 1:
+        smaller = replay(CORPUS[name][0], trace.num_blocks - 1, trace.block_size, trace.ops,
+                         timeout=2.0)
+        assert smaller.violation is None or smaller.violation.key != trace.violation.key
+
+
+def test_a_pool_up_to_the_threshold_is_shrunk_at_its_own_size_first(monkeypatch):
+    """At most ``HALVE_ABOVE`` blocks (``kvcheck verify``'s 32 included) the greedy passes
+    start at the run's own pool: the second replay is at that size."""
+    from kvcheck.check.shrink import HALVE_ABOVE
+
+    _, seen = _replayed_scopes(monkeypatch, "no-copy-on-write", HALVE_ABOVE)
+    assert seen[:2] == [HALVE_ABOVE, HALVE_ABOVE], seen[:5]
