@@ -1,5 +1,5 @@
-"""The full mode's compiled contracts: what a full-mode step and a shrink cost with them and
-without them, alternated in one run.
+"""The full mode's compiled contracts and shrinking's halved pools: what a full-mode step
+and a shrink cost with them and without them, alternated in one run.
 
 The full mode checks each step's contract over the whole state: every block of the pool
 and every sequence. Shrinking replays every candidate in it, and so do ``kvcheck replay``
@@ -7,8 +7,11 @@ and ``verify --mode full``. Where the spec's contract was evaluated clause by cl
 a step at 1,024 blocks read every block through the spec's generators. Now
 ``Oracle._passes_compiled`` runs the contract compiled from the spec's text over every
 block and the operation's own sequences, and the spec itself over the other sequences;
-the clause-by-clause evaluation runs only where that fails, and names the clause.
-*Without* (``_CONTRACTS`` emptied for the session) is the earlier code path exactly.
+the clause-by-clause evaluation runs only where that fails, and names the clause. And
+shrinking first halves a pool above ``kvcheck.check.shrink.HALVE_ABOVE`` blocks while the
+run still fails the same way, so its later replays run at a small pool. *Without*
+(``_CONTRACTS`` emptied, ``HALVE_ABOVE`` made infinite, for the session) is the earlier
+code path exactly.
 
 Three parts, each side timed by this process's CPU time, the two sides alternated
 (without, with, with, without, ...) ``--repeat`` times, the best of each side shown:
@@ -21,8 +24,10 @@ Three parts, each side timed by this process's CPU time, the two sides alternate
   campaign's worker runs it (``kvcheck.campaign.worker.execute``): seconds to the shrunk
   counterexample.
 
-Both sides must find the same shrunk counterexamples (the same operations): the script
-stops with an error otherwise.
+Both sides must find the same shrunk counterexamples (the same operations) in the first
+two parts, the same violation in the third (where halving the pool first may lead the
+shrink elsewhere: each side's trace length is printed): the script stops with an error
+otherwise.
 
     python3 benchmarks/full_mode.py
     python3 benchmarks/full_mode.py --parts full --blocks 32 1024 10000 --repeat 3
@@ -46,15 +51,19 @@ class Without:
     """The session without the compiled full-mode contracts (the earlier code path)."""
 
     def __enter__(self):
+        import kvcheck.check.shrink as shrink
         import kvcheck.models.blocks.oracle as oracle_mod
 
-        self.saved = dict(oracle_mod._CONTRACTS)
+        self.saved = dict(oracle_mod._CONTRACTS), shrink.HALVE_ABOVE
         oracle_mod._CONTRACTS.clear()
+        shrink.HALVE_ABOVE = float("inf")
 
     def __exit__(self, *exc):
+        import kvcheck.check.shrink as shrink
         import kvcheck.models.blocks.oracle as oracle_mod
 
-        oracle_mod._CONTRACTS.update(self.saved)
+        oracle_mod._CONTRACTS.update(self.saved[0])
+        shrink.HALVE_ABOVE = self.saved[1]
 
 
 class With:
@@ -97,9 +106,7 @@ def corpus_seconds(entries: list[str] | None = None) -> tuple[float, str]:
     return total, "\n".join(found)
 
 
-def large_seconds(entry: str, seed: int, run: int) -> tuple[float, str]:
-    import json
-
+def large_seconds(entry: str, seed: int, run: int) -> tuple[float, str, int]:
     sys.path.insert(0, str(ROOT / "tests"))
     from kvcheck.campaign import worker
     from kvcheck.campaign.plan import Settings, draw
@@ -112,18 +119,21 @@ def large_seconds(entry: str, seed: int, run: int) -> tuple[float, str]:
     seconds = time.process_time() - start
     if out.get("verdict") != "fail":
         sys.exit(f"{entry} (campaign seed {seed}, run {run}) did not fail: {out.get('verdict')}")
-    return seconds, json.dumps([out["violation"]["name"], out["trace"]["ops"]])
+    return seconds, out["violation"]["name"], len(out["trace"]["ops"])
 
 
-def alternate(measure, repeat: int, higher_is_better: bool):
-    """``measure()`` without and with, alternated; (best without, best with)."""
+def alternate(measure, repeat: int, higher_is_better: bool, lengths: dict | None = None):
+    """``measure()`` without and with, alternated; (best without, best with). A measure
+    returning a third value (a length) has it kept in ``lengths``, by side."""
     got = {Without: [], With: []}
     found = {}
     for i in range(repeat):
         for side in ((Without, With) if i % 2 == 0 else (With, Without)):
             with side():
-                value, what = measure()
+                value, what, *more = measure()
             got[side].append(value)
+            if more and lengths is not None:
+                lengths[side] = more[0]
             if found.setdefault(side, what) != what:
                 sys.exit(f"{measure}: two sessions of one side found different results")
     if found[Without] != found[With]:
@@ -165,9 +175,12 @@ def main(argv=None) -> int:
               flush=True)
     if "large" in a.parts:
         for entry, seed, run in LARGE:
-            old, new = alternate(lambda e=entry, s=seed, r=run: large_seconds(e, s, r), a.repeat, False)
+            lengths: dict = {}
+            old, new = alternate(lambda e=entry, s=seed, r=run: large_seconds(e, s, r), a.repeat,
+                                 False, lengths)
             label = f"{entry} (seed {seed}, run {run}) (s)"
-            print(f"large   {label:<38} {old:>9.2f} {new:>9.2f} {old / new:>8.2f}x", flush=True)
+            print(f"large   {label:<38} {old:>9.2f} {new:>9.2f} {old / new:>8.2f}x"
+                  f"   (shrunk to {lengths[Without]} / {lengths[With]} operations)", flush=True)
     return 0
 
 
