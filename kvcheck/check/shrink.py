@@ -4,9 +4,10 @@
 violation kind and rule, ``Violation.key``), greedily and to a fixpoint,
 replaying every candidate from scratch in full mode (``kvcheck.check.run.replay``):
 
-  1. cut everything after the violating step; then halve each size of the scope
-     above ``HALVE_ABOVE`` while the run still fails the same way (a full-mode step
-     reads the whole pool, so at a large one the later passes' replays are slow);
+  1. halve each size of the scope above ``HALVE_ABOVE`` while the run still fails the
+     same way (a full-mode step reads the whole pool, so at a large one every later
+     replay is slow; where a halved scope fails so, the run is never replayed at the
+     whole one); cut everything after the violating step;
   2. delete chunks of operations, halving the chunk size down to one;
   3. the model's own candidates (``Model.shrink_candidates``: e.g. fold an
      append into its sequence's allocation, drop an allocation together with
@@ -93,10 +94,14 @@ def shrink(model: Model, factory, scope, ops: list, key: tuple, options: Options
             progress(attempts, smallest)
         return r
 
-    r = fails(ops, scope)
-    if r is None:
-        return None
-    cur, sc = _halved(model, fails, _cut(r.ops, r.violation), scope, deadline)
+    # (a scope halved first: a run failing the same way there shows ``ops`` fails so too,
+    # without its replay at the whole scope, the slowest of all)
+    cur, sc = _halved(model, fails, ops, scope, deadline)
+    if sc == scope:
+        r = fails(ops, scope)
+        if r is None:
+            return None
+        cur = _cut(r.ops, r.violation)
     shortest = ""
     while True:
         cur, sc, settled = _greedy(model, fails, cur, sc, deadline)
@@ -201,7 +206,9 @@ scope from the start (``kvcheck verify``'s default pool is 32 blocks)."""
 
 def _halved(model: Model, replays_failing, cur: list, sc, deadline: float):
     """Pass 1's second half: each scope size above ``HALVE_ABOVE`` halved while ``cur``
-    (as is, or as the model adapts it: ``Model.scope_variants``) fails the same way."""
+    (as is, or as the model adapts it: ``Model.scope_variants``) fails the same way; the
+    run that failed last, cut after its violation, and its scope (``sc`` itself and ``cur``
+    as given where no halving failed so)."""
     for f in model.scope_fields:
         value = getattr(sc, f.name)
         while value > HALVE_ABOVE and time.monotonic() < deadline:
@@ -213,7 +220,7 @@ def _halved(model: Model, replays_failing, cur: list, sc, deadline: float):
                     break
             if got is None:
                 break
-            cur, sc, value = got.ops, new, getattr(new, f.name)
+            cur, sc, value = _cut(got.ops, got.violation), new, getattr(new, f.name)
     return cur, sc
 
 
