@@ -22,11 +22,13 @@ Three parts, each side timed by this process's CPU time, the two sides alternate
   defaults, shrinking on: the seconds to the shrunk counterexample, summed;
 * ``large``: the corpus entries that campaign runs at large pools find, each run as the
   campaign's worker runs it (``kvcheck.campaign.worker.execute``): seconds to the shrunk
-  counterexample.
+  counterexample;
+* ``pool``: ``verify --blocks 1024`` (``--pool-blocks``) of every fifth corpus entry
+  (or ``--entries``), shrinking on: the seconds to the shrunk counterexamples, summed.
 
 Both sides must find the same shrunk counterexamples (the same operations) in the first
-two parts, the same violation in the third (where halving the pool first may lead the
-shrink elsewhere: each side's trace length is printed): the script stops with an error
+two parts, the same violations in the last two (where halving the pool first may lead
+the shrink elsewhere: the trace lengths are printed): the script stops with an error
 otherwise.
 
     python3 benchmarks/full_mode.py
@@ -106,6 +108,22 @@ def corpus_seconds(entries: list[str] | None = None) -> tuple[float, str]:
     return total, "\n".join(found)
 
 
+def pool_seconds(entries: list[str], blocks: int) -> tuple[float, str, int]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from kvcheck.verify import verify
+
+    from corpus.buggy import CORPUS
+
+    total, found, length = 0.0, [], 0
+    for name in entries:
+        start = time.process_time()
+        r = verify(f"{BUGGY}:{CORPUS[name][0].__name__}", blocks, 4, 10_000, 0)
+        total += time.process_time() - start
+        found.append(f"{name}: {r.violation.key if not r.ok else 'pass'}")
+        length += len(r.trace.ops) if r.trace is not None else 0
+    return total, "\n".join(found), length
+
+
 def large_seconds(entry: str, seed: int, run: int) -> tuple[float, str, int]:
     sys.path.insert(0, str(ROOT / "tests"))
     from kvcheck.campaign import worker
@@ -144,13 +162,16 @@ def alternate(measure, repeat: int, higher_is_better: bool, lengths: dict | None
 
 def main(argv=None) -> int:
     p = OneLineParser(prog="benchmarks/full_mode.py", description=__doc__.splitlines()[0])
-    p.add_argument("--parts", nargs="+", choices=("full", "corpus", "large"),
-                   default=["full", "corpus", "large"])
+    p.add_argument("--parts", nargs="+", choices=("full", "corpus", "large", "pool"),
+                   default=["full", "corpus", "large", "pool"])
+    p.add_argument("--pool-blocks", type=positive_int, default=1024,
+                   help="pool part: the pool size (default: %(default)s)")
     p.add_argument("--blocks", nargs="+", type=positive_int, default=[32, 1024])
     p.add_argument("--ops", type=positive_int, default=2000, help="full mode: operations per run")
     p.add_argument("--repeat", type=positive_int, default=2)
     p.add_argument("--entries", nargs="+", metavar="ENTRY",
-                   help="corpus part: these entries only (default: every one)")
+                   help="corpus and pool parts: these entries only (default: every one; "
+                        "pool: every fifth)")
     a = p.parse_args(argv)
     if a.entries:
         sys.path.insert(0, str(ROOT / "tests"))
@@ -181,6 +202,16 @@ def main(argv=None) -> int:
             label = f"{entry} (seed {seed}, run {run}) (s)"
             print(f"large   {label:<38} {old:>9.2f} {new:>9.2f} {old / new:>8.2f}x"
                   f"   (shrunk to {lengths[Without]} / {lengths[With]} operations)", flush=True)
+    if "pool" in a.parts:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from corpus.buggy import CORPUS
+
+        entries = a.entries or sorted(CORPUS)[::5]
+        lengths = {}
+        old, new = alternate(lambda: pool_seconds(entries, a.pool_blocks), a.repeat, False, lengths)
+        label = f"{len(entries)} entries at {a.pool_blocks} blocks (s)"
+        print(f"pool    {label:<38} {old:>9.2f} {new:>9.2f} {old / new:>8.2f}x"
+              f"   (shrunk to {lengths[Without]} / {lengths[With]} operations in all)", flush=True)
     return 0
 
 
