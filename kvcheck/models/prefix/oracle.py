@@ -1042,32 +1042,27 @@ class PrefixOracle:
         """``_check_hits`` on the new table ``table`` as observed."""
         before = self.pre
         hits = 0
-        full = min(op.n_tokens // self.block_size, len(table))
-        try:
-            if before is None or not full:
-                pass
-            elif self.mirror is not None:  # the fast mode: the candidates' keys, in order
-                read = self.view.block
-                while hits < full:  # a hit: still cached under a key it had before the call
-                    b = table[hits]
-                    got = set(map(repr, read(b)[0]))
-                    if not got or got.isdisjoint(map(repr, before.keys_of(b))):
-                        break
-                    hits += 1
-            else:
-                now: dict = {}  # block -> the reprs of the keys naming it after the call
-                for k, b in self.view.entries():
-                    now.setdefault(b, set()).add(repr(k))
-                while hits < full:
-                    b = table[hits]
+        full = min(op.n_tokens // self.block_size, len(table)) if before is not None else 0
+        now: dict | None = None  # (full mode) block -> the reprs of the keys naming it after
+        while hits < full:  # a hit: still cached under a key it had before the call
+            b = table[hits]
+            try:
+                if self.mirror is not None:  # the fast mode: the candidates' keys, in order
+                    got = set(map(repr, self.view.block(b)[0]))
+                else:
+                    if now is None:
+                        now = {}
+                        for k, c in self.view.entries():
+                            now.setdefault(c, set()).add(repr(k))
                     got = now.get(b)
-                    if not got or got.isdisjoint(map(repr, before.keys_of(b))):
-                        break
-                    hits += 1
-        except CONTROL:
-            raise
-        except BaseException:  # noqa: BLE001 - reported by the state check (a read failed)
-            hits = 0
+            except CONTROL:
+                raise
+            except BaseException:  # noqa: BLE001 - a read failed: reported by the state check
+                hits = 0
+                break
+            if not got or got.isdisjoint(map(repr, before.keys_of(b))):
+                break
+            hits += 1
         self.pending_hits = op.hits = hits
         wants = self.ghost.chain(op.tokens)[:hits]
         for name, i, holds in P.cache_hits(PY, before, table[:hits], wants):
