@@ -204,20 +204,26 @@ on the shrunk run: the result is as minimal). At most this, a run is shrunk at i
 scope from the start (``kvcheck verify``'s default pool is 32 blocks)."""
 
 
+def _fails_at(model: Model, replays_failing, cur: list, sc, new):
+    """``cur`` (of scope ``sc``) replayed at the smaller scope ``new``, as is or as the
+    model adapts it (``Model.scope_variants``): the first run failing the same way, or
+    None."""
+    for cand in (cur, *model.scope_variants(cur, sc, new)):
+        got = replays_failing(cand, new)
+        if got is not None:
+            return got
+    return None
+
+
 def _halved(model: Model, replays_failing, cur: list, sc, deadline: float):
-    """Pass 1's second half: each scope size above ``HALVE_ABOVE`` halved while ``cur``
-    (as is, or as the model adapts it: ``Model.scope_variants``) fails the same way; the
-    run that failed last, cut after its violation, and its scope (``sc`` itself and ``cur``
-    as given where no halving failed so)."""
+    """Pass 1's halving: each scope size above ``HALVE_ABOVE`` halved while ``cur`` fails
+    the same way there (``_fails_at``); the run that failed last, cut after its violation,
+    and its scope (``sc`` itself and ``cur`` as given where no halving failed so)."""
     for f in model.scope_fields:
         value = getattr(sc, f.name)
         while value > HALVE_ABOVE and time.monotonic() < deadline:
             new = lower(sc, f.name, max(f.low, value // 2))
-            got = None
-            for cand in (cur, *model.scope_variants(cur, sc, new)):
-                got = replays_failing(cand, new)
-                if got is not None:
-                    break
+            got = _fails_at(model, replays_failing, cur, sc, new)
             if got is None:
                 break
             cur, sc, value = _cut(got.ops, got.violation), new, getattr(new, f.name)
@@ -282,11 +288,7 @@ def _greedy(model: Model, replays_failing, cur: list, sc, deadline: float):
                 if not live():
                     break
                 new = lower(sc, f.name, smaller)
-                got = None
-                for cand in (cur, *model.scope_variants(cur, sc, new)):
-                    got = fails(cand, new)
-                    if got is not None:
-                        break
+                got = _fails_at(model, fails, cur, sc, new)
                 if got is not None:
                     cur, sc, changed = got.ops, new, True
                     break
