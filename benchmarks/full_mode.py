@@ -49,8 +49,24 @@ BUGGY = ROOT / "tests" / "corpus" / "buggy.py"
 LARGE = (("slots-cow-first-block-only", 1, 7),)
 
 
+def corpus() -> dict:
+    """``tests/corpus/buggy.py``'s ``CORPUS`` (tests/ put on the path once)."""
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from corpus.buggy import CORPUS
+
+    return CORPUS
+
+
+def target(entry: str) -> str:
+    """The corpus entry as a target spec (``path:Class``)."""
+    return f"{BUGGY}:{corpus()[entry][0].__name__}"
+
+
 class Without:
-    """The session without the compiled full-mode contracts (the earlier code path)."""
+    """The session without the compiled full-mode contracts and without shrinking's
+    halving (the earlier code path)."""
 
     def __enter__(self):
         import kvcheck.check.shrink as shrink
@@ -87,51 +103,35 @@ def full_rate(blocks: int, ops: int) -> tuple[float, str]:
     return r.ops / seconds, "pass"
 
 
-def _shrunk(result) -> str:
+def verify_seconds(entries: list[str], blocks: int | None = None) -> tuple[float, str, int]:
+    """``verify`` of each entry, shrinking on, at its defaults or at ``blocks`` blocks: the
+    CPU seconds summed, what each found (at the defaults the shrunk trace itself; at a
+    given pool the violation, where halving the pool first may lead the shrink elsewhere)
+    and the shrunk traces' lengths summed."""
     import json
 
-    return json.dumps([result.violation.key, result.trace.to_json()["ops"]], default=str)
-
-
-def corpus_seconds(entries: list[str] | None = None) -> tuple[float, str]:
-    sys.path.insert(0, str(ROOT / "tests"))
     from kvcheck.verify import verify
-
-    from corpus.buggy import CORPUS
-
-    total, found = 0.0, []
-    for name in entries or sorted(CORPUS):
-        start = time.process_time()
-        r = verify(f"{BUGGY}:{CORPUS[name][0].__name__}")
-        total += time.process_time() - start
-        found.append(_shrunk(r) if not r.ok else f"{name}: pass")
-    return total, "\n".join(found)
-
-
-def pool_seconds(entries: list[str], blocks: int) -> tuple[float, str, int]:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from kvcheck.verify import verify
-
-    from corpus.buggy import CORPUS
 
     total, found, length = 0.0, [], 0
     for name in entries:
         start = time.process_time()
-        r = verify(f"{BUGGY}:{CORPUS[name][0].__name__}", blocks, 4, 10_000, 0)
+        r = verify(target(name)) if blocks is None else verify(target(name), blocks, 4, 10_000, 0)
         total += time.process_time() - start
-        found.append(f"{name}: {r.violation.key if not r.ok else 'pass'}")
+        if r.ok:
+            found.append(f"{name}: pass")
+        elif blocks is None:
+            found.append(json.dumps([r.violation.key, r.trace.to_json()["ops"]], default=str))
+        else:
+            found.append(f"{name}: {r.violation.key}")
         length += len(r.trace.ops) if r.trace is not None else 0
     return total, "\n".join(found), length
 
 
 def large_seconds(entry: str, seed: int, run: int) -> tuple[float, str, int]:
-    sys.path.insert(0, str(ROOT / "tests"))
     from kvcheck.campaign import worker
     from kvcheck.campaign.plan import Settings, draw
 
-    from corpus.buggy import CORPUS
-
-    spec = draw(Settings(f"{BUGGY}:{CORPUS[entry][0].__name__}", seed=seed), run)
+    spec = draw(Settings(target(entry), seed=seed), run)
     start = time.process_time()
     out = worker.execute(spec)
     seconds = time.process_time() - start
@@ -155,7 +155,7 @@ def alternate(measure, repeat: int, higher_is_better: bool, lengths: dict | None
             if found.setdefault(side, what) != what:
                 sys.exit(f"{measure}: two sessions of one side found different results")
     if found[Without] != found[With]:
-        sys.exit(f"{measure}: with and without the compiled contracts found different results")
+        sys.exit(f"{measure}: the two sides found different results")
     pick = max if higher_is_better else min
     return pick(got[Without]), pick(got[With])
 
@@ -173,13 +173,9 @@ def main(argv=None) -> int:
                    help="corpus and pool parts: these entries only (default: every one; "
                         "pool: every fifth)")
     a = p.parse_args(argv)
-    if a.entries:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from corpus.buggy import CORPUS
-
-        unknown = [e for e in a.entries if e not in CORPUS]
-        if unknown:
-            p.error(f"unknown corpus entry {unknown[0]!r}")
+    unknown = [e for e in a.entries or () if e not in corpus()]
+    if unknown:
+        p.error(f"unknown corpus entry {unknown[0]!r}")
     from kvcheck.verify import verify
 
     verify("reference", 16, 4, 50, 0, mode="full", do_shrink=False)  # warm up (imports, compiles)
@@ -190,7 +186,8 @@ def main(argv=None) -> int:
             print(f"full    reference, {n:>6} blocks (ops/s)   {old:>9.0f} {new:>9.0f} {new / old:>8.2f}x",
                   flush=True)
     if "corpus" in a.parts:
-        old, new = alternate(lambda: corpus_seconds(a.entries), a.repeat, False)
+        entries = a.entries or sorted(corpus())
+        old, new = alternate(lambda: verify_seconds(entries), a.repeat, False)
         label = "every entry" if not a.entries else f"{len(a.entries)} entries"
         print(f"corpus  {label + ' at defaults (s)':<38} {old:>9.2f} {new:>9.2f} {old / new:>8.2f}x",
               flush=True)
@@ -203,12 +200,10 @@ def main(argv=None) -> int:
             print(f"large   {label:<38} {old:>9.2f} {new:>9.2f} {old / new:>8.2f}x"
                   f"   (shrunk to {lengths[Without]} / {lengths[With]} operations)", flush=True)
     if "pool" in a.parts:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from corpus.buggy import CORPUS
-
-        entries = a.entries or sorted(CORPUS)[::5]
+        entries = a.entries or sorted(corpus())[::5]
         lengths = {}
-        old, new = alternate(lambda: pool_seconds(entries, a.pool_blocks), a.repeat, False, lengths)
+        old, new = alternate(lambda: verify_seconds(entries, a.pool_blocks), a.repeat, False,
+                             lengths)
         label = f"{len(entries)} entries at {a.pool_blocks} blocks (s)"
         print(f"pool    {label:<38} {old:>9.2f} {new:>9.2f} {old / new:>8.2f}x"
               f"   (shrunk to {lengths[Without]} / {lengths[With]} operations in all)", flush=True)
