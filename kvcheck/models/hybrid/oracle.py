@@ -16,9 +16,8 @@ full block of exactly the request's prefix in the same group (``served`` in the 
 
 from __future__ import annotations
 
-import copy
-
 from kvcheck.check import evidence
+from kvcheck.check.copies import deep_copy
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, active_watchdog, guarded
 from kvcheck.errors import what_it_did
@@ -93,7 +92,7 @@ class HybridOracle:
 
     # -- RunState ----------------------------------------------------------------------
     def clone(self):
-        return copy.deepcopy(self)
+        return deep_copy(self)
 
     def live(self) -> list[int]:
         return list(self.tokens)

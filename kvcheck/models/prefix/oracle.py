@@ -55,6 +55,7 @@ import inspect
 from dataclasses import dataclass
 
 from kvcheck.check import evidence
+from kvcheck.check.copies import deep_copy
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, active_watchdog
 from kvcheck.compile.tracer import Untraceable
@@ -817,7 +818,7 @@ class PrefixOracle:
         new.s.shadow.oracle = new
         new.target = new.s.target
         new.view = view_for(new.target)
-        new.ghost = copy.deepcopy(self.ghost)
+        new.ghost = deep_copy(self.ghost)
         new.meanings = dict(self.meanings)
         new.commit_fn = committer(new.target)
         new.uncommitted = {q: list(w) for q, w in self.uncommitted.items()}

@@ -35,11 +35,11 @@ Anything the scheduler raises, returns malformed, or a call that hangs is a
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 from kvcheck.check import evidence
 from kvcheck.check import watchdog as watchdog_module
+from kvcheck.check.copies import deep_copy
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, Watchdog, active_watchdog
 from kvcheck.compile.tracer import Untraceable
@@ -189,7 +189,7 @@ class SchedOracle:
     # -- the run state's interface ------------------------------------------------------
     def clone(self) -> SchedOracle:
         """An independent copy: the scheduler and its block manager copied together."""
-        return copy.deepcopy(self)
+        return deep_copy(self)
 
     def has_work(self) -> bool:
         """Whether the scheduler holds anything to step (as last observed)."""
