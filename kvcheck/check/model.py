@@ -231,6 +231,12 @@ class Model:
         """Model-specific smaller candidates beyond the checker's generic ones."""
         return ()
 
+    def focus(self, ops: list) -> list | None:
+        """A failing run cut down to what its last operation can depend on, tried once
+        before the greedy passes (a long random run shrinks in one replay where it fails
+        the same way); None: no such cut (the default)."""
+        return None
+
     def scope_variants(self, ops: list, scope, smaller) -> Iterable[list]:
         """Besides ``ops`` as they are, the operations adapted to the smaller scope
         ``smaller`` (e.g. prompts scaled down with the block size)."""

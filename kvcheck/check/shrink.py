@@ -95,9 +95,16 @@ def shrink(model: Model, factory, scope, ops: list, key: tuple, options: Options
         return r
 
     # (a scope halved first: a run failing the same way there shows ``ops`` fails so too,
-    # without its replay at the whole scope, the slowest of all)
+    # without its replay at the whole scope, the slowest of all; then the run cut to what
+    # its last operation depends on (``Model.focus``), kept where it fails the same way)
     cur, sc = _halved(model, fails, ops, scope, deadline)
-    if sc == scope:
+    failing = sc != scope
+    focused = model.focus(cur)
+    if focused is not None:
+        r = fails(focused, sc)
+        if r is not None:
+            cur, failing = _cut(r.ops, r.violation), True
+    if not failing:
         r = fails(ops, scope)
         if r is None:
             return None

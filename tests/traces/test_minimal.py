@@ -93,3 +93,56 @@ def test_a_pool_up_to_the_threshold_is_shrunk_at_its_own_size_first(monkeypatch)
 
     _, seen = _replayed_scopes(monkeypatch, "no-copy-on-write", HALVE_ABOVE)
     assert seen[:2] == [HALVE_ABOVE, HALVE_ABOVE], seen[:5]
+
+
+def test_focus_keeps_the_failing_sequences_and_those_sharing_blocks_with_them():
+    """``BlocksModel.focus``: the last operation's sequences, joined by fork and rebase;
+    a sequence id freed and allocated again is another sequence; None when nothing is
+    cut."""
+    from kvcheck.spec.contracts import Op
+
+    ops = [Op("allocate", seq=0, n_tokens=3), Op("allocate", seq=1, n_tokens=2),
+           Op("fork", seq=0, child=2), Op("append_slot", seq=1), Op("free_seq", seq=0),
+           Op("allocate", seq=0, n_tokens=5), Op("allocate", seq=3, n_tokens=1),
+           Op("rebase", seq=3, child=1), Op("append_slot", seq=2)]
+    kept = MODEL.focus(ops)
+    assert [(o.kind, o.seq) for o in kept] == [
+        ("allocate", 0), ("fork", 0), ("free_seq", 0), ("append_slot", 2)]
+    # the first sequence 0's life ends at its free: the later allocate of 0 is another's
+    ops[-1] = Op("append_slot", seq=1)  # now the last step's family is 1 and 3 (rebase)
+    assert [(o.kind, o.seq) for o in MODEL.focus(ops)] == [
+        ("allocate", 1), ("append_slot", 1), ("allocate", 3), ("rebase", 3), ("append_slot", 1)]
+    assert MODEL.focus(ops[:1]) is None
+
+
+def test_a_long_run_is_focused_before_the_greedy_passes(monkeypatch):
+    """A run of hundreds of operations whose failure needs only its own sequences
+    (rebase-double-release: 628 operations, 4 of them in the failing family) is cut to
+    those in one replay: the shrink replays far fewer operations in all, and the result
+    is the same trace as without the focus."""
+    import kvcheck.check.shrink as shrink
+    from kvcheck.models.blocks.model import BlocksModel
+    from kvcheck.verify import verify
+
+    def shrunk(focus: bool):
+        replayed, original = [], shrink.replay
+
+        def replay(model, factory, sc, ops, options, **kw):
+            replayed.append(len(ops))
+            return original(model, factory, sc, ops, options, **kw)
+
+        with monkeypatch.context() as m:
+            m.setattr(shrink, "replay", replay)
+            if not focus:
+                m.setattr(BlocksModel, "focus", lambda self, ops: None)
+            r = verify(CORPUS["rebase-double-release"][0], 32, 4, 10000, 0)
+        assert not r.ok and r.original_length > 500
+        return r.trace, replayed
+
+    with_focus, replayed = shrunk(True)
+    without, replayed_without = shrunk(False)
+    assert replayed[0] < 20 and replayed_without[0] > 500  # (the focus; the whole run)
+    assert sum(replayed) * 3 < sum(replayed_without), (sum(replayed), sum(replayed_without))
+    assert [MODEL.op_to_json(o) for o in with_focus.ops] == \
+        [MODEL.op_to_json(o) for o in without.ops]
+    assert with_focus.violation.key == without.violation.key

@@ -241,6 +241,15 @@ class BlocksModel(Model):
     def count_hints(self, scope) -> tuple[int, ...]:
         return (scope.block_size,)
 
+    def focus(self, ops: list) -> list | None:
+        """The operations on the last operation's sequences and on every sequence that
+        shares blocks with them (by a fork or rebase, transitively), each sequence taken
+        from its allocation or fork on (an id reused later is another sequence): what
+        the other sequences do reaches these only through the pool's free blocks, which
+        a failure often does not need."""
+        kept = _sharing_family(ops)
+        return [self.request(ops[i]) for i in kept] if len(kept) < len(ops) else None
+
     def shrink_candidates(self, ops: list, scope: BlockScope):
         # fold an append into its sequence's allocation (allocate n, append == allocate n+1
         # when nothing in between reads the sequence)
@@ -299,6 +308,35 @@ class _Driving:
 
     def next_op(self, state):
         return self.driver.next_op(state.live_seqs(), state._state().num_free(), state)
+
+
+def _sharing_family(ops: list) -> list[int]:
+    """The indices of ``focus``'s operations: a union-find over the sequences' lives (a
+    life begins at its allocate or fork), joined by every fork and rebase."""
+    parent: dict = {}
+
+    def root(x):
+        while (up := parent.setdefault(x, x)) != x:
+            parent[x] = parent.setdefault(up, up)  # (path halving)
+            x = up
+        return x
+
+    life: dict = {}  # sequence -> its life now: the index of the op that began it
+    lives = []
+    for i, op in enumerate(ops):
+        if op.kind == "allocate":
+            life[op.seq] = i
+        elif op.kind == "fork":
+            life[op.child] = i
+        seqs = (op.seq, op.child) if op.kind in ("fork", "rebase") else (op.seq,)
+        mine = [life.get(q, ("before", q)) for q in seqs]
+        for other in mine[1:]:
+            parent[root(other)] = root(mine[0])
+        lives.append(mine)
+    if not lives:
+        return []
+    last = {root(x) for x in lives[-1]}
+    return [i for i, mine in enumerate(lives) if any(root(x) in last for x in mine)]
 
 
 def _fold_append(ops: list, i: int) -> list | None:
