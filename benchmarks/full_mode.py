@@ -103,11 +103,14 @@ def full_rate(blocks: int, ops: int) -> tuple[float, str]:
     return r.ops / seconds, "pass"
 
 
-def verify_seconds(entries: list[str], blocks: int | None = None) -> tuple[float, str, int]:
+def verify_seconds(entries: list[str], blocks: int | None = None,
+                   exact: bool | None = None) -> tuple[float, str, int]:
     """``verify`` of each entry, shrinking on, at its defaults or at ``blocks`` blocks: the
-    CPU seconds summed, what each found (at the defaults the shrunk trace itself; at a
-    given pool the violation, where halving the pool first may lead the shrink elsewhere)
+    CPU seconds summed, what each found (``exact``, by default at the defaults: the shrunk
+    trace itself; else the violation, where a change to shrinking may lead it elsewhere)
     and the shrunk traces' lengths summed."""
+    if exact is None:
+        exact = blocks is None
     import json
 
     from kvcheck.verify import verify
@@ -119,7 +122,7 @@ def verify_seconds(entries: list[str], blocks: int | None = None) -> tuple[float
         total += time.process_time() - start
         if r.ok:
             found.append(f"{name}: pass")
-        elif blocks is None:
+        elif exact:
             found.append(json.dumps([r.violation.key, r.trace.to_json()["ops"]], default=str))
         else:
             found.append(f"{name}: {r.violation.key}")
@@ -140,13 +143,16 @@ def large_seconds(entry: str, seed: int, run: int) -> tuple[float, str, int]:
     return seconds, out["violation"]["name"], len(out["trace"]["ops"])
 
 
-def alternate(measure, repeat: int, higher_is_better: bool, lengths: dict | None = None):
+def alternate(measure, repeat: int, higher_is_better: bool, lengths: dict | None = None,
+              without: type = None):
     """``measure()`` without and with, alternated; (best without, best with). A measure
-    returning a third value (a length) has it kept in ``lengths``, by side."""
-    got = {Without: [], With: []}
+    returning a third value (a length) has it kept in ``lengths``, by side. ``without``:
+    the context that makes the *without* side (default: this script's ``Without``)."""
+    without = without or Without
+    got = {without: [], With: []}
     found = {}
     for i in range(repeat):
-        for side in ((Without, With) if i % 2 == 0 else (With, Without)):
+        for side in ((without, With) if i % 2 == 0 else (With, without)):
             with side():
                 value, what, *more = measure()
             got[side].append(value)
@@ -154,10 +160,10 @@ def alternate(measure, repeat: int, higher_is_better: bool, lengths: dict | None
                 lengths[side] = more[0]
             if found.setdefault(side, what) != what:
                 sys.exit(f"{measure}: two sessions of one side found different results")
-    if found[Without] != found[With]:
+    if found[without] != found[With]:
         sys.exit(f"{measure}: the two sides found different results")
     pick = max if higher_is_better else min
-    return pick(got[Without]), pick(got[With])
+    return pick(got[without]), pick(got[With])
 
 
 def main(argv=None) -> int:
