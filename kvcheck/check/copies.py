@@ -54,7 +54,11 @@ def is_plain(cls: type) -> bool:
 
 
 def deep_copy(x, memo: dict | None = None):
-    """``copy.deepcopy(x, memo)``, faster for the shapes the module doc names."""
+    """``copy.deepcopy(x, memo)``, faster for the shapes the module doc names.
+
+    Every object it copies itself is reachable from ``x`` for the whole call, so unlike
+    ``copy.deepcopy`` it need not keep the originals alive in the memo (``copy.deepcopy``
+    does, for the temporaries its reductions make, in what it is handed)."""
     if memo is None:
         memo = {}
     cls = type(x)
@@ -64,59 +68,48 @@ def deep_copy(x, memo: dict | None = None):
     y = memo.get(d, memo)
     if y is not memo:
         return y
+    if cls is dict:
+        return _dict(x, d, memo)
     if cls is list:
-        if _atomic(x):
+        if _all_atomic(map(type, x)):
             y = x.copy()
         else:
-            y = []
-            memo[d] = y
+            y = memo[d] = []
             y.extend(e if type(e) in ATOMIC else deep_copy(e, memo) for e in x)
-    elif cls is dict:
-        if _atomic(x.values()) and _atomic(x):
-            y = x.copy()
-        else:
-            y = {}
-            memo[d] = y
-            for k, v in x.items():
-                y[k if type(k) in ATOMIC else deep_copy(k, memo)] = \
-                    v if type(v) in ATOMIC else deep_copy(v, memo)
     elif cls is tuple:
-        if _atomic(x):
+        if _all_atomic(map(type, x)):
             return x  # (``copy.deepcopy`` too returns a tuple of what it would not copy)
         return copy.deepcopy(x, memo)
-    elif cls is frozenset and _atomic(x):
+    elif cls is frozenset and _all_atomic(map(type, x)):
         y = frozenset(list(x))  # (a new one, as ``frozenset.__reduce__`` builds it)
-    elif cls is deque and _atomic(x):
+    elif cls is deque and _all_atomic(map(type, x)):
         y = deque(x, x.maxlen)
     elif cls is MethodType:
         y = MethodType(x.__func__, deep_copy(x.__self__, memo))
     elif is_plain(cls):
-        y = cls.__new__(cls)
-        memo[d] = y
+        y = memo[d] = cls.__new__(cls)
         state = x.__dict__
-        if state:
-            y.__dict__.update(deep_copy(state, memo))
-        _keep_alive(x, memo)
+        if state:  # (as ``copy.deepcopy`` copies the state its reduction returns)
+            s = id(state)
+            got = memo.get(s, memo)
+            y.__dict__.update(_dict(state, s, memo) if got is memo else got)
         return y
     else:
         return copy.deepcopy(x, memo)
     memo[d] = y
-    _keep_alive(x, memo)
     return y
 
 
-def _atomic(elements) -> bool:
-    """Whether every element is of an atomic type (one C-level pass)."""
-    return _ATOMIC_SUPERSET(map(type, elements))
+def _dict(x: dict, d: int, memo: dict) -> dict:
+    """A plain dict's deep copy, memoised under ``d`` (its id)."""
+    if _all_atomic(map(type, x.values())) and _all_atomic(map(type, x)):
+        y = memo[d] = x.copy()
+        return y
+    y = memo[d] = {}
+    for k, v in x.items():
+        y[k if type(k) in ATOMIC else deep_copy(k, memo)] = \
+            v if type(v) in ATOMIC else deep_copy(v, memo)
+    return y
 
 
-_ATOMIC_SUPERSET = ATOMIC.issuperset
-
-
-def _keep_alive(x, memo: dict) -> None:
-    """The original kept alive for the memo's lifetime (an id must not be reused while
-    the memo maps it), as ``copy.deepcopy`` keeps it."""
-    try:
-        memo[id(memo)].append(x)
-    except KeyError:
-        memo[id(memo)] = [x]
+_all_atomic = ATOMIC.issuperset  # (of an iterable of types: one C-level pass)
