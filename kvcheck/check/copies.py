@@ -12,8 +12,9 @@ copies the shapes allocators are made of in one step each, with the same result 
   of them: a new one built from its elements, as ``copy.deepcopy`` builds it;
 - an instance of a plain class (Python classes down to ``object``, no ``__slots__``, no
   ``__deepcopy__``, ``__reduce__``, ``__reduce_ex__``, ``__getstate__``, ``__setstate__``
-  or ``__getnewargs__`` of its own): ``cls.__new__(cls)`` and its ``__dict__`` copied,
-  as ``copy.deepcopy``'s default reduction does;
+  or ``__getnewargs__`` of its own, no reduction registered with ``copyreg``):
+  ``cls.__new__(cls)`` and its ``__dict__`` copied, as ``copy.deepcopy``'s default
+  reduction does;
 - a bound method: the same function bound to the copy of its object.
 
 Anything else, and containers holding anything else element by element, go to
@@ -25,6 +26,7 @@ caught where it matters, by ``explore._copyable``'s faithfulness walk, as before
 from __future__ import annotations
 
 import copy
+import copyreg
 import types
 import weakref
 from collections import deque
@@ -46,6 +48,7 @@ def is_plain(cls: type) -> bool:
     if got is None:
         mro = cls.__mro__
         got = (mro[-1] is object and type(cls) is type
+               and cls not in copyreg.dispatch_table  # (a reduction registered for it)
                and all(c.__flags__ & (1 << 9)  # Py_TPFLAGS_HEAPTYPE: a class of Python code
                        and not any(name in c.__dict__ for name in _CUSTOM)
                        for c in mro[:-1]))

@@ -192,6 +192,19 @@ def test_plain_classes():
         assert not is_plain(cls), cls
 
 
+def test_a_reduction_registered_with_copyreg_is_used(monkeypatch):
+    """A class whose instances copy through a ``copyreg`` reduction is not plain: the
+    reduction runs, as under ``copy.deepcopy``."""
+    import copyreg
+
+    class Registered:
+        pass
+
+    monkeypatch.setitem(copyreg.dispatch_table, Registered, lambda obj: (Plain, ()))
+    x = Registered()
+    assert type(copy.deepcopy(x)) is Plain and type(deep_copy(x)) is Plain
+
+
 def test_atomic_types_are_deepcopys():
     """``ATOMIC`` is what ``copy.deepcopy`` returns unchanged (its private table)."""
     assert ATOMIC == {t for t, f in copy._deepcopy_dispatch.items()
