@@ -55,21 +55,28 @@ def test_ids_renumbered_from_zero(corpus_name):
     assert seen == list(range(len(seen)))
 
 
-def _replayed_scopes(monkeypatch, name: str, num_blocks: int):
-    """The pool sizes shrinking replays at, in order, for ``name`` found at ``num_blocks``."""
+def _replays(monkeypatch, name: str, num_blocks: int, ops: int = 3000):
+    """``name`` found at ``num_blocks`` within ``ops`` operations and shrunk: the result,
+    and each replay shrinking ran, in order, as (its pool size, its operations)."""
     import kvcheck.check.shrink as shrink
     from kvcheck.verify import verify
 
     seen, original = [], shrink.replay
 
-    def replay(model, factory, sc, ops, options, **kw):
-        seen.append(sc.num_blocks)
-        return original(model, factory, sc, ops, options, **kw)
+    def replay(model, factory, sc, cand, options, **kw):
+        seen.append((sc.num_blocks, len(cand)))
+        return original(model, factory, sc, cand, options, **kw)
 
     monkeypatch.setattr(shrink, "replay", replay)
-    r = verify(CORPUS[name][0], num_blocks, 4, 3000, 0, shrink_budget=60)
+    r = verify(CORPUS[name][0], num_blocks, 4, ops, 0, shrink_budget=60)
     assert not r.ok
     return r, seen
+
+
+def _replayed_scopes(monkeypatch, name: str, num_blocks: int):
+    """The pool sizes shrinking replays at, in order, for ``name`` found at ``num_blocks``."""
+    r, seen = _replays(monkeypatch, name, num_blocks)
+    return r, [pool for pool, _ in seen]
 
 
 def test_a_large_pool_is_halved_before_the_greedy_passes(monkeypatch):
@@ -120,24 +127,15 @@ def test_a_long_run_is_focused_before_the_greedy_passes(monkeypatch):
     (rebase-double-release: 628 operations, 4 of them in the failing family) is cut to
     those in one replay: the shrink replays far fewer operations in all, and the result
     is the same trace as without the focus."""
-    import kvcheck.check.shrink as shrink
     from kvcheck.models.blocks.model import BlocksModel
-    from kvcheck.verify import verify
 
     def shrunk(focus: bool):
-        replayed, original = [], shrink.replay
-
-        def replay(model, factory, sc, ops, options, **kw):
-            replayed.append(len(ops))
-            return original(model, factory, sc, ops, options, **kw)
-
         with monkeypatch.context() as m:
-            m.setattr(shrink, "replay", replay)
             if not focus:
                 m.setattr(BlocksModel, "focus", lambda self, ops: None)
-            r = verify(CORPUS["rebase-double-release"][0], 32, 4, 10000, 0)
-        assert not r.ok and r.original_length > 500
-        return r.trace, replayed
+            r, seen = _replays(m, "rebase-double-release", 32, 10_000)
+        assert r.original_length > 500
+        return r.trace, [length for _, length in seen]
 
     with_focus, replayed = shrunk(True)
     without, replayed_without = shrunk(False)
