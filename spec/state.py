@@ -42,6 +42,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 NULL = -1  # the null placeholder a table entry may be (no pool block has this id)
+# The terms whose value is a block id, ``NULL`` where there is none (a null entry, a position
+# past the table's end, the last block of an empty table): a report writes that ``null``.
+BLOCK_VALUED = frozenset({"table", "tail"})
 
 
 class TableTerms:

@@ -19,7 +19,8 @@ import html
 from kvcheck import __version__
 from kvcheck.check.model import BLOCK, model_named
 from kvcheck.check.trace import Trace
-from kvcheck.report.text import terms_line
+from kvcheck.report.text import rule_text, term_value, terms_line
+from kvcheck.spec.state import NULL
 
 MAX_STEPS = 300  # steps drawn; around the violation when there are more
 MAX_BLOCKS = 128  # pool cells drawn; beyond it only blocks in use (and the highlighted one)
@@ -170,7 +171,8 @@ def _svg(state: dict, num_blocks: int, block_size: int, hl_block, hl_seq) -> str
             part = None
             if isinstance(n, int) and block_size:
                 part = max(0, min(block_size, n - i * block_size)) / block_size
-            cell(LABEL + i * (CELL + GAP), y, b, b, f"#{i}", b == hl_block, part)
+            cell(LABEL + i * (CELL + GAP), y, b, "null" if b == NULL else b, f"#{i}",
+                 b == hl_block, part)
         out.append("</g>")
     y += ROW
     out.append(f'<text x="4" y="{y + 18}" font-size="13">free list</text>'
@@ -199,7 +201,8 @@ def _terms_table(terms: list[dict]) -> str:
     cols = [c for c in ("pre", "post", "state") if any(c in t for t in terms)]
     head = "".join(f"<th>{_e({'pre': 'before', 'post': 'after'}.get(c, c))}</th>" for c in cols)
     rows = "".join("<tr><td><code>" + _e(t["term"]) + "</code></td>"
-                   + "".join(f"<td>{_e(t.get(c, ''))}</td>" for c in cols) + "</tr>"
+                   + "".join(f"<td>{_e(term_value(t['term'], t[c]) if c in t else '')}</td>"
+                             for c in cols) + "</tr>"
                    for t in terms)
     return (f'<table class="terms"><tr><th>term the rule reads</th>{head}</tr>{rows}</table>'
             f'<p class="note">{_e(terms_line(terms))}</p>')
@@ -242,7 +245,7 @@ def render_html(trace: Trace, source: str | None = None) -> str:
             f"{_e(v.name)}</h2>"
             + (f'<p class="witness"><b>What happened:</b> {_e(v.witness)}</p>' if v.witness else "")
             + (_terms_table(v.terms) if v.terms else "")
-            + (f"<p><b>The rule:</b> {_e(v.doc)}</p>" if v.doc else "")
+            + (f"<p><b>The rule:</b> {_e(rule_text(v.doc))}</p>" if v.doc else "")
             + (f"<p><b>Highlighted:</b> {', '.join(focus_words)}</p>" if focus_words else "")
             + (f"<p><b>State after step {v.step}:</b></p>"
                f"{_drawing(m, vstate, nb, bs, hl_block, hl_seq)}"

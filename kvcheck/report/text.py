@@ -7,8 +7,11 @@ the broken rule and its witness (the concrete numbers on both sides).
 
 from __future__ import annotations
 
+import re
+
 from kvcheck.check.model import model_named
 from kvcheck.check.trace import Trace
+from kvcheck.spec.state import BLOCK_VALUED, NULL
 
 _KIND_WORDS = {
     "invariant": "a state invariant broke",
@@ -36,20 +39,42 @@ def describe_step(op, before: dict | None, after: dict | None, block_size: int,
 
 
 def terms_line(terms: list[dict]) -> str:
-    """The evidence of a violation in one line: ``ref(3) 0 -> 2; holders(3) 1``."""
+    """The evidence of a violation in one line: ``ref(3) 0 -> 2; holders(3) 1``. A value a
+    state could not give (recorded as null) is left out, with the state that gave the other
+    one named; a term no state could value is left out."""
     parts = []
     for t in terms:
-        pre, post = t.get("pre"), t.get("post")
-        if "pre" in t and "post" in t and pre != post:
-            parts.append(f"{t['term']} {_value(pre)} -> {_value(post)}")
-        else:
-            value = post if "post" in t else pre if "pre" in t else t.get("value")
-            parts.append(f"{t['term']} = {_value(value)}")
+        sides = [(k, t[k]) for k in ("pre", "post", "state", "value") if k in t]
+        known = [(k, v) for k, v in sides if v is not None]
+        if not known:
+            continue
+        term = t["term"]
+        if [k for k, _ in sides] == ["pre", "post"] and len(known) == 2:
+            pre, post = known[0][1], known[1][1]
+            if pre != post:
+                parts.append(f"{term} {term_value(term, pre)} -> {term_value(term, post)}")
+                continue
+        key, value = known[-1]
+        which = {"pre": " before", "post": " after"}.get(key, "") if len(known) < len(sides) else ""
+        parts.append(f"{term} = {term_value(term, value)}{which}")
     return "; ".join(parts)
 
 
-def _value(v) -> str:
-    return "?" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+def term_value(term: str, v) -> str:
+    """A term's value as a report writes it: ``true``/``false``, a block-valued term's
+    ``NULL`` as ``null`` (``spec.state.BLOCK_VALUED``), ``not observed`` for none."""
+    if v is None:
+        return "not observed"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if v == NULL and term.split("(", 1)[0] in BLOCK_VALUED:
+        return "null"
+    return str(v)
+
+
+def rule_text(doc: str) -> str:
+    """A rule's wording for a reader: the spec's ````name```` markup written plainly."""
+    return re.sub(r"``([^`]+)``", r"\1", doc)
 
 
 def render(trace: Trace, title: str = "Counterexample", source: str | None = None) -> str:
@@ -86,7 +111,7 @@ def render(trace: Trace, title: str = "Counterexample", source: str | None = Non
         if v.terms:
             lines.append(f"  the terms it reads: {terms_line(v.terms)}")
         if v.doc:
-            lines.append(f"  the rule: {v.doc}")
+            lines.append(f"  the rule: {rule_text(v.doc)}")
     if trace.minimality:
         lines.append(f"  minimal: {trace.minimality}")
     if source:

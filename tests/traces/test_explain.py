@@ -78,3 +78,79 @@ def test_html_escapes_everything_from_the_trace():
     page = render_html(t)
     assert "<script>alert" not in page and "<img" not in page
     assert page.count("<script>") == 1  # only the page's own few lines
+
+
+# -- what applies to the target, in plain values (issue 32, item 5) ----------------------------
+TESTS = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def _found(target: str, **kw):
+    from kvcheck.verify import verify
+
+    r = verify(target, shrink_budget=20.0, **kw)
+    assert not r.ok, target
+    return r.trace
+
+
+def test_the_rule_says_only_what_applies_to_the_target(corpus_name):
+    """A rule speaks of a cyclic window only for an allocator that declares one, and no report
+    shows the spec's ``name`` markup."""
+    from corpus.buggy import CORPUS
+
+    trace = found_trace(corpus_name)
+    v = trace.violation
+    if not getattr(CORPUS[corpus_name][0](8, 2), "cyclic_window", 0):
+        assert "cyclic" not in (v.doc or ""), v.doc
+    assert "``" not in render(trace) and "``" not in render_html(trace)
+
+
+def test_a_cyclic_target_reads_its_window_in_the_rule():
+    trace = _found(f"{TESTS}/corpus/cyclic.py:CyclicTakesEveryBlock")
+    v = trace.violation
+    assert v.name.startswith("allocate: "), v.name
+    assert "Under a cyclic window of W blocks" in v.doc  # the spec's text, for this target
+    text = render(trace)
+    assert "Under a cyclic window of W blocks (op.cycle)" in text and "``" not in text
+
+
+def test_the_terms_it_reads_are_values_never_a_question_mark(corpus_name):
+    trace = found_trace(corpus_name)
+    line = next((ln for ln in render(trace).splitlines() if "the terms it reads:" in ln), "")
+    assert "?" not in line and " -1" not in line, line
+
+
+def test_a_state_invariant_s_terms_read_their_values():
+    trace = _found(f"{TESTS}/corpus/engine.py:SlotsLengthFirst")
+    assert trace.violation.kind == "invariant"
+    assert "  the terms it reads: impl_length(0) = 2; length(0) = 1" in render(trace)
+    page = render_html(trace)
+    assert "<td>2</td>" in page and "<td>None</td>" not in page
+
+
+def test_a_null_entry_reads_null_in_the_terms_and_the_drawing():
+    from kvcheck.report.text import terms_line
+
+    trace = found_trace("aliasing-fork")  # the child's entry 0, before the fork: none
+    assert "table(1, 0) null -> 0" in render(trace)
+    assert "<td>-1</td>" not in render_html(trace)
+    assert terms_line([{"term": "tail(2)", "pre": -1, "post": 3},
+                       {"term": "ref(3)", "pre": None, "post": 2},
+                       {"term": "ref(4)", "pre": -1, "post": None},
+                       {"term": "length(5)", "pre": None, "post": None},
+                       {"term": "live(1)", "state": True}]) == (
+        "tail(2) null -> 3; ref(3) = 2 after; ref(4) = -1 before; live(1) = true")
+    window = _found(f"{TESTS}/corpus/window.py:WindowKeepsReference")
+    assert any(-1 in t for s in window.states for t in s["tables"].values())
+    page = render_html(window)
+    assert ">-1<" not in page and ">null<" in page
+
+
+def test_a_rebase_over_null_entries_narrates_them_null():
+    from kvcheck.models.blocks.witness import narrate
+    from kvcheck.spec.contracts import Op
+
+    op = Op("rebase", seq=0, child=1)
+    after = {"tables": {"0": [-1, 2], "1": [-1, 2]}, "lens": {"0": 2, "1": 2},
+             "refs": [0, 0, 2], "free": [0, 1]}
+    words = narrate(op, None, after, 1)
+    assert "sharing blocks [null, 2]" in words and "-1" not in words, words

@@ -539,7 +539,7 @@ class Oracle:
                 ev = self._evidence(pre, post, op, dom) or evidence.Evidence(name, element, None, [])
                 return Violation(n, "contract", f"{op.kind}: {name}", element,
                                  witness=witness.for_step(ev, pre, post, op),
-                                 doc=" ".join((_rule(op).__doc__ or "").split()),
+                                 doc=witness.rule_for(_rule(op).__doc__, op),
                                  subject=ev.subject, terms=ev.terms)
         return None
 
@@ -653,7 +653,7 @@ class Oracle:
 
 
 def _show(table) -> str:
-    return "missing" if table is None else str(list(table))
+    return "missing" if table is None else witness._shown(table)
 
 
 # Operations whose result is the list of copies the caller must make first.

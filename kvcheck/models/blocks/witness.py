@@ -12,10 +12,24 @@ renamed in the spec is explained by the same sentences.
 
 from __future__ import annotations
 
+import re
+
 from kvcheck.spec import contracts
 from kvcheck.spec.contracts import OOB
 from kvcheck.spec.logic import PY
 from kvcheck.spec.state import NULL
+
+_SENTENCES = re.compile(r"(?<=[.)])\s+(?=[A-Z])")
+
+
+def rule_for(doc: str, op) -> str:
+    """A contract's wording as it applies to the target that ran ``op``: its sentences about
+    a cyclic window only where the target declares one (``op.cycle``, stamped by the oracle
+    on every operation of such a target); the spec's text itself is unchanged."""
+    text = " ".join((doc or "").split())
+    if getattr(op, "cycle", 0):
+        return text
+    return " ".join(s for s in _SENTENCES.split(text) if "cyclic window" not in s)
 
 
 def _holders(s, b: int) -> list[str]:
@@ -339,7 +353,7 @@ def narrate(op, before: dict | None, after: dict | None, block_size: int) -> str
         if op.outcome == "oob":
             return "out of blocks; nothing may change"
         return (f"sequence {op.child} drops its blocks and continues sequence {q}'s history"
-                + (f", sharing blocks {t2}" if t2 is not None else ""))
+                + (f", sharing blocks {_shown(t2)}" if t2 is not None else ""))
     if op.kind == "preempt":
         return f"sequence {q} is preempted for recompute; its blocks are released"
     if op.kind == "drop_behind_window":
