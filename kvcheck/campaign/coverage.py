@@ -15,14 +15,23 @@ decode steps reserve their slots as appends). The hybrid model's oracle reads th
 itself: its runs count what its ``verify-hybrid`` reports (cache hits, sliding-window drops,
 out of blocks, multi-token steps). The scheduler model has no outcome classes in the spec:
 its coverage says so instead of inventing any.
+
+A class that never occurred is a warning, unless it is not applicable to the target
+(``not_applicable``: a refusal's, where the target refused nothing, a refusal being a policy
+a target may declare, never one it must have; an eager fork's or rebase's, where its forks
+of a partial tail shared it, as a lazy one does) or it occurred as the violating step of a
+run's counterexample (``Counter.counterexample``: classified from the states the trace
+recorded around it).
 """
 
 from __future__ import annotations
 
 from collections import Counter as _Counts
 
+from kvcheck.spec.contracts import OK, OOB, REFUSED
 from kvcheck.spec.logic import PY
-from kvcheck.spec.outcomes import OUTCOMES, classify
+from kvcheck.spec.outcomes import OUTCOMES, _copied_tail, classify
+from kvcheck.spec.state import NULL, Snapshot
 
 # The cache behaviour the prefix model's runs count (its oracle's ``Stats``), by class.
 PREFIX_CLASSES = {"cache/hit": "hit_allocations", "cache/revived": "revived",
@@ -36,6 +45,11 @@ PREFIX_CLASSES = {"cache/hit": "hit_allocations", "cache/revived": "revived",
 HYBRID_CLASSES = {"hybrid/hit": "hits", "hybrid/window-drop": "dropped",
                   "hybrid/out-of-blocks": "oob", "hybrid/out-of-blocks-after-a-drop": "oob_dropping",
                   "hybrid/append-tokens": "append_tokens"}
+
+# The violations found at a step that completed (its outcome known, so it has a class).
+COMPLETED = ("contract", "invariant", "data")
+# The operations a lazy implementation of which shares a partial tail (an eager one copies it).
+LAZY_EVIDENCE = ("fork", "rebase")
 
 NO_CLASSES = {"scheduler": "the scheduler model has no outcome classes in the spec (its policy "
                            "clauses are checked at every step; nothing to count)"}
@@ -109,14 +123,18 @@ class _Pre:
 
 
 class Counter:
-    """The outcome classes one run showed (``counts``) and the operations its target
-    offered (``capabilities``)."""
+    """The outcome classes one run showed (``counts``), the operations its target offered
+    (``capabilities``), and what says which classes it can show at all (``notes``): its
+    forks and rebases of a partial tail that shared it (a lazy fork's), and the class of
+    the step its violation was found at (that class occurred, wrongly)."""
 
     def __init__(self, model: str):
         self.model = model
         self.counts: _Counts = _Counts()
         self.capabilities: list[str] | None = None
         self.state = None
+        self.shared_partial: _Counts = _Counts()  # kind -> forks/rebases sharing a partial tail
+        self.violating: str | None = None
 
     def watch(self, state) -> None:
         """Told of the run state as the run starts: count every step of its block
@@ -132,7 +150,7 @@ class Counter:
             self.capabilities = sorted(str(c) for c in caps)
         if oracle is None:
             return
-        step, counts = oracle.step, self.counts
+        step, counts, shared = oracle.step, self.counts, self.shared_partial
 
         def counting(op, watchdog=None):
             pre = None
@@ -146,6 +164,9 @@ class Counter:
                     name = None
                 if name is not None:
                     counts[name] += 1
+                    if op.kind in LAZY_EVIDENCE and op.outcome == OK and \
+                            not getattr(op, "copies", None) and pre.length(op.seq) % pre.block_size:
+                        shared[op.kind] += 1
             return v
 
         oracle.step = counting
@@ -165,21 +186,106 @@ class Counter:
         return out
 
 
+    def counterexample(self, trace) -> None:
+        """Told of the run's counterexample: the class of its violating step, from the states
+        the trace recorded around it (none for a step that did not complete: a crash, a hang,
+        a malformed result; nor for a model whose states hold no pool)."""
+        v = trace.violation if trace is not None else None
+        if v is None or v.kind not in COMPLETED or not 1 <= v.step <= len(trace.states):
+            return
+        from kvcheck.check.model import model_named
+
+        m = model_named(trace.model)
+        before = (trace.states[v.step - 2] if v.step >= 2
+                  else m.initial_state_json(trace.scope))
+        try:
+            pre, post = (_snapshot(s, trace.num_blocks, trace.block_size)
+                         for s in (m.pool_of(before), m.pool_of(trace.states[v.step - 1])))
+            self.violating = classify(PY, pre, post, trace.ops[v.step - 1])
+        except Exception:  # noqa: BLE001 - coverage is counted, never a run's end
+            self.violating = None
+
+    def notes(self) -> dict:
+        """What the run says about the classes it could show (``merge_notes``)."""
+        return {"shared_partial_tail": dict(self.shared_partial),
+                "counterexample": [self.violating] if self.violating else []}
+
+
+def _snapshot(state: dict, num_blocks: int, block_size: int) -> Snapshot:
+    """A recorded pool (``Model.pool_of``) as the spec's state."""
+    return Snapshot(num_blocks, block_size,
+                    {int(q): [NULL if b is None else b for b in t]
+                     for q, t in state["tables"].items()},
+                    {int(q): n for q, n in state["lens"].items()}, state["refs"], state["free"])
+
+
 def merge(total: dict, counts: dict | None) -> None:
     """Add one run's counts to ``total`` (class -> occurrences)."""
     for name, n in (counts or {}).items():
         total[name] = total.get(name, 0) + n
 
 
-def warnings(model: str, total: dict, offered: set[str] | None) -> tuple[list[str], list[str]]:
-    """The classes that never occurred over the campaign, and those its target cannot show
-    (it does not offer an operation they need)."""
+def merge_notes(total: dict, notes: dict | None) -> None:
+    """Add one run's ``Counter.notes`` to ``total``."""
+    if not notes:
+        return
+    shared = total.setdefault("shared_partial_tail", {})
+    for kind, n in (notes.get("shared_partial_tail") or {}).items():
+        shared[kind] = shared.get(kind, 0) + n
+    seen = total.setdefault("counterexample", [])
+    for name in notes.get("counterexample") or ():
+        if name not in seen:
+            seen.append(name)
+
+
+def _eager(name: str) -> bool:
+    """Whether class ``name`` is one only an eager fork or rebase shows (a copy of the
+    partial tail, or running out of blocks for it: a lazy one allocates nothing)."""
+    kind, outcome, pred = OUTCOMES[name]
+    return kind in LAZY_EVIDENCE and (outcome == OOB or pred is _copied_tail)
+
+
+def not_applicable(model: str, total: dict, notes: dict | None,
+                   offered: set[str] | None = None) -> dict[str, str]:
+    """The classes this campaign's target can never show although it offers what they need,
+    each with why: a refusal where it refused nothing (a refusal is a policy a target may
+    have, never one it must have), an eager fork's or rebase's where its forks of a partial
+    tail all shared it (lazily)."""
+    if model in NO_CLASSES or model == "hybrid":
+        return {}
+    shared = (notes or {}).get("shared_partial_tail") or {}
+    out = {}
+    for name in classes(model):
+        if name not in OUTCOMES or total.get(name, 0):
+            continue
+        if offered is not None and not needs(name) <= offered:
+            continue  # (not offered at all: said apart)
+        kind, outcome, _ = OUTCOMES[name]
+        if outcome == REFUSED and not any(total.get(c, 0) for c, (_, o, _) in OUTCOMES.items()
+                                          if o == REFUSED):
+            out[name] = ("the target refused nothing: a refusal is a policy a target may "
+                         "declare, never one it must have")
+        elif _eager(name) and shared.get(kind) and not any(
+                total.get(c, 0) for c in OUTCOMES if _eager(c) and OUTCOMES[c][0] == kind):
+            out[name] = (f"the target's {kind} is lazy: {shared[kind]:,} {kind}(s) of a partial "
+                         f"tail shared it, and a lazy {kind} never copies nor runs out of blocks")
+    return out
+
+
+def warnings(model: str, total: dict, offered: set[str] | None,
+             notes: dict | None = None) -> tuple[list[str], list[str], dict[str, str]]:
+    """The classes that never occurred over the campaign (a class some run's counterexample
+    is, occurred: that is not a gap of coverage), those its target cannot show (it does not
+    offer an operation they need), and those not applicable to it (``not_applicable``: the
+    class, why)."""
     never, impossible = [], []
+    na = not_applicable(model, total, notes, offered)
+    shown = set((notes or {}).get("counterexample") or ())
     for name in classes(model):
         if total.get(name, 0):
             continue
         if offered is not None and not needs(name) <= offered:
             impossible.append(name)
-        else:
+        elif name not in na and name not in shown:
             never.append(name)
-    return never, impossible
+    return never, impossible, na

@@ -172,6 +172,7 @@ class Store:
             st["ops"] += int(result.get("ops", 0))
             st["run_seconds"] += float(result.get("seconds", 0.0))
             cov.merge(st["coverage"], result.get("coverage"))
+            cov.merge_notes(st.setdefault("coverage_notes", {}), result.get("coverage_notes"))
             caps = result.get("capabilities")
             if caps is not None:
                 st["capabilities"] = sorted(set(st["capabilities"] or ()) | set(caps))
@@ -290,9 +291,12 @@ class Store:
             return {"classes": False, "note": cov.NO_CLASSES[model]}
         total = self.state["coverage"]
         caps = self.state["capabilities"]
-        never, impossible = cov.warnings(model, total, set(caps) if caps is not None else None)
+        notes = self.state.get("coverage_notes") or {}
+        never, impossible, na = cov.warnings(model, total, set(caps) if caps is not None else None,
+                                             notes)
         return {"classes": True, "total": {k: total.get(k, 0) for k in cov.classes(model)},
-                "never": never, "not_offered": impossible}
+                "never": never, "not_offered": impossible, "not_applicable": na,
+                "counterexample": [k for k in notes.get("counterexample", ()) if not total.get(k)]}
 
     def summary(self) -> dict:
         st = self.state
@@ -382,6 +386,9 @@ class Store:
             crow = "".join(
                 ("<tr class=\"never\">" if n == 0 else "<tr>") + f"<td>{e(k)}</td><td>{n}</td><td>"
                 + ("not offered by the target" if k in c["not_offered"] else "")
+                + (f"not applicable: {e(c['not_applicable'][k])}" if k in c.get(
+                    "not_applicable", {}) else "")
+                + ("only in a counterexample" if k in c.get("counterexample", ()) else "")
                 + ("never occurred" if k in c["never"] else "") + "</td></tr>"
                 for k, n in c["total"].items())
             ctext = (f"<table><tr><th>outcome class</th><th>occurred</th><th></th></tr>{crow}"

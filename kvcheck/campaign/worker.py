@@ -119,9 +119,11 @@ def execute(spec: RunSpec) -> dict:
     except TargetError as exc:  # this shape, or nothing ran: not a verdict
         return {**out, "verdict": "refused", "error": str(exc),
                 "seconds": time.perf_counter() - start}
+    counter.counterexample(trace)
     out.update(verdict="pass" if r.ok else "fail", ops=ops, original_length=original,
                seconds=time.perf_counter() - start,
                coverage=counter.result(getattr(r, "state", None)),
+               coverage_notes=counter.notes(),
                capabilities=counter.capabilities, vacuous=_vacuous(r))
     if trace is not None:
         v = trace.violation

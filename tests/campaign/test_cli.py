@@ -243,6 +243,42 @@ def test_coverage_warns_of_classes_that_never_occurred(tmp_path):
     assert "warning: outcome classes that never occurred: " in p.stdout
 
 
+def test_coverage_says_not_applicable_for_what_a_lazy_target_without_refusals_cannot_show(
+        tmp_path):
+    out = tmp_path / "c"
+    p = campaign("reference", "--runs", "3", out=out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    c = summary(out)["coverage"]
+    lazy = {"fork/copies-partial-tail", "fork/out-of-blocks"}
+    assert set(c["not_applicable"]) == lazy | {"allocate/refused"}, c
+    assert "lazy" in c["not_applicable"]["fork/out-of-blocks"]
+    assert "refused nothing" in c["not_applicable"]["allocate/refused"]
+    assert not set(c["not_applicable"]) & set(c["never"] + c["not_offered"])
+    assert "warning: outcome classes that never occurred" not in p.stdout, p.stdout
+    assert ("note: not applicable to this target: fork/copies-partial-tail, fork/out-of-blocks "
+            "(the target's fork is lazy: ") in p.stdout
+    assert "not applicable: the target refused nothing" in (out / "index.html").read_text()
+    eager = tmp_path / "e"  # forks that copy their partial tail: those classes apply
+    p = campaign("reference-eager", "--runs", "3", out=eager)
+    assert p.returncode == 0, p.stdout + p.stderr
+    c = summary(eager)["coverage"]
+    assert c["total"]["fork/copies-partial-tail"] > 0
+    assert not lazy & set(c["not_applicable"]) and "allocate/refused" in c["not_applicable"]
+
+
+def test_a_class_the_counterexample_is_never_said_to_have_never_occurred(tmp_path):
+    out = tmp_path / "c"
+    p = campaign(f"{BUGGY}:NoCopyOnWrite", "--runs", "3", out=out)
+    assert p.returncode == 1, p.stdout + p.stderr
+    c = summary(out)["coverage"]
+    assert c["total"]["append/copy-on-write"] == 0  # every one was the bug (none passed)
+    assert c["counterexample"] == ["append/copy-on-write"]
+    assert "append/copy-on-write" not in c["never"]
+    warning = next(ln for ln in p.stdout.splitlines() + [""] if ln.startswith("warning: "))
+    assert "append/copy-on-write" not in warning, p.stdout
+    assert "note: classes that occurred only in a counterexample: append/copy-on-write" in p.stdout
+
+
 def test_the_verdict_lists_what_the_target_made_vacuous(tmp_path):
     out = tmp_path / "c"
     p = campaign(f"{SLOW}:DeclaresVacuous", "--runs", "2", out=out)

@@ -221,6 +221,23 @@ def test_touched_domain_classes_agree_with_the_spec_on_snapshots(seed, pool):
     assert sum(full.values()) == len(ops)  # every step of the reference has its class
 
 
+@pytest.mark.parametrize("entry,cls", [("no-copy-on-write", "append/copy-on-write"),
+                                       ("aliasing-fork", "fork/ok"),
+                                       ("crash-on-fork", None)])
+def test_the_counterexample_s_class_from_its_recorded_states(entry, cls):
+    """The violating step's class, read from the states the trace recorded around it (the
+    aliasing fork shared the tail, so it is no copy; a crash did not complete: no class)."""
+    from kvcheck.verify import verify
+
+    from corpus.buggy import CORPUS
+
+    r = verify(f"{BUGGY}:{CORPUS[entry][0].__name__}", shrink_budget=30.0)
+    counter = cov.Counter("blocks")
+    counter.counterexample(r.trace)
+    assert counter.violating == cls
+    assert counter.notes()["counterexample"] == ([cls] if cls else [])
+
+
 def test_models_without_classes_say_so():
     assert cov.Counter("scheduler").result() is None
     assert "no outcome classes" in cov.NO_CLASSES["scheduler"]

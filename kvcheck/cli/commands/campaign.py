@@ -210,8 +210,16 @@ def _print(args, campaign, s: dict) -> None:
         seen = sum(1 for n in total.values() if n)
         print(f"coverage: {seen}/{len(total)} outcome classes occurred: "
               + ", ".join(f"{k} {n:,}" for k, n in total.items()))
+        if c.get("counterexample"):
+            print(f"note: classes that occurred only in a counterexample: "
+                  f"{', '.join(c['counterexample'])}")
         if c["never"]:
             print(f"warning: outcome classes that never occurred: {', '.join(c['never'])}")
+        reasons: dict[str, list[str]] = {}
+        for k, why in (c.get("not_applicable") or {}).items():
+            reasons.setdefault(why, []).append(k)
+        for why, names in reasons.items():
+            print(f"note: not applicable to this target: {', '.join(names)} ({why})")
         if c["not_offered"]:
             print(f"note: classes the target cannot show (it lacks an operation they need): "
                   f"{', '.join(c['not_offered'])}")
