@@ -199,6 +199,15 @@ class Model:
     def check_state_json(self, state: dict, scope, where: str) -> None:
         """Likewise for a recorded state."""
 
+    def history_error(self, ops: list, scope) -> tuple[int, str] | None:
+        """The first of a trace's operations that could not have run where the trace puts
+        it, as far as the operations before it and their recorded outcomes decide (its
+        precondition fails in the trace's own history: a sequence no earlier operation
+        created), with why; None if every one could. A trace is a run that happened: such a
+        trace was edited, and is refused (``kvcheck.check.trace``). The default knows no
+        history."""
+        return None
+
     outcomes: tuple[str, ...] = ("ok", "oob")  # the outcomes an operation may have
     state_schema: dict = {"type": "object", "maxProperties": 64}  # a recorded state
 

@@ -385,6 +385,10 @@ class Trace:
         for i, d in enumerate(data["ops"]):
             m.check_op_json(d, f"trace.ops[{i}]")
             ops.append(m.op_from_json(d))
+        bad = m.history_error(ops, scope)
+        if bad is not None:
+            raise TraceError(f"trace.ops[{bad[0]}]: {bad[1]}; a trace is a run that happened, "
+                             f"each operation valid after those before it")
         states = data.get("states", [])
         if len(states) > len(ops):
             raise TraceError(f"trace.states: {len(states)} states for {len(ops)} operations")

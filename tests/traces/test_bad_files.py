@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,34 @@ def test_subprocess_no_traceback(bad_files, tmp_path):
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 2 and "Traceback" not in p.stderr, (path.name, p.stderr)
         assert p.stderr.count("\n") == 1
+
+
+def test_an_operation_invalid_in_the_trace_s_own_history_is_a_bad_trace(tmp_path, capsys):
+    """A hand-edited trace: its append on a sequence no operation created is refused as a
+    bad trace (exit 2, one line naming the operation), not replayed as a PASS."""
+    from traces_helpers import found_trace
+
+    data = json.loads(found_trace("no-copy-on-write").dumps())
+    data["ops"][-1]["seq"] = 99
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(TraceError, match=r"trace\.ops\[2\]: append_slot\(seq=99\) cannot run "
+                                         r"there: sequence 99 is not live"):
+        Trace.load(path)
+    for command in (["replay", str(path)], ["replay", str(path), "--target", "reference"],
+                    ["report", str(path), "-o", str(tmp_path / "r.html")]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert err.startswith(f"kvcheck: error: {path}: trace.ops[2]: ") and err.count("\n") == 1
+    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "replay", str(path)],
+                       capture_output=True, text=True, timeout=300)
+    assert (p.returncode, p.stdout) == (2, "") and p.stderr.count("\n") == 1, p.stderr
+    assert "Traceback" not in p.stderr and "sequence 99 is not live" in p.stderr
+    for name, why in [("seq_used_after_free", "sequence 0 is not live (ended by ops[1])"),
+                      ("fork_into_live_seq", "sequence 1 is live already (created by ops[1])"),
+                      ("seq_of_a_failed_allocation", "sequence 0 is not live")]:
+        with pytest.raises(TraceError, match=re.escape(why)):
+            Trace.load(BAD / f"{name}.json")
 
 
 def test_missing_and_directory_and_bad_target(tmp_path, capsys):

@@ -54,7 +54,9 @@ def test_replays_on_every_other_allocator(corpus_name, tmp_path, capsys):
         if other == corpus_name:
             assert code == 1 and out.startswith("REPRODUCED")
         elif code == 1:
-            assert out.startswith(("REPRODUCED", "FAIL"))
+            assert out.startswith(("REPRODUCED", "FAIL", "NOT REPRODUCED"))
+        else:
+            assert out.startswith("PASS")
 
 
 def test_replay_json_and_trace_out(tmp_path, capsys):
@@ -77,3 +79,32 @@ def test_replay_skips_operations_a_target_lacks(tmp_path, capsys):
     assert main(["replay", str(path), "--target", f"{nofork}:NoFork"]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "1 operation(s) skipped" in out
+
+
+def test_a_replay_that_skips_the_recorded_violating_step_is_not_a_pass(tmp_path, capsys):
+    """On a target without fork, the aliasing fork's trace cannot run its violating step: the
+    replay says so (exit 1), in its text, its JSON and its JUnit case (skipped, not passed)."""
+    import xml.etree.ElementTree as ET
+
+    nofork = tmp_path / "nofork.py"
+    nofork.write_text(
+        "from kvcheck.impl.block_manager import BlockManager\n\n"
+        "class NoFork(BlockManager):\n"
+        "    fork = None\n")
+    path, junit = tmp_path / "t.json", tmp_path / "j.xml"
+    trace = found_trace("aliasing-fork")
+    trace.write(path)
+    step = trace.violation.step
+    assert trace.ops[step - 1].kind == "fork"
+    target = f"{nofork}:NoFork"
+    assert main(["replay", str(path), "--target", target, "--junit", str(junit)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"NOT REPRODUCED on {target}: step {step} (fork(parent=")
+    assert f"step {step} (fork(" in out and ") did not run" in out and "PASS" not in out
+    case = ET.parse(junit).getroot().find("testsuite/testcase")
+    assert case.find("failure") is None and case.find("skipped") is not None
+    assert "not reproduced: step" in case.find("skipped").get("message")
+    assert main(["replay", str(path), "--target", target, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "not-reproduced" and doc["did_not_run"] == step
+    assert doc["violation"] is None and doc["skipped"] >= 1

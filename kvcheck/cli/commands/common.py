@@ -132,12 +132,14 @@ def add_junit(p) -> None:
 
 
 def junit_run(command: str, target: str, scope: str, seconds: float, violation=None,
-              text: str = "") -> str:
+              text: str = "", skipped: str | None = None) -> str:
     """JUnit XML for one checked run: one suite, one case, failed with ``text`` (the rendered
-    counterexample) when ``violation`` is set."""
+    counterexample) when ``violation`` is set, skipped (``skipped``: why) when what it was to
+    check did not run."""
     from kvcheck.report.junit import Case, Suite, junit_xml
 
-    case = Case(f"kvcheck.{command.replace('-', '_')}", f"{target} [{scope}]", seconds, text=text)
+    case = Case(f"kvcheck.{command.replace('-', '_')}", f"{target} [{scope}]", seconds, text=text,
+                skipped=skipped if violation is None else None)
     if violation is not None:
         case.failure = f"{violation.kind}: {violation.name}"
         case.failure_type = violation.kind

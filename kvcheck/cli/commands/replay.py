@@ -5,6 +5,11 @@ different one shows up: both are said), 0 if the target passes the whole
 trace, 2 on bad input (an unreadable or invalid trace, an unknown target).
 A trace found on one allocator replays on any other: only the operations
 are re-run; the recorded results and states are for reading, not checked.
+An operation the target does not offer, or one that no longer applies after
+an earlier step went differently, is skipped (and counted); when that is the
+recorded violating step the replay is NOT REPRODUCED (exit 1), never a PASS:
+what the trace was to show was not checked. A trace whose operations are not
+valid in its own history (a hand-edited one) is bad input.
 """
 
 from __future__ import annotations
@@ -79,7 +84,13 @@ def run(args) -> int:
     skipped = _skipped(model, trace, r)
     got = r.violation
     want = trace.violation
-    if got is None:
+    missed = None  # the recorded violating step, where it did not run
+    if got is None and want is not None and 1 <= want.step <= len(trace.ops) and \
+            want.step - 1 not in _ran(model, trace, r):
+        missed = want.step
+    if missed is not None:
+        verdict = "not-reproduced"
+    elif got is None:
         verdict = "pass"
     elif want is not None and got.key == want.key:
         verdict = "reproduced"
@@ -95,20 +106,34 @@ def run(args) -> int:
         rerun.minimality = f"replayed from a trace recorded on {trace.target}"
         written &= write_output(args.trace_out, rerun.dumps() + "\n", "--trace-out")
         rerun.minimality = ""
+    missed_words = None
+    if missed is not None:
+        missed_words = (f"step {missed} ({model.describe(model.request(trace.ops[missed - 1]))}) "
+                        f"did not run: the target does not offer it, or it no longer applies "
+                        f"after an earlier step went differently")
     if args.junit:
         scope = f"{len(r.ops)} of {len(trace.ops)} operation(s) of {args.trace}"
-        written &= write_output(args.junit, junit_run("replay", label, scope, 0.0, got,
-                                                      render(rerun, title="Replay")) + "\n",
-                                "--junit")
+        written &= write_output(args.junit, junit_run(
+            "replay", label, scope, 0.0, got, render(rerun, title="Replay"),
+            skipped=f"not reproduced: {missed_words}" if missed_words else None) + "\n",
+            "--junit")
+    verdict_code = 0 if verdict == "pass" else 1
     if args.json:
         emit_json({"verdict": verdict, "target": label, "ran": len(r.ops), "skipped": skipped,
+                   **({"did_not_run": missed} if missed is not None else {}),
                    "recorded": None if want is None else want.to_json(),
                    "violation": None if got is None else got.to_json()})
-        return exit_code(0 if got is None else 1, written)
+        return exit_code(verdict_code, written)
     recorded = "no violation" if want is None else (
         f"step {want.step} ({want.kind}) {want.name}")
     note = (f"; {skipped} operation(s) skipped (the target does not offer them, or they no "
             f"longer apply after an earlier step went differently)" if skipped else "")
+    if verdict == "not-reproduced":
+        done = len(r.ops) - r.implied
+        print(f"NOT REPRODUCED on {label}: {missed_words}, so the recorded violation (step "
+              f"{want.step} ({want.kind}) {want.name}) was not checked; the {done} of "
+              f"{len(trace.ops)} operation(s) that ran held every invariant and contract")
+        return exit_code(verdict_code, written)
     if verdict == "pass":
         done = len(r.ops) - r.implied  # the trace's own operations that ran
         ran = f"all {done}" if not skipped else f"{done} of {len(trace.ops)}"
@@ -137,6 +162,29 @@ def _runnable(trace, name: str) -> None:
             raise UsageError(f"{name}: ops[{i}] allocates {op.n_tokens} tokens; kvcheck runs "
                              f"prompts of at most {MAX_PROMPT} tokens (beyond any model's "
                              f"context window)")
+
+
+def _ran(model, trace, r) -> set[int]:
+    """The positions in ``trace.ops`` of the requests the replay ran. A replay runs the
+    requests in order, skipping those not valid then; matching each operation that ran to
+    the first request like it after the previous match is exact: a request skipped just
+    before an identical one that ran would have met the same state, and run."""
+    own = r.ops[:len(r.ops) - r.implied]
+    wanted = [_key(model, o) for o in trace.ops]
+    out, i = set(), 0
+    for o in own:
+        k = _key(model, o)
+        while i < len(wanted) and wanted[i] != k:
+            i += 1
+        out.add(i)
+        i += 1
+    return out
+
+
+def _key(model, op) -> str:
+    d = model.op_to_json(model.request(op))
+    d.pop("result", None)
+    return repr(sorted(d.items()))
 
 
 def _skipped(model, trace, r) -> int:

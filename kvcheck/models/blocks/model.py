@@ -159,6 +159,36 @@ class BlocksModel(Model):
             raise TraceError(f"{where}.refs: {len(state['refs'])} refcounts for a pool of "
                              f"{scope.num_blocks} blocks")
 
+    def history_error(self, ops: list, scope) -> tuple[int, str] | None:
+        """Each operation's precondition over the history the operations before it make:
+        which sequences are live and their token counts (``oracle.length_delta``, by the
+        recorded outcomes); what only the target decides (reserved slots, null entries) is
+        taken to allow the operation."""
+        from kvcheck.models.blocks.oracle import length_delta
+        from kvcheck.spec.logic import PY
+
+        lengths: dict[int, int] = {}
+        made: dict[int, int] = {}  # sequence -> the operation that made it live
+        ended: dict[int, int] = {}  # sequence -> the operation that ended it
+        for i, op in enumerate(ops):
+            history = _History(lengths, scope.block_size)
+            try:
+                holds = contracts.precondition(PY, history, op)
+            except AttributeError:  # (it reads what only the target decides: not decided here)
+                holds = True
+            if not holds:
+                return i, f"{self.describe(self.request(op))} cannot run there: " + _why(op, history, made,
+                                                                             ended)
+            for q, n in length_delta(lengths, op).items():
+                if n is None:
+                    if lengths.pop(q, None) is not None:
+                        ended[q] = i
+                else:
+                    if q not in lengths:
+                        made[q] = i
+                    lengths[q] = n
+        return None
+
     # -- runs -----------------------------------------------------------------------
     def build(self, factory, scope: BlockScope, options: Options):
         from kvcheck.targets.loading import build
@@ -297,6 +327,51 @@ class BlocksModel(Model):
 
     def scope_from_json(self, data: dict) -> BlockScope:
         return BlockScope(data["num_blocks"], data["block_size"])
+
+
+class _History:
+    """The state a trace's own operations decide, as the spec's precondition reads it: the
+    live sequences and their tokens. Reserved slots and null entries are the target's to
+    say: none reserved, no entry null (so they never make an operation invalid here)."""
+
+    def __init__(self, lengths: dict, block_size: int):
+        self.lengths, self.block_size = lengths, block_size
+
+    def live(self, q) -> bool:
+        return q in self.lengths
+
+    def length(self, q) -> int:
+        return self.lengths.get(q, 0)
+
+    def reserved(self, q) -> int:
+        return 0
+
+    def table(self, q, i) -> int:
+        return 0
+
+
+def _why(op, history: _History, made: dict, ended: dict) -> str:
+    """Why ``op``'s precondition fails in ``history``, in words."""
+    def where(q) -> str:
+        if q in ended:
+            return f"ended by ops[{ended[q]}]"
+        return "no earlier operation creates it"
+
+    child = op.child if op.kind in ("fork", "rebase") else None
+    if not history.live(op.seq) and op.kind != "allocate":
+        return f"sequence {op.seq} is not live ({where(op.seq)})"
+    if op.kind == "allocate" and history.live(op.seq):
+        return f"sequence {op.seq} is live already (created by ops[{made[op.seq]}])"
+    if child is not None and child == op.seq:
+        return f"sequence {op.seq} cannot {op.kind} onto itself"
+    if op.kind == "fork" and history.live(child):
+        return f"sequence {child} is live already (created by ops[{made[child]}])"
+    if op.kind == "rebase" and not history.live(child):
+        return f"sequence {child} is not live ({where(child)})"
+    if op.kind == "rollback":
+        return (f"a rollback keeps at least one token: sequence {op.seq} holds "
+                f"{history.length(op.seq)}, the rollback drops {op.n_tokens}")
+    return "its precondition fails (spec.contracts.precondition) after the operations before it"
 
 
 class _Driving:
