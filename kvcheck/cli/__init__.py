@@ -90,8 +90,8 @@ def dispatch(args) -> int:
     except (UsageError, TargetError, TraceError) as exc:
         print(f"kvcheck: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("kvcheck: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # (a command may say how far it got)
+        print(f"kvcheck: interrupted{' ' + str(exc) if str(exc) else ''}", file=sys.stderr)
         return 130
     except MemoryError:  # a last resort: kvcheck's own state is bounded by the run
         print("kvcheck: error: out of memory: this run needs more memory than the machine "

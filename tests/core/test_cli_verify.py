@@ -87,3 +87,98 @@ def test_bad_input_exit_2_one_line(argv, message):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
     assert "Traceback" not in p.stderr and message in lines[0], lines[0]
+
+
+# -- Ctrl-C (issue 32, item 3) -------------------------------------------------------------------
+def _interrupt(argv, stderr, ready: bytes, read_from: int):
+    """Run kvcheck in its own process group (as a terminal's foreground job), send the group
+    SIGINT (what Ctrl-C does) once ``ready`` has appeared twice on stderr (the file descriptor
+    ``stderr``, closed here once the child has it; read back from ``read_from``); (exit code,
+    stdout, what stderr got)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    p = subprocess.Popen([*KVCHECK, *argv], stdout=subprocess.PIPE, stderr=stderr,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    os.close(stderr)
+    got: list[bytes] = []
+
+    def pump():
+        while True:
+            try:
+                data = os.read(read_from, 65536)
+            except OSError:  # the other side closed
+                return
+            if not data:
+                return
+            got.append(data)
+
+    reader = threading.Thread(target=pump)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while b"".join(got).count(ready) < 2 and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGINT)
+    out, _ = p.communicate(timeout=120)
+    reader.join(timeout=30)
+    return p.returncode, out.decode(), b"".join(got).decode(errors="replace")
+
+
+def test_ctrl_c_keeps_the_progress_line_and_says_how_far_the_run_got():
+    import os
+    import re
+
+    pty = pytest.importorskip("pty")
+    master, slave = pty.openpty()
+    try:
+        code, out, term = _interrupt(["verify", "--ops", "100000000", "--seed", "7"], slave,
+                                     b" operations", master)
+    finally:
+        os.close(master)
+    assert code == 130 and out == "" and "Traceback" not in term, term[-2000:]
+    *before, last = term.rstrip("\r\n").split("\n")
+    said = re.fullmatch(r"kvcheck: interrupted after ([\d,]+) of 100,000,000 operations "
+                        r"\(seed 7\): no violation so far, no verdict\r?", last)
+    assert said, term[-600:]
+    assert int(said.group(1).replace(",", "")) > 0
+    # the progress line is ended by a newline, not wiped: its last drawing stays on the screen
+    shown = before[-1].rstrip("\r").split("\r")[-1] if before else ""
+    assert re.fullmatch(r"verify \[[#.]+\] \d+/100000000 operations", shown), term[-600:]
+
+
+def test_ctrl_c_off_a_terminal_and_with_json_says_how_far_too(tmp_path):
+    import os
+
+    noisy = tmp_path / "noisy.py"  # says on stderr when the run has started (target output)
+    noisy.write_text("import sys\nfrom kvcheck.impl.block_manager import BlockManager\n\n"
+                     "class Noisy(BlockManager):\n"
+                     "    def __init__(self, *a):\n"
+                     "        super().__init__(*a)\n"
+                     "        print('started', file=sys.stderr, flush=True)\n"
+                     "        print('started', file=sys.stderr, flush=True)\n")
+    for extra in ([], ["--json"]):
+        r, w = os.pipe()
+        try:
+            code, out, err = _interrupt(["verify", f"{noisy}:Noisy", "--ops", "100000000",
+                                         *extra], w, b"started", r)
+        finally:
+            os.close(r)
+        assert code == 130 and out == "" and "Traceback" not in err, err
+        assert err.splitlines()[-1].startswith("kvcheck: interrupted after "), err
+        assert err.splitlines()[-1].endswith(" of 100,000,000 operations (seed 0): no violation "
+                                             "so far, no verdict"), err
+
+
+def test_interrupted_while_shrinking_says_a_violation_was_found():
+    from kvcheck.cli.commands.common import Progress
+
+    bar = Progress(1000, "verify", "operations", show=False)
+    bar(512)
+    assert bar.interrupted(3) == ("after 512 of 1,000 operations (seed 3): no violation so far, "
+                                  "no verdict")
+    bar.shrinking(57, 12)
+    said = bar.interrupted(3)
+    assert said.startswith("while shrinking (seed 3): a violation was found")
+    assert "down to 12 operations after 57 attempts" in said

@@ -73,6 +73,7 @@ def add_run_flags(p, target: str, what: str, blocks: int, block_size: int, ops: 
 
 def run(args, command: str, model: str, **verify_kwargs):
     """Check the model with the parsed ``args``: the ``kvcheck.verify.Result``."""
+    from kvcheck.check.watchdog import Interrupted
     from kvcheck.errors import UsageError
     from kvcheck.targets.loading import load_exception
     from kvcheck.verify import verify
@@ -85,16 +86,16 @@ def run(args, command: str, model: str, **verify_kwargs):
             raise UsageError(f"--mix: {unknown[0]} is not a weight of this driver (it reads "
                              f"{', '.join(args.mix_keys)})")
         verify_kwargs["extra"] = {**verify_kwargs.get("extra", {}), "weights": dict(args.mix)}
-    bar = Progress(args.ops, command, "operations") if not args.json else None
+    bar = Progress(args.ops, command, "operations", show=not args.json)
     try:
         return verify(args.target, args.blocks, args.block_size, args.ops, args.seed, oob,
                       args.timeout, mode="full" if args.full else "fast", progress=bar,
-                      shrink_budget=args.shrink_seconds,
-                      shrink_progress=bar.shrinking if bar else None, model=model,
-                      **verify_kwargs)
+                      shrink_budget=args.shrink_seconds, shrink_progress=bar.shrinking,
+                      model=model, **verify_kwargs)
+    except KeyboardInterrupt:  # Ctrl-C: the line stays, and how far the run got (exit 130)
+        raise Interrupted(bar.interrupted(args.seed)) from None
     finally:
-        if bar:
-            bar.close()
+        bar.close()
 
 
 def report(args, result, command: str, passed: Callable[[object], str] | None = None,

@@ -250,17 +250,21 @@ class Progress:
     line (``progress.say("stage: detail")``) and ``progress.shrinking(attempts, length)``.
 
     Frequent updates are drawn at most ten times a second; a new stage (the text before the
-    first colon) is always drawn at once."""
+    first colon) is always drawn at once. Drawn or not (``show``), it keeps how far the run
+    got, for ``interrupted``."""
 
-    def __init__(self, total: int = 0, label: str = "", unit: str = ""):
+    def __init__(self, total: int = 0, label: str = "", unit: str = "", show: bool = True):
         self.total, self.label, self.unit = total, label, unit
         try:
-            self.enabled = bool(sys.stderr.isatty())
+            self.enabled = show and bool(sys.stderr.isatty())
         except (AttributeError, OSError, ValueError):  # no stderr, or a closed one
             self.enabled = False
         self._stage, self._drawn, self._width = None, 0.0, 0
+        self.done = 0  # the last count told
+        self.shrunk: tuple[int, int, str] | None = None  # (attempts, length, unit) once shrinking
 
     def __call__(self, done: int) -> None:
+        self.done = done
         if not self.enabled or not self.total:
             return
         width = 30
@@ -275,6 +279,7 @@ class Progress:
 
     def shrinking(self, attempts: int, length: int, unit: str = "operations") -> None:
         """A shrinker's callback: candidates tried so far, and the current counterexample."""
+        self.shrunk = (attempts, length, unit)
         self.say(f"{self.label}: shrinking: {attempts} attempts, counterexample of {length} "
                  f"{unit}")
 
@@ -293,6 +298,26 @@ class Progress:
         sys.stderr.write("\r" + text + " " * max(0, self._width - len(text)))
         sys.stderr.flush()
         self._width = len(text)
+
+    def interrupted(self, seed=None) -> str:
+        """On Ctrl-C: end the progress line where it stands (a final newline: it stays on the
+        terminal, the ``^C`` after it), and how far the run got, in words."""
+        if self.enabled and self._width:
+            try:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            self._width = 0
+        where = "" if seed is None else f" (seed {seed})"
+        if self.shrunk is not None:
+            attempts, length, unit = self.shrunk
+            return (f"while shrinking{where}: a violation was found, and its counterexample was "
+                    f"down to {length:,} {unit} after {attempts:,} attempts; nothing printed (run "
+                    f"it again to the end to see it)")
+        of = f" of {self.total:,}" if self.total else ""
+        return (f"after {self.done:,}{of} {self.unit or 'steps'}{where}: no violation so far, "
+                f"no verdict")
 
     def close(self) -> None:
         if self.enabled and self._width:
