@@ -45,6 +45,9 @@ NULL = -1  # the null placeholder a table entry may be (no pool block has this i
 # The terms whose value is a block id, ``NULL`` where there is none (a null entry, a position
 # past the table's end, the last block of an empty table): a report writes that ``null``.
 BLOCK_VALUED = frozenset({"table", "tail"})
+# The terms taking a block id, by the positions of their block arguments (a report writes a
+# ``NULL`` there, read from a table, ``null``).
+BLOCK_ARGS = {"ref": (0,), "free_count": (0,), "holders": (0,), "occurrences": (1,)}
 
 
 class TableTerms:

@@ -21,6 +21,7 @@ import copy
 from dataclasses import dataclass
 
 from kvcheck.check.watchdog import CONTROL
+from kvcheck.spec.state import BLOCK_ARGS, NULL
 
 MAX_TERMS = 16
 
@@ -177,7 +178,9 @@ def values(readings: list[Reading], states: dict) -> list[dict]:
 
 
 def _term_text(r: Reading) -> str:
-    args = ", ".join(str(a) for a in r.args if a is not None)
+    blocks = BLOCK_ARGS.get(r.method, ())
+    args = ", ".join("null" if i in blocks and a == NULL else str(a)
+                     for i, a in enumerate(r.args) if a is not None)
     return f"{r.method}({args})"
 
 
