@@ -2,6 +2,9 @@
 # Install everything the test suite needs, then run the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Nothing is skipped (README): once everything is installed, a test that would skip fails,
+# saying why (tests/no_skips.py).
+export KVCHECK_NO_SKIPS=1
 python3 -m pip install -q -e '.[test]'
 bash scripts/install_thirdparty.sh vllm-v1 vllm-v0 nano-vllm sglang aphrodite vllm-v0-legacy==0.3.3 vllm-v0-legacy==0.4.0 sglang==0.4.8 sglang==0.5.2 sglang==0.5.3 sglang==0.5.13 sglang==0.5.14 sglang==0.5.21 sglang==0.5.22  # every adapted engine, the #1556 pair, the SGLang range's ends, the #34399, #27779 and S1 pairs
 # BlockSpaceManager v1's later releases and aphrodite's copy of it (tests/thirdparty/test_vllm_v0_legacy.py)

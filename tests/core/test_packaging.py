@@ -6,13 +6,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _toml():
+    """tomllib (Python 3.11+), or on 3.10 tomli, which pytest itself requires there: never
+    a skip (the README says the suite skips nothing)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib
+
+
 def test_every_package_folder_is_listed():
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+ (the project supports 3.10)
+    tomllib = _toml()
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed, roots = set(config["packages"]), config["package-dir"]
     found = set()
@@ -26,7 +34,7 @@ def test_every_package_folder_is_listed():
 
 
 def _project():
-    tomllib = pytest.importorskip("tomllib")
+    tomllib = _toml()
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
@@ -64,3 +72,31 @@ def test_every_module_a_test_skips_without_is_a_test_extra():
             if not names & installed:
                 missing[module] = sorted(names)
     assert not missing, f"skipped on a fresh machine, not in the test extras: {missing}"
+
+
+def test_scripts_test_sh_fails_a_skip_so_nothing_is_skipped(tmp_path):
+    """The README says nothing is skipped after ``scripts/test.sh``: it runs the suite with
+    ``KVCHECK_NO_SKIPS=1``, under which a skip is a failure saying why (tests/no_skips.py)."""
+    import os
+    import subprocess
+    import sys
+
+    assert "Nothing is skipped" in (ROOT / "README.md").read_text()
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert "export KVCHECK_NO_SKIPS=1" in script.split("python3 -m pytest")[0]
+    (tmp_path / "test_demo.py").write_text(
+        "import pytest\n\ndef test_skips():\n    pytest.skip('a missing engine')\n\n"
+        "def test_runs():\n    pass\n")
+
+    def pytest_run(**env):
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no_skips", "-p", "no:cacheprovider",
+             str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "tests"), **env})
+
+    enforced = pytest_run(KVCHECK_NO_SKIPS="1")
+    assert enforced.returncode == 1, enforced.stdout
+    assert "1 failed, 1 passed" in enforced.stdout and "a missing engine" in enforced.stdout
+    assert "with KVCHECK_NO_SKIPS=1 (scripts/test.sh) the suite skips nothing" in enforced.stdout
+    relaxed = pytest_run(KVCHECK_NO_SKIPS="")
+    assert relaxed.returncode == 0 and "1 passed, 1 skipped" in relaxed.stdout, relaxed.stdout
