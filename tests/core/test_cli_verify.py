@@ -182,3 +182,16 @@ def test_interrupted_while_shrinking_says_a_violation_was_found():
     said = bar.interrupted(3)
     assert said.startswith("while shrinking (seed 3): a violation was found")
     assert "down to 12 operations after 57 attempts" in said
+
+
+def test_the_readme_s_first_example_is_what_verify_prints():
+    """README.md opens with ``kvcheck verify tests/corpus/buggy.py:NoCopyOnWrite`` and its
+    output: exactly what it prints (the checkout's path written /path/to/kvcheck)."""
+    root = HERE.parents[1]
+    readme = (root / "README.md").read_text()
+    command = "$ kvcheck verify tests/corpus/buggy.py:NoCopyOnWrite\n"
+    shown = readme.split("```\n" + command, 1)[1].split("```", 1)[0]
+    p = subprocess.run([*KVCHECK, "verify", "tests/corpus/buggy.py:NoCopyOnWrite"],
+                       capture_output=True, text=True, timeout=300, cwd=root)
+    assert p.returncode == 1, p.stderr
+    assert p.stdout.replace(f"{root}/", "/path/to/kvcheck/") == shown
