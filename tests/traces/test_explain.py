@@ -111,6 +111,7 @@ def test_a_cyclic_target_reads_its_window_in_the_rule():
     assert "Under a cyclic window of W blocks" in v.doc  # the spec's text, for this target
     text = render(trace)
     assert "Under a cyclic window of W blocks (op.cycle)" in text and "``" not in text
+    assert "sequence 0's table (none) -> [" in v.witness, v.witness  # not "table no table"
 
 
 def test_the_terms_it_reads_are_values_never_a_question_mark(corpus_name):

@@ -51,7 +51,7 @@ def _shown(table) -> str:
 
 
 def _table(s, q: int) -> str:
-    return "no table" if not s.live(q) else _shown([s.table(q, i) for i in s.positions(q)])
+    return "(none)" if not s.live(q) else _shown([s.table(q, i) for i in s.positions(q)])
 
 
 def _entries(n: int) -> str:
