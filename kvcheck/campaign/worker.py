@@ -29,6 +29,7 @@ from multiprocessing.connection import wait as wait_for
 from kvcheck.campaign.coverage import Counter
 from kvcheck.campaign.plan import RunSpec
 from kvcheck.check import recording, watchdog
+from kvcheck.check.clock import OwnClock
 from kvcheck.check.processes import die_with_parent
 from kvcheck.check.recording import Recorder
 
@@ -263,7 +264,10 @@ class _Child:
         self.ended = False
         self.hung = False
         self.kill_at = kill_at
-        self.seen, self.since = None, time.monotonic()
+        # a stuck call is timed in the child's own time (kvcheck.check.clock): a niced run
+        # beside others waits for a core, and that wait is never a hang
+        self.own = OwnClock(self.proc.pid)
+        self.seen, self.since = None, self.own()
         self.kill_after = 2 * (spec.timeout or 10.0) + GRACE
 
     def pump(self) -> None:
@@ -272,7 +276,7 @@ class _Child:
         from kvcheck.check.watchdog import read_heartbeat
 
         if self.paused:  # nor is its call in flight stuck
-            self.since = time.monotonic()
+            self.since = self.own()
             return
         try:
             while not self.ended and self.conn.poll():
@@ -288,7 +292,7 @@ class _Child:
         if self.ended:
             self.proc.join()
             return
-        now = time.monotonic()
+        now = self.own()
         state = read_heartbeat(self.beat)
         if state != self.seen:
             self.seen, self.since = state, now
@@ -312,7 +316,7 @@ class _Child:
         except (ProcessLookupError, TypeError):
             return
         self.paused = paused
-        self.since = time.monotonic()
+        self.since = self.own()
 
     def status(self) -> str:
         """How the child ended, in words."""

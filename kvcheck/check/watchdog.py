@@ -4,9 +4,11 @@ Everything kvcheck does with a target (importing it, building it, every
 operation together with the observation after it) runs between
 ``Watchdog.enter()`` and ``Watchdog.leave()``. While a call is inside:
 
-* when it stays in flight longer than ``timeout`` seconds, a daemon thread
-  sends SIGUSR1 to the main thread, whose handler raises ``OperationTimeout``
-  in the target's code. It is a ``BaseException``, so a target's ``except
+* when it stays in flight longer than ``timeout`` seconds of the main thread's
+  *own time* (``kvcheck.check.clock``: the wall clock less the time a loaded machine
+  kept it waiting for a core, so that load is never a hang), a daemon thread sends
+  SIGUSR1 to the main thread, whose handler raises ``OperationTimeout`` in the
+  target's code. It is a ``BaseException``, so a target's ``except
   Exception`` cannot swallow it (one that catches everything is ended by the
   supervisor, ``kvcheck.supervise``);
 * ``os._exit`` raises ``TargetExit`` instead of ending the process (``sys.exit``
@@ -31,6 +33,8 @@ import struct
 import sys
 import threading
 import time
+
+from kvcheck.check.clock import OwnClock
 
 
 class OperationTimeout(BaseException):
@@ -138,6 +142,7 @@ class Watchdog:
             if self.timeout:
                 self._saved.append(signal.signal(signal.SIGUSR1, self._on_signal))
                 self._main = threading.main_thread().ident
+                self._main_tid = threading.get_native_id()  # (this is the main thread)
                 threading.Thread(target=self._watch, name="kvcheck-watchdog", daemon=True).start()
         self._active = True
         _ACTIVE.append(self)
@@ -175,14 +180,16 @@ class Watchdog:
             raise OperationTimeout(f"did not return within {self.timeout:g} s")
 
     def _watch(self) -> None:
-        seen, since = -1, _now()
+        own = OwnClock(tid=self._main_tid)  # the main thread's own time: wall less core waits
+        seen, since = -1, own()
         step = max(self.timeout / 4, 0.01)
-        last, cpu = since, time.process_time()
+        last, cpu = _now(), time.process_time()
         while not self._stop.wait(step):
             if HEARTBEAT is not None and _ACTIVE and _ACTIVE[-1] is self:
                 _HEARTBEAT.pack_into(HEARTBEAT, 0, self.serial + self.started, self.busy)
-            now, cpu_now = _now(), time.process_time()
-            gap = now - last - step  # how much later than asked this thread woke
+            wall, cpu_now = _now(), time.process_time()
+            now = own()
+            gap = wall - last - step  # how much later than asked this thread woke
             if gap > STOPPED_GAP and cpu_now - cpu < gap / 2:
                 # and the process ran little meanwhile: it was stopped (SIGSTOP: a campaign
                 # holding the runs beside a shrinking one; a suspend). That time is not the
@@ -190,7 +197,7 @@ class Watchdog:
                 # waking too, but it runs: its time counts, and the supervisor's heartbeat
                 # watch is there for a call that never lets go.)
                 since += gap
-            last, cpu = now, cpu_now
+            last, cpu = wall, cpu_now
             if not self.busy or self.started != seen:
                 seen, since = self.started, now
                 continue

@@ -11,8 +11,10 @@ loop in C that holds the interpreter lock so no timeout can interrupt it, or a
   original stdout through a saved descriptor, so ``--json`` stays one object;
 * the child's watchdog reports the calls it starts and whether one is in
   flight through a shared page (``kvcheck.watchdog.HEARTBEAT``); a call in
-  flight for longer than ``2 x --timeout + GRACE`` seconds (the child's own
-  timeout could not break it) gets the child killed: a hang;
+  flight for longer than ``2 x --timeout + GRACE`` seconds of the child's own
+  time (``kvcheck.check.clock``: the wall clock less the time a loaded machine
+  kept it waiting for a core) gets the child killed: a hang the child's own
+  timeout could not break;
 * the child writes its exit code to a pipe when its command returned. A
   child that ends without writing it ended because of the target.
 
@@ -197,10 +199,12 @@ def _run_child(entry, args, beat, status_w: int, rec_w: int | None) -> None:
 
 def _watch(pid: int, beat, status_r: int, rec_r: int | None, timeout: float,
            kill_at: int | None) -> tuple[int, Ending | None]:
+    from kvcheck.check.clock import OwnClock
     from kvcheck.check.watchdog import read_heartbeat
 
     kill_after = 2 * timeout + GRACE
-    seen, since = None, time.monotonic()
+    own = OwnClock(pid)  # the child's main thread's own time: load is never a hang
+    seen, since = None, own()
     status, records, partial = b"", [], b""
     hung = False
     open_fds = [status_r] + ([rec_r] if rec_r is not None else [])
@@ -217,7 +221,7 @@ def _watch(pid: int, beat, status_r: int, rec_r: int | None, timeout: float,
                     partial += chunk
                     *lines, partial = partial.split(b"\n")
                     records += [json.loads(x) for x in lines if x]
-            now = time.monotonic()
+            now = own()
             state = read_heartbeat(beat)
             if state != seen:
                 seen, since = state, now
