@@ -11,6 +11,10 @@ from __future__ import annotations
 
 SEED = 0
 
+# Shrinking a counterexample, the same for every command (verify, prove, campaign, ...):
+SHRINK_STEPS = 500_000  # the budget: operations replayed in all (the same trace on any machine)
+SHRINK_SECONDS = 600.0  # an outer wall-clock cap only; the trace says so when it cuts
+
 RUN = {
     "blocks": {"num_blocks": 32, "block_size": 4, "ops": 10_000},  # kvcheck verify
     "prefix": {"num_blocks": 16, "block_size": 4, "ops": 5_000},  # kvcheck verify-prefix

@@ -149,7 +149,7 @@ class Settings:
     crosshair: bool = True
     timeout: float = 10.0
     target_only: bool = False  # skip what is proved about the spec; check the target only
-    shrink_budget: float = 30.0  # seconds for shrinking a counterexample
+    shrink_budget: object = None  # a kvcheck.check.shrink.Budget (default: its defaults)
 
     @property
     def tokens(self) -> int:

@@ -67,7 +67,8 @@ def deviation_summary(deviations: list) -> dict:
 
 def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: int = 10_000,
            seed: int = 0, out_of_blocks=None, timeout: float | None = 10.0,
-           mode: str = "fast", do_shrink: bool = True, shrink_budget: float = 60.0,
+           mode: str = "fast", do_shrink: bool = True,
+           shrink_budget: float | _shrink.Budget | None = None,
            progress: Callable[[int], None] | None = None, compiled: bool = True,
            shrink_progress=None, model: str = "blocks", scope=None, extra: dict | None = None,
            deadline: float | None = None, allow: frozenset = frozenset()) -> Result:
@@ -108,7 +109,8 @@ def _refused(history: list) -> int:
 
 
 def counterexample(label, factory, num_blocks, block_size, history, v: Violation, seed,
-                   out_of_blocks=None, timeout=10.0, do_shrink=True, budget=60.0,
+                   out_of_blocks=None, timeout=10.0, do_shrink=True,
+                   budget: float | _shrink.Budget | None = None,
                    progress=None) -> Trace:
     """A replayable block-manager trace for violation ``v`` found after ``history``;
     shrunk if asked (see ``kvcheck.check.shrink.counterexample``)."""

@@ -37,7 +37,7 @@ import re
 import shlex
 from dataclasses import asdict, dataclass, field
 
-from kvcheck.defaults import RUN
+from kvcheck.defaults import RUN, SHRINK_SECONDS, SHRINK_STEPS
 
 PLAN = 3  # run 0: the checking command at its defaults; then small scopes; then the swarm
 SMALL_FIRST = 6  # runs 1..SMALL_FIRST of plan 3: small scopes
@@ -92,9 +92,10 @@ class Settings:
     model: str = "blocks"
     seed: int = 0
     timeout: float | None = 10.0
-    shrink_seconds: float = 30.0
+    shrink_seconds: float = SHRINK_SECONDS  # the wall-clock cap on a run's shrinking
     out_of_blocks: str | None = None  # module:Name
     block_manager: str | None = None  # the scheduler's
+    shrink_steps: int = SHRINK_STEPS  # a run's shrinking budget, in operations replayed
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -112,16 +113,22 @@ class RunSpec:
     ops: int  # operations (the scheduler: requests)
     extra: dict = field(default_factory=dict)  # weights (the mix), batch_prob
     timeout: float | None = 10.0
-    shrink_seconds: float = 30.0
+    shrink_seconds: float = SHRINK_SECONDS
     out_of_blocks: str | None = None
     block_manager: str | None = None
+    shrink_steps: int = SHRINK_STEPS
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict) -> RunSpec:
-        return cls(**data)
+        return cls(**data)  # (a run recorded before shrink_steps gets the default)
+
+    def shrink_budget(self):
+        from kvcheck.check.shrink import Budget
+
+        return Budget(self.shrink_steps, self.shrink_seconds)
 
     def describe(self) -> str:
         """The drawn shape and mix, in a few words."""
@@ -161,7 +168,10 @@ class RunSpec:
             argv += ["--out-of-blocks", self.out_of_blocks]
         if self.timeout != 10.0:
             argv += ["--timeout", f"{self.timeout or 0:g}"]
-        argv += ["--shrink-seconds", f"{self.shrink_seconds:g}"]
+        if self.shrink_steps != SHRINK_STEPS:
+            argv += ["--shrink-budget", str(self.shrink_steps)]
+        if self.shrink_seconds != SHRINK_SECONDS:
+            argv += ["--shrink-seconds", f"{self.shrink_seconds:g}"]
         return " ".join(shlex.quote(a) for a in argv)
 
 
@@ -198,7 +208,7 @@ def defaults(settings: Settings, run: int = 0) -> RunSpec:
             extra["batch_prob"] = d["batch_prob"]
     return RunSpec(run, model, settings.target, settings.seed, scope, ops, extra,
                    settings.timeout, settings.shrink_seconds, settings.out_of_blocks,
-                   settings.block_manager)
+                   settings.block_manager, settings.shrink_steps)
 
 
 def is_defaults(run: int, plan: int = PLAN) -> bool:
@@ -260,7 +270,8 @@ def _drawn(settings: Settings, run: int, key: str, small: bool) -> RunSpec:
         if model == "device":
             extra["batch_prob"] = round(rng.uniform(0.0, 0.8), 2)
     return RunSpec(run, model, settings.target, seed, scope, ops, extra, settings.timeout,
-                   settings.shrink_seconds, settings.out_of_blocks, settings.block_manager)
+                   settings.shrink_seconds, settings.out_of_blocks, settings.block_manager,
+                   settings.shrink_steps)
 
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")

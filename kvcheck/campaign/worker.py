@@ -165,7 +165,7 @@ def _verify(spec: RunSpec, model, counter: Counter):
         else None
     s = spec.scope
     return verify(spec.target, s["num_blocks"], s["block_size"], spec.ops, spec.seed, oob,
-                  spec.timeout, shrink_budget=spec.shrink_seconds, shrink_progress=_shrinking,
+                  spec.timeout, shrink_budget=spec.shrink_budget(), shrink_progress=_shrinking,
                   model=spec.model, scope=model.scope_from_json(s),
                   extra={**spec.extra, "watch": counter.watch})
 
@@ -176,7 +176,7 @@ def _scheduler(spec: RunSpec):
     s = spec.scope
     return verify(spec.target, s["num_blocks"], s["block_size"], s["watermark"], spec.ops,
                   spec.seed, spec.extra.get("workloads", 1), spec.timeout,
-                  shrink_budget=spec.shrink_seconds, shrink_progress=_shrinking,
+                  shrink_budget=spec.shrink_budget(), shrink_progress=_shrinking,
                   block_manager=spec.block_manager, out_of_blocks=spec.out_of_blocks)
 
 

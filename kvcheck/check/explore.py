@@ -32,19 +32,23 @@ class Exploration:
     distinct: int = 0  # distinct states reached
     depth: int = 0  # deepest level completed
     seconds: float = 0.0
-    complete: bool = True  # False if stopped by the time budget
+    complete: bool = True  # False if stopped by a budget (max_steps or the time budget)
     violation: object | None = None
     ops: list = field(default_factory=list)  # shortest failing sequence
     key_filter: tuple | None = None
+    steps: int = 0  # operations run on targets (a path replayed from scratch counts whole)
+    stopped_by_time: bool = False  # the wall-clock budget, not max_steps, stopped it
 
 
 def explore(model: Model, factory, scope, options: Options, budget: float | None = None,
-            key: tuple | None = None, dedup: bool = True, progress=None) -> Exploration:
+            key: tuple | None = None, dedup: bool = True, progress=None,
+            max_steps: int | None = None) -> Exploration:
     """BFS to ``scope.depth``; stops at the first violation (with ``key``, if given).
 
     ``scope`` is the model's exploration scope: its sizes for building the target and
     ``depth``; ``progress(depth, distinct states, operations explored)`` is told of each
-    state expanded."""
+    state expanded. ``max_steps``: the most operations it may run (a count, the same on
+    any machine); ``budget``: a wall-clock cap in seconds (an outer limit)."""
     start = time.perf_counter()
     options = options.full()
     res = Exploration(scope, key_filter=key)
@@ -69,13 +73,15 @@ def explore(model: Model, factory, scope, options: Options, budget: float | None
             for op in model.moves(state, scope):
                 if not state.valid(op):  # (a move the state's preconditions rule out)
                     continue
-                if budget is not None and time.perf_counter() - start > budget:
-                    res.complete = False
+                over_time = budget is not None and time.perf_counter() - start > budget
+                if over_time or (max_steps is not None and res.steps >= max_steps):
+                    res.complete, res.stopped_by_time = False, over_time
                     res.seconds = time.perf_counter() - start
                     return res
                 child = state.clone() if can_copy else _replayed(model, fresh, path)
                 v = child.step(op)
                 res.explored += 1
+                res.steps += 1 if can_copy else len(path) + 1
                 if v is not None:
                     if key is None or v.key == key:
                         res.violation, res.ops = v, [*path, op]

@@ -25,6 +25,12 @@ replaying every candidate from scratch in full mode (``kvcheck.check.run.replay`
 The result is 1-minimal: no single deletion, model move, lowered count or
 lowered size still fails the same way; and when the search completes within
 the budget it is a *shortest* run for its scope (``Shrunk.shortest``).
+
+The budget (``Budget``) is counted in work, not time: ``steps``, the operations replayed
+in all (each candidate costs its length, BFS its operations run), so the same run shrinks
+to the same trace on an idle and on a loaded machine. ``seconds`` is only an outer
+wall-clock cap; when it cuts, the trace says so (it is still a real counterexample, only
+perhaps longer).
 """
 
 from __future__ import annotations
@@ -35,6 +41,52 @@ from dataclasses import dataclass
 
 from kvcheck.check.model import COUNT, SEQS, TOKENS, Model, Options, lower
 from kvcheck.check.run import Replay, replay
+from kvcheck.defaults import SHRINK_SECONDS, SHRINK_STEPS
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What shrinking may spend: ``steps`` operations replayed in all (deterministic) and, as
+    an outer limit only, ``seconds`` of wall clock."""
+
+    steps: int = SHRINK_STEPS
+    seconds: float = SHRINK_SECONDS
+
+    @classmethod
+    def of(cls, budget) -> Budget:
+        """A ``Budget``; None is the defaults, a number the wall-clock cap alone (callers
+        written before the budget was counted in steps)."""
+        if budget is None:
+            return cls()
+        return budget if isinstance(budget, Budget) else cls(seconds=float(budget))
+
+
+STEPS, SECONDS = "steps", "seconds"  # which limit stopped a shrink (Shrunk.stopped_by)
+
+
+class _Meter:
+    """A shrink's spending against its ``Budget``; ``stopped_by`` once a limit was reached."""
+
+    def __init__(self, budget: Budget):
+        self.budget = budget
+        self.left = budget.steps
+        self.deadline = time.monotonic() + budget.seconds
+        self.stopped_by = ""
+
+    def live(self) -> bool:
+        if self.left <= 0:
+            self.stopped_by = self.stopped_by or STEPS
+            return False
+        if time.monotonic() >= self.deadline:
+            self.stopped_by = self.stopped_by or SECONDS
+            return False
+        return True
+
+    def spend(self, steps: int) -> None:
+        self.left -= steps
+
+    def seconds_left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
 
 
 @dataclass
@@ -46,6 +98,8 @@ class Shrunk:
     attempts: int
     shortest: str = ""  # set when BFS showed nothing shorter exists within the scope
     one_minimal: bool = True  # False if the budget ran out before the greedy passes settled
+    stopped_by: str = ""  # not one_minimal: the limit reached (STEPS, or SECONDS: the wall)
+    steps: int = 0  # operations replayed
 
     @property
     def num_blocks(self) -> int:  # the block-manager scopes' names, for old callers
@@ -69,21 +123,25 @@ def renumber(model: Model, ops: list) -> list:
 
 
 def shrink(model: Model, factory, scope, ops: list, key: tuple, options: Options,
-           budget: float = 60.0, progress: Callable[[int, int], None] | None = None,
-           ) -> Shrunk | None:
+           budget: float | Budget = Budget(), progress: Callable[[int, int], None] | None = None,
+           replayer: Callable | None = None) -> Shrunk | None:
     """The smallest run failing with the same ``key``; None if ``ops`` does not fail so.
 
     ``progress(attempts, length)``, if given, is told of every candidate tried and the
-    length of the smallest failing run so far (``Model.size``)."""
-    deadline = time.monotonic() + budget
+    length of the smallest failing run so far (``Model.size``). ``replayer`` replaces
+    ``kvcheck.check.run.replay`` (same arguments and result: e.g. each replay in a process
+    of its own); with one, no breadth-first search runs (it drives the target here)."""
+    meter = _Meter(Budget.of(budget))
+    run = replayer or replay
     attempts = 0
     smallest = model.size(ops)
 
     def fails(cand: list, sc) -> Replay | None:
         nonlocal attempts, smallest
         attempts += 1
+        meter.spend(len(cand) + 1)
         try:
-            r = replay(model, factory, sc, cand, options)
+            r = run(model, factory, sc, cand, options)
         except Exception:  # noqa: BLE001 - a scope the target refuses is just not smaller
             r = None
         if r is not None and r.violation is not None and r.violation.key == key:
@@ -97,7 +155,7 @@ def shrink(model: Model, factory, scope, ops: list, key: tuple, options: Options
     # (a scope halved first: a run failing the same way there shows ``ops`` fails so too,
     # without its replay at the whole scope, the slowest of all; then the run cut to what
     # its last operation depends on (``Model.focus``), kept where it fails the same way)
-    cur, sc = _halved(model, fails, ops, scope, deadline)
+    cur, sc = _halved(model, fails, ops, scope, meter)
     failing = sc != scope
     focused = model.focus(cur)
     if focused is not None:
@@ -111,31 +169,47 @@ def shrink(model: Model, factory, scope, ops: list, key: tuple, options: Options
         cur = _cut(r.ops, r.violation)
     shortest = ""
     while True:
-        cur, sc, settled = _greedy(model, fails, cur, sc, deadline)
-        left = deadline - time.monotonic()
-        if len(cur) <= 1 or left <= 0:
+        cur, sc, settled = _greedy(model, fails, cur, sc, meter)
+        if len(cur) <= 1 or not meter.live() or replayer is not None:
             break
         escope = model.exploration_scope(cur, sc)
         if escope is None:
             break
         from kvcheck.check.explore import explore
 
-        found = explore(model, factory, escope, options, budget=min(left, 10.0), key=key)
+        found = explore(model, factory, escope, options, budget=meter.seconds_left(), key=key,
+                        max_steps=min(meter.left, EXPLORE_STEPS))
+        meter.spend(found.steps)
         if found.violation is None:
             if found.complete:
                 shortest = f"no shorter trace exists within {escope.describe()}"
+            elif found.stopped_by_time:
+                meter.stopped_by = meter.stopped_by or SECONDS
             break
         cur = found.ops
-    final = replay(model, factory, sc, renumber(model, cur), options, record=True)
+    final = run(model, factory, sc, renumber(model, cur), options, record=True)
     if final.violation is None or final.violation.key != key:
-        final = replay(model, factory, sc, cur, options, record=True)
-    return Shrunk(final.ops, sc, final.violation, final.states, attempts, shortest, settled)
+        final = run(model, factory, sc, cur, options, record=True)
+    return Shrunk(final.ops, sc, final.violation, final.states, attempts, shortest, settled,
+                  "" if settled else meter.stopped_by or STEPS,
+                  meter.budget.steps - meter.left)
 
 
-def budget_ran_out(budget: float, length: int, unit: str) -> str:
-    """The minimality of a counterexample whose shrinking was stopped by its time budget."""
-    return (f"shrinking stopped at its {budget:g} s budget: {length} {unit}"
-            f"{'' if length == 1 else 's'}, not proven 1-minimal")
+EXPLORE_STEPS = 100_000
+"""The most operations one breadth-first search while shrinking may run (a search that
+reaches it claims no shortest trace)."""
+
+
+def budget_ran_out(budget: float | Budget, length: int, unit: str, by: str = SECONDS) -> str:
+    """The minimality of a counterexample whose shrinking was stopped by its budget: its
+    steps (``--shrink-budget``, the same on any machine) or its wall-clock cap
+    (``--shrink-seconds``, said so: on another machine it may have gone further)."""
+    budget = Budget.of(budget)
+    units = f"{length} {unit}{'' if length == 1 else 's'}, not proven 1-minimal"
+    if by == STEPS:
+        return f"shrinking stopped at its budget of {budget.steps:,} replayed operations: {units}"
+    return (f"shrinking stopped at its {budget.seconds:g} s wall-clock cap (--shrink-seconds): "
+            f"{units}")
 
 
 # A hang is shrunk with at most this per-operation limit, so that each candidate that
@@ -144,7 +218,7 @@ HANG_SHRINK_TIMEOUT = 1.0
 
 
 def counterexample(model: Model, label: str, factory, scope, history: list, v, seed,
-                   options: Options, do_shrink: bool = True, budget: float = 60.0,
+                   options: Options, do_shrink: bool = True, budget: float | Budget = Budget(),
                    progress: Callable[[int, int], None] | None = None, unit: str = "operation"):
     """A replayable trace (``kvcheck.check.trace.Trace``) for violation ``v`` found after
     ``history``: shrunk if asked, else replayed as found. Shrinking replays in full mode;
@@ -182,7 +256,7 @@ def counterexample(model: Model, label: str, factory, scope, history: list, v, s
             if s is not None:
                 how = ("1-minimal: removing any one operation or lowering any size stops it "
                        "failing" if s.one_minimal else budget_ran_out(budget, model.size(s.ops),
-                                                                       unit))
+                                                                       unit, s.stopped_by))
                 if s.shortest:
                     how += f"; shortest: {s.shortest}"
                 return trace(s.ops, s.scope, s.violation, s.states, how)
@@ -222,13 +296,13 @@ def _fails_at(model: Model, replays_failing, cur: list, sc, new):
     return None
 
 
-def _halved(model: Model, replays_failing, cur: list, sc, deadline: float):
+def _halved(model: Model, replays_failing, cur: list, sc, meter: _Meter):
     """Pass 1's halving: each scope size above ``HALVE_ABOVE`` halved while ``cur`` fails
     the same way there (``_fails_at``); the run that failed last, cut after its violation,
     and its scope (``sc`` itself and ``cur`` as given where no halving failed so)."""
     for f in model.scope_fields:
         value = getattr(sc, f.name)
-        while value > HALVE_ABOVE and time.monotonic() < deadline:
+        while value > HALVE_ABOVE and meter.live():
             new = lower(sc, f.name, max(f.low, value // 2))
             got = _fails_at(model, replays_failing, cur, sc, new)
             if got is None:
@@ -237,15 +311,13 @@ def _halved(model: Model, replays_failing, cur: list, sc, deadline: float):
     return cur, sc
 
 
-def _greedy(model: Model, replays_failing, cur: list, sc, deadline: float):
-    """Passes 2-5 to a fixpoint; ``settled`` is False if the deadline stopped them first.
+def _greedy(model: Model, replays_failing, cur: list, sc, meter: _Meter):
+    """Passes 2-5 to a fixpoint; ``settled`` is False if the budget stopped them first.
 
     A candidate counts only if the run it replays to differs from the current one: a model
     whose run state ends a run with operations of its own (``implied``: e.g. a scheduler
     draining its workload) may replay a deletion back to the very same run."""
-
-    def live() -> bool:
-        return time.monotonic() < deadline
+    live = meter.live
 
     def same(got, csc) -> bool:
         return csc == sc and _requests(model, got.ops) == _requests(model, cur)

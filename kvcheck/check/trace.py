@@ -39,6 +39,7 @@ VERSION = 2
 READS = (1, 2)  # the versions this kvcheck loads
 MAX_BYTES = 64 * 1024 * 1024  # a trace bigger than this is refused unread
 MAX_BLOCK_SIZE = 65536  # the schema's scope.block_size maximum (the largest block a trace records)
+MAX_BLOCKS = 1048576  # the schema's scope.num_blocks maximum (the largest pool a trace records)
 # The longest prompt kvcheck runs: 2**24 tokens, beyond any model's context window. A
 # trace may record more (the schema allows up to 2**31 - 1), but replaying such a prompt
 # would have an allocator that materialises its tokens run out of memory, a false alarm:

@@ -75,6 +75,9 @@ BAD = [
     (["verify", "--out-of-blocks", "oob_named_otherwise:NotAnException"], "not an exception"),
     (["verify", "--out-of-blocks", "oob_named_otherwise:NOT_CALLABLE"], "not callable"),
     (["verify", "--trace-out", "."], "is a directory"),
+    # a pool no trace can record is refused up front, not found unrecordable (or "hung")
+    (["verify", "--blocks", "100000000"], "at most 1048576 blocks"),
+    (["verify-prefix", "--blocks", "1048577"], "at most 1048576 blocks"),
 ]
 
 
@@ -87,6 +90,14 @@ def test_bad_input_exit_2_one_line(argv, message):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
     assert "Traceback" not in p.stderr and message in lines[0], lines[0]
+
+
+def test_the_pool_limit_is_the_trace_schema_s():
+    import json
+
+    from kvcheck.check.trace import MAX_BLOCKS, schema
+
+    assert schema()["properties"]["scope"]["properties"]["num_blocks"]["maximum"] == MAX_BLOCKS
 
 
 # -- Ctrl-C (issue 32, item 3) -------------------------------------------------------------------

@@ -56,3 +56,40 @@ def test_a_real_hang_is_still_a_hang_on_a_loaded_machine():
     out = json.loads(r.stdout)
     assert r.returncode == 1 and out["violation"]["violation"]["kind"] == "hang", r.stdout + r.stderr
 
+
+def _corpus_traces() -> dict[str, str]:
+    from corpus.buggy import CORPUS
+
+    from kvcheck.verify import verify
+
+    return {name: verify(cls).trace.dumps() for name, (cls, _, _) in sorted(CORPUS.items())}
+
+
+def test_the_corpus_shrinks_to_the_same_traces_beside_a_cpu_hog():
+    """Every corpus entry through ``verify`` at its defaults, idle and then beside the hogs:
+    byte for byte the same traces (shrinking's budget is counted in replayed operations,
+    not seconds)."""
+    idle = _corpus_traces()
+    with hogs():
+        loaded = _corpus_traces()
+    assert idle.keys() == loaded.keys()
+    different = [name for name in idle if idle[name] != loaded[name]]
+    assert not different, different
+
+
+def test_a_shrink_cut_by_its_budget_is_the_same_beside_a_cpu_hog():
+    """A bug behind hidden state (it needs 300 appends first) shrinks until its budget runs
+    out: the budget is replayed operations, so the cut falls at the same place, loaded or
+    not (a budget in seconds cut it at a different length each time)."""
+    from kvcheck.check.shrink import Budget
+    from kvcheck.verify import verify
+
+    def trace() -> str:
+        r = verify(f"{HERE / 'slow_targets.py'}:CrashesLate", shrink_budget=Budget(steps=30_000))
+        assert "shrinking stopped at its budget of 30,000 replayed operations" in \
+            r.trace.minimality
+        return r.trace.dumps()
+
+    idle = trace()
+    with hogs():
+        assert trace() == idle

@@ -79,7 +79,7 @@ def add_parser(sub) -> None:
                         "scheduler's module, else the reference)")
     add_out_of_blocks(p)
     add_timeout(p)
-    add_shrink_seconds(p, 30.0)
+    add_shrink_seconds(p)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object "
                                                         "instead of text (default: off)")
     p.set_defaults(run=run)
@@ -100,6 +100,7 @@ def run(args) -> int:
     seconds = args.time if args.time is not None or args.runs else duration(DEFAULT_TIME)
     settings = Settings(target=location(args.target), model=args.model, seed=args.seed,
                         timeout=args.timeout, shrink_seconds=args.shrink_seconds,
+                        shrink_steps=args.shrink_budget,
                         out_of_blocks=location(args.out_of_blocks) if args.out_of_blocks else None,
                         block_manager=(location(args.block_manager) if args.block_manager else None))
     bar = Progress(label="campaign") if not args.json else None

@@ -25,6 +25,7 @@ from kvcheck.cli.commands.common import (
     junit_run,
     mix_weights,
     positive_int,
+    shrink_budget,
     stopped_note,
     write_output,
 )
@@ -40,7 +41,8 @@ FULL_HELP = ("check the whole state after every operation: slower, exact (defaul
 
 
 def add_run_flags(p, target: str, what: str, blocks: int, block_size: int, ops: int,
-                  shrink_seconds: float, full_help: str = FULL_HELP, ops_help: str = "",
+                  shrink_seconds: float | None = None, full_help: str = FULL_HELP,
+                  ops_help: str = "",
                   out_of_blocks: bool = True, extra: Callable | None = None,
                   mix: tuple[str, ...] = ()) -> None:
     """The flags of a checking command, in the order ``--help`` shows them; ``extra(p)``
@@ -68,7 +70,7 @@ def add_run_flags(p, target: str, what: str, blocks: int, block_size: int, ops: 
         add_out_of_blocks(p)
     add_timeout(p)
     p.add_argument("--full", action="store_true", help=full_help)
-    add_shrink_seconds(p, shrink_seconds)
+    add_shrink_seconds(p)
 
 
 def run(args, command: str, model: str, **verify_kwargs):
@@ -90,7 +92,7 @@ def run(args, command: str, model: str, **verify_kwargs):
     try:
         return verify(args.target, args.blocks, args.block_size, args.ops, args.seed, oob,
                       args.timeout, mode="full" if args.full else "fast", progress=bar,
-                      shrink_budget=args.shrink_seconds, shrink_progress=bar.shrinking,
+                      shrink_budget=shrink_budget(args), shrink_progress=bar.shrinking,
                       model=model, **verify_kwargs)
     except KeyboardInterrupt:  # Ctrl-C: the line stays, and how far the run got (exit 130)
         raise Interrupted(bar.interrupted(args.seed)) from None

@@ -42,6 +42,18 @@ def block_size(text: str) -> int:
     return value
 
 
+def num_blocks(text: str) -> int:
+    """A pool size kvcheck runs: 1 .. ``kvcheck.check.trace.MAX_BLOCKS`` (the largest pool a
+    trace can record), refused up front rather than found unrecordable after the run."""
+    from kvcheck.check.trace import MAX_BLOCKS
+
+    value = positive_int(text)
+    if value > MAX_BLOCKS:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_BLOCKS} blocks (the largest pool a trace records), got {value}")
+    return value
+
+
 def nonneg_int(text: str) -> int:
     try:
         value = int(text)
@@ -96,8 +108,9 @@ def add_target(p, default: str, what: str = "allocator") -> None:
 
 
 def add_pool(p, blocks: int, block_size: int, blocks_help: str = "pool size") -> None:
-    p.add_argument("--blocks", type=positive_int, default=blocks, metavar="N",
-                   help=f"{blocks_help}, in blocks (default: %(default)s)")
+    p.add_argument("--blocks", type=num_blocks, default=blocks, metavar="N",
+                   help=f"{blocks_help}, in blocks, at most 1048576 (the largest pool a trace "
+                        f"records) (default: %(default)s)")
     p.add_argument("--block-size", type=globals()["block_size"], default=block_size,
                    metavar="TOKENS", help="tokens per block, at most 65536 (the largest block "
                                           "a trace records) (default: %(default)s)")
@@ -162,16 +175,34 @@ def nonneg_float(text: str) -> float:
     return value
 
 
-def add_shrink_seconds(p, default: float) -> None:
-    """``--shrink-seconds``: the time budget for shrinking a counterexample."""
-    p.add_argument("--shrink-seconds", type=nonneg_float, default=default, metavar="SECONDS",
-                   help="time budget for shrinking a counterexample, in seconds; when it runs out "
-                        "the trace says so and how long it still is (default: %(default)g)")
+def add_shrink_seconds(p) -> None:
+    """``--shrink-budget`` (operations replayed: the same trace on any machine) and
+    ``--shrink-seconds`` (a wall-clock cap), the same defaults for every command that
+    shrinks (``kvcheck.defaults``)."""
+    from kvcheck.defaults import SHRINK_SECONDS, SHRINK_STEPS
+
+    p.add_argument("--shrink-budget", type=nonneg_int, default=SHRINK_STEPS, metavar="OPS",
+                   help="what shrinking a counterexample may spend, in operations replayed: "
+                        "counted in work, not time, so the same command prints the same trace "
+                        "on an idle and a loaded machine; when it runs out the trace says so "
+                        "and how long it still is (default: %(default)s)")
+    p.add_argument("--shrink-seconds", type=nonneg_float, default=SHRINK_SECONDS,
+                   metavar="SECONDS",
+                   help="a wall-clock cap on shrinking, an outer limit only: when it cuts, the "
+                        "trace says so (it is still a counterexample, perhaps a longer one) "
+                        "(default: %(default)g)")
+
+
+def shrink_budget(args):
+    """The ``kvcheck.check.shrink.Budget`` the shrink flags give."""
+    from kvcheck.check.shrink import Budget
+
+    return Budget(args.shrink_budget, args.shrink_seconds)
 
 
 def stopped_note(minimality: str) -> str:
-    """`` (shrinking stopped at its 5 s budget, not proven 1-minimal)`` for a verdict line, when
-    the shrinking budget ran out ('' otherwise)."""
+    """`` (shrinking stopped at its 5 s wall-clock cap, not proven 1-minimal)`` for a verdict
+    line, when the shrinking budget ran out ('' otherwise)."""
     if not minimality.startswith("shrinking stopped at its "):
         return ""
     return f" ({minimality.split(':')[0]}, not proven 1-minimal)"

@@ -15,6 +15,7 @@ from kvcheck.cli.commands.common import (
     exit_code,
     positive_float,
     positive_int,
+    shrink_budget,
     write_output,
 )
 
@@ -53,7 +54,7 @@ def add_parser(sub) -> None:
                         "what checks TARGET: Z3 witness runs, BFS, CrossHair on the reference "
                         "(default: off)")
     add_out_of_blocks(p)
-    add_shrink_seconds(p, 30.0)
+    add_shrink_seconds(p)
     p.set_defaults(run=run)
 
 
@@ -68,7 +69,7 @@ def run(args) -> int:
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
     st = Settings(args.blocks, args.block_size, args.seqs, args.depth, args.max_tokens,
                   args.budget, not args.no_pairs, not args.no_crosshair,
-                  target_only=args.target_only, shrink_budget=args.shrink_seconds)
+                  target_only=args.target_only, shrink_budget=shrink_budget(args))
     if st.tokens > 64 or st.num_blocks > 64 or st.seqs > 8:
         raise UsageError("scope too large for bounded proofs: keep blocks and tokens <= 64, seqs <= 8")
     bar = None if args.json else Progress(label="prove")

@@ -18,6 +18,7 @@ from kvcheck.cli.commands.common import (
     junit_run,
     nonneg_int,
     positive_int,
+    shrink_budget,
     stopped_note,
     write_output,
 )
@@ -57,7 +58,7 @@ def add_parser(sub) -> None:
                      "(kvcheck replay, kvcheck report)")
     add_junit(p)
     add_json(p)
-    add_shrink_seconds(p, 30.0)
+    add_shrink_seconds(p)
     p.set_defaults(run=run)
 
 
@@ -78,7 +79,7 @@ def run(args) -> int:
     bar = Progress(args.workloads, "verify-scheduler", "workloads") if not args.json else None
     try:
         result = verify(args.target, args.blocks, args.block_size, args.watermark, args.requests,
-                        args.seed, args.workloads, args.timeout, shrink_budget=args.shrink_seconds,
+                        args.seed, args.workloads, args.timeout, shrink_budget=shrink_budget(args),
                         block_manager=args.block_manager, out_of_blocks=args.out_of_blocks,
                         progress=bar, shrink_progress=(
                             (lambda n, k: bar.shrinking(n, k, "requests")) if bar else None))

@@ -29,7 +29,7 @@ def replay(factory, num_blocks: int, block_size: int, ops, out_of_blocks=None,
 
 
 def shrink(factory, num_blocks: int, block_size: int, ops: list, key: tuple, out_of_blocks=None,
-           timeout: float | None = 10.0, budget: float = 60.0, progress=None):
+           timeout: float | None = 10.0, budget=None, progress=None):
     """The smallest trace failing with the same ``key`` (see ``kvcheck.check.shrink``)."""
     return _shrink.shrink(MODEL, factory, BlockScope(num_blocks, block_size), ops, key,
                           _options(out_of_blocks, timeout), budget, progress)

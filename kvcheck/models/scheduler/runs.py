@@ -133,7 +133,7 @@ class Result:
 
 def verify(target="reference", num_blocks: int = 16, block_size: int = 4, watermark: int = 1,
            requests: int = 12, seed: int = 0, workloads: int = 20, timeout: float | None = 10.0,
-           do_shrink: bool = True, shrink_budget: float = 30.0, progress=None,
+           do_shrink: bool = True, shrink_budget=None, progress=None,
            shrink_progress=None, block_manager=None,
            out_of_blocks: type[BaseException] | str | None = None, mode: str = "fast") -> Result:
     """Check ``target`` on ``workloads`` seeded workloads (seeds ``seed``, ``seed + 1``...),
