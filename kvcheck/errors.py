@@ -1,4 +1,13 @@
-"""Errors that mean "bad input": the CLI prints them as one line and exits 2."""
+"""Errors that mean "bad input": the CLI prints them as one line and exits 2; the exit
+codes every command shares."""
+
+# Exit codes, the same for every command (README "Exit codes").
+PASS = 0  # everything checked holds
+FAIL = 1  # a counterexample or a disproved property, shown
+BAD_INPUT = 2  # one line on stderr
+INTERNAL = 3  # a bug in kvcheck itself
+INCONCLUSIVE = 4  # a budget or timeout cut the work short: nothing failed, not everything decided
+INTERRUPTED = 130  # the user's Ctrl-C
 
 
 class UsageError(Exception):

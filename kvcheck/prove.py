@@ -39,9 +39,17 @@ from kvcheck.spec.outcomes import OUTCOMES, classify
 from kvcheck.spec.symbolic import SymScope
 from kvcheck.targets.loading import build, resolve
 
+CROSSHAIR_CPU_SECONDS = 60.0
+"""CrossHair's allowance per contract at ``--effort 1``: CPU seconds of its analysis (its
+``--per_condition_timeout``), which a loaded machine does not shorten; ``--budget`` is
+the outer wall-clock limit."""
 SPEC, TARGET = "spec", "target"  # Row.group: proved about the spec / checked on the target
 REFERENCES = ("reference", "reference-engine", "reference-eager")  # CrossHair checks these
 NOT_APPLICABLE = "not applicable"  # a class that cannot occur at the scope (see bmc.witnesses)
+
+
+UNKNOWN, UNREACHABLE, VIOLATED = "unknown", "unreachable", "violated"
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 
 
 @dataclass
@@ -53,10 +61,17 @@ class Row:
     seconds: float
     detail: str = ""
     group: str = SPEC
+    undecided: str = ""  # an "unknown" row: the limit that stopped it (effort.TIME / EFFORT)
 
     @property
     def ok(self) -> bool:
-        return self.result in ("holds", NOT_APPLICABLE)
+        """Nothing wrong shown: it holds, cannot occur at this scope, or (a coverage
+        warning) no run within the depth reaches it."""
+        return self.result in ("holds", NOT_APPLICABLE, UNREACHABLE)
+
+    @property
+    def verdict(self) -> str:
+        return FAIL if self.result == VIOLATED else INCONCLUSIVE if self.result == UNKNOWN else PASS
 
 
 @dataclass
@@ -68,8 +83,32 @@ class Report:
     spec_checked: bool = True  # False with Settings.target_only
 
     @property
+    def verdict(self) -> str:
+        """FAIL: a row is violated (a counterexample, or a disproved property, shown);
+        INCONCLUSIVE: none is, and a row is undecided (a budget cut it short); else PASS."""
+        return _verdict(self.rows)
+
+    @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.rows)
+        return self.verdict == PASS
+
+    def undecided(self) -> list[Row]:
+        return [r for r in self.rows if r.result == UNKNOWN]
+
+    def warnings(self) -> list[Row]:
+        return [r for r in self.rows if r.result == UNREACHABLE]
+
+    def not_decided(self) -> str:
+        """What was not decided and what decides it, in one line ('' when all was)."""
+        rows = self.undecided()
+        if not rows:
+            return ""
+        from kvcheck.proofs import effort
+
+        why = effort.TIME if any(r.undecided == effort.TIME for r in rows) else effort.EFFORT
+        names = ", ".join(f"{r.engine}: {r.property}" for r in rows[:4])
+        more = f" and {len(rows) - 4} more" if len(rows) > 4 else ""
+        return f"not decided: {names}{more} ({effort.hint(why)})"
 
     def group(self, name: str) -> list[Row]:
         return [r for r in self.rows if r.group == name]
@@ -80,7 +119,7 @@ class Report:
         for r in rows:
             counts[r.result] = counts.get(r.result, 0) + 1
         return {"rows": len(rows), "holds": counts.get("holds", 0),
-                "ok": all(r.ok for r in rows), "results": counts}
+                "ok": _verdict(rows) == PASS, "verdict": _verdict(rows), "results": counts}
 
     def summary(self) -> str:
         """What was proved and what was checked, e.g. ``spec 35/35 proved; target 3/3 checked``."""
@@ -110,10 +149,13 @@ class Report:
             for r in self.group(group):
                 case = Case(f"kvcheck.{group}.{r.engine.replace(' ', '_')}",
                             f"{r.property} [{r.scope}]", r.seconds, text=r.detail)
-                if not r.ok:
+                if r.result == VIOLATED:  # only a counterexample or a disproof fails
                     case.failure, case.failure_type = f"{r.result}: {r.detail}", r.result
-                elif r.result == NOT_APPLICABLE:  # not checked: never shown as passed
-                    case.skipped = f"{r.result}: {r.detail}"
+                elif r.result == UNKNOWN:  # not decided: inconclusive, never a failure
+                    case.skipped = f"inconclusive: {r.detail}"
+                elif r.result != "holds":  # not checked: never shown as passed
+                    case.skipped = (f"warning: {r.detail}" if r.result == UNREACHABLE
+                                    else f"{r.result}: {r.detail}")
                 suite.cases.append(case)
             suites.append(suite)
         return suites
@@ -124,10 +166,12 @@ class Report:
             t = self.tally(name)
             groups[name] = {"checked": name == TARGET or self.spec_checked, "rows": t["rows"],
                             "holds": t["holds"], "results": t["results"],
-                            "verdict": "pass" if t["ok"] else "fail"}
+                            "verdict": t["verdict"]}
         return {
             "target": self.target,
-            "verdict": "pass" if self.ok else "fail",
+            "verdict": self.verdict,
+            "not_decided": self.not_decided(),
+            "warnings": [f"{r.engine}: {r.property}: {r.detail}" for r in self.warnings()],
             "seconds": round(self.seconds, 3),
             "rows": [asdict(r) for r in self.rows],
             "counterexample": None if self.counterexample is None else self.counterexample.to_json(),
@@ -150,53 +194,70 @@ class Settings:
     timeout: float = 10.0
     target_only: bool = False  # skip what is proved about the spec; check the target only
     shrink_budget: object = None  # a kvcheck.check.shrink.Budget (default: its defaults)
+    effort: float = 1.0  # every solver allowance times this (kvcheck.proofs.effort)
 
     @property
     def tokens(self) -> int:
         return self.max_tokens or 3 * self.block_size
 
 
+def _verdict(rows) -> str:
+    verdicts = {r.verdict for r in rows}
+    return FAIL if FAIL in verdicts else INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
+
+
 def _z3_rows(st: Settings, report: Report, deadline: float, say, cycle=None) -> list:
     """The spec's rows (unless ``target_only``); the Z3 witnesses the target is driven with.
     ``cycle``: (W, the target's operations) for a target declaring a cyclic window: the
-    induction is also run under it (rows named "... under a cyclic window of W blocks")."""
+    induction is also run under it (rows named "... under a cyclic window of W blocks").
+
+    Every query is bounded in Z3's resource units (``kvcheck.proofs.effort``), so what is
+    decided is the same on any machine; ``deadline`` (by ``time.monotonic()``) is only the
+    outer limit, and what it cuts reads "unknown" (INCONCLUSIVE)."""
+    from kvcheck.proofs import effort
+
     sym = SymScope(st.num_blocks, st.block_size, st.seqs, st.tokens)
 
     def searching(d, found, goals):
         say(f"z3 coverage: depth {d}, witnesses for {found}/{goals} outcome classes and pairs")
 
+    def left() -> float:
+        return max(0.001, deadline - time.monotonic())
+
+    def ms() -> int:
+        return max(1, int(1000 * left()))
+
     if st.target_only:
-        left = max(1.0, (deadline - time.monotonic()) * 0.5)
-        return witnesses(sym, st.depth, pairs=st.pairs, budget=left, progress=searching)
+        ws = witnesses(sym, st.depth, pairs=st.pairs, budget=left(), progress=searching)
+        _deeper(sym, st, ws, left, say)
+        return ws
     scope = sym.describe()
     proved = True
-    proofs = prove_invariants(sym, timeout_ms=int(1000 * max(1.0, deadline - time.monotonic())),
+
+    def row(p, prop=None):
+        result = {"proved": "holds"}.get(p.result, p.result)
+        report.rows.append(Row(p.engine, prop or p.property, p.scope, result, p.seconds, p.detail,
+                               undecided=p.undecided))
+        return p.result == "proved"
+
+    proofs = prove_invariants(sym, timeout_ms=ms(),
                               progress=lambda name: say(f"z3 k-induction: {name}"))
     for p in proofs:
-        result = {"proved": "holds"}.get(p.result, p.result)
-        proved &= p.result == "proved"
-        report.rows.append(Row(p.engine, p.property, scope, result, p.seconds, p.detail))
+        proved &= row(p)
     if cycle is not None:
         W, kinds = cycle
         say(f"z3 k-induction under the target's cyclic window of {W} block(s)")
-        for p in prove_invariants(sym, contracts=cyclic_contracts(W, kinds),
-                                  timeout_ms=int(1000 * max(1.0, deadline - time.monotonic()))):
-            result = {"proved": "holds"}.get(p.result, p.result)
-            proved &= p.result == "proved"
-            report.rows.append(Row(p.engine, f"{p.property} under a cyclic window of {W} "
-                                   f"block(s)", scope, result, p.seconds, p.detail))
+        for p in prove_invariants(sym, contracts=cyclic_contracts(W, kinds), timeout_ms=ms()):
+            proved &= row(p, f"{p.property} under a cyclic window of {W} block(s)")
     pscope = PrefixModelScope(st.num_blocks, st.block_size, holders=st.seqs)
     say("z3 k-induction (prefix cache): every prefix-cache invariant")
-    for p in prove_prefix_invariants(pscope,
-                                     timeout_ms=int(1000 * max(1.0, deadline - time.monotonic()))):
-        result = {"proved": "holds"}.get(p.result, p.result)
-        report.rows.append(Row(p.engine, p.property, p.scope, result, p.seconds, p.detail))
-    left = max(1.0, (deadline - time.monotonic()) * 0.4)
-    b = bmc_lemmas(sym, st.depth, budget=left, proofs=proofs, progress=lambda d, closed, n: say(
+    for p in prove_prefix_invariants(pscope, timeout_ms=ms()):
+        row(p)
+    b = bmc_lemmas(sym, st.depth, budget=left(), proofs=proofs, progress=lambda d, closed, n: say(
         f"z3 bmc: depth {d} of {st.depth}, {closed} of {n} invariants closed by their induction"))
     name = f"no invariant broken within depth {st.depth}"
     if b.violated:
-        report.rows.append(Row("z3 bmc", name, scope, "violated", b.seconds,
+        report.rows.append(Row("z3 bmc", name, scope, VIOLATED, b.seconds,
                                f"{b.violated} broken at depth {b.depth}: " +
                                "; ".join(_show(o) for o in b.ops)))
     else:
@@ -210,36 +271,67 @@ def _z3_rows(st: Settings, report: Report, deadline: float, say, cycle=None) -> 
                     f"(apart from the induction)")
         searched = f"every run to depth {b.depth}: {how}"
         if b.complete:
-            result, detail = "holds", searched
-        elif proved:
-            result, detail = "holds", f"{searched} (budget); deeper depths closed by the induction"
+            report.rows.append(Row("z3 bmc", name, scope, "holds", b.seconds, searched))
         else:
-            result, detail = "unknown", f"{searched}; the time budget ran out"
-        report.rows.append(Row("z3 bmc", name, scope, result, b.seconds, detail))
-    left = max(1.0, (deadline - time.monotonic()) * 0.5)
-    ws = witnesses(sym, st.depth, pairs=st.pairs, budget=left, progress=searching)
+            why = b.undecided or effort.EFFORT
+            report.rows.append(Row("z3 bmc", name, scope, UNKNOWN, b.seconds,
+                                   f"{searched}; depth {b.depth + 1} undecided: "
+                                   f"{effort.hint(why)}", undecided=why))
+    ws = witnesses(sym, st.depth, pairs=st.pairs, budget=left(), progress=searching)
+    _deeper(sym, st, ws, left, say)
     for w in ws:
         if " -> " in w.name:
             continue
+        undecided = ""
         if w.depth:
             result, detail = "holds", f"witness depth {w.depth}"
         elif w.not_applicable:
             result = NOT_APPLICABLE
             detail = (f"cannot occur at this scope: Z3 shows no state satisfying every invariant "
                       f"has such a step (it can at {w.possible_at})")
-        elif w.impossible:
-            result = "unreachable"
+        elif w.impossible:  # a disproved property of the spec: it can never show this class
+            result = VIOLATED
             detail = ("Z3 shows no state satisfying every invariant has such a step, at this "
                       "scope or a larger one: the spec says nothing about it")
         elif w.searched:
-            result = "unreachable"
-            detail = (f"no witness within depth {st.depth}, although a state satisfying every "
-                      f"invariant has such a step: the spec says nothing about it within the bound")
+            result, detail = UNREACHABLE, _unreached(st, w)
         else:
-            result, detail = "unknown", "the time budget ran out before a witness was found"
+            undecided = w.undecided or effort.EFFORT
+            result, detail = UNKNOWN, f"no witness found: {effort.hint(undecided)}"
         report.rows.append(Row("z3 coverage", f"reachable: {w.name}", scope, result, w.seconds,
-                               detail))
+                               detail, undecided=undecided))
     return ws
+
+
+DEEPER = 3
+"""How many depths beyond ``--depth`` a class without a witness is searched for, to say
+which depth reaches it (``reached_at``)."""
+
+
+def _deeper(sym, st: Settings, ws, left, say) -> None:
+    """For each class searched to ``st.depth`` without a witness that can occur at this
+    scope: the depth that reaches it, up to ``DEEPER`` further (``Witness.reached_at``)."""
+    from kvcheck.proofs.bmc import reach
+
+    names = [w.name for w in ws if " -> " not in w.name and not w.depth and w.searched
+             and not w.impossible]
+    if not names:
+        return
+    say(f"z3 coverage: {len(names)} class(es) searched beyond depth {st.depth}")
+    depths = reach(sym, names, st.depth, st.depth + DEEPER, budget=left())
+    for w in ws:
+        if w.name in depths:
+            w.reached_at = depths[w.name]
+
+
+def _unreached(st: Settings, w) -> str:
+    """A coverage warning: no run within ``--depth`` shows the class, and which depth does."""
+    at = getattr(w, "reached_at", None)
+    head = (f"warning: no run within depth {st.depth} shows it, so within this bound the spec "
+            f"says nothing about it")
+    if at:
+        return f"{head}; a run of {at} operations reaches it (--depth {at} covers it)"
+    return f"{head}; none within depth {st.depth + DEEPER} either"
 
 
 def _show(op) -> str:
@@ -281,11 +373,17 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=N
                 if prev is not None:
                     seen_pairs.add((prev, cls))
                 prev = cls
+    from kvcheck.proofs import effort
+
     pairs = [w for w in ws if " -> " in w.name]
     found_pairs = sum(1 for w in pairs if w.depth)
     cannot = sum(1 for w in pairs if not w.depth and w.impossible)
     no_pair = sum(1 for w in pairs if not w.depth and not w.impossible and w.searched)
     unsearched = sum(1 for w in pairs if not w.depth and not w.impossible and not w.searched)
+    # A witness the clock kept from being searched is a run the target was never driven
+    # with: the row is undecided. One the effort allowance left unsearched is a bound of
+    # the check, the same on every machine, and said so.
+    cut = [w.name for w in ws if not w.depth and not w.searched and w.undecided == effort.TIME]
     na = [w.name for w in ws if " -> " not in w.name and w.not_applicable]
     offered = build(factory, st.num_blocks, st.block_size, out_of_blocks).capabilities
     absent = [c for c in OUTCOMES if OUTCOMES[c][0] not in offered]
@@ -299,7 +397,8 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=N
               f"{len(seen_pairs)} ordered pairs shown by the target "
               f"({found_pairs} pairs have Z3 witnesses, {cannot} cannot occur from any state "
               f"satisfying every invariant at this scope, {no_pair} are unreachable within depth "
-              f"{st.depth}, {unsearched} were not searched within the budget)")
+              f"{st.depth}, {unsearched} were not searched within "
+              f"{'the time budget' if cut else 'the effort allowance (--effort)'})")
     if na:
         detail += f"; not applicable at this scope: {', '.join(na)}"
     if absent:
@@ -307,6 +406,11 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=N
         detail += f"; operations the target does not offer: {', '.join(kinds)}"
     if missing:
         detail += f"; never shown by the target: {', '.join(missing)}"
+    if cut:
+        report.rows.append(Row("exploration", "z3 witness runs pass the oracle", _scope(st),
+                               UNKNOWN, time.perf_counter() - t0,
+                               f"{detail}; {effort.hint(effort.TIME)}", TARGET, effort.TIME))
+        return
     report.rows.append(Row("exploration", "z3 witness runs pass the oracle", _scope(st), "holds",
                            time.perf_counter() - t0, detail, TARGET))
 
@@ -342,21 +446,24 @@ def prove(target="reference", st: Settings | None = None, progress=None,
     cycle = (W, built.capabilities) if W else None
     report = Report(label, spec_checked=not st.target_only)
     start = time.monotonic()
-    deadline = start + st.budget
+    deadline = start + st.budget  # the outer limit: what it cuts is undecided, never a verdict
     say = progress or (lambda msg: None)  # progress(text): what runs now, often (throttle it)
+
+    from kvcheck.proofs import effort
 
     say("z3: witnesses of every outcome class" if st.target_only else
         "z3: induction, bmc, coverage")
-    ws = _z3_rows(st, report, start + st.budget * 0.5, say, cycle)
+    with effort.scaled(st.effort):
+        ws = _z3_rows(st, report, deadline, say, cycle)
 
     say("exploration: z3 witnesses on the target")
     _replay_witnesses(st, factory, ws, report, out_of_blocks, say)
 
     say("exploration: breadth-first search")
     scope = Scope(st.num_blocks, st.block_size, st.seqs, st.tokens, st.depth)
-    left = max(1.0, deadline - time.monotonic())
+    left = max(0.001, deadline - time.monotonic())
     with Watchdog(st.timeout):
-        ex = explore(factory, scope, out_of_blocks, timeout=st.timeout, budget=left * 0.8,
+        ex = explore(factory, scope, out_of_blocks, timeout=st.timeout, budget=left,
                      progress=lambda d, states, ops: say(
                          f"exploration bfs: depth {d} of {st.depth}, {states} distinct states, "
                          f"{ops} operations"))
@@ -367,25 +474,30 @@ def prove(target="reference", st: Settings | None = None, progress=None,
     else:
         report.rows.append(Row(
             "exploration", "bfs: no violation", scope.describe(),
-            "holds" if ex.complete else "unknown", ex.seconds,
+            "holds" if ex.complete else UNKNOWN, ex.seconds,
             f"{ex.explored} operations explored, {ex.distinct} distinct states, depth {ex.depth}"
-            + ("" if ex.complete else " (stopped by the time budget)"), TARGET))
+            + ("" if ex.complete else f" of {st.depth}; {effort.hint(effort.TIME)}"), TARGET,
+            "" if ex.complete else effort.TIME))
 
     if st.crosshair and label in REFERENCES:
         say(f"crosshair: contracts of {label}")
         from kvcheck.proofs.crosshair_contracts import offered_by
         from kvcheck.proofs.crosshair_run import run_crosshair
 
-        left = max(10.0, deadline - time.monotonic())
-        results = run_crosshair(None if label == "reference" else label,
-                                budget_seconds=left, per_condition_timeout=left / 4,
+        left = max(0.0, deadline - time.monotonic())
+        results = run_crosshair(None if label == "reference" else label, budget_seconds=left,
+                                per_condition_timeout=CROSSHAIR_CPU_SECONDS * st.effort,
                                 properties=offered_by(factory) or None, scope="2,1,2,2,1")
         for r in results:
-            result = {"proved-within-bound": "holds", "counterexample": "violated"}.get(
-                r["result"], "unknown")
+            result = {"proved-within-bound": "holds", "counterexample": VIOLATED}.get(
+                r["result"], UNKNOWN)
+            detail = ((r.get("message") or "").splitlines()[0][:200]
+                      if r.get("message") else "")
+            if result == UNKNOWN:  # CrossHair's bounds are its CPU seconds and the budget
+                detail = f"{detail}; {effort.hint(effort.TIME)}" if detail else effort.hint(
+                    effort.TIME)
             report.rows.append(Row("crosshair", f"contract of {r['property']}",
-                                   str(r.get("scope", "")), result, r["seconds"],
-                                   (r.get("message") or "").splitlines()[0][:200]
-                                   if r.get("message") else "", TARGET))
+                                   str(r.get("scope", "")), result, r["seconds"], detail, TARGET,
+                                   effort.TIME if result == UNKNOWN else ""))
     report.seconds = time.monotonic() - start
     return report

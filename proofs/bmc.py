@@ -66,6 +66,7 @@ from kvcheck.spec.outcomes import OUTCOMES
 from kvcheck.spec.state import NULL
 from kvcheck.spec.symbolic import SymScope
 
+from . import effort
 from .model import SCOPE_BOUND, Model, decode, decode_choice
 
 
@@ -154,6 +155,12 @@ class BmcResult:
     violated: str | None = None  # name of a broken invariant
     ops: list[Op] = field(default_factory=list)
     complete: bool = True
+    undecided: str = ""  # not complete: which limit stopped it (effort.TIME or effort.EFFORT)
+
+
+def _ms_left(budget: float | None, t0: float) -> int | None:
+    """What is left of the wall-clock ``budget`` started at ``t0``, in ms (None: none)."""
+    return None if budget is None else max(1, int(1000 * (budget - (time.perf_counter() - t0))))
 
 
 def bmc(scope: SymScope, depth: int, contracts=None, invariants=None, encoding: str = "int",
@@ -165,17 +172,16 @@ def bmc(scope: SymScope, depth: int, contracts=None, invariants=None, encoding: 
     res = BmcResult(scope.describe(), 0, 0.0)
     for d in range(1, depth + 1):
         if budget is not None and time.perf_counter() - t0 > budget:
-            res.complete = False
+            res.complete, res.undecided = False, effort.TIME
             break
         extend(u, symmetry)
         s = u.states[-1]
         L = u.model.L
         u.solver.push()
         u.solver.add(z3.Not(L.and_(*[inv.formula(L, s) for inv in invs])))
-        if budget is not None:
-            u.solver.set("timeout", max(1, int(1000 * (budget - (time.perf_counter() - t0)))))
-        r = u.solver.check()
-        if r == z3.sat:
+        effort.limit(u.solver, effort.units(effort.QUERY_UNITS), _ms_left(budget, t0))
+        r = effort.check(u.solver)
+        if r == effort.SAT:
             m = u.solver.model()
             res.ops = trace_of(u, m)
             res.violated = next(inv.name for inv in invs
@@ -184,8 +190,8 @@ def bmc(scope: SymScope, depth: int, contracts=None, invariants=None, encoding: 
             u.solver.pop()
             break
         u.solver.pop()
-        if r != z3.unsat:
-            res.complete = False
+        if r != effort.UNSAT:
+            res.complete, res.undecided = False, r
             break
         res.depth = d
     res.seconds = time.perf_counter() - t0
@@ -229,14 +235,12 @@ def bmc_lemmas(scope: SymScope, depth: int, contracts=None, invariants=None,
     res = LemmaResult(scope.describe(), 0, 0.0)
 
     def left_ms() -> int | None:
-        return None if budget is None else max(1, int(1000 * (budget - (time.perf_counter() - t0))))
+        return _ms_left(budget, t0)
 
     if proofs is None and induction:
         from .induction import prove_invariants
 
-        ms = left_ms()
-        proofs = prove_invariants(scope, contracts, invariants,
-                                  timeout_ms=60_000 if ms is None else min(ms, 60_000))
+        proofs = prove_invariants(scope, contracts, invariants, timeout_ms=left_ms())
         res.induction_seconds = time.perf_counter() - t0
     u = unroll(scope, contracts, invariants, encoding)
     L = u.model.L
@@ -252,11 +256,9 @@ def bmc_lemmas(scope: SymScope, depth: int, contracts=None, invariants=None,
         query per invariant, 28 s against 42 s to depth 4 at 3 x 4 with none closed.)"""
         u.solver.push()
         u.solver.add(z3.Not(L.and_(*[inv.formula(L, s) for inv in asked])))
-        ms = left_ms()
-        if ms is not None:
-            u.solver.set("timeout", ms)
-        r = u.solver.check()
-        if r == z3.sat:
+        effort.limit(u.solver, effort.units(effort.QUERY_UNITS), left_ms())
+        r = effort.check(u.solver)
+        if r == effort.SAT:
             m = u.solver.model()
             res.ops = trace_of(u, m)
             res.violated = next(inv.name for inv in asked if not z3.is_true(
@@ -272,18 +274,18 @@ def bmc_lemmas(scope: SymScope, depth: int, contracts=None, invariants=None,
                     progress(depth, len(closed), len(invs))
                 break
             if budget is not None and time.perf_counter() - t0 > budget:
-                res.complete = False
+                res.complete, res.undecided = False, effort.TIME
                 break
             extend(u)
         s = u.states[-1]
         if d > independent:
             u.solver.add(*[inv.formula(L, s) for inv in closed])  # they hold at depth d
         r = ask(s, invs if d <= independent else unclosed)  # (the empty pool: every one)
-        if r == z3.sat:
+        if r == effort.SAT:
             res.depth, res.seconds = d, time.perf_counter() - t0
             return res
-        if r != z3.unsat:  # (the solver gave up: this depth is not proved)
-            res.complete = False
+        if r != effort.UNSAT:  # (the solver gave up: this depth is not proved)
+            res.complete, res.undecided = False, r
             res.seconds = time.perf_counter() - t0
             return res
         if d <= independent:
@@ -304,6 +306,8 @@ class Witness:
     searched: bool = True  # False: the budget ran out before every depth was tried
     impossible: bool = False  # no witness, and Z3 shows none exists from any valid state here
     possible_at: str = ""  # (a class) a larger scope at which it can occur: not applicable here
+    undecided: str = ""  # not searched: which limit stopped it (effort.TIME or effort.EFFORT)
+    reached_at: int | None = None  # (no witness within the depth) a deeper one (``reach``)
 
     @property
     def not_applicable(self) -> bool:
@@ -321,11 +325,12 @@ def grown(scope: SymScope) -> SymScope:
 
 def possible(scope: SymScope, goals: list[tuple[str, tuple[str, ...]]], contracts=None,
              invariants=None, encoding: str = "int", budget: float | None = None,
-             ) -> dict[str, bool | None]:
+             allowance: int | None = None) -> dict[str, bool | None]:
     """Whether each goal (a label and its classes: one, or an ordered pair) can occur at all
     at ``scope``: from some state satisfying every invariant, reachable or not, steps allowed
     by the contracts whose classes are those. False: Z3 shows it cannot (unsat); None:
-    unknown (the budget ran out). Nothing is pruned (no symmetry, no canonical garbage):
+    undecided (its effort, the resource units of ``allowance`` for them all, or the
+    wall-clock ``budget`` ran out). Nothing is pruned (no symmetry, no canonical garbage):
     "cannot" is only ever said of the whole step relation."""
     t0 = time.perf_counter()
     model = Model(scope, contracts, invariants, encoding=encoding)
@@ -343,17 +348,21 @@ def possible(scope: SymScope, goals: list[tuple[str, tuple[str, ...]]], contract
         for label, classes in goals:
             if len(classes) != d:
                 continue
-            left = None if budget is None else budget - (time.perf_counter() - t0)
-            if left is not None and left <= 0:
+            if (budget is not None and time.perf_counter() - t0 > budget) or (
+                    allowance is not None and allowance <= 0):
                 out[label] = None
                 continue
             solver.push()
             for k, name in enumerate(classes):
                 solver.add(_class_at(u, k + 1, name))
-            if left is not None:
-                solver.set("timeout", max(1, int(1000 * left)))
-            r = solver.check()
-            out[label] = True if r == z3.sat else False if r == z3.unsat else None
+            units = effort.units(effort.QUERY_UNITS)
+            effort.limit(solver, units if allowance is None else min(units, allowance),
+                         _ms_left(budget, t0))
+            before = effort.used()
+            r = effort.check(solver)
+            if allowance is not None:
+                allowance -= effort.used() - before
+            out[label] = True if r == effort.SAT else False if r == effort.UNSAT else None
             solver.pop()
     return out
 
@@ -367,17 +376,21 @@ def _class_at(u: Unrolling, step: int, name: str):
                    if c.op.kind == kind and c.op.outcome == outcome])
 
 
-PAIRS_SHARE = 0.5
-"""While an outcome class has no witness yet, the ordered pairs may spend only this share
-of ``witnesses``' budget: the classes are what ``kvcheck prove``'s rows need (a class
-found only after the pairs of shallower depths used the budget up read as unknown)."""
+PAIR_UNITS = 100_000_000
+"""The ordered pairs' allowance, in all, at ``--effort 1`` (Z3 resource units; with the
+queries' own overhead, about 30 s of an idle core at 3 slots x 6 blocks x 2, depth 5).
+Each class gets its own query's units whatever the pairs used; a pair asked once the
+allowance is spent is not searched (``Witness.undecided``: ``EFFORT``), the same on
+every machine."""
 
 
 def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
               encoding: str = "int", budget: float | None = None,
               progress=None) -> list[Witness]:
     """Shortest witness of every outcome class (and, with ``pairs``, of every ordered pair);
-    ``progress(depth, found, goals)`` is told as the search goes."""
+    ``progress(depth, found, goals)`` is told as the search goes. Each query is bounded in
+    Z3's resource units (``effort``); ``budget`` (seconds) is only the outer limit, and a
+    goal it leaves unasked says so (``undecided``: ``effort.TIME``)."""
     t0 = time.perf_counter()
     u = unroll(scope, contracts, None, encoding)
     names = list(OUTCOMES)
@@ -385,7 +398,8 @@ def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
     if pairs:
         goals += [(f"{a} -> {b}", (a, b)) for a in names for b in names]
     found: dict[str, Witness] = {}
-    unsure: set[str] = set()  # goals with a depth not (fully) tried
+    undecided: dict[str, str] = {}  # goals with a depth not (fully) tried, and why
+    pair_units = effort.units(PAIR_UNITS)
     for d in range(1, depth + 1):
         if len(found) == len(goals):
             break
@@ -395,51 +409,90 @@ def witnesses(scope: SymScope, depth: int, pairs: bool = False, contracts=None,
                 progress(d, len(found), len(goals))
             if label in found or len(classes) > d:
                 continue
-            spent = time.perf_counter() - t0
-            if budget is not None and (spent > budget or (
-                    len(classes) > 1 and spent > PAIRS_SHARE * budget
-                    and not all(n in found for n in names))):
-                unsure.add(label)  # (a pair yields to the classes still unfound)
+            if budget is not None and time.perf_counter() - t0 > budget:
+                undecided[label] = effort.TIME
+                continue
+            pair = len(classes) > 1
+            if pair and pair_units <= 0:
+                undecided[label] = effort.EFFORT
                 continue
             g0 = time.perf_counter()
             u.solver.push()
             for k, name in enumerate(reversed(classes)):
                 u.solver.add(_class_at(u, d - k, name))
-            if budget is not None:
-                u.solver.set("timeout", max(1, int(1000 * (budget - (time.perf_counter() - t0)))))
-            r = u.solver.check()
-            if r == z3.sat:
+            units = effort.units(effort.QUERY_UNITS)
+            before = effort.used() if pair else 0
+            effort.limit(u.solver, min(units, pair_units) if pair else units,
+                         _ms_left(budget, t0))
+            r = effort.check(u.solver)
+            if pair:
+                pair_units -= effort.used() - before
+            if r == effort.SAT:
                 found[label] = Witness(label, d, trace_of(u, u.solver.model()),
                                        time.perf_counter() - g0)
-            elif r != z3.unsat:
-                unsure.add(label)
+            elif r != effort.UNSAT:
+                undecided[label] = r
             u.solver.pop()
-    out = [found.get(label, Witness(label, None, searched=label not in unsure))
+    out = [found.get(label, Witness(label, None, searched=label not in undecided,
+                                    undecided=undecided.get(label, "")))
            for label, _ in goals]
     _applicability(scope, goals, out, contracts, encoding,
-                   None if budget is None else max(1.0, budget - (time.perf_counter() - t0)))
+                   None if budget is None else max(0.001, budget - (time.perf_counter() - t0)),
+                   max(0, pair_units))
     return out
 
 
-def _applicability(scope, goals, ws: list[Witness], contracts, encoding, budget) -> None:
+def reach(scope: SymScope, names: list[str], depth: int, deepest: int, contracts=None,
+          encoding: str = "int", budget: float | None = None) -> dict[str, int]:
+    """The shortest depth in ``depth + 1 .. deepest`` of a run whose last step is of each
+    class in ``names`` (classes without a witness within ``depth``); a class not reached
+    there (or left undecided by its effort or ``budget``) is absent."""
+    t0 = time.perf_counter()
+    u = unroll(scope, contracts, None, encoding)
+    out: dict[str, int] = {}
+    for d in range(1, deepest + 1):
+        extend(u, lemmas=False)
+        if d <= depth:
+            continue
+        for name in names:
+            if name in out or (budget is not None and time.perf_counter() - t0 > budget):
+                continue
+            u.solver.push()
+            u.solver.add(_class_at(u, d, name))
+            effort.limit(u.solver, effort.units(effort.QUERY_UNITS), _ms_left(budget, t0))
+            if effort.check(u.solver) == effort.SAT:
+                out[name] = d
+            u.solver.pop()
+        if len(out) == len(names):
+            break
+    return out
+
+
+def _applicability(scope, goals, ws: list[Witness], contracts, encoding, budget,
+                   pair_units: int | None = None) -> None:
     """Mark the goals without a witness that cannot occur from any valid state at ``scope``,
-    and for classes say whether they can at ``grown(scope)`` (then: not applicable here)."""
+    and for classes say whether they can at ``grown(scope)`` (then: not applicable here).
+    A pair is asked only when its search ran to the depth (one the search left unasked stays
+    so), within what is left of the pairs' allowance (``pair_units``)."""
     t0 = time.perf_counter()
     missing = {w.name for w in ws if not w.depth}
     if not missing:
         return
+    searched = {w.name for w in ws if w.searched}
     classes = dict(goals)
     singles = [(n, c) for n, c in goals if n in missing and len(c) == 1]
     here = possible(scope, singles, contracts, encoding=encoding, budget=budget)
     cannot = {classes[n][0] for n, ok in here.items() if ok is False}
     # a pair with a class that cannot occur cannot either; ask Z3 about the others
-    pairs = [(n, c) for n, c in goals if n in missing and len(c) == 2 and not set(c) & cannot]
-    left = None if budget is None else max(1.0, budget - (time.perf_counter() - t0))
-    here.update(possible(scope, pairs, contracts, encoding=encoding, budget=left))
+    pairs = [(n, c) for n, c in goals if n in missing and n in searched and len(c) == 2
+             and not set(c) & cannot]
+    left = None if budget is None else max(0.001, budget - (time.perf_counter() - t0))
+    here.update(possible(scope, pairs, contracts, encoding=encoding, budget=left,
+                         allowance=pair_units))
     bigger = grown(scope)
     larger = {}
     if cannot and bigger != scope:
-        left = None if budget is None else max(1.0, budget - (time.perf_counter() - t0))
+        left = None if budget is None else max(0.001, budget - (time.perf_counter() - t0))
         larger = possible(bigger, [(n, c) for n, c in singles if c[0] in cannot], contracts,
                           encoding=encoding, budget=left)
     for w in ws:

@@ -32,6 +32,7 @@ import z3
 from kvcheck.spec import contracts as spec_contracts
 from kvcheck.spec.symbolic import SymScope
 
+from . import effort
 from .model import SCOPE_BOUND, Model
 
 
@@ -44,6 +45,7 @@ class Proof:
     seconds: float
     detail: str = ""
     counterexample: object = None
+    undecided: str = ""  # "unknown": which limit stopped it (effort.TIME or effort.EFFORT)
 
 
 ENGINE = "z3 k-induction"
@@ -56,16 +58,14 @@ def _verdict(r) -> str:
     return "violated" if str(r) == "sat" else "unknown"
 
 
-def _solve(parts, timeout_ms, rlimit: int = 0):
-    """The query's answer within ``timeout_ms`` (None: no limit) and, if given, ``rlimit``
-    of Z3's resource units (work done, not time: the same on a busy machine)."""
+def _solve(parts, timeout_ms, rlimit: int):
+    """The query's answer (``effort.check``) within ``rlimit`` of Z3's resource units (work
+    done, not time: the same on a busy machine) and, as the outer limit, ``timeout_ms``
+    (None: no limit)."""
     solver = z3.Solver()
-    if timeout_ms:
-        solver.set("timeout", timeout_ms)
-    if rlimit:
-        solver.set("rlimit", rlimit)
+    effort.limit(solver, rlimit, timeout_ms)
     solver.add(*parts)
-    return solver.check()
+    return effort.check(solver)
 
 
 class _Encoding:
@@ -129,23 +129,29 @@ class _SharedChoices:
             self.memory[i] = 1 + self.encodings.index(encoding)
 
 
-def _portfolio(encodings, build, timeout_ms, key=None, preferred=None):
-    """Try the query in each encoding for each slice in turn, then the full budget.
+def _portfolio(encodings, build, timeout_ms, key=None, preferred=None) -> str:
+    """Try the query in each encoding for each slice in turn, the last slice the query's
+    whole allowance (``effort.QUERY_UNITS`` at the run's effort): ``effort.SAT``, ``UNSAT``,
+    ``EFFORT`` (no encoding decided it within its units) or ``TIME`` (``timeout_ms``, the
+    outer wall-clock limit, stopped it).
 
     The encoding that last answered a query of the same ``key`` goes first (as
-    ``preferred`` remembers it: default, this process's ``_PREFERRED``).
+    ``preferred`` remembers it: default, this process's ``_PREFERRED``): that changes how
+    long an answer takes, never the answer, since every encoding gets every slice.
     """
     if preferred is None:
         preferred = _PREFERRED
     first = preferred.get(key)
     if first is not None:
         encodings = sorted(encodings, key=lambda e: e.model.encoding != first)
-    r = z3.unknown
-    for units in (*PORTFOLIO_SLICES_RLIMIT, 0):  # in order; 0: the whole budget
+    r = effort.EFFORT
+    for units in (*PORTFOLIO_SLICES_RLIMIT, effort.units(effort.QUERY_UNITS)):  # in order
         for enc in encodings:
             r = _solve(build(enc), timeout_ms, units)
-            if r in (z3.sat, z3.unsat):
+            if effort.decided(r):
                 preferred[key] = enc.model.encoding
+                return r
+            if r == effort.TIME:
                 return r
     return r
 
@@ -187,7 +193,7 @@ class _Queries:
                                      z3.Not(e.globals[i].formula(e.L, e.s2))]), None
         else:
             build, key = self._isolation, "isolation"
-        return str(_portfolio(self.encs, build, self.timeout_ms, key, self.preferred))
+        return _portfolio(self.encs, build, self.timeout_ms, key, self.preferred)
 
     def _isolation(self, e):
         bare = Model(self.scope, self.contracts, self.invariants, omit_clauses=("isolation",),
@@ -231,8 +237,8 @@ def prove_invariants(scope: SymScope, contracts=None, invariants=None,
     with Workers(queries.verdict, workers) as pool:
         t0 = time.perf_counter()
         base, = pool.map([("base",)])
-        out.append(Proof(ENGINE, "base case: the empty pool satisfies every invariant",
-                         scope.describe(), _verdict(base), time.perf_counter() - t0))
+        out.append(_proof("base case: the empty pool satisfies every invariant", scope,
+                          _verdict(base), time.perf_counter() - t0, "", [base]))
 
         def per_kind(group: str, i: int) -> None:
             name = getattr(first, group)[i].name
@@ -248,10 +254,10 @@ def prove_invariants(scope: SymScope, contracts=None, invariants=None,
                        and any(r != "unsat" for r in results[k])]
             result = "violated" if failing else ("unknown" if unknown else "proved")
             detail = (f"not preserved by {', '.join(failing)}" if failing else
-                      f"solver gave up on {', '.join(unknown)}" if unknown else
+                      f"undecided for {', '.join(unknown)}" if unknown else
                       f"preserved by {', '.join(kinds)}")
-            out.append(Proof(ENGINE, name, scope.describe(), result, time.perf_counter() - t0,
-                             detail))
+            out.append(_proof(name, scope, result, time.perf_counter() - t0, detail,
+                              [r for k in unknown for r in results[k]]))
 
         for i in range(len(first.others)):
             per_kind("others", i)
@@ -266,17 +272,27 @@ def prove_invariants(scope: SymScope, contracts=None, invariants=None,
             t0 = time.perf_counter()
             r, = pool.map([("global", i)])
             result = _verdict(r) if proved_blocks or r != "unsat" else "unknown"
-            out.append(Proof(ENGINE, inv.name, scope.describe(), result, time.perf_counter() - t0,
-                             "follows from the per-block invariants"))
+            out.append(_proof(inv.name, scope, result, time.perf_counter() - t0,
+                              "follows from the per-block invariants",
+                              [r] + [p.undecided for p in out if p.property in block_names]))
 
         if "append_slot" in kinds:
             tell("isolation")
             t0 = time.perf_counter()
             r, = pool.map([("isolation",)])
-            out.append(Proof(ENGINE, "isolation", scope.describe(), _verdict(r),
-                             time.perf_counter() - t0,
-                             "implied by append_slot's copy-on-write and boundary clauses"))
+            out.append(_proof("isolation", scope, _verdict(r), time.perf_counter() - t0,
+                              "implied by append_slot's copy-on-write and boundary clauses", [r]))
     return out
+
+
+def _proof(name: str, scope, result: str, seconds: float, detail: str, answers,
+           engine: str = ENGINE) -> Proof:
+    """A row; an undecided one says which limit stopped it and what decides it."""
+    why = effort.undecided_by(a for a in answers if a) if result == "unknown" else ""
+    if why:
+        detail = f"{detail}; {effort.hint(why)}" if detail else effort.hint(why)
+    where = scope if isinstance(scope, str) else scope.describe()
+    return Proof(engine, name, where, result, seconds, detail, undecided=why)
 
 
 def cyclic_contracts(window_blocks: int, kinds=None) -> dict:

@@ -58,7 +58,8 @@ import z3
 
 from kvcheck.spec.prefix import cache_hits, cached_tokens
 
-from .induction import Proof, _portfolio, _verdict
+from . import effort
+from .induction import Proof, _portfolio, _proof, _verdict
 from .prefix_model import PrefixModel, _scope
 
 ENGINE = "z3 k-induction (prefix cache)"
@@ -113,27 +114,28 @@ def prove_prefix_invariants(scope, steps=None, invariants=None, timeout_ms: int 
     base = _portfolio(encs, lambda e: [e.model.init(e.s), z3.Not(z3.And(
         e.model.well_formed(e.s),
         *[i.formula(e.L, e.s) for i in [*e.model.invariants, *e.model.lemmas]]))], timeout_ms)
-    out.append(Proof(ENGINE, "prefix base case: the initial pool satisfies every prefix invariant",
-                     where, _verdict(base), time.perf_counter() - t0))
+    out.append(_proof("prefix base case: the initial pool satisfies every prefix invariant",
+                      where, _verdict(base), time.perf_counter() - t0, "", [base], ENGINE))
 
     def per_step(name, goal, cases):
         t0 = time.perf_counter()
-        failing, unknown = [], []
+        failing, unknown, undecided = [], [], []
         for kind in first.kinds:
             for a in cases(first):
                 r = _portfolio(encs, lambda e, k=kind, a=a: [*e.hyp(a), e.steps[k, a][0],
                                                              z3.Not(goal(e))],
                                timeout_ms, key=f"prefix.{kind}")
                 label = kind if a == FOCUS else f"{kind} (another block)"
-                if r == z3.sat:
+                if r == effort.SAT:
                     failing.append(label)
-                elif r != z3.unsat:
+                elif r != effort.UNSAT:
                     unknown.append(label)
+                    undecided.append(r)
         result = "violated" if failing else ("unknown" if unknown else "proved")
         detail = (f"not preserved by {', '.join(failing)}" if failing else
-                  f"solver gave up on {', '.join(unknown)}" if unknown else
+                  f"undecided for {', '.join(unknown)}" if unknown else
                   f"preserved by {', '.join(first.kinds)}")
-        out.append(Proof(ENGINE, name, where, result, time.perf_counter() - t0, detail))
+        out.append(_proof(name, where, result, time.perf_counter() - t0, detail, undecided, ENGINE))
 
     per_step("prefix model well-formed (counts, fill, ids, holders in scope)",
              lambda e: e.model.well_formed(e.s2), lambda e: [FOCUS])
@@ -152,9 +154,9 @@ def prove_prefix_invariants(scope, steps=None, invariants=None, timeout_ms: int 
             return [*e.hyp(FOCUS), body, z3.Not(z3.And(*claims))]
 
         r = _portfolio(encs, hit_query, timeout_ms, key="prefix.hit")
-        out.append(Proof(ENGINE, "cache hit returns a cached block holding the requested prefix",
-                         where, _verdict(r), time.perf_counter() - t0,
-                         "implied by the hit rule and the invariants"))
+        out.append(_proof("cache hit returns a cached block holding the requested prefix",
+                          where, _verdict(r), time.perf_counter() - t0,
+                          "implied by the hit rule and the invariants", [r], ENGINE))
 
         def unwritten_hit(e):  # publish after write, as the hit sees it
             body, _ = e.steps["hit", FOCUS]
@@ -162,28 +164,29 @@ def prove_prefix_invariants(scope, steps=None, invariants=None, timeout_ms: int 
 
         t0 = time.perf_counter()
         r = _portfolio(encs, unwritten_hit, timeout_ms, key="prefix.hit")
-        out.append(Proof(ENGINE, "publish after write: a cache hit never returns a block whose "
-                         "content is not written", where, _verdict(r), time.perf_counter() - t0,
-                         "implied by the hit rule and key_after_write"))
+        out.append(_proof("publish after write: a cache hit never returns a block whose "
+                          "content is not written", where, _verdict(r), time.perf_counter() - t0,
+                          "implied by the hit rule and key_after_write", [r], ENGINE))
         t0 = time.perf_counter()
         B, N = sc.block_size, sc.num_blocks
         lengths = range(1, N * B + 1)
-        failing, unknown = [], []
+        failing, unknown, undecided = [], [], []
         for n in lengths:
             r = _portfolio(encs, lambda e, n=n: _cached_tokens_query(e, n, lookup, count),
                            timeout_ms, key="prefix.cached_tokens")
-            if r == z3.sat:
+            if r == effort.SAT:
                 failing.append(n)
-            elif r != z3.unsat:
+            elif r != effort.UNSAT:
                 unknown.append(n)
+                undecided.append(r)
         result = "violated" if failing else ("unknown" if unknown else "proved")
         detail = (f"refuted for a prompt of {failing[0]} token(s)" if failing else
-                  f"solver gave up on prompts of {unknown} tokens" if unknown else
+                  f"undecided for prompts of {unknown} tokens" if unknown else
                   f"every prompt of 1..{N * B} tokens; implied by the hit rule, the "
                   "invariants and the lookup stopping before the last token")
-        out.append(Proof(ENGINE, "cached tokens: the count an allocation reports skips only "
-                         "blocks holding the requested prefix and leaves a token to compute",
-                         where, result, time.perf_counter() - t0, detail))
+        out.append(_proof("cached tokens: the count an allocation reports skips only "
+                          "blocks holding the requested prefix and leaves a token to compute",
+                          where, result, time.perf_counter() - t0, detail, undecided, ENGINE))
     if "release" in first.kinds:
         def early_free(e):  # vLLM PR #43569: freed before its write, still findable
             body, _ = e.steps["release", FOCUS]
@@ -192,9 +195,9 @@ def prove_prefix_invariants(scope, steps=None, invariants=None, timeout_ms: int 
 
         t0 = time.perf_counter()
         r = _portfolio(encs, early_free, timeout_ms, key="prefix.release")
-        out.append(Proof(ENGINE, "publish after write: a block freed before its write is not "
-                         "findable", where, _verdict(r), time.perf_counter() - t0,
-                         "implied by the release rule and key_after_write"))
+        out.append(_proof("publish after write: a block freed before its write is not "
+                          "findable", where, _verdict(r), time.perf_counter() - t0,
+                          "implied by the release rule and key_after_write", [r], ENGINE))
     return out
 
 

@@ -154,17 +154,20 @@ def test_block_size_1_marks_impossible_classes_not_applicable(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     skipped = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase")
                if c.find("skipped") is not None]
-    na_classes = {"append/in-place", "append/copy-on-write",
+    # (an append in place at one slot per block only into a reserved block: applicable)
+    na_classes = {"append/copy-on-write",
                   "append/out-of-blocks-in-copy-on-write", "fork/copies-partial-tail",
                   "fork/out-of-blocks", "rebase/copies-partial-tail", "rebase/out-of-blocks"}
     assert {n.split("reachable: ")[1].split(" [")[0] for n in skipped} == na_classes, skipped
     na = [line for line in r.stdout.splitlines() if "reachable: " in line and " not applicable " in line]
     assert {line.split("reachable: ")[1].split()[0] for line in na} == na_classes
     assert "cannot occur at this scope: Z3 shows no state satisfying every invariant" in r.stdout
-    assert "(7 not applicable at this scope)" in r.stdout.strip().splitlines()[-1]
+    assert "(6 not applicable at this scope)" in r.stdout.strip().splitlines()[-1]
 
 
 def test_a_class_the_spec_rules_out_fails_prove(monkeypatch):
+    """A class Z3 shows no valid state can step into, at this scope or a larger one, is a
+    disproved property of the spec (the spec says nothing about it): FAIL, shown."""
     from kvcheck.prove import Settings, prove
     from kvcheck.spec.outcomes import OUTCOMES
 
@@ -174,4 +177,76 @@ def test_a_class_the_spec_rules_out_fails_prove(monkeypatch):
     for block_size in (2, 1):
         report = prove("reference", Settings(3, block_size, 2, 4, pairs=False, crosshair=False))
         row = next(r for r in report.rows if r.property == "reachable: append/copy-on-write")
-        assert row.result == "unreachable" and not report.ok, (block_size, row)
+        assert row.result == "violated" and report.verdict == "fail", (block_size, row)
+        assert "the spec says nothing about it" in row.detail
+
+
+def test_coverage_unreachable_within_the_depth_is_a_warning_with_the_depth_that_reaches_it(tmp_path):
+    """At depth 2 some classes need a longer run: PASS (exit 0) with a warning naming the
+    depth that reaches each, and JUnit skips them (never a failure)."""
+    junit = tmp_path / "prove.xml"
+    r = kvcheck("prove", "--blocks", "3", "--block-size", "2", "--seqs", "2", "--depth", "2",
+                "--no-pairs", "--no-crosshair", "--junit", str(junit))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1].startswith("PASS reference")
+    warnings = [line for line in r.stdout.splitlines() if line.startswith("warning: ")]
+    cow = next(line for line in warnings if "reachable: append/copy-on-write:" in line)
+    assert "no run within depth 2 shows it" in cow
+    assert "a run of 3 operations reaches it (--depth 3 covers it)" in cow
+    root = ET.parse(junit).getroot()
+    assert root.get("failures") == "0"
+    case = next(c for c in root.iter("testcase") if "reachable: append/copy-on-write" in c.get("name"))
+    assert case.find("skipped").get("message").startswith("warning: ")
+
+
+def test_a_budget_that_cuts_the_work_short_is_inconclusive_never_fail(tmp_path):
+    """--budget is an outer limit only: what it cuts reads unknown, the verdict is
+    INCONCLUSIVE (exit 4), says what was not decided and which flag decides it, and the
+    JUnit has no failure."""
+    junit = tmp_path / "prove.xml"
+    r = kvcheck("prove", "--blocks", "6", "--block-size", "2", "--seqs", "3", "--depth", "6",
+                "--budget", "0.5", "--junit", str(junit))
+    assert r.returncode == 4, r.stdout + r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[-1].startswith("INCONCLUSIVE reference: "), lines[-1]
+    decided = next(line for line in lines if line.startswith("not decided: "))
+    assert "a larger --budget decides it" in decided
+    assert " violated " not in r.stdout
+    root = ET.parse(junit).getroot()
+    assert root.get("failures") == "0" and any(
+        (c.find("skipped") is not None and c.find("skipped").get("message").startswith("inconclusive"))
+        for c in root.iter("testcase"))
+    j = json.loads(kvcheck("prove", "--blocks", "6", "--block-size", "2", "--seqs", "3",
+                           "--depth", "6", "--budget", "0.5", "--json").stdout)
+    assert j["verdict"] == "inconclusive" and "--budget" in j["not_decided"]
+
+
+def test_a_solver_out_of_effort_is_inconclusive_and_names_effort(monkeypatch):
+    """A query that uses its resource units up is undecided the same way on every machine:
+    INCONCLUSIVE, naming --effort."""
+    from kvcheck.proofs import effort, induction
+    from kvcheck.prove import Settings, prove
+
+    monkeypatch.setattr(effort, "QUERY_UNITS", 1)
+    monkeypatch.setattr(induction, "PORTFOLIO_SLICES_RLIMIT", (1,))
+    report = prove("reference", Settings(4, 2, 2, 3, pairs=False, crosshair=False))
+    assert report.verdict == "inconclusive", report.summary()
+    assert not [r for r in report.rows if r.result == "violated"]
+    assert "a larger --effort decides it" in report.not_decided()
+    assert all(r.undecided == effort.EFFORT for r in report.undecided())
+
+
+def test_effort_counts_z3_resource_units():
+    import z3
+
+    from kvcheck.proofs import effort
+
+    before = effort.used()
+    x = z3.Ints(" ".join(f"x{i}" for i in range(12)))
+    s = z3.Solver()
+    s.add(z3.Distinct(*x), *[z3.And(v >= 0, v < 11) for v in x])  # pigeonhole: unsat, work
+    effort.limit(s, 10_000)
+    assert effort.check(s) == effort.EFFORT  # its units ran out, not the clock
+    assert effort.used() - before >= 10_000
+    effort.limit(s, 0, timeout_ms=1)
+    assert effort.check(s) in (effort.TIME, effort.UNSAT)

@@ -26,8 +26,13 @@ def add_parser(sub) -> None:
                        description="What is proved about the spec: Z3 k-induction, BMC and "
                                    "coverage. What is checked on TARGET: Z3 witness runs and "
                                    "breadth-first exploration of its code; CrossHair on the "
-                                   "reference. Two groups in one table; exit 0 when everything "
-                                   "holds, 1 when something does not, 2 on bad input.")
+                                   "reference. Two groups in one table. Exit 0 (PASS) when "
+                                   "everything holds, 1 (FAIL) on a counterexample or a "
+                                   "disproved property, 4 (INCONCLUSIVE) when nothing failed "
+                                   "but --budget or --effort left something undecided, 2 on "
+                                   "bad input. Every solver query is bounded in Z3's resource "
+                                   "units (--effort), not in seconds, so the verdict is the "
+                                   "same on an idle and a loaded machine.")
     add_target(p, "reference")
     add_pool(p, 6, 2)
     p.add_argument("--seqs", type=positive_int, default=3, metavar="N",
@@ -39,7 +44,14 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=positive_int, metavar="TOKENS",
                    help="the most tokens one sequence may hold (default: 3 x tokens per block)")
     p.add_argument("--budget", type=positive_float, default=300.0, metavar="SECONDS",
-                   help="time budget for everything, in seconds (default: %(default)g)")
+                   help="wall-clock limit for everything, in seconds: only an outer limit, "
+                        "whatever it cuts short is INCONCLUSIVE, never PASS or FAIL "
+                        "(default: %(default)g)")
+    p.add_argument("--effort", type=positive_float, default=1.0, metavar="X",
+                   help="the solvers' allowances times X: each Z3 query's resource units, the "
+                        "ordered pairs' units in all, CrossHair's CPU seconds per contract; "
+                        "counted in work, not time, so the same on any machine "
+                        "(default: %(default)g)")
     p.add_argument("--no-pairs", action="store_true",
                    help="skip ordered pairs of outcome classes (default: off: pairs are searched)")
     p.add_argument("--no-crosshair", action="store_true",
@@ -59,7 +71,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kvcheck.errors import UsageError
+    from kvcheck.errors import FAIL, INCONCLUSIVE, PASS, UsageError
     from kvcheck.prove import Settings, prove
     from kvcheck.report.junit import junit_xml
     from kvcheck.report.text import render
@@ -69,7 +81,8 @@ def run(args) -> int:
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
     st = Settings(args.blocks, args.block_size, args.seqs, args.depth, args.max_tokens,
                   args.budget, not args.no_pairs, not args.no_crosshair,
-                  target_only=args.target_only, shrink_budget=shrink_budget(args))
+                  target_only=args.target_only, shrink_budget=shrink_budget(args),
+                  effort=args.effort)
     if st.tokens > 64 or st.num_blocks > 64 or st.seqs > 8:
         raise UsageError("scope too large for bounded proofs: keep blocks and tokens <= 64, seqs <= 8")
     bar = None if args.json else Progress(label="prove")
@@ -87,19 +100,24 @@ def run(args) -> int:
         written &= write_output(args.trace_out, report.counterexample.dumps() + "\n",
                                 "--trace-out")
     vac = _vacuous(args)  # what the target declares this verdict could not check
+    code = {"pass": PASS, "fail": FAIL, "inconclusive": INCONCLUSIVE}[report.verdict]
     if args.json:
         emit_json({**report.to_json(), **({"vacuous": vac} if vac else {})})
-        return exit_code(0 if report.ok else 1, written)
+        return exit_code(code, written)
     print(table(report))
-    verdict = "PASS" if report.ok else "FAIL"
-    print(f"{verdict} {report.target}: {report.summary()} [{report.seconds:.1f} s]")
+    for r in report.warnings():  # coverage a deeper run would show: never a failure
+        print(f"warning: {r.property}: {r.detail.removeprefix('warning: ')}")
+    if report.not_decided():
+        print(report.not_decided())
+    print(f"{report.verdict.upper()} {report.target}: {report.summary()} "
+          f"[{report.seconds:.1f} s]")
     if report.counterexample is not None:
         print(render(report.counterexample, "Shortest counterexample"))
     if vac:
         from kvcheck.targets import vacuity
 
         print(vacuity.line(vac))
-    return exit_code(0 if report.ok else 1, written)
+    return exit_code(code, written)
 
 
 def _vacuous(args) -> dict:
