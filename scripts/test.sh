@@ -11,7 +11,7 @@ bash scripts/install_thirdparty.sh vllm-v1 vllm-v0 nano-vllm sglang aphrodite vl
 bash scripts/install_thirdparty.sh vllm-v0-legacy==0.4.1 vllm-v0-legacy==0.4.2 vllm-v0-legacy==0.4.3 vllm-v0-legacy==0.5.0.post1 vllm-v0-legacy==0.5.1 vllm-v0-legacy==0.5.2 vllm-v0-legacy==0.5.3.post1 vllm-v0-legacy==0.5.4 vllm-v0-legacy==0.5.5 vllm-v0-legacy==0.6.0 vllm-v0-legacy==0.6.1.post2 vllm-v0-legacy==0.6.2 aphrodite-legacy==0.5.1 aphrodite-legacy==0.6.0
 bash scripts/install_chromium.sh
 # Bounded proofs of the reference, as a CI gate (a few minutes at this scope).
-kvcheck prove reference --blocks 6 --block-size 2 --seqs 3 --depth 5 --budget 240 --junit prove-junit.xml
+kvcheck prove reference --blocks 6 --block-size 2 --seqs 3 --depth 5 --budget 900 --junit prove-junit.xml
 # The suite, one pytest process per test directory (a process running all ~3,000 tests
 # accumulates solver and interpreter state and runs far slower than the parts), on both
 # cores: tests/core (the largest) beside the others in turn. Every directory's result

@@ -271,14 +271,23 @@ class Store:
         self.state["seconds"] = round(self.state["seconds"] + session["seconds"], 3)
         self.save()
 
+    def interrupted(self) -> bool:
+        """Whether the last session was ended by the user (Ctrl-C)."""
+        sessions = self.state["sessions"]
+        return bool(sessions and sessions[-1].get("interrupted"))
+
     def verdict(self) -> str:
         """``fail`` (a signature), ``bad-input`` (the target cannot be run at all),
-        ``error`` (kvcheck failed in a run), ``incomplete`` (no run completed) or ``pass``."""
+        ``interrupted`` (the last session was cut by Ctrl-C: never a pass), ``error``
+        (kvcheck failed in a run), ``incomplete`` (no run completed: inconclusive) or
+        ``pass``."""
         st, runs = self.state, self.state["runs"]
         if st["signatures"]:
             return "fail"
         if st.get("bad_input") or (not runs["completed"] and runs["refused"]):
             return "bad-input"
+        if self.interrupted():
+            return "interrupted"
         if runs["errors"]:
             return "error"
         if not runs["completed"]:
@@ -312,7 +321,8 @@ class Store:
                         "rerun": s["command"]})
         return {"format": SUMMARY_FORMAT, "version": VERSION, "target": self.settings.target,
                 "model": self.settings.model, "seed": self.settings.seed,
-                "verdict": self.verdict(), "runs": dict(st["runs"]), "ops": st["ops"],
+                "verdict": self.verdict(), "interrupted": self.interrupted(),
+                "runs": dict(st["runs"]), "ops": st["ops"],
                 "seconds": seconds,
                 "ops_per_second": round(st["ops"] / seconds, 1) if seconds > 0 else 0.0,
                 "sessions": st["sessions"], "signatures": out, "coverage": self.coverage(),
@@ -360,7 +370,7 @@ class Store:
             verdict = s["verdict"]
             if verdict == "pass":
                 cases.append(Case(cls, "campaign", s["seconds"], text=words))
-            else:
+            else:  # interrupted, incomplete, error: never shown as passed
                 cases.append(Case(cls, "campaign", s["seconds"],
                                   skipped=f"no verdict ({verdict}): {words}"))
         return junit_xml([Suite(where, cases)], name=where)

@@ -145,7 +145,7 @@ def _clock(seconds: float) -> str:
 def report(args, campaign, s: dict) -> int:
     import sys
 
-    from kvcheck.errors import UsageError
+    from kvcheck.errors import FAIL, INCONCLUSIVE, INTERNAL, INTERRUPTED, PASS, UsageError
 
     verdict = s["verdict"]
     if verdict == "bad-input":
@@ -157,11 +157,11 @@ def report(args, campaign, s: dict) -> int:
         emit_json(s)
     else:
         _print(args, campaign, s)
-    if campaign.interrupted:
+    if campaign.interrupted or verdict == "interrupted":
         print("kvcheck: interrupted: the runs in flight were cut; the campaign resumes from "
               f"{campaign.store.dir}", file=sys.stderr)
-        return 130
-    return {"pass": 0, "fail": 1, "incomplete": 1, "error": 3}[verdict]
+        return INTERRUPTED
+    return {"pass": PASS, "fail": FAIL, "incomplete": INCONCLUSIVE, "error": INTERNAL}[verdict]
 
 
 def _print(args, campaign, s: dict) -> None:
@@ -194,8 +194,11 @@ def _print(args, campaign, s: dict) -> None:
                 print(f"     replay: {e['replay']}")
             print(f"     re-run: {e['rerun']}")
     elif verdict == "incomplete":
-        print(f"INCOMPLETE {s['target']}: no run completed{cut}{refused}: no verdict "
+        print(f"INCONCLUSIVE {s['target']}: no run completed{cut}{refused}: no verdict "
               f"(a longer --time lets a run finish)")
+    elif verdict == "interrupted":
+        print(f"INTERRUPTED {s['target']}: {runs['completed']} runs completed{cut}{refused}"
+              f"{errors}, then Ctrl-C: no verdict (the same command resumes the campaign)")
     else:
         print(f"ERROR {s['target']}: {runs['completed']} runs completed{cut}{refused}{errors}: "
               f"no verdict")
