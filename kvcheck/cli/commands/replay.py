@@ -7,8 +7,8 @@ A trace found on one allocator replays on any other: only the operations
 are re-run; the recorded results and states are for reading, not checked.
 An operation the target does not offer, or one that no longer applies after
 an earlier step went differently, is skipped (and counted); when that is the
-recorded violating step the replay is NOT REPRODUCED (exit 1), never a PASS:
-what the trace was to show was not checked. A trace whose operations are not
+recorded violating step the replay is NOT REPRODUCED (exit 4, INCONCLUSIVE),
+never a PASS: what the trace was to show was not checked. A trace whose operations are not
 valid in its own history (a hand-edited one) is bad input.
 """
 
@@ -117,7 +117,7 @@ def run(args) -> int:
             "replay", label, scope, 0.0, got, render(rerun, title="Replay"),
             skipped=f"not reproduced: {missed_words}" if missed_words else None) + "\n",
             "--junit")
-    verdict_code = 0 if verdict == "pass" else 1
+    verdict_code = {"pass": 0, "not-reproduced": 4}.get(verdict, 1)  # 4: INCONCLUSIVE
     if args.json:
         emit_json({"verdict": verdict, "target": label, "ran": len(r.ops), "skipped": skipped,
                    **({"did_not_run": missed} if missed is not None else {}),
