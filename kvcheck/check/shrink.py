@@ -219,19 +219,22 @@ HANG_SHRINK_TIMEOUT = 1.0
 
 def counterexample(model: Model, label: str, factory, scope, history: list, v, seed,
                    options: Options, do_shrink: bool = True, budget: float | Budget = Budget(),
-                   progress: Callable[[int, int], None] | None = None, unit: str = "operation"):
+                   progress: Callable[[int, int], None] | None = None, unit: str = "operation",
+                   replayer: Callable | None = None):
     """A replayable trace (``kvcheck.check.trace.Trace``) for violation ``v`` found after
     ``history``: shrunk if asked, else replayed as found. Shrinking replays in full mode;
     where that names the violation otherwise than the run did (a fast mode sees less of
     the state at each step), it shrinks what the full mode found.
 
     A hang is replayed with a per-operation limit of at most ``HANG_SHRINK_TIMEOUT``
-    (the trace says so): the run already paid one full timeout to find it."""
+    (the trace says so): the run already paid one full timeout to find it. ``replayer``:
+    see ``shrink`` (every replay made here goes through it)."""
     import dataclasses
 
     from kvcheck.check.trace import Trace
     from kvcheck.check.watchdog import Watchdog
 
+    run = replayer or replay
     note = ""
     if v.kind == "hang" and options.timeout and options.timeout > HANG_SHRINK_TIMEOUT:
         options = dataclasses.replace(options, timeout=HANG_SHRINK_TIMEOUT)
@@ -248,11 +251,12 @@ def counterexample(model: Model, label: str, factory, scope, history: list, v, s
 
     with Watchdog(options.timeout):  # for the steps the shrinker's search runs without one
         if do_shrink:
-            s = shrink(model, factory, scope, history, v.key, options, budget, progress)
+            s = shrink(model, factory, scope, history, v.key, options, budget, progress, replayer)
             if s is None:  # a fast mode's finding the full mode names otherwise (it sees more)
-                full = replay(model, factory, scope, history, options).violation
+                full = run(model, factory, scope, history, options).violation
                 if full is not None and full.key != v.key:
-                    s = shrink(model, factory, scope, history, full.key, options, budget, progress)
+                    s = shrink(model, factory, scope, history, full.key, options, budget, progress,
+                               replayer)
             if s is not None:
                 how = ("1-minimal: removing any one operation or lowering any size stops it "
                        "failing" if s.one_minimal else budget_ran_out(budget, model.size(s.ops),
@@ -260,7 +264,7 @@ def counterexample(model: Model, label: str, factory, scope, history: list, v, s
                 if s.shortest:
                     how += f"; shortest: {s.shortest}"
                 return trace(s.ops, s.scope, s.violation, s.states, how)
-        r = replay(model, factory, scope, history, options, record=True)
+        r = run(model, factory, scope, history, options, record=True)
     if r.violation is not None:
         return trace(r.ops, scope, r.violation, r.states, "not shrunk")
     # Found only by the fast mode's sweep and not reproducible in full mode: keep it as found.

@@ -316,9 +316,75 @@ def _report_verify(args, ending: Ending, what: str) -> int:
     witness = f"the target {what} {ending.phase()} ({ending.status})"
     step = sum(r["r"] == "op" for r in run) if last is not None else 0
     v = Violation(step, kind, name, witness=witness)
-    trace = Trace(args.target, args.blocks, args.block_size, ops, v, args.seed, [],
-                  f"not shrunk: the target {why}, so every replay would need a process of "
-                  f"its own")
+    trace = None
+    if kind == "crash" and ops and last is not None and not getattr(args, "no_shrink", False):
+        trace = _shrunk_in_processes(args, ending, ops, v)
+    if trace is None:
+        trace = Trace(args.target, args.blocks, args.block_size, ops, v, args.seed, [],
+                      f"not shrunk: the target {why}, so every replay would need a process of "
+                      f"its own" + ("; a hang's would each wait out the timeout"
+                                    if ending.hung else ""))
     result = Result("fail", step, 0.0, v, trace, len(ops))
     return verify_report(args, result)
+
+
+# -- shrinking a crash that ends the process: every replay in a process of its own ---------
+def _shrunk_in_processes(args, ending: Ending, ops: list, v):
+    """The counterexample of a crash that ended the process (a signal, an exit), shrunk
+    like any other violation (``kvcheck.check.shrink``, the same budget) with every replay
+    in a supervised child of its own: a candidate fails the same way when its child ends
+    the same way (``Ending.status``) during an operation of the same kind. None when the
+    recorded operations do not end it so again."""
+    from kvcheck.check.model import Options
+    from kvcheck.check.shrink import counterexample
+    from kvcheck.cli.commands.common import shrink_budget
+    from kvcheck.models.blocks import MODEL
+    from kvcheck.models.blocks.model import BlockScope
+
+    def replayer(model, factory, scope, cand, options, record=False):
+        return _replay_in_child(args, ending, model, scope, cand, options)
+
+    scope = BlockScope(args.blocks, args.block_size)
+    options = Options(mode="full", timeout=args.timeout, seed=args.seed,
+                      allow=frozenset(getattr(args, "allow", None) or ()))
+    first = _replay_in_child(args, ending, MODEL, scope, ops, options)
+    if first.violation is None or first.violation.key != v.key:
+        return None
+    trace = counterexample(MODEL, args.target, None, scope, first.ops, first.violation,
+                           args.seed, options, budget=shrink_budget(args), replayer=replayer)
+    trace.minimality += ("; each replay ran in a process of its own (the target ends the "
+                         "process)")
+    return trace
+
+
+def _replay_in_child(args, ending: Ending, model, scope, cand: list, options):
+    """``kvcheck.check.run.replay`` of ``cand`` in a supervised child: the child's own
+    result when it finished (a candidate that no longer ends the process fails no way the
+    shrinker counts), or, when it ended the way ``ending`` did, a ``Replay`` whose violation
+    is that crash at the operation in flight."""
+    import dataclasses
+
+    from kvcheck.check.run import Replay
+    from kvcheck.check.violation import Violation
+
+    def entry(a) -> int:
+        from kvcheck.check.run import replay
+        from kvcheck.targets.loading import load_exception, resolve
+
+        _, factory = model.resolve(a.target) or resolve(a.target)
+        oob = load_exception(a.out_of_blocks) if getattr(a, "out_of_blocks", None) else None
+        replay(model, factory, scope, cand, dataclasses.replace(options, out_of_blocks=oob))
+        return 0
+
+    _, again = _child(entry, _without_files(args), args.timeout or 10.0, record=True)
+    if again is None:  # it finished: whatever it found, it did not end the process
+        return Replay(None, cand)
+    if again.hung or again.status != ending.status or again.in_setup():
+        return Replay(None, cand)
+    run = recording.runs(again.records)
+    ran = recording.ops_of(run[-1], model) if run else []
+    if not ran:
+        return Replay(None, cand)
+    witness = f"the target ended the process {again.phase()} ({again.status})"
+    return Replay(Violation(len(ran), "crash", ran[-1].kind, witness=witness), ran)
 

@@ -160,3 +160,14 @@ class LeaksThenSegfaultsWhenShrunk(BlockManager):
         self._live(seq)
         del self.tables[seq]
         del self.lens[seq]
+
+
+class SegfaultsOnSharedAppend(BlockManager):
+    """Segfaults only when appending to a sequence whose last block is shared: a crash that
+    ends the process, behind a state three operations build."""
+
+    def append_slot(self, seq):
+        t = self.tables[seq]
+        if t and self.ref[t[-1]] > 1:
+            ctypes.string_at(0)
+        return super().append_slot(seq)

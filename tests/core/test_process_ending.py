@@ -143,7 +143,21 @@ def test_text_report_names_the_last_operation():
     p = kvcheck("verify", target("SegfaultsInFork"), "--ops", "500")
     assert p.returncode == 1
     assert "killed by signal SIGSEGV" in p.stdout and ">>" in p.stdout
-    assert "not shrunk" in p.stdout
+    assert "; shrunk to 2:" in p.stdout.splitlines()[0]  # allocate, fork
+
+
+def test_a_crash_that_ends_the_process_is_shrunk_like_any_violation():
+    """Each replay in a process of its own: the segfault behind allocate, fork and an append
+    into the shared block shrinks to exactly those three, 1-minimal, and says how."""
+    p = kvcheck("verify", target("SegfaultsOnSharedAppend"), "--json")
+    assert p.returncode == 1, p.stderr
+    trace = json.loads(p.stdout)["violation"]
+    assert [op["op"] for op in trace["ops"]] == ["allocate", "fork", "append_slot"]
+    v = trace["violation"]
+    assert v["kind"] == "crash" and v["name"] == "append_slot" and v["step"] == 3
+    assert "killed by signal SIGSEGV" in v["witness"]
+    assert trace["minimality"].startswith("1-minimal")
+    assert "each replay ran in a process of its own" in trace["minimality"]
 
 
 def test_hang_beyond_interruption_is_killed_and_reported():
