@@ -1,8 +1,9 @@
 """The ``kvcheck`` command line.
 
 Each subcommand lives in ``kvcheck.commands.<name>`` and provides
-``add_parser(subparsers)`` and ``run(args) -> int``. Exit codes everywhere:
-0 = everything holds, 1 = a violation was found, 2 = bad input.
+``add_parser(subparsers)`` and ``run(args) -> int``. Exit codes everywhere
+(``kvcheck.errors``): 0 = everything holds, 1 = a violation was found (shown), 2 = bad
+input, 4 = inconclusive (a budget cut work short), 130 = interrupted, 3 = a bug in kvcheck.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ DESCRIPTION = (
     "sequences share them. It runs your allocator against a written specification and either says "
     "everything held or shows a minimal counterexample, explained step by step and replayable; "
     "it also proves the specification itself with Z3, and checks schedulers and prefix caches. "
-    "Exit codes: 0 everything holds, 1 a violation, 2 bad input.")
+    "Exit codes: 0 everything holds, 1 a violation (shown), 2 bad input, 4 inconclusive (a "
+    "budget or timeout cut work short: nothing failed, not everything was decided), 130 "
+    "interrupted.")
 EPILOG = "Run 'kvcheck COMMAND --help' for a command's options."
 
 

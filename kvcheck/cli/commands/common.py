@@ -188,7 +188,8 @@ def add_shrink_seconds(p) -> None:
                         "and how long it still is (default: %(default)s)")
     p.add_argument("--shrink-seconds", type=nonneg_float, default=SHRINK_SECONDS,
                    metavar="SECONDS",
-                   help="a wall-clock cap on shrinking, an outer limit only: when it cuts, the "
+                   help="a wall-clock cap on shrinking, in seconds, an outer limit only: when it "
+                        "cuts, the "
                         "trace says so (it is still a counterexample, perhaps a longer one) "
                         "(default: %(default)g)")
 
