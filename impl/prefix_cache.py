@@ -121,6 +121,11 @@ class PrefixCachingBlockManager:
         self._invented = itertools.count(-1, -1)
 
     # -- observation for the prefix oracle ----------------------------------------
+    def prefix_key(self, parent: bytes | None, tokens: Sequence[int]) -> bytes:
+        """The key this cache gives a full block of ``tokens`` whose parent block's key is
+        ``parent`` (None: the first block): what each of its keys means, to the oracle."""
+        return block_key(parent, tokens)
+
     def cache_entries(self) -> list[tuple[bytes, int]]:
         return list(self.cache.items())
 
@@ -456,6 +461,20 @@ class EnginePrefixCachingBlockManager(PrefixCachingBlockManager):
                 self._register(table[len(tokens) // bs - 1], key)
         self.lens[seq] = n + n_tokens
         return copies
+
+    def append_slot(self, seq: int, token_id: int | None = None) -> tuple[int, int, int | None]:
+        """As the reference's, on a table that may hold reserved slots (a lookahead's, a
+        rollback's): the token goes into the block holding slot len, the first reserved
+        slot, as ``append_slots`` writes it (a shared block there is replaced by a fresh
+        one, copied first if it holds earlier tokens; keyed when the token fills it)."""
+        table = self._live(seq)
+        n, bs = self.lens[seq], self.block_size
+        if len(table) == -(-n // bs):  # nothing reserved past the last token's block
+            return super().append_slot(seq, token_id)
+        if token_id is not None and type(token_id) is not int:
+            raise MisuseError(f"token_id must be an integer, got {token_id!r}")
+        copies = self.append_slots(seq, 1, token_ids=None if token_id is None else [token_id])
+        return self.tables[seq][n // bs], n % bs, copies[0][0] if copies else None
 
     def rollback(self, seq: int, n_tokens: int) -> None:
         """Drop the last ``n_tokens`` tokens (at least one stays); their blocks are kept as

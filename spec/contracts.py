@@ -68,8 +68,9 @@ class Domain:
 
 def precondition(L, s, op: Op):
     """When an operation may be called at all (else it is caller misuse). A single-slot
-    append needs a sequence with nothing reserved (its reserved slots are written by
-    append_slots); a rollback keeps at least one token, and never reaches back into
+    append needs a live sequence only: one holding reserved slots (a lookahead's, a
+    rollback's) writes the first of them, as every engine that reserves lookahead lets
+    its decode step do; a rollback keeps at least one token, and never reaches back into
     the null entries behind a sliding window (their KV is gone: the block that then
     holds the last token must be a pool block); a window is at least one token."""
     kind = op.kind
@@ -79,8 +80,6 @@ def precondition(L, s, op: Op):
         return L.and_(s.live(op.seq), L.not_(s.live(op.child)), op.seq != op.child)
     if kind == "rebase":
         return L.and_(s.live(op.seq), s.live(op.child), op.seq != op.child)
-    if kind == "append_slot":
-        return L.and_(s.live(op.seq), s.reserved(op.seq) == 0)
     if kind == "append_slots":
         return L.and_(s.live(op.seq), op.n_tokens >= 1, op.lookahead >= 0)
     if kind == "rollback":
@@ -97,9 +96,13 @@ def reserved_after(L, pre, op: Op, nblocks_after):
     tokens afterwards, given its table's length then: what append_slots asked for ahead
     (at least its lookahead, at least what was reserved and not written); after a
     rollback, whatever of the old reservation and the dropped tokens' slots the kept
-    blocks still hold; a fork or rebase child reserves what its source does; nothing
-    after an allocation or a single-slot append; a window drop keeps what was reserved."""
+    blocks still hold; a fork or rebase child reserves what its source does; a
+    single-slot append writes the first reserved slot, if any (the rest stay reserved);
+    nothing after an allocation; a window drop keeps what was reserved."""
     B = pre.block_size
+    if op.kind == "append_slot":
+        left = pre.reserved(op.seq) - 1
+        return L.ite(left > 0, left, 0)
     if op.kind == "append_slots":
         left = pre.reserved(op.seq) - op.n_tokens
         return L.ite(left > op.lookahead, left, op.lookahead)
@@ -116,9 +119,19 @@ def reserved_after(L, pre, op: Op, nblocks_after):
 # -- step invariants -----------------------------------------------------------
 def isolation(L, pre, post, op: Op):
     """No write lands in a block another live sequence can read: the block
-    append_slot returns is the writer's last block and no other table entry
-    names it."""
-    yield "isolation", op.block, L.and_(post.tail(op.seq) == op.block, post.holders(op.block) == 1)
+    append_slot returns is the one the writer's table holds its slot in (the
+    block of token number len: its last block, or a block it reserved) and no
+    other table entry names it."""
+    at = slot_position(L, pre, op.seq)
+    yield "isolation", op.block, L.and_(post.table(op.seq, at) == op.block,
+                                        post.holders(op.block) == 1)
+
+
+def slot_position(L, pre, q):
+    """The position in q's table of the block holding slot number len (q's next token):
+    len // block_size. Past the table's last block exactly when the table ends at a
+    block boundary with nothing reserved."""
+    return L.ceil_div(pre.length(q) + 1, pre.block_size) - 1
 
 
 def exception_safety(L, pre, post, op: Op, dom: Domain):
@@ -243,10 +256,14 @@ def cyclic_pre(L, pre, op: Op):
 
 def append_slot(L, pre, post, op: Op, dom: Domain):
     """append_slot(seq) -> (block, offset, cow_src): reserve the slot of
-    token number len. A fresh block only when the last block is full (offset
-    0); a partial last block with refcount > 1 is copied first (its first
-    writer copies: a fresh block replaces it, cow_src names it, its refcount
-    drops by one); a partial last block with refcount 1 is written in place.
+    token number len, in the block at position len // B of seq's table: its
+    last block, or one it holds reserved (a lookahead's or a rollback's: the
+    first reserved slot is used, the rest stay reserved). A fresh block only
+    when the table has none there (the last block is full, nothing reserved:
+    offset 0); a block there with refcount > 1 is replaced by a fresh one (its
+    first writer copies a partial one: cow_src names it; its refcount drops by
+    one; a reserved one holding none of seq's tokens may be copied or not), the
+    rest of the table kept; a block there with refcount 1 is written in place.
     A full block is never copied. Out-of-blocks is allowed only when a block
     is needed and none is free, and then nothing changed. Under a cyclic window
     (``op.cycle``) an append at a block boundary past the window is the drop behind
@@ -257,10 +274,12 @@ def append_slot(L, pre, post, op: Op, dom: Domain):
     if op.cycle:
         pre = cyclic_pre(L, pre, op)
     q, B = op.seq, pre.block_size
-    n, k, tail = pre.length(q), pre.nblocks(q), pre.tail(q)
+    n, k = pre.length(q), pre.nblocks(q)
     offset = L.mod(n, B)
-    boundary = offset == 0
-    shared = L.and_(L.not_(boundary), pre.ref(tail) > 1)
+    p = slot_position(L, pre, q)
+    boundary = p >= k  # no block there: the table grows
+    at = pre.table(q, p)  # (the block there, when there is one)
+    shared = L.and_(L.not_(boundary), pre.ref(at) > 1)
     needs_block = L.or_(boundary, shared)
     if op.outcome == OOB:
         yield "out-of-blocks only when a new block is needed and none is free", q, L.and_(
@@ -268,12 +287,13 @@ def append_slot(L, pre, post, op: Op, dom: Domain):
         )
         yield from exception_safety(L, observed, post, op, dom)
         return
-    new = post.tail(q)
+    new = post.table(q, p)
     yield "returns block ids of the pool", q, _returned_ids_valid(L, post, op)
-    yield "returns the sequence's last block", q, op.block == new
+    yield "returns the block holding slot len", q, op.block == new
     yield "returns the slot of token len: offset = len % block_size", q, op.offset == offset
     yield "the sequence stays live, one token longer", q, L.and_(post.live(q), post.length(q) == n + 1)
-    yield "nothing is reserved", q, post.reserved(q) == reserved_after(L, pre, op, post.nblocks(q))
+    yield "the slot written leaves the reservation", q, (
+        post.reserved(q) == reserved_after(L, pre, op, post.nblocks(q)))
     yield "a full block is never copied", q, L.implies(boundary, L.not_(op.has_cow))
     yield "a new block only at a block boundary", q, L.ite(
         boundary,
@@ -286,8 +306,12 @@ def append_slot(L, pre, post, op: Op, dom: Domain):
     )
     yield "a shared partial block is copied first (cow_src = old last block)", q, L.implies(
         shared,
-        L.and_(op.has_cow, _cow_src(L, op) == tail, post.same_table(q, pre, q, k - 1)),
+        L.and_(L.implies(offset != 0, op.has_cow), L.implies(op.has_cow, _cow_src(L, op) == at),
+               post.nblocks(q) == k, post.same_table(q, pre, q, p)),
     )
+    for i in post.positions(q):  # (a reservation's blocks past the one replaced)
+        yield "a shared partial block is copied first (cow_src = old last block)", q, L.implies(
+            L.and_(shared, p < i), post.table(q, i) == pre.table(q, i))
     yield "a new block was free", q, L.implies(needs_block, pre.free_count(new) >= 1)
     taken = L.ite(needs_block, 1, 0)
     yield "free list shrinks by one exactly when a block is taken", None, (
@@ -295,7 +319,7 @@ def append_slot(L, pre, post, op: Op, dom: Domain):
     )
     for b in dom.blocks:
         gained = L.ite(L.and_(needs_block, b == new), 1, 0)
-        dropped = L.ite(L.and_(shared, b == tail), 1, 0)
+        dropped = L.ite(L.and_(shared, b == at), 1, 0)
         yield "refcounts change only as the operation says", b, (
             post.ref(b) == pre.ref(b) + gained - dropped
         )
@@ -465,8 +489,8 @@ def rollback(L, pre, post, op: Op, dom: Domain):
     may be freed (each loses its reference, joining the free list when that was
     its last) or kept as reservation: both are legal. The table keeps its first
     blocks (a prefix of the old one, never longer, still holding every token),
-    and a rolled-back slot is written again only through append_slots, which
-    replaces a shared block before its write."""
+    and a rolled-back slot is written again only through append_slots or
+    append_slot, which replace a shared block before its write."""
     q, B = op.seq, pre.block_size
     left = pre.length(q) - op.n_tokens
     yield "the sequence stays live, k tokens shorter", q, L.and_(

@@ -8,20 +8,28 @@ operation with its outcome, in the logic layer.
 
 from __future__ import annotations
 
-from .contracts import OK, OOB, REFUSED, _last_token_block
+from .contracts import OK, OOB, REFUSED, _last_token_block, slot_position
 from .state import NULL
 
 
 def _append_case(L, pre, op):
+    """(a fresh block with nothing to copy, a copy-on-write) for append_slot: the slot's
+    block (``contracts.slot_position``: the last block, or a reserved one) is missing
+    (the table grows) or shared with nothing of the sequence's in it yet (replaced, not
+    copied); or shared and holding earlier tokens (copied first)."""
     q = op.seq
-    boundary = L.mod(pre.length(q), pre.block_size) == 0
-    shared = L.and_(L.not_(boundary), pre.ref(pre.tail(q)) > 1)
-    return boundary, shared
+    p = slot_position(L, pre, q)
+    starts = L.mod(pre.length(q), pre.block_size) == 0
+    grows = p >= pre.nblocks(q)
+    shared = L.and_(L.not_(grows), pre.ref(pre.table(q, p)) > 1)
+    return L.or_(grows, L.and_(shared, starts)), L.and_(shared, L.not_(starts))
 
 
 def _in_place(L, pre, op):
-    boundary, shared = _append_case(L, pre, op)
-    return L.and_(L.not_(boundary), L.not_(shared))
+    """append_slot writes a block the sequence holds alone (its last, or a reserved one)."""
+    q = op.seq
+    p = slot_position(L, pre, q)
+    return L.and_(p < pre.nblocks(q), pre.ref(pre.table(q, p)) <= 1)
 
 
 def _released(L, pre, post, op):

@@ -11,8 +11,12 @@ Prefix ids. A block's *content* is the whole token prefix its KV data was
 computed under (its own tokens and every block before it). The oracle interns
 each prefix as an integer, the *prefix id*, so a content comparison is an
 integer comparison; -1 means "no complete prefix" (never written, or only
-partly). A cache key's *meaning* is the prefix id it names: the oracle binds
-it when it first sees the key (keys are opaque to it).
+partly). A cache key's *meaning* is the prefix id it names: the prefix whose
+key the engine's own hash gives (the target's ``prefix_key(parent, tokens)``,
+over the chained token ids its sequences were allocated and appended with),
+so a block published under a wrong key is caught where it is published; a
+target that does not say how it hashes has each key bound to the content of
+the block it names when the oracle first sees it.
 
 Vocabulary (per block ``b``; every state class provides these):
 
@@ -175,7 +179,10 @@ def cached_tokens(L, pre, table, wants, n_tokens: int, hits: int, reported):
 
     A count short of the blocks served is legal: the engine recomputes
     content the block already holds (and a block evicted and re-taken for the
-    same prefix within one allocation is indistinguishable from a hit).
+    same prefix within one allocation is indistinguishable from a hit); but
+    the engine writes every block holding a token from ``reported`` on, so
+    each of those must be the sequence's alone (``allocate_with_hits`` with
+    ``unwritten`` blocks served).
 
     ``pre`` is the prefix state before the call, ``table`` the new sequence's
     table, ``wants`` the prefix ids of the prompt's full blocks, ``hits`` how
@@ -213,13 +220,36 @@ def commit(L, pre, post, table: Iterable[Any]):
             post.on_evictable(b) == pre.on_evictable(b))
 
 
+def unwritten(hits: int, reported, block_size: int, twins: bool = False) -> int:
+    """How many leading blocks of a new table the engine reads from the cache instead of
+    writing: the blocks served from the cache (``hits``: the leading run still cached
+    under the key it had before the call) that the cached-token count the allocation
+    reports (``reported``; None: it reports none) skips whole. The prefill writes every
+    token from ``reported`` on, so a block holding one of them (position i with
+    (i + 1) * block_size > reported) is written, served from the cache or not.
+
+    ``twins``: the target declares (``writes_cached_twins``) that its engine may leave a
+    position its prefill computed naming the cached block that holds exactly that prefix
+    (SGLang frees the pages it prefilled for their cached twins when it caches the
+    request; vLLM v0's runner recomputes a full hit's last token into the cached last
+    block, the same KV): then every block served from the cache is one, and
+    ``cache_hits`` holds it to the requested prefix."""
+    if reported is None or twins:
+        return hits
+    return min(hits, reported // block_size)
+
+
 def allocate_with_hits(L, pre, post, op, dom, hits: int):
     """allocate(seq, n, token_ids) with prefix sharing, all or nothing. On
     success seq holds ceil(n/B) distinct blocks: the first ``hits`` were
     shared from the cache (refcount + 1, possibly revived from the evictable
-    list), the rest were free (refcount 0 before, 1 after); the structural
-    free list shrinks by the number of blocks that had refcount 0. Out of
-    blocks leaves everything unchanged. (Structural vocabulary; with hits = 0
+    list), the rest were free (refcount 0 before, 1 after): every block the
+    engine writes is the sequence's alone, whatever the cache map says (a hit
+    placed past the first miss, or a block the map serves that the prefill
+    writes anyway, is no exception); the structural free list shrinks by the
+    number of blocks that had refcount 0. Out of blocks leaves everything
+    unchanged. ``hits`` is ``unwritten``: the leading blocks served from the
+    cache that the prefill does not write. (Structural vocabulary; with hits = 0
     this is ``contracts.allocate``.)"""
     from . import contracts
 
@@ -234,7 +264,7 @@ def allocate_with_hits(L, pre, post, op, dom, hits: int):
     for i in post.positions(q):
         b = post.table(q, i)
         revived.append(pre.ref(b) == 0)
-        yield "every block not served from the cache was free", q, L.implies(
+        yield "every block the prefill writes was free: the sequence's alone", q, L.implies(
             i >= hits, pre.ref(b) == 0)
     yield "free list shrinks by the blocks that had refcount 0", None, (
         post.num_free() == pre.num_free() - L.count(revived)
@@ -246,6 +276,40 @@ def allocate_with_hits(L, pre, post, op, dom, hits: int):
             post.ref(b) == pre.ref(b) + got
         )
     yield from contracts.unchanged_others(L, pre, post, dom, (q,))
+
+
+CACHE_UNCHANGED = "exception_safety: cache unchanged"
+"""The clause an out-of-blocks or refused call breaks when it changed the prefix cache
+or the evictable list (the oracle compares the keys themselves: ``kind: CACHE_UNCHANGED``)."""
+
+
+def clause_names() -> dict[str, str]:
+    """Every clause this module's step contracts can name, as a violation names it
+    (``kind: clause``), mapped to its operation: ``allocate_with_hits``, ``cache_hits``,
+    ``cached_tokens`` and ``commit``, and ``CACHE_UNCHANGED`` for each operation that can
+    fail. With ``contracts.clause_names`` what ``verify-prefix --allow`` accepts."""
+    from .contracts import CONTRACTS, OK, OOB, Domain, Op
+    from .logic import Z3Logic
+    from .symbolic import SymScope, SymState
+
+    L = Z3Logic(None, max_quotient=3)
+    scope = SymScope(2, 2, 2, 4)
+    pre, post = SymState(L, scope, "pre"), SymState(L, scope, "post")
+    out: dict[str, str] = {}
+    for outcome in (OK, OOB):
+        op = Op("allocate", seq=0, outcome=outcome, n_tokens=L.var("n"))
+        for name, _, _ in allocate_with_hits(L, pre, post, op, Domain(range(2), range(2)), 1):
+            out.setdefault(f"allocate: {name}", "allocate")
+    P = Z3Logic(PrefixScope(2, 2).width)
+    a, b = PrefixSymState(P, PrefixScope(2, 2), "a"), PrefixSymState(P, PrefixScope(2, 2), "b")
+    for name, _, _ in [*cache_hits(P, a, [0], [0]),
+                       *cached_tokens(P, a, [0], [0], 2, 1, P.var("reported"))]:
+        out.setdefault(f"allocate: {name}", "allocate")
+    for name, _, _ in commit(P, a, b, [0]):
+        out.setdefault(f"commit: {name}", "commit")
+    for kind in CONTRACTS:
+        out.setdefault(f"{kind}: {CACHE_UNCHANGED}", kind)
+    return out
 
 
 # -- concrete state -------------------------------------------------------------------

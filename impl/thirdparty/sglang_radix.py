@@ -264,6 +264,11 @@ class SglangRadixTarget:
     """``Target`` over SGLang's ``RadixCache`` and allocator (see module docstring)."""
 
     capabilities = frozenset({"allocate", "append_slot", "free_seq"})
+    # Caching the request after its forward (``checkpoint``) frees the pages it prefilled
+    # where the tree holds the same prefix and points the request at those: a position
+    # the prefill computed may name the cached page holding that very prefix
+    # (``spec.prefix.unwritten``'s ``twins``).
+    writes_cached_twins = True
     vacuous = VACUOUS
 
     def __init__(self, num_blocks: int, block_size: int, check_first: bool = True,

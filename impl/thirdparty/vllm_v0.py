@@ -349,6 +349,10 @@ class VllmV0Target:
 
     capabilities = frozenset({"allocate", "append_slot", "fork", "free_seq", "append_slots",
                               "preempt"})
+    # On a full hit the runner recomputes the prompt's last token into the cached last
+    # block the table shares (the same KV): a position the prefill computes may name the
+    # cached block holding that very prefix (``spec.prefix.unwritten``'s ``twins``).
+    writes_cached_twins = True
 
     def __init__(self, num_blocks: int, block_size: int, allocator_type: str = "naive",
                  guard: str | None = None, version: str | None = None,

@@ -259,6 +259,36 @@ class RollbackSlotsStayWritable(EngineBlockManager):
         self.written.pop(seq, None)
 
 
+# -- a single-slot append into reserved slots ------------------------------------------
+class AppendSlotPastReservation(EngineBlockManager):
+    """A single-slot append at a block boundary always takes a fresh block, though the
+    sequence holds a reserved block there (a lookahead's, a rollback's): the table grows
+    past its reservation, the token lands after the reserved slots."""
+
+    def append_slot(self, seq):
+        table, n = self._live(seq), self.lens[seq]
+        if n % self.block_size:
+            return super().append_slot(seq)
+        if not self.free:  # bug: the block reserved at position n // B is not looked at
+            raise OutOfBlocks("no free block for a new tail block")
+        table.append(self._take())
+        self.lens[seq] = n + 1
+        return table[-1], 0, None
+
+
+class AppendSlotIntoSharedReservation(EngineBlockManager):
+    """A single-slot append into a reserved slot writes it in place, as "reserved for
+    me", though a fork since shares the reserved block: the other table reads the write."""
+
+    def append_slot(self, seq):
+        table, n, bs = self._live(seq), self.lens[seq], self.block_size
+        k = n // bs
+        if len(table) > _cdiv(n, bs) and k < len(table):  # bug: the refcount is not looked at
+            self.lens[seq] = n + 1
+            return table[k], n % bs, None
+        return super().append_slot(seq)
+
+
 # -- eager fork -----------------------------------------------------------------------
 class EagerForkBumpsFirst(EagerForkBlockManager):
     """An eager fork takes the references of the shared blocks before it allocates the copy."""
@@ -503,6 +533,8 @@ ENGINE = {
     "rollback-leaks": (RollbackLeaks, "contract", 2),
     "rollback-keeps-length": (RollbackKeepsLength, "invariant", 2),
     "rollback-slots-stay-writable": (RollbackSlotsStayWritable, "contract", 4),
+    "append-slot-past-reservation": (AppendSlotPastReservation, "contract", 3),
+    "append-slot-into-shared-reservation": (AppendSlotIntoSharedReservation, "contract", 4),
     "eager-fork-bumps-first": (EagerForkBumpsFirst, "contract", 2),
     "eager-fork-copies-full": (EagerForkCopiesFull, "contract", 2),
     "eager-fork-copy-unreported": (EagerForkCopyUnreported, "data", 2),

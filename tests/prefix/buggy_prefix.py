@@ -118,6 +118,34 @@ class UnchainedKeys(PrefixCachingBlockManager):
         return [block_key(None, tokens[s : s + bs]) for s in range(0, len(tokens) - bs + 1, bs)]
 
 
+class KeysFromFirstBlock(PrefixCachingBlockManager):
+    """vLLM v1's ``cache_full_blocks`` shape: after a partial hit, the blocks taken for the
+    rest of the prompt are published with the prompt's keys counted from its first block
+    instead of from the first block not served from the cache, so each new block goes
+    into the cache under the key of the prefix one block shorter (a key the cache holds
+    already is skipped). Until another prompt asks for that shorter prefix, the key is
+    seen only on the block it wrongly names."""
+
+    _staged = None
+
+    def allocate(self, seq, n_tokens, token_ids=None):
+        self._staged = staged = []
+        try:
+            got = super().allocate(seq, n_tokens, token_ids)
+        finally:
+            self._staged = None
+        keys = self.keys[seq]
+        for j, (block, _key) in enumerate(staged):  # bug: keys[j], not keys[hits + j]
+            PrefixCachingBlockManager._register(self, block, keys[j])
+        return got
+
+    def _register(self, block, key):
+        if self._staged is not None:
+            self._staged.append((block, key))
+        else:
+            super()._register(block, key)
+
+
 class FullHitNoTokenLeft(PrefixCachingBlockManager):
     """vLLM PR #11186, nano-vllm #144: a prompt wholly in the cache is served
     entirely from it and reported as all cached, leaving the engine no token
@@ -125,6 +153,27 @@ class FullHitNoTokenLeft(PrefixCachingBlockManager):
 
     def _lookup_limit(self, n_tokens):
         return n_tokens // self.block_size  # bug: the block holding the last token too
+
+
+class SharesLastBlock(PrefixCachingBlockManager):
+    """vLLM v0's full hit (``_compute_for_prefix_cache_hit``: "Full hit. Only compute the
+    last token"): a prompt wholly in the cache is served entirely from it, its last full
+    block too, and reported as one token short of the prompt; the engine computes the
+    last token into that block while another sequence holding it reads it."""
+
+    def _lookup_limit(self, n_tokens):
+        return n_tokens // self.block_size
+
+    def allocate(self, seq, n_tokens, token_ids=None):
+        return min(super().allocate(seq, n_tokens, token_ids), n_tokens - 1)
+
+
+class RecomputesASharedBlock(PrefixCachingBlockManager):
+    """Reports one block fewer of cached tokens than it served from the cache, so the
+    prefill recomputes the last block served, in place, while other sequences hold it."""
+
+    def allocate(self, seq, n_tokens, token_ids=None):
+        return max(0, super().allocate(seq, n_tokens, token_ids) - self.block_size)
 
 
 class EvictorKeepsComputed(PrefixCachingBlockManager):
@@ -243,6 +292,17 @@ class SharedWrittenInPlace(EnginePrefixCachingBlockManager):
                 ref[b] = r
 
 
+class AppendSlotPastReservation(EnginePrefixCachingBlockManager):
+    """The bundled prefix engine's single-slot append before issue 32: the plain
+    reference's, which at a block boundary always takes a fresh block and otherwise
+    writes the table's last block, though the sequence holds reserved blocks (a
+    rollback's): the token lands past the reservation, and the block it fills is keyed
+    with the reserved blocks between it and the tokens before it."""
+
+    def append_slot(self, seq, token_id=None):
+        return PrefixCachingBlockManager.append_slot(self, seq, token_id)  # bug
+
+
 CORPUS = {
     "evicted-left-in-map": (EvictedLeftInMap, {"allocate: cache hit returns a block holding "
                                                "the requested prefix", "cache_content",
@@ -255,8 +315,13 @@ CORPUS = {
     "partial-block-cached": (PartialBlockCached, {"no_partial_cached"}, 2),
     "unchained-keys": (UnchainedKeys, {"allocate: cache hit returns a block holding the "
                                        "requested prefix", "cache_content"}, 5),
+    "keys-from-first-block": (KeysFromFirstBlock, {"cache_content"}, 2),
     "full-hit-no-token-left": (FullHitNoTokenLeft, {
         "allocate: a prompt fully in the cache leaves at least one token to compute"}, 2),
+    "shares-last-block": (SharesLastBlock, {
+        "allocate: every block the prefill writes was free: the sequence's alone"}, 3),
+    "recomputes-a-shared-block": (RecomputesASharedBlock, {
+        "allocate: every block the prefill writes was free: the sequence's alone"}, 3),
     "evictor-keeps-computed": (EvictorKeepsComputed, {
         "allocate: every block the cached tokens skip holds the requested prefix",
         "allocate: cached tokens stop at the blocks served from the cache"}, 3),
@@ -264,10 +329,13 @@ CORPUS = {
     "published-on-early-free": (PublishedOnEarlyFree, {"key_after_write"}, 2),
     "rollback-keeps-key": (RollbackKeepsKey, {"no_partial_cached"}, 2),
     "rebase-keeps-old-refs": (RebaseKeepsOldRefs, {
-        "rebase: refcount +1 per entry of the child's table, -1 per entry it had"}, 4),
+        "rebase: refcount +1 per entry of the child's table, -1 per entry it had"}, 5),
     "rebase-copies-into-keyed-block": (RebaseCopiesIntoKeyedBlock, {
-        "no_partial_cached", "key_after_write", "cache_content"}, 5),
+        "no_partial_cached", "key_after_write", "cache_content"}, 6),
     "preempt-publishes-unwritten": (PreemptPublishesUnwritten, {"key_after_write"}, 2),
+    "append-slot-past-reservation": (AppendSlotPastReservation, {
+        "append_slot: returns the block holding slot len",
+        "append_slot: a new block only at a block boundary"}, 3),
     "shared-written-in-place": (SharedWrittenInPlace, {
         "append_slots: every block a new token lands in is the sequence's alone",
         "append_slots: a block the sequence holds alone is written in place",

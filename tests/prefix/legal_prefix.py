@@ -43,13 +43,25 @@ class NeverCaches(PrefixCachingBlockManager):
         pass
 
 
-class SharesLastBlock(PrefixCachingBlockManager):
-    """On a prompt wholly in the cache, serves every full block from it (the last
-    one too) and reports one token fewer than the prompt: the engine computes the
-    last token only."""
+class SharesLastBlockHeldByNoOne(PrefixCachingBlockManager):
+    """On a prompt wholly in the cache, serves its last full block from the cache too when
+    no other sequence holds it (an evictable block, revived) and reports one token fewer
+    than the prompt: the engine computes the last token only, into a block that is the
+    sequence's alone. (Served while another sequence holds it, that write lands in a block
+    the other reads: ``buggy_prefix.SharesLastBlock``.)"""
 
     def _lookup_limit(self, n_tokens):
-        return n_tokens // self.block_size
+        limit = n_tokens // self.block_size
+        if limit and n_tokens % self.block_size == 0:
+            keys = self._pending_keys[:limit]
+            block = self.cache.get(keys[-1]) if len(keys) == limit else None
+            if block is None or self.ref[block]:
+                return (n_tokens - 1) // self.block_size
+        return limit
+
+    def _prompt_keys(self, tokens):
+        self._pending_keys = keys = super()._prompt_keys(tokens)
+        return keys
 
     def allocate(self, seq, n_tokens, token_ids=None):
         return min(super().allocate(seq, n_tokens, token_ids), n_tokens - 1)
@@ -63,10 +75,17 @@ class ReportsNoCount(PrefixCachingBlockManager):
 
 
 class ReportsFewer(PrefixCachingBlockManager):
-    """Reports fewer cached tokens than it served (recomputes the last block served)."""
+    """Reports fewer cached tokens than it served (recomputes the last block served) where
+    that block is the sequence's alone (revived from the evictable list): the prefill
+    rewrites it in place. (Where another sequence holds it: ``buggy_prefix.
+    RecomputesASharedBlock``.)"""
 
     def allocate(self, seq, n_tokens, token_ids=None):
-        return max(0, super().allocate(seq, n_tokens, token_ids) - self.block_size)
+        got = super().allocate(seq, n_tokens, token_ids)
+        bs = self.block_size
+        if got and self.ref[self.tables[seq][got // bs - 1]] == 1:
+            return got - bs
+        return got
 
 
 # -- through rollback, rebase and preemption (EnginePrefixCachingBlockManager) ---------
@@ -140,7 +159,7 @@ LEGAL = {
     "most-recent-evicted": MostRecentEvicted,
     "drops-keys-on-free": DropsKeysOnFree,
     "never-caches": NeverCaches,
-    "shares-last-block": SharesLastBlock,
+    "shares-last-block-held-by-no-one": SharesLastBlockHeldByNoOne,
     "reports-no-count": ReportsNoCount,
     "reports-fewer": ReportsFewer,
     "prefix-engine": EnginePrefixCachingBlockManager,  # rollback drops the keys it makes partial

@@ -89,21 +89,26 @@ def test_breadth_first_bmc_clean_and_finds_the_mutant_shortest():
     assert replay(ForkWithoutRefcount, 4, 2, found.ops).violation is not None
 
 
-# at one token per block no tail is partial: no in-place or copy-on-write append, no copy
-# at fork or rebase time, and so no fork or rebase out of blocks either
-NA = {"append/in-place", "append/copy-on-write", "append/out-of-blocks-in-copy-on-write",
+# at one token per block no tail is partial: no copy-on-write append, no copy at fork or
+# rebase time, and so no fork or rebase out of blocks either (an in-place append only
+# into a reserved block: a rollback's or a lookahead's)
+NA = {"append/copy-on-write", "append/out-of-blocks-in-copy-on-write",
       "fork/copies-partial-tail", "fork/out-of-blocks", "rebase/copies-partial-tail",
       "rebase/out-of-blocks"}
 
 
 def test_classes_that_cannot_occur_at_block_size_1_are_not_applicable():
-    """At one token per block every append is at a block boundary: Z3 shows no state that
-    satisfies every invariant has an in-place or copy-on-write append, though a larger scope
-    has them. Every other class has a witness."""
+    """At one token per block every append starts a block: Z3 shows no state that
+    satisfies every invariant has a copy-on-write append, though a larger scope has them;
+    an append in place only into a block the sequence reserved, so with the seed's four
+    operations alone none. Every other class has a witness."""
     ws = {w.name: w for w in witnesses(SymScope(3, 1, 2, 3), 4)}
     assert {n for n, w in ws.items() if w.not_applicable} == NA
     assert all(ws[n].depth for n in set(OUTCOMES) - NA)
     assert all(not ws[n].depth and ws[n].possible_at for n in NA)
+    seed = {k: contracts.CONTRACTS[k] for k in ("allocate", "append_slot", "fork", "free_seq")}
+    ws = {w.name: w for w in witnesses(SymScope(3, 1, 2, 3), 4, contracts=seed)}
+    assert not ws["append/in-place"].depth
 
 
 def test_every_class_can_occur_at_the_grown_scope():

@@ -68,8 +68,12 @@ class RandomDriver:
         if r < 0.12 * wf + 0.2 * fullness * wr + 0.02 * wr and can["free_seq"]:
             return Op("free_seq", seq)
         if can["append_slot"]:
-            if state is not None and state.reserved.get(seq) and can["append_slots"]:
-                return Op("append_slots", seq, n_tokens=1)  # its reserved slots come first
+            # a reserved slot is written either way: by append_slots, or by append_slot
+            # every other time (by the length's parity: no draw, so the rest of the stream
+            # is the one it was)
+            if state is not None and state.reserved.get(seq) and can["append_slots"] and \
+                    state.lengths.get(seq, 0) % 2:
+                return Op("append_slots", seq, n_tokens=1)
             return Op("append_slot", seq)
         return Op("allocate", self._new_id(), 0, 1 + int(rand() * self.max_prompt))
 

@@ -291,6 +291,10 @@ _RECORD = {
     "append_slot": """\
     o.shadow.append(q0, op.block, op.offset, op.cow_src)
     lengths[q0] = f_len0
+    if f_res0:
+        o.reserved[q0] = f_res0
+    elif q0 in o.reserved:
+        del o.reserved[q0]
     if o.shadow.mismatch(q0, f_new0, f_len0 - 1) is not None:
         f_bad = o._check_data({q0: f_new0}, lengths, o.steps, f_len0 - 1)
 """,
@@ -423,9 +427,9 @@ def _extra(kind: str) -> str:
 
 def _reserve(kind: str) -> str:
     """The new reservation after a successful ``kind`` (``reserve_after``; a single-slot
-    append keeps what it had: the oracle's ``_SINGLE``)."""
+    append on a sequence reserving nothing reserves nothing: the oracle's ``_SINGLE``)."""
     if kind == "append_slot":
-        return ""
+        return "    if f_res0:\n        f_res0 = reserved_after(PY, pre, op, len(f_tab0))\n"
     if kind in ("free_seq", "preempt"):
         return "    f_res0 = 0\n"
     if kind == "fork":  # (the child's)

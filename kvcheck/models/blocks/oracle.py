@@ -431,7 +431,7 @@ class Oracle:
             else:
                 after = {q: m for q, m in delta.items() if m is not None}
             post = After(self.target, g, seqs, after, extra, seen)
-            if kind not in _SINGLE:
+            if kind not in _SINGLE or op.seq in self.reserved:
                 self._reserve(op, g, post, post.reservations)
             blocks = post.blocks
             tables = post.tables
@@ -504,7 +504,8 @@ class Oracle:
                 else:  # fork, rebase: the child reads what the source reads
                     sh.free(op.child)
                     sh.fork(op.seq, op.child)
-            if kind not in _SINGLE:  # (a single-slot append reserves nothing, before or after)
+            if kind not in _SINGLE or op.seq in self.reserved:
+                # (a single-slot append on a sequence reserving nothing reserves nothing)
                 reserved = post.reservations
                 for q in delta:
                     r = reserved.get(q, 0)
@@ -658,7 +659,8 @@ def _show(table) -> str:
 
 # Operations whose result is the list of copies the caller must make first.
 COPYING = frozenset({"append_slots", "fork", "rebase"})
-# Operations that reserve nothing and whose sequence then reserves nothing.
+# Operations that reserve nothing: a sequence reserving nothing before reserves nothing
+# after (one that did has a slot fewer reserved).
 _SINGLE = frozenset({"append_slot"})
 
 

@@ -6,8 +6,9 @@ one operation in five is one of them, as in the block manager's driver: rollback
 up to a block and a token (often into a cached full block), rebases of one live
 sequence onto another, preemptions (each preempted sequence re-admitted later with
 every token it had: a recompute the cache may serve from its own freed blocks), and
-``append_slots`` writing the slots a rollback left reserved. A target with only the
-seed's operations sees exactly the stream it always did.
+``append_slots`` writing the slots a rollback left reserved (a decode step's
+``append_slot`` writes them one at a time too). A target with only the seed's
+operations sees exactly the stream it always did.
 
 A target whose engine keeps a refused request waiting (``retries_refused``: its
 scheduler leaves a group its admission check declined at the head of the queue and
@@ -106,8 +107,9 @@ class PrefixDriver:
 
     def _extra_op(self, live: list[int], state, uncommitted) -> PrefixOp | None:
         """One of the operations beyond the seed's four, about one time in five (a
-        sequence with reserved slots writes them with append_slots before anything else;
-        a sequence admitted but not written yet may be preempted before its write)."""
+        sequence with reserved slots often writes them with append_slots first, else one
+        by one with append_slot; a sequence admitted but not written yet may be
+        preempted before its write)."""
         rng, caps, bs = self.rng, self.caps, self.bs
         reserved = state.reserved
         if uncommitted and "preempt" in caps and rng.random() < 0.1:

@@ -86,6 +86,7 @@ OPS = {
     "commit": OpSpec("commit", _make, (Arg("seq", SEQ),), doc=_doc("commit")),
     # only for a target offering them (its capabilities), as in the block manager's model:
     # the reserved slots a rollback leaves are written by append_slots, with their token ids
+    # (or one at a time by append_slot)
     "append_slots": OpSpec("append_slots", _make, (Arg("seq", SEQ), Arg("tokens", TOKENS),
                                                    Arg("lookahead", COUNT, low=0)),
                            results=(_COPIES,), doc=_doc("append_slots")),

@@ -32,8 +32,12 @@ slot the allocator names (skipping blocks served from the cache, which an
 engine would not recompute), and remembers per block how many slots hold the
 current content (``filled``) and which whole prefix that content was computed
 under (``content``, an interned prefix id: block tokens chained with the
-previous block's id). A cache key is bound to the prefix id of the block it
-names when the oracle first sees it.
+previous block's id). A cache key means the prefix the engine hashes to it: the
+target's ``prefix_key(parent key, block tokens)`` over the chained prefixes of the
+token ids the run's sequences were allocated and appended with (``Ghost.meaning``),
+so a block published under a key that is not its prefix's is caught in the step that
+publishes it. A target without ``prefix_key`` (the third-party views) has each key
+bound to the prefix id of the block it names when the oracle first sees it.
 
 Which blocks were hits? The engine is told by the lookup; the oracle infers it
 the same way for every target: the leading table entries of a new sequence
@@ -252,6 +256,24 @@ def takes_token_ids(target) -> bool:
     return any(p.name == "token_ids" or p.kind is p.VAR_KEYWORD for p in params)
 
 
+def key_function(target):
+    """The target's ``prefix_key(parent, token_ids)``: the key its engine gives a full block
+    of ``token_ids`` whose parent block's key is ``parent`` (None: the first block), or
+    None. With it a cache key means the prefix it is the engine's hash of; without it,
+    the content of the block it names when the oracle first sees it."""
+    for obj in (target, getattr(target, "impl", None)):
+        fn = getattr(obj, "prefix_key", None)
+        if callable(fn):
+            return fn
+    return None
+
+
+def declares(target, name: str) -> bool:
+    """Whether the target (or the object it adapts) declares ``name`` true: a policy of
+    its engine the spec reads (``writes_cached_twins``: ``spec.prefix.unwritten``)."""
+    return any(getattr(obj, name, False) is True for obj in (target, getattr(target, "impl", None)))
+
+
 def committer(target):
     """The target's ``commit(seq)`` (the engine wrote seq's prompt: publish after write),
     or None: a target without one writes the prompt within ``allocate``."""
@@ -270,6 +292,8 @@ class Ghost:
         self.bs = block_size
         self.ids: dict[tuple, int] = {}
         self.parts: list[tuple] = []  # id -> (parent id, block tokens)
+        self.keys: list = []  # id -> the engine's key of that prefix (``meaning``), as far as computed
+        self.by_key: dict = {}  # the engine's key -> the prefix id it names (-1: several)
         self.filled: dict[int, int] = {}
         self.content: dict[int, int] = {}
         self.chains: dict[int, list[int]] = {}  # seq -> prefix id of each full block
@@ -299,6 +323,20 @@ class Ghost:
             parent = self.intern(parent, tuple(tokens[start : start + bs]))
             out.append(parent)
         return out
+
+    def meaning(self, key, prefix_key) -> int:
+        """The prefix id ``key`` names: the prefix whose key the engine's own hash
+        (``prefix_key(parent key, block tokens)``, the target's) is ``key``, over every prefix
+        the run's sequences were given (-1: none, or several); the keys of prefixes
+        interned since the last call are computed first, parents before children."""
+        keys, parts, by_key = self.keys, self.parts, self.by_key
+        for pid in range(len(keys), len(parts)):
+            parent, toks = parts[pid]
+            k = prefix_key(None if parent < 0 else keys[parent], list(toks))
+            keys.append(k)
+            if by_key.setdefault(k, pid) != pid:
+                by_key[k] = -1  # (two prefixes under one key: it names neither)
+        return by_key.get(key, -1)
 
     def tokens_of(self, pid: int) -> list:
         out: list = []
@@ -332,7 +370,7 @@ class PrefixShadow(ShadowMemory):
         chain = g.chain(toks)
         g.chains[seq] = chain
         later = [] if o.commit_fn is not None else None
-        for i in range(o.pending_hits, len(table)):
+        for i in range(o.pending_served, len(table)):  # (what the prefill writes)
             chunk = toks[i * bs : (i + 1) * bs]
             b = table[i]
             self.write_tokens(b, 0, chunk)
@@ -465,7 +503,7 @@ class _Structural(Oracle):
         oracle = self.oracle
         if oracle._check_hits_on(table, op, self.steps) is not None:
             return None
-        return (oracle.pending_hits,)
+        return (oracle.pending_served,)
 
     def _allocate_steps(self) -> dict | None:
         """allocate's compiled step checks: ``spec.prefix.allocate_with_hits`` (compiled
@@ -480,7 +518,7 @@ class _Structural(Oracle):
             oracle = self.oracle
             if oracle._check_hits(post, op, self.steps) is not None:
                 return False  # (the spec names it: ``_check_op``)
-            return ok(pre, post, op, blocks, live, oracle.pending_hits)
+            return ok(pre, post, op, blocks, live, oracle.pending_served)
 
         def allocate_oob(pre, post, op, blocks, live):
             return oob(pre, post, op, blocks, live, 0)
@@ -580,7 +618,10 @@ class PrefixOracle:
         self.stats = Stats()
         self.pending: PrefixOp | None = None
         self.pending_hits = 0
+        self.pending_served = 0  # of those, the blocks the prefill does not write (P.unwritten)
         self.commit_fn = committer(target)
+        self.key_fn = key_function(target)
+        self.twins = declares(target, "writes_cached_twins")  # (``spec.prefix.unwritten``)
         self.slot_tokens = takes_token_ids(target)  # append_slots with token ids
         self.uncommitted: dict[int, list] = {}  # seq -> (block, filled, content) its commit writes
         self.s = _Structural(target, self, mode, timeout, compiled, fused)
@@ -673,7 +714,7 @@ class PrefixOracle:
     def step(self, op: PrefixOp, watchdog=None) -> Violation | None:
         if self.violation is not None:
             return self.violation
-        self.pending, self.pending_hits = op, 0
+        self.pending, self.pending_hits, self.pending_served = op, 0, 0
         wd = watchdog if watchdog is not None else active_watchdog()
         if wd is not None:
             wd.enter()  # the operation and the cache observation after it: one guarded call
@@ -721,9 +762,11 @@ class PrefixOracle:
         prefix rule checked on it as after a passing step. False (the run stops on the
         violation) if either cannot be done or a prefix rule fails there."""
         v = self.violation
-        if v is None or v.kind not in ("contract", "invariant") or op.kind == "commit":
+        if v is None or v.kind not in ("contract", "invariant"):
             return False
-        if self.s.violation is None or not self.s.resync(op):
+        if self.s.violation is None:  # the structure held: one of the cache's own clauses
+            return self._resync_cache(op, v)
+        if op.kind == "commit" or not self.s.resync(op):
             return False
         self.violation = None
         try:
@@ -736,6 +779,32 @@ class PrefixOracle:
         self._count(op, post)
         self.steps = self.s.steps
         self._verified(post)  # (the fast mode's mirror rebuilt from the whole read)
+        self._live = None
+        return True
+
+    def _resync_cache(self, op: PrefixOp, v: Violation) -> bool:
+        """``resync`` past an allowed clause of the cache's own contracts where the
+        structural step held (a failed call that changed the cache, ``spec.prefix.commit``):
+        the cache as observed now, with every prefix invariant checked on it (and, after a
+        commit, the structural sweep a commit ends with). A prefix invariant is never
+        allowed: False."""
+        if v.kind != "contract":
+            return False
+        self.violation = None
+        try:
+            post, v2 = self._full_check(self.steps, None)
+            if v2 is None and op.kind == "commit":
+                v2 = self.s.sweep(None)
+        except OperationTimeout:
+            v2 = v
+        if v2 is not None:
+            self.violation = v
+            return False
+        if op.kind == "commit":
+            self.stats.commits += 1
+        else:
+            self._count(op, post)
+        self._verified(post)
         self._live = None
         return True
 
@@ -821,6 +890,7 @@ class PrefixOracle:
         new.ghost = deep_copy(self.ghost)
         new.meanings = dict(self.meanings)
         new.commit_fn = committer(new.target)
+        new.key_fn = key_function(new.target)
         new.uncommitted = {q: list(w) for q, w in self.uncommitted.items()}
         new.stats = dataclasses.replace(self.stats)
         new.mirror = None  # (it reads this run's ghosts): the copy's next step checks in full
@@ -862,8 +932,7 @@ class PrefixOracle:
         meanings, bs = self.meanings, self.block_size
         for key, b in entries:
             if key not in meanings:
-                ok = g.filled.get(b, 0) == bs
-                meanings[key] = g.content.get(b, -1) if ok else -1
+                meanings[key] = self._meaning(key, b)
         partial = set()
         for q in st.seqs():
             partial.update(st.table_tuple(q)[st.length(q) // bs:])
@@ -872,6 +941,18 @@ class PrefixOracle:
                                 view.evictable(), entries, {k: meanings[k] for k, _ in entries},
                                 partial, g.filled, g.content, view.free_list_len(),
                                 view.evictable_len())
+
+    def _meaning(self, key, b: int) -> int:
+        """The prefix id a key seen for the first time names, ``b`` the block it names: the
+        prefix the engine hashes to it (``Ghost.meaning``: the chained prefix of token ids
+        the run's sequences were allocated and appended with), so a block published
+        under a wrong key is caught where it is published; for a target that does not
+        say how it hashes (``key_function``), the content ``b`` holds now."""
+        fn = self.key_fn
+        if fn is not None:
+            return self.ghost.meaning(key, fn)
+        g = self.ghost
+        return g.content.get(b, -1) if g.filled.get(b, 0) == self.block_size else -1
 
     # -- the fast mode --------------------------------------------------------------------
     def _verified(self, post) -> None:
@@ -924,7 +1005,7 @@ class PrefixOracle:
             read = view._block
             mkeys, mfree, mevict = m._keys, m.free_list, m.evictable
             failed = op.outcome in (OOB, REFUSED)
-            meanings, filled, content = self.meanings, self.ghost.filled, self.ghost.content
+            meanings = self.meanings
             for b in changed:
                 keys, on_free, on_evict = read(b)
                 if type(keys) is not tuple or type(on_free) is not int or type(on_evict) is not int:
@@ -937,7 +1018,7 @@ class PrefixOracle:
                     return (*self._full_check(n, op), None)
                 for key in keys:
                     if key not in meanings:
-                        meanings[key] = content.get(b, -1) if filled.get(b, 0) == bs else -1
+                        meanings[key] = self._meaning(key, b)
                 old[b] = m.set_block(b, keys, on_free, on_evict)
             sizes = view.sizes()
             f, e = view._n_free, view._n_evict  # (``free_list_len``, ``evictable_len``)
@@ -984,7 +1065,7 @@ class PrefixOracle:
         if op is not None and op.outcome in (OOB, REFUSED) and self.pre is not None:
             if sorted(map(repr, post.entries)) != sorted(map(repr, self.pre.entries)) or \
                     post.evictable != self.pre.evictable:
-                name = f"{op.kind}: exception_safety: cache unchanged"
+                name = f"{op.kind}: {P.CACHE_UNCHANGED}"
                 failed = "ran out of blocks" if op.outcome == OOB else "was refused"
                 return post, Violation(n, "contract", name, op.seq, subject="seq", witness=(
                     f"{op.kind} {failed} but changed the prefix cache or the evictable "
@@ -1010,7 +1091,10 @@ class PrefixOracle:
                     f"evictable blocks; its lists hold {len(s.free_list)} and {len(s.evictable)}")
         g = self.ghost
         early = "; its key was published before its content was written"
-        meaning = [g.show(s.meanings.get(k, -1)) for k in s.keys_of(b)]
+        unknown = ("no prefix (the engine's key of no prefix the sequences were given)"
+                   if self.key_fn is not None else g.show(-1))
+        meaning = [g.show(m) if (m := s.meanings.get(k, -1)) >= 0 else unknown
+                   for k in s.keys_of(b)]
         return (f"block {b}: refcount {s.ref(b)}, {s.on_free(b)}x on the free list, "
                 f"{s.on_evictable(b)}x evictable, {s.cache_entries(b)} cache key(s)"
                 f"{' naming ' + '; '.join(meaning) if meaning else ''}; "
@@ -1025,11 +1109,24 @@ class PrefixOracle:
             if v is not None:
                 return v
         for name, element, holds in P.allocate_with_hits(PY, pre, post, op, dom,
-                                                         self.pending_hits):
+                                                         self.pending_served):
             if not holds:
-                return Violation(n, "contract", f"allocate: {name}", element,
-                                 witness=f"after {op.kind}({op.seq}, {op.n_tokens} tokens, "
-                                         f"{self.pending_hits} block(s) from the cache)",
+                served, hits = self.pending_served, self.pending_hits
+                why = (f"after {op.kind}({op.seq}, {op.n_tokens} tokens, {hits} block(s) from "
+                       f"the cache")
+                if served < hits:
+                    why += (f"; it reported {op.cached_tokens} cached token(s), so the prefill "
+                            f"writes from position {served} on")
+                why += ")"
+                if op.outcome == OK:
+                    table = post.table_tuple(op.seq)
+                    shared = [(i, b) for i, b in enumerate(table) if i >= served and pre.ref(b)]
+                    if shared:
+                        i, b = shared[0]
+                        why += (f": block {b} at position {i}, which the prefill writes, had "
+                                f"refcount {pre.ref(b)} before the call: it is not the "
+                                f"sequence's alone")
+                return Violation(n, "contract", f"allocate: {name}", element, witness=why,
                                  doc=" ".join((P.allocate_with_hits.__doc__ or "").split()))
         return None
 
@@ -1065,6 +1162,7 @@ class PrefixOracle:
                 break
             hits += 1
         self.pending_hits = op.hits = hits
+        self.pending_served = P.unwritten(hits, op.cached_tokens, self.block_size, self.twins)
         wants = self.ghost.chain(op.tokens)[:hits]
         for name, i, holds in P.cache_hits(PY, before, table[:hits], wants):
             if not holds:
