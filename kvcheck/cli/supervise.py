@@ -304,10 +304,15 @@ def _report_verify(args, ending: Ending, what: str) -> int:
         v = Violation.from_json(found)
         v.step = sum(r["r"] == "op" for r in runs[0])
         ops = recording.ops_of(runs[0], MODEL)
-        note = (f"not shrunk: while shrinking, a replay ended the process "
-                f"({ending.status} {ending.phase()}), so every replay would need a process "
-                f"of its own; the trace is the run's")
-        trace = Trace(args.target, args.blocks, args.block_size, ops, v, args.seed, [], note)
+        trace = None
+        if not ending.hung:  # each replay in a process of its own; one that crashes is not it
+            trace = _shrunk_in_processes(args, None, ops, v)
+        if trace is None:
+            note = (f"not shrunk: while shrinking, a replay ended the process "
+                    f"({ending.status} {ending.phase()}), so every replay would need a "
+                    f"process of its own" + (" and a hang's would each wait out the timeout"
+                                             if ending.hung else "") + "; the trace is the run's")
+            trace = Trace(args.target, args.blocks, args.block_size, ops, v, args.seed, [], note)
         return verify_report(args, Result("fail", v.step, 0.0, v, trace, len(ops)))
     run = runs[-1] if runs else []
     ops, last = recording.ops_of(run, MODEL), next((r for r in reversed(run) if r["r"] == "op"), None)
@@ -329,12 +334,14 @@ def _report_verify(args, ending: Ending, what: str) -> int:
 
 
 # -- shrinking a crash that ends the process: every replay in a process of its own ---------
-def _shrunk_in_processes(args, ending: Ending, ops: list, v):
-    """The counterexample of a crash that ended the process (a signal, an exit), shrunk
-    like any other violation (``kvcheck.check.shrink``, the same budget) with every replay
-    in a supervised child of its own: a candidate fails the same way when its child ends
-    the same way (``Ending.status``) during an operation of the same kind. None when the
-    recorded operations do not end it so again."""
+def _shrunk_in_processes(args, ending: Ending | None, ops: list, v):
+    """The counterexample of ``v``, shrunk like any other violation (``kvcheck.check.shrink``,
+    the same budget) with every replay in a supervised child of its own. ``ending``: ``v``
+    is a crash that ended the process (a signal, an exit), and a candidate fails the same way
+    when its child ends the same way (``Ending.status``) during an operation of the same
+    kind; None: ``v`` is a violation the run found (a replay while shrinking it ended the
+    process), and a candidate fails the same way when its child finds it (one that ends
+    the process does not). None when the recorded operations do not fail so again."""
     from kvcheck.check.model import Options
     from kvcheck.check.shrink import counterexample
     from kvcheck.cli.commands.common import shrink_budget
@@ -342,7 +349,7 @@ def _shrunk_in_processes(args, ending: Ending, ops: list, v):
     from kvcheck.models.blocks.model import BlockScope
 
     def replayer(model, factory, scope, cand, options, record=False):
-        return _replay_in_child(args, ending, model, scope, cand, options)
+        return _replay_in_child(args, ending, model, scope, cand, options, record)
 
     scope = BlockScope(args.blocks, args.block_size)
     options = Options(mode="full", timeout=args.timeout, seed=args.seed,
@@ -352,20 +359,28 @@ def _shrunk_in_processes(args, ending: Ending, ops: list, v):
         return None
     trace = counterexample(MODEL, args.target, None, scope, first.ops, first.violation,
                            args.seed, options, budget=shrink_budget(args), replayer=replayer)
-    trace.minimality += ("; each replay ran in a process of its own (the target ends the "
+    trace.minimality += ("; each replay ran in a process of its own (the target can end the "
                          "process)")
     return trace
 
 
-def _replay_in_child(args, ending: Ending, model, scope, cand: list, options):
-    """``kvcheck.check.run.replay`` of ``cand`` in a supervised child: the child's own
-    result when it finished (a candidate that no longer ends the process fails no way the
-    shrinker counts), or, when it ended the way ``ending`` did, a ``Replay`` whose violation
-    is that crash at the operation in flight."""
+def _replay_in_child(args, ending: Ending | None, model, scope, cand: list, options,
+                     record: bool = False):
+    """``kvcheck.check.run.replay`` of ``cand`` in a supervised child. With ``ending``: a
+    ``Replay`` whose violation is the crash at the operation in flight when the child ended
+    the way ``ending`` did, else none (a candidate that no longer ends the process fails no
+    way the shrinker counts). Without: the child's own ``Replay`` when it finished, none
+    when it ended the process."""
     import dataclasses
+    import os
+    import pickle
+    import tempfile
 
     from kvcheck.check.run import Replay
     from kvcheck.check.violation import Violation
+
+    fd, path = tempfile.mkstemp(prefix="kvcheck-replay-")
+    os.close(fd)
 
     def entry(a) -> int:
         from kvcheck.check.run import replay
@@ -373,11 +388,23 @@ def _replay_in_child(args, ending: Ending, model, scope, cand: list, options):
 
         _, factory = model.resolve(a.target) or resolve(a.target)
         oob = load_exception(a.out_of_blocks) if getattr(a, "out_of_blocks", None) else None
-        replay(model, factory, scope, cand, dataclasses.replace(options, out_of_blocks=oob))
+        r = replay(model, factory, scope, cand, dataclasses.replace(options, out_of_blocks=oob),
+                   record=record)
+        with open(path, "wb") as f:
+            pickle.dump(r, f)
         return 0
 
-    _, again = _child(entry, _without_files(args), args.timeout or 10.0, record=True)
-    if again is None:  # it finished: whatever it found, it did not end the process
+    try:
+        _, again = _child(entry, _without_files(args), args.timeout or 10.0, record=True)
+        if again is None and ending is None:
+            try:
+                with open(path, "rb") as f:
+                    return pickle.load(f)
+            except Exception:  # noqa: BLE001 - a result that cannot be read back: not it
+                return Replay(None, cand)
+    finally:
+        os.unlink(path)
+    if again is None or ending is None:  # finished, or ended the process: not this failure
         return Replay(None, cand)
     if again.hung or again.status != ending.status or again.in_setup():
         return Replay(None, cand)

@@ -459,8 +459,9 @@ def test_run_0_is_verify_at_its_defaults_recorded_like_any_run_and_resume_keeps_
     (line,) = runs(out)
     assert line["run"] == 0 and line["verdict"] == "pass" and line["ops"] == 10_000
     assert line["shape"] == "32 x 4, 10000 ops"
+    # (shrinking's defaults are every command's: the command at its defaults, exactly)
     assert line["command"] == ("kvcheck verify reference --blocks 32 --block-size 4 --ops 10000 "
-                               "--seed 0 --shrink-seconds 30")
+                               "--seed 0")
     assert sum(line["coverage"].values()) == 10_000  # counted like any run
     s = summary(out)
     assert s["runs"]["completed"] == 1 and s["ops"] == 10_000

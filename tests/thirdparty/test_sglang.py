@@ -398,7 +398,10 @@ def test_34399_is_caught_on_0_5_21_and_gone_on_0_5_22():
     assert bad["rc"] == 1
     v = bad["violation"]
     assert v["violation"]["kind"] == "crash" and v["violation"]["name"] == "append_slot"
-    assert "SIGSEGV" in v["violation"]["witness"] and len(v["ops"]) == 3
+    assert "SIGSEGV" in v["violation"]["witness"]
+    # shrunk like any violation, each replay in a process of its own: fill the pool, append
+    assert [op["op"] for op in v["ops"]] == ["allocate", "append_slot"]
+    assert v["minimality"].startswith("1-minimal")
     good = _cli_json(args[0], "sglang-paged@0.5.22", *args[1:])
     assert good["rc"] == 0 and good["verdict"] == "pass"
     # behind the scheduler's admission the allocator's out-of-blocks path is never reached
