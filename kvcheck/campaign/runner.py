@@ -121,8 +121,13 @@ class Campaign:
                     "ops": ops, "ops_per_second": ops / e if e > 0 else 0.0,
                     "signatures": len(store.state["signatures"])}
 
+        from kvcheck.check import interrupts
+
         try:
             while True:
+                if interrupts.requested():  # a Ctrl-C the command line deferred
+                    interrupts.clear()
+                    raise KeyboardInterrupt
                 now = time.monotonic()
                 out_of_time = deadline is not None and now >= deadline
                 while (not stop and not out_of_time and pool.free() > 0

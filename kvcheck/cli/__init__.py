@@ -66,29 +66,45 @@ def main(argv: list[str] | None = None, isolate: bool | None = None) -> int:
     runs a command that drives target code in a supervised child process
     (``kvcheck.supervise``), so that a target ending or wedging the process is
     reported, never mistaken for a verdict."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "run", None):
-        parser.print_help()
-        return 2
-    from kvcheck.cli import supervise
+    import signal
 
-    if isolate is None:
-        isolate = argv is None
-    if isolate and args.command in supervise.SUPERVISED and supervise.available():
-        try:
-            return supervise.run(args, dispatch)
-        except BrokenPipeError:
-            return _broken_pipe()
-    return dispatch(args)
+    from kvcheck.check import interrupts
+
+    # Ctrl-C while starting up (importing) is deferred, then acted on where it is safe
+    # (kvcheck.check.interrupts): dispatch, the supervisor's and a campaign's loops.
+    previous = signal.getsignal(signal.SIGINT)
+    interrupts.defer()
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "run", None):
+            parser.print_help()
+            return 2
+        from kvcheck.cli import supervise
+
+        if isolate is None:
+            isolate = argv is None
+        if isolate and args.command in supervise.SUPERVISED and supervise.available():
+            try:
+                return supervise.run(args, dispatch)
+            except BrokenPipeError:
+                return _broken_pipe()
+        return dispatch(args)
+    finally:
+        if interrupts.deferring() and previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        interrupts.clear()
 
 
 def dispatch(args) -> int:
     """Run one parsed command: bad input is one line on stderr and exit 2, never a traceback."""
+    from kvcheck.check import interrupts
     from kvcheck.check.trace import TraceError
     from kvcheck.targets.loading import TargetError
 
     try:
+        if not getattr(args, "defers_interrupts", False):  # (a campaign polls for Ctrl-C)
+            interrupts.restore()  # a Ctrl-C while starting up interrupts here
         return args.run(args)
     except (UsageError, TargetError, TraceError) as exc:
         print(f"kvcheck: error: {exc}", file=sys.stderr)

@@ -50,6 +50,8 @@ SUPERVISED = frozenset({"verify", "verify-prefix", "verify-scheduler", "verify-d
                         "prove",
                         "replay"})
 GRACE = 5.0  # seconds beyond twice the timeout before a stuck child is killed
+FORWARD_AFTER = 1.0  # seconds after a Ctrl-C this process got before it hands it to the child
+REPORT_GRACE = 5.0  # seconds the child then has to say how far it got
 _FILE_FLAGS = ("trace_out", "junit", "pytest_out", "output")
 
 
@@ -164,13 +166,15 @@ def _child(entry, args, timeout: float, record: bool,
 
 
 def _run_child(entry, args, beat, status_w: int, rec_w: int | None) -> None:
-    from kvcheck.check import watchdog
+    from kvcheck.check import interrupts, watchdog
     from kvcheck.check.processes import die_with_parent
 
     code = 3
     try:
         die_with_parent()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # (the parent defers its own)
+        interrupts.clear()
         watchdog.supervised_child(beat)
         own = os.dup(1)
         os.dup2(2, 1)  # the target's output, at any level, goes to stderr
@@ -199,10 +203,12 @@ def _run_child(entry, args, beat, status_w: int, rec_w: int | None) -> None:
 
 def _watch(pid: int, beat, status_r: int, rec_r: int | None, timeout: float,
            kill_at: int | None) -> tuple[int, Ending | None]:
+    from kvcheck.check import interrupts
     from kvcheck.check.clock import OwnClock
     from kvcheck.check.watchdog import read_heartbeat
 
     kill_after = 2 * timeout + GRACE
+    asked, forwarded = None, False  # the user's Ctrl-C, as this process deferred it
     own = OwnClock(pid)  # the child's main thread's own time: load is never a hang
     seen, since = None, own()
     status, records, partial = b"", [], b""
@@ -221,6 +227,16 @@ def _watch(pid: int, beat, status_r: int, rec_r: int | None, timeout: float,
                     partial += chunk
                     *lines, partial = partial.split(b"\n")
                     records += [json.loads(x) for x in lines if x]
+            if asked is None and interrupts.requested():
+                asked = time.monotonic()
+            if asked is not None:
+                waited = time.monotonic() - asked
+                if not forwarded and waited > FORWARD_AFTER:  # not the terminal's: the child
+                    forwarded = True  # never got it (a terminal's Ctrl-C reaches both)
+                    os.kill(pid, signal.SIGINT)
+                elif waited > FORWARD_AFTER + REPORT_GRACE:  # it said nothing: it is stopped
+                    _reap(pid, wait=0.0)
+                    return 130, None
             now = own()
             state = read_heartbeat(beat)
             if state != seen:

@@ -181,6 +181,39 @@ def test_an_interrupt_at_start_up_is_never_a_pass(tmp_path):
         assert summary(out)["verdict"] == "interrupted"
 
 
+START_UP_INTERRUPT = """
+import os, signal, sys
+import kvcheck.campaign.pools as pools
+
+def preload(model, _original=pools.preload):
+    class Field:  # a Ctrl-C while a class is made, as in an import of a dataclass:
+        def __set_name__(self, owner, name):  # Python would turn it into RuntimeError
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10**6):
+                pass
+    type("Made", (), {"field": Field()})
+    _original(model)
+
+pools.preload = preload
+from kvcheck.cli import main
+sys.exit(main(["campaign", "reference", "--workers", "1", "--out", sys.argv[1]]))
+"""
+
+
+def test_a_ctrl_c_in_the_middle_of_start_up_is_an_interruption(tmp_path):
+    """Ctrl-C while the campaign imports what its runs need: deferred, then acted on by the
+    campaign's loop (INTERRUPTED, exit 130), never an internal error nor a run to the end
+    (a KeyboardInterrupt raised inside an import is turned into another error, or
+    swallowed)."""
+    out = tmp_path / "c"
+    p = subprocess.run([sys.executable, "-c", START_UP_INTERRUPT, str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 130, p.stdout + p.stderr
+    assert p.stdout.startswith("INTERRUPTED reference: 0 runs completed"), p.stdout
+    assert "internal error" not in p.stderr and "Traceback" not in p.stderr
+    assert summary(out)["verdict"] == "interrupted"
+
+
 @pytest.mark.parametrize("cls,kind", [("SegfaultsInFork", "crash"), ("KilledInFork", "crash"),
                                       ("HardExitsInFork", "crash")])
 def test_a_target_that_ends_its_worker_process_is_a_finding(tmp_path, cls, kind):

@@ -80,6 +80,7 @@ def add_parser(sub) -> None:
     add_out_of_blocks(p)
     add_timeout(p)
     add_shrink_seconds(p)
+    p.set_defaults(defers_interrupts=True)  # Ctrl-C is polled for by the campaign's loop
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object "
                                                         "instead of text (default: off)")
     p.set_defaults(run=run)
