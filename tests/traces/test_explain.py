@@ -163,3 +163,25 @@ def test_a_rebase_over_null_entries_narrates_them_null():
              "refs": [0, 0, 2], "free": [0, 1]}
     words = narrate(op, None, after, 1)
     assert "sharing blocks [null, 2]" in words and "-1" not in words, words
+
+
+def test_an_append_into_a_reserved_block_reads_as_one():
+    """append_slot on a sequence holding reserved slots: the witness speaks of the block
+    the token goes to (reserved, or partial with reserved blocks after it), never of a
+    'full (0 of 4 slots used)' last block; the step reads 'a block it held reserved'."""
+    from pathlib import Path
+
+    from kvcheck.models.blocks.witness import narrate
+    from kvcheck.spec.contracts import Op
+
+    engine = Path(__file__).resolve().parents[1] / "corpus" / "engine.py"
+    past = _found(f"{engine}:AppendSlotPastReservation").violation.witness
+    assert "last block 4 was reserved (0 of 4 slots used)" in past, past
+    shared = _found(f"{engine}:AppendSlotIntoSharedReservation").violation.witness
+    assert "was partial (1 of 2 slots used), with reserved blocks after it" in shared, shared
+    assert " (-1 of " not in shared and "full (0 of" not in past
+    op = Op("append_slot", seq=0, block=1, offset=0, cow_src=None, outcome="ok")
+    before = {"tables": {"0": [0, 1]}, "lens": {"0": 4}, "refs": [1, 1], "free": [2]}
+    after = {"tables": {"0": [0, 1]}, "lens": {"0": 5}, "refs": [1, 1], "free": [2]}
+    words = narrate(op, before, after, 3)
+    assert "puts token #4 in slot 0 of block 1 (a block it held reserved)" in words, words

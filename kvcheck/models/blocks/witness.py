@@ -191,29 +191,45 @@ def _changed_blocks(pre, post) -> list[int]:
             or pre.holders(b) != post.holders(b)]
 
 
+def _slot_block(pre, q: int):
+    """The block holding slot number len of ``q`` (its next token: position len // B of its
+    table), or None past the table's end (the last block full, nothing reserved)."""
+    p = pre.length(q) // pre.block_size
+    return pre.table(q, p) if p < pre.nblocks(q) else None
+
+
 def _tail_words(pre, q: int) -> str:
-    """Sequence ``q``'s last block before an append, in words."""
+    """The block sequence ``q``'s next token goes to, before an append, in words: its last
+    block, or one it holds reserved (a lookahead's, a rollback's)."""
     B, n = pre.block_size, pre.length(q)
-    tail = pre.tail(q)
-    used = n - (pre.nblocks(q) - 1) * B if pre.nblocks(q) else 0
-    full = "full" if n % B == 0 else "partial"
-    others = [r for r in _holder_seqs(pre, tail) if r != q]
-    share = (f"shared with {_seqs(others)} (refcount {pre.ref(tail)})" if pre.ref(tail) > 1
-             else f"held by sequence {q} alone (refcount {pre.ref(tail)})")
-    return f"sequence {q}'s last block {tail} was {full} ({used} of {B} slots used) and {share}"
+    b = _slot_block(pre, q)
+    if b is None:
+        b, state = pre.tail(q), f"full ({B} of {B} slots used), nothing reserved after it,"
+        where = f"sequence {q}'s last block {b}"
+    else:
+        used, p = n % B, n // B
+        where = (f"sequence {q}'s last block {b}" if p == pre.nblocks(q) - 1 else
+                 f"sequence {q}'s block {b} (position {p}, where token #{n} goes)")
+        state = (f"reserved (0 of {B} slots used)" if used == 0 else
+                 f"partial ({used} of {B} slots used)"
+                 + (", with reserved blocks after it," if p < pre.nblocks(q) - 1 else ""))
+    others = [r for r in _holder_seqs(pre, b) if r != q]
+    share = (f"shared with {_seqs(others)} (refcount {pre.ref(b)})" if pre.ref(b) > 1
+             else f"held by sequence {q} alone (refcount {pre.ref(b)})")
+    return f"{where} was {state} and {share}"
 
 
 def _append_did(op, pre, post) -> str:
     """What a successful append did, in words."""
-    q, tail = op.seq, pre.tail(op.seq)
-    others = [r for r in _holder_seqs(post, tail) if r != q]
+    q, at = op.seq, _slot_block(pre, op.seq)
     if op.cow_src is not None:
         return (f"it copied block {op.cow_src} into block {op.block} (cow_src={op.cow_src}) and "
                 f"wrote slot {op.offset} there: sequence {q}'s table went {_table(pre, q)} -> "
                 f"{_table(post, q)} and the free list {pre.num_free()} -> {post.num_free()}")
-    if op.block == tail and pre.length(q) % pre.block_size:
+    if at is not None and op.block == at:
+        others = [r for r in _holder_seqs(post, at) if r != q]
         where = f", where {_seqs(others)} can still read it" if others else ""
-        return f"it wrote slot {op.offset} of block {tail} in place (cow_src=None){where}"
+        return f"it wrote slot {op.offset} of block {at} in place (cow_src=None){where}"
     return (f"it returned block {op.block}, offset {op.offset}: sequence {q}'s table went "
             f"{_table(pre, q)} -> {_table(post, q)}")
 
@@ -398,6 +414,7 @@ def narrate(op, before: dict | None, after: dict | None, block_size: int) -> str
         # (a cyclic window's append past it: the block that left the window, now null there)
         left = [i for i, b in enumerate(t0 or ()) if b == op.block and t1 is not None
                 and i < len(t1) and t1[i] in (None, NULL)]
+        held = t0 is not None and op.block in t0 and not left  # a block it held reserved
         text += (f" (the block that left the window at position {left[0]}, reused in place)"
-                 if left else " (a fresh block)")
+                 if left else " (a block it held reserved)" if held else " (a fresh block)")
     return text
