@@ -391,6 +391,12 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=N
     optional = [c for c in OUTCOMES if OUTCOMES[c][1] == REFUSED]
     applicable = [c for c in OUTCOMES if c not in na and c not in absent]
     missing = [c for c in applicable if c not in seen_classes and c not in optional]
+    # a class whose shortest witness needs an operation the target lacks (e.g. an append
+    # into a reserved block: a reservation needs append_slots) is not one it failed to show
+    needs = {w.name: sorted({op.kind for op in w.ops} - set(offered)) for w in ws
+             if w.name in missing and w.depth}
+    needs = {c: kinds for c, kinds in needs.items() if kinds}
+    missing = [c for c in missing if c not in needs]
     detail = (f"{ran} operations from {sum(1 for w in ws if w.depth)} witness runs; "
               f"{len(seen_classes & set(applicable))}/{len(applicable)} "
               f"{'applicable ' if na else ''}outcome classes and "
@@ -404,6 +410,9 @@ def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=N
     if absent:
         kinds = sorted({OUTCOMES[c][0] for c in absent})
         detail += f"; operations the target does not offer: {', '.join(kinds)}"
+    if needs:
+        detail += "; reached only through operations the target does not offer: " + ", ".join(
+            f"{c} (its witness uses {'+'.join(kinds)})" for c, kinds in needs.items())
     if missing:
         detail += f"; never shown by the target: {', '.join(missing)}"
     if cut:

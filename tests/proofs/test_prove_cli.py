@@ -250,3 +250,18 @@ def test_effort_counts_z3_resource_units():
     assert effort.used() - before >= 10_000
     effort.limit(s, 0, timeout_ms=1)
     assert effort.check(s) in (effort.TIME, effort.UNSAT)
+
+
+def test_a_class_only_other_operations_reach_is_not_one_the_target_failed_to_show():
+    """At one slot per block an in-place append needs a reserved block (a rollback's or a
+    lookahead's): the seed-shaped reference, without those operations, is not said to have
+    never shown it."""
+    from kvcheck.prove import Settings, prove
+
+    report = prove("reference", Settings(4, 1, 2, 4, pairs=False, crosshair=False))
+    row = next(r for r in report.rows if r.property == "z3 witness runs pass the oracle")
+    assert "reached only through operations the target does not offer: append/in-place " \
+        "(its witness uses " in row.detail, row.detail
+    never = row.detail.split("never shown by the target: ")[1] if "never shown" in row.detail \
+        else ""
+    assert "append/in-place" not in never
