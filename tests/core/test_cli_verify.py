@@ -93,7 +93,6 @@ def test_bad_input_exit_2_one_line(argv, message):
 
 
 def test_the_pool_limit_is_the_trace_schema_s():
-    import json
 
     from kvcheck.check.trace import MAX_BLOCKS, schema
 

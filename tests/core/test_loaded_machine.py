@@ -58,9 +58,9 @@ def test_a_real_hang_is_still_a_hang_on_a_loaded_machine():
 
 
 def _corpus_traces() -> dict[str, str]:
-    from corpus.buggy import CORPUS
-
     from kvcheck.verify import verify
+
+    from corpus.buggy import CORPUS
 
     return {name: verify(cls).trace.dumps() for name, (cls, _, _) in sorted(CORPUS.items())}
 
