@@ -115,3 +115,20 @@ class OffByOneSlotKernel(DeviceBlockManager):
 
 BUGS = [SwappedCopy, StaleCopySource, WriteBeforeCopy, WriteIntoShared, CopyFullBlock,
         OffByOneSlotKernel]
+
+READ_BACK, SHARED = ("data", "read-back"), ("data", "shared block written")
+# What each bug may be reported as (the first check it breaks depends on the trace:
+# a stray write into a shared block is overwritten when the block's last sharer
+# writes the same slot in the same batch, and then only the read-back sees it).
+EXPECTED = {
+    SwappedCopy: {SHARED, READ_BACK},
+    StaleCopySource: {READ_BACK},
+    WriteBeforeCopy: {READ_BACK},
+    WriteIntoShared: {SHARED, READ_BACK},
+    CopyFullBlock: {("contract", "append_slot: a full block is never copied")},
+    OffByOneSlotKernel: {READ_BACK},
+}
+# The shrunk length of each before the device model was one of the checker's models (its
+# own chunk-deleting shrinker, same run): never longer now.
+LENGTH_BEFORE = {SwappedCopy: 3, StaleCopySource: 3, WriteBeforeCopy: 3,
+                 WriteIntoShared: 3, CopyFullBlock: 3, OffByOneSlotKernel: 2}

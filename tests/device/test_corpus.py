@@ -17,22 +17,7 @@ from kvcheck.models.device import MODEL, DeviceScope
 from kvcheck.report.text import render
 from kvcheck.verify import verify
 
-READ_BACK, SHARED = ("data", "read-back"), ("data", "shared block written")
-# What each bug may be reported as (the first check it breaks depends on the trace:
-# a stray write into a shared block is overwritten when the block's last sharer
-# writes the same slot in the same batch, and then only the read-back sees it).
-EXPECTED = {
-    bugs.SwappedCopy: {SHARED, READ_BACK},
-    bugs.StaleCopySource: {READ_BACK},
-    bugs.WriteBeforeCopy: {READ_BACK},
-    bugs.WriteIntoShared: {SHARED, READ_BACK},
-    bugs.CopyFullBlock: {("contract", "append_slot: a full block is never copied")},
-    bugs.OffByOneSlotKernel: {READ_BACK},
-}
-# The shrunk length of each before the device model was one of the checker's models (its
-# own chunk-deleting shrinker, same run): never longer now.
-LENGTH_BEFORE = {bugs.SwappedCopy: 3, bugs.StaleCopySource: 3, bugs.WriteBeforeCopy: 3,
-                 bugs.WriteIntoShared: 3, bugs.CopyFullBlock: 3, bugs.OffByOneSlotKernel: 2}
+EXPECTED, LENGTH_BEFORE = bugs.EXPECTED, bugs.LENGTH_BEFORE
 
 
 def _factory(bug, backend):
