@@ -2,10 +2,11 @@
 
 One prepared script. On a CUDA machine it builds a realistic cache (default:
 4,096 sequences of 250 tokens, block size 16, 8 KV heads, head dim 128,
-bfloat16, one layer: about 4.3 GB of K+V), forks half the sequences so the
+bfloat16, one layer: about 4.3 GB of K+V; or ``--model llama-3.3-70b --tp N``:
+Llama 3.3 70B's per-GPU shape, below), forks half the sequences so the
 batched decode step has copy-on-write work, runs one batched step through the
-``DeviceBlockManager`` (checked against the torch fallback), then times each
-kernel on its own:
+``DeviceBlockManager`` (checked against the torch fallback), times the batched
+step in a steady state, then times each kernel on its own:
 
     copy_blocks   every copy-on-write block copy of the step, one launch
     write_slots   every new token's K/V into its slot, one launch
@@ -14,12 +15,30 @@ kernel on its own:
 Bandwidth is bytes moved (read + written) over time, as for a copy, and each
 kernel is compared with ``dst.copy_(src)`` moving the same number of bytes,
 measured in the same run (and with a 1 GiB copy, the device's practical
-peak). The goal is >= 0.80 of the same-size copy for every kernel.
+peak). The goal is >= 0.80 of the same-size copy for every kernel. Every timed
+run (kernel or copy) starts with a cold L2 on a GPU: a 256 MB buffer is
+written before it, outside the timed region.
+
+The batched decode step (``decode_step``: the reference bookkeeping in Python,
+then one copy launch and one write launch) is timed twice: the first step
+(Triton compiles the kernels for its shapes: a cold start) and the median of
+``--reps`` steady steps, each over the same kind of batch: every parent forked
+anew (so each fork copies its shared tail block on write), the step over those
+forks and the first step's forks (writing in place), the new forks freed after.
+
+``--model llama-3.3-70b --tp N`` is Llama 3.3 70B's KV cache on one of N GPUs
+of a tensor-parallel group: 80 layers, 8 KV heads / N per GPU (grouped-query
+attention: 64 query heads, 8 KV heads), head dim 128, block size 16, 256
+sequences of 1,000 tokens (an odd tail, so forks copy on write), bfloat16.
+N = 8 (1 KV head per GPU: bf16 weights of 141 GB need several 80 GB GPUs, and
+8 is the usual node) and N = 4 (2 heads) are the shapes that fit one H100 with
+room for the same-size copies. Any flag given explicitly overrides the preset.
 
 On a machine without CUDA it runs a small size on the CPU and says so: that
 run checks the script, it is not a GPU figure.
 
-    python benchmarks/device.py [--seqs N] [--context T] [--block-size B] [--heads H]
+    python benchmarks/device.py [--model llama-3.3-70b --tp N]
+                                [--seqs N] [--context T] [--block-size B] [--heads H]
                                 [--head-dim D] [--layers L] [--dtype bfloat16]
                                 [--backend auto|triton|torch] [--reps R] [--json]
 
@@ -44,17 +63,34 @@ class BadInput(Exception):
     pass
 
 
+# Llama 3.3 70B (its config.json): 80 layers, 64 query heads, 8 KV heads, head dim 128.
+MODELS = {"llama-3.3-70b": {"layers": 80, "kv_heads": 8, "head_dim": 128}}
+PRESET = {"seqs": 256, "context": 1000, "block_size": 16, "dtype": "bfloat16"}
+GPU_DEFAULTS = {"seqs": 4096, "context": 250, "heads": 8, "head_dim": 128, "layers": 1,
+                "block_size": 16}
+CPU_DEFAULTS = {"seqs": 64, "context": 40, "heads": 2, "head_dim": 64, "layers": 1,
+                "block_size": 16}
+FLUSH_BYTES = 256 << 20  # written before every timed run on a GPU: a cold L2 (50-60 MB)
+
+
 def parse(argv):
     p = OneLineParser(prog="benchmarks/device.py", description="Time the device KV cache kernels against a plain copy.")
+    p.add_argument("--model", choices=sorted(MODELS),
+                   help="a model's per-GPU KV cache shape (with --tp): layers, KV heads, head dim; "
+                        "256 sequences of 1,000 tokens, block size 16, bfloat16")
+    p.add_argument("--tp", type=positive_int, default=None,
+                   help="tensor-parallel GPUs the model's KV heads are split over (with --model; "
+                        "default 8)")
     p.add_argument("--seqs", type=positive_int, help="sequences in the step (GPU 4096, CPU 64)")
     p.add_argument("--context", type=positive_int, help="tokens per sequence (GPU 250, CPU 40)")
-    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--block-size", type=positive_int, help="tokens per block (16)")
     p.add_argument("--heads", type=positive_int, help="KV heads (GPU 8, CPU 2)")
     p.add_argument("--head-dim", type=positive_int, help="head dim (GPU 128, CPU 64)")
-    p.add_argument("--layers", type=positive_int, default=1)
+    p.add_argument("--layers", type=positive_int, help="layers (1)")
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="bfloat16")
     p.add_argument("--backend", choices=("auto", "triton", "torch"), default="auto")
-    p.add_argument("--reps", type=positive_int, default=20, help="timed repetitions (median)")
+    p.add_argument("--reps", type=positive_int, default=20,
+                   help="timed repetitions (median), of each kernel and of the steady decode step")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p.parse_args(argv)
 
@@ -68,6 +104,29 @@ def main(argv=None) -> int:
         return 2
 
 
+def shape(args, cuda: bool) -> dict | None:
+    """Fill the flags not given: the model's preset (returned), else the device's defaults."""
+    preset = None
+    if args.model is None:
+        if args.tp is not None:
+            raise BadInput("--tp needs --model")
+        defaults = GPU_DEFAULTS if cuda else CPU_DEFAULTS
+    else:
+        m = MODELS[args.model]
+        tp = 8 if args.tp is None else args.tp
+        if m["kv_heads"] % tp:
+            raise BadInput(f"--tp {tp} does not divide {args.model}'s {m['kv_heads']} KV heads")
+        preset = {"model": args.model, "tp": tp, **m, "kv_heads_per_gpu": m["kv_heads"] // tp,
+                  **PRESET}
+        defaults = {"seqs": PRESET["seqs"], "context": PRESET["context"],
+                    "block_size": PRESET["block_size"], "heads": m["kv_heads"] // tp,
+                    "head_dim": m["head_dim"], "layers": m["layers"]}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return preset
+
+
 def run(args) -> int:
     import torch
 
@@ -75,11 +134,7 @@ def run(args) -> int:
     from kvcheck.impl.device.store import DTYPES
 
     cuda = torch.cuda.is_available()
-    big = {"seqs": 4096, "context": 250, "heads": 8, "head_dim": 128}
-    small = {"seqs": 64, "context": 40, "heads": 2, "head_dim": 64}
-    for name, value in (big if cuda else small).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    preset = shape(args, cuda)
     if args.seqs < 2:
         raise BadInput("--seqs must be at least 2 (half of them are forks)")
     device = torch.device("cuda" if cuda else "cpu")
@@ -87,12 +142,17 @@ def run(args) -> int:
     bs, L, H, D = args.block_size, args.layers, args.heads, args.head_dim
     parents = args.seqs // 2
     per_seq = -(-(args.context + 1) // bs)
-    num_blocks = args.seqs * per_seq + parents + 8
+    # the sequences' blocks, the first step's copies, and for the steady steps: each rep's
+    # forks' copies (freed after it) and the first forks' growth by a token a step
+    grow = -(-args.reps // bs) + 1
+    num_blocks = args.seqs * per_seq + 2 * parents + (args.seqs - parents) * grow + 8
     esize = torch.tensor([], dtype=dtype).element_size()
     row_bytes = H * D * esize
     cache_bytes = 2 * L * num_blocks * bs * row_bytes
     gather_out = 2 * L * args.seqs * (args.context + 1) * row_bytes
-    need = cache_bytes + gather_out + 2 * (1 << 30)
+    # the cache, then at most: the gather's same-size copy (source and destination, each
+    # the size of its output), the 1 GiB copy's two buffers, the L2 flush
+    need = cache_bytes + 2 * gather_out + 2 * (1 << 30) + FLUSH_BYTES
     if cuda:
         free, _ = torch.cuda.mem_get_info()
         if need > free:
@@ -119,7 +179,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     reserved = m.decode_step(seqs, k, v)
     _sync(device)
-    step_s = time.perf_counter() - t0
+    first_step_s = time.perf_counter() - t0
 
     # -- correctness of the step (against the torch fallback's gather) -------------------
     ok = True
@@ -170,13 +230,24 @@ def run(args) -> int:
     for r in rows:
         r["peak_ratio"] = r["gbps"] / peak
 
+    # -- the batched decode step, steady: every parent forked anew, the step, forks freed --
+    steady = _steady_steps(m, args, parents, seqs, device, dtype, g)
+    ok &= steady["reads_back_correctly"]
+
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
     out = {
         "device": name, "gpu_figure": cuda, "backend": backend, "dtype": args.dtype,
+        "torch": torch.__version__, "triton": getattr(kernels.triton, "__version__", None),
+        "interpreted": kernels.interpreting() and backend == "triton" and not cuda,
+        "preset": preset,
         "sequences": args.seqs, "context": args.context, "block_size": bs, "layers": L,
         "kv_heads": H, "head_dim": D, "num_blocks": num_blocks, "cache_bytes": cache_bytes,
         "copies": len(pairs), "writes": len(seqs), "gathered_tokens": total,
-        "decode_step_seconds": step_s, "peak_copy_gbps": peak, "kernels": rows,
+        "decode_step_first_seconds": first_step_s,
+        "decode_step_seconds": steady["seconds"], "decode_step_reps": args.reps,
+        "decode_step_copies": steady["copies"], "decode_step_writes": steady["writes"],
+        "peak_copy_gbps": peak, "kernels": rows,
+        "goal_met": min(r["ratio"] for r in rows) >= 0.8 if cuda else None,
         "step_reads_back_correctly": bool(ok),
     }
     if args.json:
@@ -187,17 +258,62 @@ def run(args) -> int:
     return 0 if ok else 1
 
 
+def _steady_steps(m, args, parents, seqs, device, dtype, g) -> dict:
+    """The median of ``args.reps`` batched decode steps (after 2 untimed), each over the same
+    kind of batch: a fresh fork of every parent (each copies its shared tail on write) and the
+    first step's forks (each writes in place); the fresh forks are freed after each step. The
+    last step is read back: a fresh fork is its parent plus its token, a first fork ends with
+    its token."""
+    import torch
+
+    base = args.seqs  # fresh forks' ids: after every existing sequence
+    firsts = [q for q in seqs if q >= parents]  # the first step's forks (and an odd one)
+    batch = [base + q for q in range(parents)] + firsts
+    k = torch.randn(m.kv_shape(len(batch)), generator=g).to(dtype).to(device)
+    v = torch.randn(m.kv_shape(len(batch)), generator=g).to(dtype).to(device)
+    times, ok, reserved = [], True, []
+    for rep in range(args.reps + 2):
+        for q in range(parents):
+            m.fork(q, base + q)
+        _sync(device)
+        t0 = time.perf_counter()
+        reserved = m.decode_step(batch, k, v)
+        _sync(device)
+        if rep >= 2:
+            times.append(time.perf_counter() - t0)
+        if rep == args.reps + 1:
+            pk, pv = m.gather(0)
+            ck, cv = m.gather(base)
+            ok &= torch.equal(ck[:, :-1], pk) and torch.equal(ck[:, -1], k[:, 0])
+            ok &= torch.equal(cv[:, :-1], pv) and torch.equal(cv[:, -1], v[:, 0])
+            i = batch.index(firsts[0])
+            fk, fv = m.gather(firsts[0])
+            ok &= torch.equal(fk[:, -1], k[:, i]) and torch.equal(fv[:, -1], v[:, i])
+        for q in range(parents):
+            m.free_seq(base + q)
+    return {"seconds": statistics.median(times), "reads_back_correctly": bool(ok),
+            "copies": sum(1 for _, _, s in reserved if s is not None), "writes": len(batch)}
+
+
 def _report(o) -> None:
     if not o["gpu_figure"]:
         print("CPU RUN: a small size on the CPU, to check the script. NOT a GPU figure.")
-    print(f"device {o['device']}, backend {o['backend']}, {o['dtype']}")
+    p = o["preset"]
+    if p:
+        print(f"shape: {p['model']} on 1 of {p['tp']} tensor-parallel GPUs ({p['layers']} layers, "
+              f"{p['kv_heads']} KV heads / {p['tp']} = {p['kv_heads_per_gpu']} per GPU, head dim "
+              f"{p['head_dim']}){'; flags given override it' if _overridden(o) else ''}")
+    print(f"device {o['device']}, backend {o['backend']}, {o['dtype']}, torch {o['torch']}, "
+          f"triton {o['triton']}")
     print(f"cache: {o['num_blocks']:,} blocks x {o['block_size']} slots x {o['kv_heads']} heads "
           f"x {o['head_dim']} dims x {o['layers']} layer(s) = {o['cache_bytes'] / 1e9:.2f} GB "
           f"(K+V)")
-    print(f"step: {o['sequences']:,} sequences: {o['copies']:,} copy-on-write block copies, "
-          f"{o['writes']:,} slot writes; decode_step end to end (bookkeeping included) "
-          f"{o['decode_step_seconds'] * 1e3:.1f} ms; reads back correctly: "
-          f"{o['step_reads_back_correctly']}")
+    print(f"first step: {o['sequences']:,} sequences: {o['copies']:,} copy-on-write block "
+          f"copies, {o['writes']:,} slot writes, {o['decode_step_first_seconds'] * 1e3:.1f} ms "
+          f"(compiling included); reads back correctly: {o['step_reads_back_correctly']}")
+    print(f"decode_step end to end (bookkeeping included), median of {o['decode_step_reps']}: "
+          f"{o['decode_step_seconds'] * 1e3:.2f} ms for {o['decode_step_writes']:,} sequences, "
+          f"{o['decode_step_copies']:,} copies")
     print(f"plain copy, 1 GiB: {o['peak_copy_gbps']:,.0f} GB/s" if o["gpu_figure"] else
           f"plain copy, 64 MiB: {o['peak_copy_gbps']:,.1f} GB/s")
     print(f"{'kernel':<12} {'MB moved':>10} {'time us':>10} {'GB/s':>9} "
@@ -209,7 +325,14 @@ def _report(o) -> None:
     if o["gpu_figure"]:
         worst = min(r["ratio"] for r in o["kernels"])
         print(f"goal: every kernel >= 0.80 of the same-size copy: "
-              f"{'met' if worst >= 0.8 else 'NOT met'} (worst {worst:.2f})")
+              f"{'met' if o['goal_met'] else 'NOT met'} (worst {worst:.2f})")
+
+
+def _overridden(o) -> bool:
+    p = o["preset"]
+    return (o["layers"], o["kv_heads"], o["head_dim"], o["sequences"], o["context"],
+            o["block_size"], o["dtype"]) != (p["layers"], p["kv_heads_per_gpu"], p["head_dim"],
+                                             p["seqs"], p["context"], p["block_size"], p["dtype"])
 
 
 def _plain_copy_gbps(nbytes: int, device, reps: int) -> float:
@@ -229,15 +352,18 @@ def _sync(device) -> None:
 
 
 def _time(fn, device, reps: int) -> float:
-    """Median seconds of ``fn`` over ``reps`` runs, after warm-up (compiles kernels)."""
+    """Median seconds of ``fn`` over ``reps`` runs, after warm-up (compiles kernels); on a GPU
+    each run starts with a cold L2 (a buffer larger than it written first, untimed)."""
     import torch
 
     for _ in range(3):
         fn()
     _sync(device)
     times = []
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if device.type == "cuda" else None
     for _ in range(reps):
         if device.type == "cuda":
+            flush.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()

@@ -38,14 +38,32 @@ def test_benchmark_small_cpu_run():
     assert out["step_reads_back_correctly"] is True
     assert [k["kernel"] for k in out["kernels"]] == ["copy_blocks", "write_slots", "gather"]
     assert out["copies"] == 2 and out["writes"] == 4
+    # the steady decode steps: each a fresh fork of both parents (copies) and both first forks
+    assert out["decode_step_copies"] == 2 and out["decode_step_writes"] == 4
+    assert out["decode_step_seconds"] > 0 and out["preset"] is None
     if not out["gpu_figure"]:
         text = _run("benchmarks/device.py", "--seqs", "2", "--context", "3", "--heads", "1",
                     "--head-dim", "2", "--reps", "1")
         assert "NOT a GPU figure" in text.stdout
 
 
+def test_benchmark_model_preset_with_overrides():
+    """``--model llama-3.3-70b --tp 4``: 2 KV heads per GPU, head dim 128 unless overridden."""
+    r = _run("benchmarks/device.py", "--model", "llama-3.3-70b", "--tp", "4", "--seqs", "4",
+             "--context", "6", "--block-size", "4", "--layers", "2", "--reps", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["preset"] == {"model": "llama-3.3-70b", "tp": 4, "layers": 80, "kv_heads": 8,
+                             "head_dim": 128, "kv_heads_per_gpu": 2, "seqs": 256,
+                             "context": 1000, "block_size": 16, "dtype": "bfloat16"}
+    assert (out["layers"], out["kv_heads"], out["head_dim"], out["sequences"]) == (2, 2, 128, 4)
+    assert out["step_reads_back_correctly"] is True
+
+
 @pytest.mark.parametrize("args", [("--seqs", "0"), ("--seqs", "1"), ("--dtype", "int8"),
-                                  ("--reps", "many")])
+                                  ("--reps", "many"), ("--tp", "2"),
+                                  ("--model", "llama-3.3-70b", "--tp", "3"),
+                                  ("--model", "gpt-2")])
 def test_benchmark_bad_input(args):
     r = _run("benchmarks/device.py", *args)
     assert r.returncode == 2, r.stdout + r.stderr
