@@ -72,3 +72,11 @@ HYBRID_TARGETS: dict[str, tuple[str, str]] = {
     "vllm-v1-hybrid-odd": ("kvcheck.impl.thirdparty.vllm_v1_hybrid:make_odd_window",
                            "vllm-v1-hybrid with a sliding window of block size + 1 tokens"),
 }
+
+# Targets of the tiers model (``kvcheck verify-tiers``): a device pool and a host pool,
+# transfers in flight; a factory called as ``factory(num_blocks, block_size, host_blocks)``.
+TIERS_TARGETS: dict[str, tuple[str, str]] = {
+    "reference-tiers": ("kvcheck.impl.tiered_cache:TieredCache",
+                        "the reference tiered store: a device pool, a host pool with an LRU "
+                        "cache of stored prefixes, stores and loads in flight, vLLM v0 swaps"),
+}
