@@ -23,4 +23,5 @@ RUN = {
     "scheduler": {"num_blocks": 16, "block_size": 4, "watermark": 1,  # kvcheck verify-scheduler
                   "requests": 12, "workloads": 20},
     "hybrid": {"num_blocks": 16, "block_size": 2, "ops": 3_000},  # kvcheck verify-hybrid
+    "tiers": {"num_blocks": 12, "block_size": 2, "ops": 3_000},  # kvcheck verify-tiers
 }

@@ -45,7 +45,7 @@ SMALL_POOL = 8  # blocks, at most, in a small-scope run
 SMALL_BLOCK = 4  # block size, at most, in a small-scope run
 MODELS = tuple(RUN)  # every model with a checking command (``kvcheck.defaults``)
 COMMANDS = {"blocks": "verify", "prefix": "verify-prefix", "scheduler": "verify-scheduler",
-            "device": "verify-device", "hybrid": "verify-hybrid"}
+            "device": "verify-device", "hybrid": "verify-hybrid", "tiers": "verify-tiers"}
 
 # What the swarm draws from, per model: pools, block sizes, operations per run.
 POOLS = {
@@ -54,6 +54,7 @@ POOLS = {
     "device": (1, 2, 3, 4, 6, 8, 12, 16, 32),
     "scheduler": (2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
     "hybrid": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256),
+    "tiers": (1, 2, 3, 4, 6, 8, 12, 16, 32),
 }
 BLOCK_SIZES = {
     "blocks": (1, 1, 2, 2, 3, 4, 4, 8, 16, 32),
@@ -61,6 +62,7 @@ BLOCK_SIZES = {
     "device": (1, 1, 2, 3, 4, 4, 8, 16),
     "scheduler": (1, 1, 2, 4, 4, 8, 16),
     "hybrid": (1, 1, 2, 2, 3, 4, 8, 16),
+    "tiers": (1, 1, 2, 2, 3, 4, 8, 16),
 }
 OPS = {
     "blocks": (300, 1000, 2000, 5000, 10000, 20000),
@@ -68,15 +70,17 @@ OPS = {
     "device": (50, 100, 200, 400, 800),
     "scheduler": (2, 4, 6, 8, 12, 16, 24, 32),  # requests in the run's one workload
     "hybrid": (200, 500, 1000, 3000, 5000),
+    "tiers": (200, 500, 1000, 3000),
 }
 SMALL_OPS = {  # a small-scope run's length: a few times what fills its pool
     "blocks": (100, 300), "prefix": (100, 200), "device": (50, 100), "scheduler": (2, 4, 6),
-    "hybrid": (100, 200)}
+    "hybrid": (100, 200), "tiers": (100, 200)}
 MIX = {"blocks": ("allocate", "fork", "free_seq", "max_prompt"),
        "prefix": ("allocate", "fork", "free_seq"),
        "device": ("allocate", "fork", "free_seq", "max_prompt"),
        "scheduler": (),
-       "hybrid": ("allocate", "free_seq")}
+       "hybrid": ("allocate", "free_seq"),
+       "tiers": ("allocate", "load", "store", "complete", "evict", "free", "swap")}
 
 
 # How often a run leaves an operation out of its mix entirely (no forks: nothing shared; no

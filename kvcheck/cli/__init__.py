@@ -25,6 +25,7 @@ COMMANDS = [
     "simulate",
     "verify-prefix",
     "verify-hybrid",
+    "verify-tiers",
     "verify-device",
     "plan",
     "replay",

@@ -47,6 +47,7 @@ from kvcheck.check import recording
 from kvcheck.check.recording import Recorder
 
 SUPERVISED = frozenset({"verify", "verify-prefix", "verify-scheduler", "verify-device", "verify-hybrid",
+                        "verify-tiers",
                         "prove",
                         "replay"})
 GRACE = 5.0  # seconds beyond twice the timeout before a stuck child is killed

@@ -1,0 +1,524 @@
+"""The tiers oracle: every block-manager invariant per pool (holders: sequences, pending
+jobs, the cache, pins), the tier invariants and each operation's contract of
+``kvcheck.spec.tiers``, after every operation.
+
+``TierOracle`` speaks ``kvcheck.check.model.RunState``. It reads the whole target after
+every step (one mode) into a ``spec.tiers.TierState``.
+
+Ghost contents. The oracle plays the engine and its worker: every token a request is given
+is written into the block its table names for it (the leading blocks a load copies are
+written when the load completes, from the host blocks it copies); a completed store copies
+what its source holds then into its destination; a failed load is recomputed; a swap
+copies each block to the block at the same position of the sequence's new table. Each
+block holds the prefix id of the tokens up to its last written slot. A key means the
+prefix its store was asked to copy (the request's tokens up to the end of that block),
+bound when the store that published it completes: never from what a block held when the
+key was first seen.
+
+Jobs are named ``(seq, n)``: the n-th job started for request seq, whatever ids the target
+gives them, so a trace replays on any target and deleting another request's operations
+leaves the name as it was.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from kvcheck.check.copies import deep_copy
+from kvcheck.check.violation import Violation
+from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, active_watchdog, guarded
+from kvcheck.errors import what_it_did
+from kvcheck.models.tiers.model import OPS
+from kvcheck.spec import tiers as T
+from kvcheck.spec.contracts import OK, OOB
+from kvcheck.spec.invariants import INVARIANTS
+from kvcheck.spec.logic import PY
+from kvcheck.targets.loading import TargetError
+from kvcheck.targets.observe import ObservationError, as_int
+
+REQUIRED = ("pools", "refcount", "free_blocks", "table", "pending_jobs", "cache_entries",
+            "evictable_blocks")
+DATA = ("holds_its_tokens", "key_content")  # tier invariants about contents: kind "data"
+
+
+def build(factory, scope, options):
+    """The tiers target ``factory(num_blocks, block_size, host_blocks)`` builds."""
+    where = (f"num_blocks={scope.num_blocks}, block_size={scope.block_size}, "
+             f"host_blocks={scope.host_blocks}")
+    try:
+        with guarded(None):
+            target = factory(scope.num_blocks, scope.block_size, scope.host_blocks)
+            missing = [m for m in REQUIRED if not hasattr(target, m)]
+            if missing:
+                raise TargetError(f"{type(target).__name__} is not a tiers target: it has no "
+                                  f"{missing[0]} (needs {', '.join(REQUIRED)}; docs/tiers.md)")
+            pools = dict(target.pools())
+    except TargetError:
+        raise
+    except OperationTimeout as exc:
+        raise TargetError(f"building the target with {where} {exc}") from None
+    except Interrupted:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the factory refused: bad input
+        raise TargetError(f"cannot build target with {where}: it {what_it_did(exc)}") from None
+    want = {T.DEVICE: scope.num_blocks, T.HOST: scope.host_blocks}
+    if {k: pools.get(k) for k in want} != want:
+        raise TargetError(f"{type(target).__name__}.pools() is {pools!r:.80}, expected at least "
+                          f"{want} for {where}")
+    if options.out_of_blocks is not None:
+        target.is_out_of_blocks = lambda exc: isinstance(exc, options.out_of_blocks)
+    return target
+
+
+class _UnknownJob(Exception):
+    """The target reports a pending job no operation started."""
+
+
+class TierOracle:
+    def __init__(self, target, scope, options):
+        self.target = target
+        self.scope = scope
+        self.nb, self.bs, self.nh = scope.num_blocks, scope.block_size, scope.host_blocks
+        self.sizes = {T.DEVICE: self.nb, T.HOST: self.nh}
+        self.capabilities = frozenset(getattr(target, "capabilities", T.CONTRACTS))
+        self.steps = 0
+        self.violation: Violation | None = None
+        self.tokens: dict[int, list] = {}  # live request -> its tokens
+        self.ids: dict[tuple, int] = {}  # token prefix -> prefix id
+        self.content: dict[str, dict[int, int]] = {p: {} for p in self.sizes}  # the ghost
+        self.meanings: dict = {}  # key -> prefix id
+        self.jobs: dict[tuple, dict] = {}  # pending (seq, n) -> what started it
+        self.by_id: dict = {}  # the target's job id -> (seq, n)
+        self.started = Counter()  # request -> jobs started for it
+        self.post: T.TierState | None = None
+        self.stats = Counter()
+        try:
+            with guarded(None):
+                self.post = self._capture()
+            self.violation = self._invariants(0, self.post)
+        except ObservationError as exc:
+            self.violation = Violation(0, "malformed", "observation", witness=str(exc))
+        except OperationTimeout as exc:
+            self.violation = Violation(0, "hang", "observation", witness=f"reading the pools {exc}")
+
+    # -- RunState ----------------------------------------------------------------------
+    def clone(self):
+        return deep_copy(self)
+
+    def live(self) -> list[int]:
+        return list(self.tokens)
+
+    def live_seqs(self) -> list[int]:
+        return list(self.tokens)
+
+    def pending(self) -> list[tuple]:
+        return list(self.jobs)
+
+    def pool_of(self, q: int) -> str | None:
+        return self.post.pool_of(q) if self.post is not None else None
+
+    def num_free(self, pool: str = T.DEVICE) -> int:
+        return sum(self.post.free[pool].values()) if self.post is not None else 0
+
+    def valid(self, op) -> bool:
+        kind = op.kind
+        if kind not in OPS or kind not in self.capabilities:
+            return False
+        if kind == "complete":
+            return (op.seq, op.job) in self.jobs and isinstance(op.ok, bool)
+        if kind == "evict":
+            return type(op.n) is int and op.n >= 1
+        if type(op.seq) is not int or not 0 <= op.seq < 2**31:
+            return False
+        if kind in ("allocate", "load"):
+            return op.seq not in self.tokens and len(op.tokens) >= 1
+        if op.seq not in self.tokens:
+            return False
+        where = self.pool_of(op.seq)
+        if kind in ("swap_out", "swap_in", "append") and any(
+                j["seq"] == op.seq and j["kind"] == T.LOAD for j in self.jobs.values()):
+            return False  # (an engine runs or swaps a request only once its KV is there)
+        if kind == "swap_in":
+            return where == T.HOST
+        if kind in ("append", "store", "swap_out"):
+            return where == T.DEVICE
+        return True
+
+    def step(self, op, watchdog=None):
+        if self.violation is not None:
+            return self.violation
+        self.steps += 1
+        n = self.steps
+        wd = watchdog or active_watchdog()
+        try:
+            with guarded(wd):
+                v = self._step(op, n)
+        except ObservationError as exc:
+            v = Violation(n, "malformed", "observation", witness=str(exc))
+        except _UnknownJob as exc:
+            v = Violation(n, "contract", "jobs: every pending job is one an operation started",
+                          witness=str(exc))
+        except OperationTimeout as exc:
+            v = Violation(n, "hang", "observation", witness=f"reading the pools {exc}")
+        self.violation = v
+        return v
+
+    def sweep(self, watchdog=None):
+        return self.violation
+
+    def observed_json(self) -> dict:
+        s = self.post
+        if s is None:
+            return {"pools": {}, "tables": {}}
+        pools = {p: {"refs": list(s.refs[p]), "free": sorted(s.free[p].elements()),
+                     "cached": sorted(s.keys(p).values())} for p in s.pools()}
+        tables = {str(q): {"pool": s.pool_of(q), "blocks": list(t), "len": s.length(q)}
+                  for q, t in sorted(s.tables.items())}
+        jobs = {f"{j[0]}.{j[1]}": {"kind": job.kind, "seq": job.seq, "src": list(job.src),
+                                   "dst": list(job.dst)} for j, job in sorted(s.jobs.items())}
+        return {"pools": pools, "tables": tables, "jobs": jobs}
+
+    # -- the ghost -------------------------------------------------------------------------
+    def _pid(self, prefix: tuple) -> int:
+        pid = self.ids.get(prefix)
+        if pid is None:
+            pid = self.ids[prefix] = len(self.ids)
+        return pid
+
+    def _wants(self, toks: list) -> tuple:
+        B = self.bs
+        return tuple(self._pid(tuple(toks[: min((i + 1) * B, len(toks))]))
+                     for i in range(-(-len(toks) // B)))
+
+    # -- one step ------------------------------------------------------------------------
+    def _call(self, op):
+        t, kind, q = self.target, op.kind, op.seq
+        if kind in ("allocate", "load"):
+            return getattr(t, kind)(q, list(op.tokens))
+        if kind == "append":
+            return t.append(q, op.token)
+        if kind in ("free", "store"):
+            return getattr(t, kind)(q)
+        if kind == "complete":
+            return t.complete(self.jobs[op.seq, op.job]["id"], op.ok)
+        if kind == "evict":
+            return t.evict(op.n)
+        check = getattr(t, f"can_{kind}")(q)
+        op.admitted = bool(check)
+        return getattr(t, kind)(q) if op.admitted else None
+
+    def _step(self, op, n: int) -> Violation | None:
+        pre = self.post
+        kind, q = op.kind, op.seq
+        try:
+            result = self._call(op)
+            op.outcome = OK
+        except OperationTimeout as exc:
+            return Violation(n, "hang", kind, witness=f"{kind} {exc}")
+        except Interrupted:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the target's exception, judged here
+            if not self._oob(exc):
+                return Violation(n, "crash", kind, witness=f"{kind} {what_it_did(exc)}")
+            if kind in ("swap_out", "swap_in") and op.admitted:
+                return Violation(n, "contract", f"{kind}: a swap its admission check admits "
+                                 f"succeeds", q, witness=f"can_{kind}({q}) said yes, then "
+                                 f"{kind}({q}) {what_it_did(exc)}", subject="seq")
+            op.outcome = OOB
+            self.stats["oob"] += 1
+            post = self._capture()
+            self.post = post
+            return self._clauses(n, op, T.out_of_blocks, pre, post) or self._invariants(n, post)
+        self.stats[kind] += 1
+        freed: dict = {}
+        if kind in ("allocate", "load"):
+            self.tokens[q] = list(op.tokens)
+        elif kind == "append":
+            self.tokens[q].append(op.token)
+            if isinstance(result, (tuple, list)) and len(result) == 2:
+                op.block, op.offset = result
+        elif kind == "free":
+            freed[q] = self.tokens.pop(q)
+        started = kind in ("store", "load")
+        if started:
+            if result is None:
+                op.job = None
+            else:
+                if result in self.by_id:
+                    return Violation(n, "contract", f"{kind}: a new pending job for the "
+                                     f"request", q, witness=f"{kind}({q}) returned job id "
+                                     f"{result!r}, already pending as job {self.by_id[result]}")
+                op.job = self.started[q]
+                self.started[q] += 1
+                self.by_id[result] = (q, op.job)
+                self.jobs[q, op.job] = {"id": result, "kind": kind, "seq": q, "keys": ()}
+        name = (q, op.job)
+        done = self.jobs.pop(name) if kind == "complete" else None
+        if done is not None:
+            self.by_id.pop(done["id"], None)
+        post = self._capture(freed, done_job=(name, done) if done else None)
+        if kind == "load":
+            op.wanted = self._wants(self.tokens[q])[: (len(op.tokens)) // self.bs]
+            job = post.jobs.get(name) if op.job is not None else None
+            op.hits = len(job.src) if job is not None else 0
+        if kind == "store" and op.job is not None and name in post.jobs:
+            self._key_store(name, pre, post)
+        self._write(op, pre, post, done)
+        post = self._with_ghost(post)
+        self.post = post
+        fn = T.CONTRACTS[kind]
+        return self._clauses(n, op, fn, pre, post) or self._invariants(n, post)
+
+    def _key_store(self, j: tuple, pre, post) -> None:
+        """A store's intended keys: the request's prefix up to the end of each source's
+        position in its table (a source not in it keeps None: the contract names it)."""
+        job = post.jobs[j]
+        wants = self._wants(self.tokens.get(job.seq, []))
+        table = pre.table(job.seq)
+        keys = tuple(wants[table.index(b)] if b in table and table.index(b) < len(wants)
+                     else None for b in job.src)
+        self.jobs[j]["keys"] = keys
+        post.jobs[j] = T.Job(job.kind, job.seq, job.src_pool, job.src, job.dst_pool, job.dst,
+                             keys)
+
+    def _write(self, op, pre, post, done) -> None:
+        """The engine's and its worker's writes after a successful step (the ghost)."""
+        kind, q, B = op.kind, op.seq, self.bs
+        dev = self.content[T.DEVICE]
+        if kind in ("allocate", "load") and post.live(q):
+            wants = self._wants(self.tokens[q])
+            skip = op.hits or 0
+            for i, b in enumerate(post.table(q)):
+                if i >= skip and i < len(wants):
+                    dev[b] = wants[i]
+        elif kind == "append" and post.live(q):
+            i = (len(self.tokens[q]) - 1) // B
+            t = post.table(q)
+            if i < len(t):
+                dev[t[i]] = self._wants(self.tokens[q])[i]
+        elif kind in ("swap_out", "swap_in") and op.admitted and post.live(q):
+            src, dst = pre.pool_of(q), post.pool_of(q)
+            if src in self.content and dst in self.content:
+                for a, b in zip(pre.table(q), post.table(q), strict=False):
+                    if a in self.content[src]:
+                        self.content[dst][b] = self.content[src][a]
+        elif kind == "complete" and done is not None:
+            job = pre.jobs.get((q, op.job))
+            if job is None:
+                return
+            if job.kind == T.STORE and op.ok:
+                host = self.content[T.HOST]
+                keyed = {b: k for k, b in post.keys(T.HOST).items()}
+                for i, (s, d) in enumerate(zip(job.src, job.dst, strict=False)):
+                    if s in dev:
+                        host[d] = dev[s]
+                    key = keyed.get(d)
+                    if key is not None and key not in self.meanings and i < len(job.keys) \
+                            and job.keys[i] is not None:
+                        self.meanings[key] = job.keys[i]
+            elif job.kind == T.LOAD:
+                host = self.content[T.HOST]
+                wants = self._wants(self.tokens.get(job.seq, []))
+                for i, (s, d) in enumerate(zip(job.src, job.dst, strict=False)):
+                    if op.ok and s in host:
+                        dev[d] = host[s]
+                    elif not op.ok and i < len(wants):
+                        dev[d] = wants[i]  # the engine recomputes what the load could not copy
+
+    def _with_ghost(self, s: T.TierState) -> T.TierState:
+        s.contents = {p: dict(c) for p, c in self.content.items()}
+        s.meanings = dict(self.meanings)
+        s.wants = {q: self._wants(toks) for q, toks in self.tokens.items()}
+        return s
+
+    def _oob(self, exc) -> bool:
+        test = getattr(self.target, "is_out_of_blocks", None)
+        if test is not None:
+            try:
+                if bool(test(exc)):
+                    return True
+            except CONTROL:
+                raise
+            except BaseException:  # noqa: BLE001 - a broken test: not out-of-blocks
+                pass
+        return type(exc).__name__ == "OutOfBlocks"
+
+    # -- observation -----------------------------------------------------------------------
+    def _read(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except CONTROL:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the target's fault, reported
+            raise ObservationError(f"{what} {what_it_did(exc)}") from None
+
+    def _blocks(self, raw, what: str) -> tuple:
+        return tuple(as_int(b, f"an entry of {what}") for b in self._read(what, list, raw))
+
+    def _capture(self, also: dict | None = None, done_job=None) -> T.TierState:
+        """The target's state; ``also``: requests just freed (read too, so a table the free
+        left behind is seen); ``done_job``: (number, record) of a job just completed (its
+        id, should the target still report it pending)."""
+        t = self.target
+        refs = {p: [as_int(self._read(f"refcount({p!r}, {b})", t.refcount, p, b),
+                           f"refcount({p!r}, {b})") for b in range(n)]
+                for p, n in self.sizes.items()}
+        free = {p: Counter(self._blocks(self._read(f"free_blocks({p!r})", t.free_blocks, p),
+                                        f"free_blocks({p!r})")) for p in self.sizes}
+        tables, where, lengths = {}, {}, {}
+        for q, toks in {**self.tokens, **(also or {})}.items():
+            try:
+                got = t.table(q)
+            except (KeyError, LookupError):
+                continue
+            except CONTROL:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - reported
+                raise ObservationError(f"table({q}) {what_it_did(exc)}") from None
+            if got is None:
+                continue
+            try:
+                pool, raw = got
+            except (TypeError, ValueError):
+                raise ObservationError(f"table({q}) is {got!r:.60}, expected (pool, blocks)") \
+                    from None
+            if pool not in self.sizes:
+                raise ObservationError(f"table({q}) names pool {pool!r:.30}, not one of "
+                                       f"{sorted(self.sizes)}")
+            tables[q] = self._blocks(raw, f"table({q})")
+            where[q], lengths[q] = pool, len(toks)
+        jobs = {}
+        raw_jobs = self._read("pending_jobs()", lambda: dict(t.pending_jobs()))
+        for jid, d in raw_jobs.items():
+            j = self.by_id.get(jid)
+            if j is None:
+                if done_job is not None and jid == done_job[1]["id"]:
+                    j = done_job[0]  # completed, yet still reported pending
+                else:
+                    raise _UnknownJob(f"pending_jobs() reports job {jid!r:.40}, which no store "
+                                      f"or load returned")
+            try:
+                (sp, src), (dp, dst) = d["src"], d["dst"]
+                kind, seq = d["kind"], d["seq"]
+            except (KeyError, TypeError, ValueError):
+                raise ObservationError(f"pending_jobs()[{jid!r:.30}] is {d!r:.80}, expected "
+                                       f"kind, seq, src (pool, blocks), dst (pool, blocks)") from None
+            keys = self.jobs[j]["keys"] if j in self.jobs else ()
+            jobs[j] = T.Job(kind, seq, sp, self._blocks(src, f"job {j}'s src"), dp,
+                            self._blocks(dst, f"job {j}'s dst"), keys)
+        cache = {}
+        for p in self.sizes:
+            entries = self._read(f"cache_entries({p!r})", lambda p=p: list(t.cache_entries(p)))
+            cache[p] = {}
+            for e in entries:
+                try:
+                    key, b = e
+                except (TypeError, ValueError):
+                    raise ObservationError(f"cache_entries({p!r}) holds {e!r:.40}, expected "
+                                           f"(key, block)") from None
+                cache[p][key] = as_int(b, f"cache_entries({p!r})'s block for key {key!r:.30}")
+        evictable = {p: frozenset(self._blocks(self._read(
+            f"evictable_blocks({p!r})", t.evictable_blocks, p), f"evictable_blocks({p!r})"))
+            for p in self.sizes}
+        pins = {}
+        if hasattr(t, "pins"):
+            for p in self.sizes:
+                raw = self._read(f"pins({p!r})", lambda p=p: dict(t.pins(p)))
+                pins[p] = {str(k): self._blocks(v, f"pins({p!r})[{k!r:.20}]")
+                           for k, v in raw.items()}
+        s = T.TierState(self.bs, dict(self.sizes), refs, free, tables, where, lengths, jobs,
+                        pins, cache, evictable)
+        return self._with_ghost(s)
+
+    # -- checks ---------------------------------------------------------------------------
+    def _invariants(self, n: int, s: T.TierState) -> Violation | None:
+        for p in s.pools():
+            view = s.pool_view(p)
+            for inv in INVARIANTS:
+                if inv.domain == "global":
+                    elements = (None,)
+                else:
+                    elements = view.blocks() if inv.domain == "block" else view.seqs()
+                for x in elements:
+                    if not inv.holds_for(PY, view, x):
+                        element = x
+                        subject = "block" if inv.domain == "block" else None
+                        if inv.domain == "seq":
+                            element, subject = view.names[x][1], "seq"
+                        return Violation(n, "invariant", f"{p}: {inv.name}", element,
+                                         witness=self._words(s, p, element, subject),
+                                         doc=inv.doc, details={"pool": p}, subject=subject)
+            for name, fn in T.TIER_BLOCK_INVARIANTS:
+                for b in range(s.num_blocks(p)):
+                    if not fn(PY, s, p, b):
+                        return Violation(n, "data" if name in DATA else "invariant",
+                                         f"{p}: {name}", b, witness=self._words(s, p, b, "block"),
+                                         doc=T.invariant_doc(name), details={"pool": p},
+                                         subject="block")
+        for name, fn in T.TIER_SEQ_INVARIANTS:
+            for q in s.seqs():
+                if not fn(PY, s, q):
+                    return Violation(n, "data" if name in DATA else "invariant", name, q,
+                                     witness=self._words(s, s.pool_of(q), q, "seq"),
+                                     doc=T.invariant_doc(name), subject="seq")
+        for name, fn in T.TIER_GLOBAL_INVARIANTS:
+            if not fn(PY, s):
+                return Violation(n, "invariant", name, witness=self._pools_words(s),
+                                 doc=T.invariant_doc(name))
+        return None
+
+    def _clauses(self, n: int, op, fn, pre, post) -> Violation | None:
+        for name, element, holds in fn(PY, pre, post, op):
+            if holds:
+                continue
+            pool, x = element if isinstance(element, tuple) else (None, element)
+            subject = "block" if pool is not None else ("seq" if x is not None else None)
+            if op.kind == "complete" and pool is None:
+                subject = None
+            before = self._words(pre, pool, x, subject)
+            after = self._words(post, pool, x, subject)
+            witness = f"after {self._describe(op)}: before, {before}; after, {after}"
+            return Violation(n, "contract", name, x, witness=witness,
+                             doc=" ".join((fn.__doc__ or "").split()),
+                             details={"pool": pool} if pool else {}, subject=subject)
+        return None
+
+    # -- words ----------------------------------------------------------------------------
+    def _describe(self, op) -> str:
+        from kvcheck.models.tiers.model import MODEL
+
+        return MODEL.describe(op)
+
+    def _holders_words(self, s, p, b) -> str:
+        names = []
+        for (kind, who), refs in s.holders(p).items():
+            k = refs.count(b)
+            if k:
+                label = (f"seq {who}" if kind == "seq" else f"job {who[0]}.{who[1]}"
+                         if kind == "job" else "the cache" if kind == "cache" else f"pin {who!r}")
+                names.append(label + (f" x{k}" if k > 1 else ""))
+        return ", ".join(names) or "no holder"
+
+    def _words(self, s, p, x, subject) -> str:
+        if s is None:
+            return "(not observed)"
+        if subject == "block" and p is not None and x is not None:
+            keys = [k for k, b in s.keys(p).items() if b == x]
+            pending = " (a pending transfer writes it)" if x in s.pending_dst(p) else ""
+            return (f"{p} block {x}: refcount {s.ref(p, x)}, on the free list "
+                    f"{s.free_count(p, x)} time(s), held by {self._holders_words(s, p, x)}"
+                    + (f", findable under {len(keys)} key(s)" if keys else "")
+                    + (", evictable" if x in s.evictable(p) else "") + pending)
+        if subject == "seq" and x is not None:
+            if not s.live(x):
+                return f"seq {x} holds nothing"
+            return (f"seq {x}: {s.length(x)} tokens in {s.pool_of(x)} blocks "
+                    f"{list(s.table(x))}")
+        return self._pools_words(s)
+
+    def _pools_words(self, s) -> str:
+        parts = []
+        for p in s.pools():
+            held = [b for b in range(s.num_blocks(p)) if s.ref(p, b)]
+            parts.append(f"{p}: {sum(s.free[p].values())} on the free list, held {held}")
+        return "; ".join(parts) + f"; {len(s.jobs)} job(s) pending, {len(s.tables)} request(s)"

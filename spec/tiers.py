@@ -1,0 +1,552 @@
+"""Memory beyond one pool: several pools, holders that are not sequences, transfers in
+flight. Written once; the tiers model (``kvcheck.models.tiers``) evaluates it.
+
+An engine that offloads KV keeps blocks in several *pools* (``DEVICE``, ``HOST``; a
+second device pool behind a mapping is a third), each with its own free list and
+refcounts, and moves content between them with *transfer jobs* that complete later.
+Blocks are held by *holders*, each a multiset of references into one pool:
+
+    a sequence's table      ("seq", q): request q's blocks, in the pool its KV is in (a
+                            running request's on the device, a swapped-out one's on the
+                            host)
+    a job's references      ("job", j): a pending transfer holds its sources and its
+                            destinations until it completes (pinned: nothing may free,
+                            evict, reuse or overwrite them meanwhile)
+    the cache               ("cache", pool): one reference per key naming a block: a
+                            cached block is held by the cache, and evictable exactly when
+                            the cache is its only holder
+    other pins              ("pin", name): a connector's own references (a P/D transfer's
+                            delayed free, an offload scan's touches), each taken and
+                            dropped by its own operations
+
+So each pool, read with every holder's references as its tables, is a block-manager
+state, and every invariant of ``kvcheck.spec.invariants`` holds of it as written
+(``pool_view``): refcounts count every holder's references, a block is on the free list
+exactly when nothing holds it, a sequence holds ceil(len / B) blocks in its pool. On top
+of that (``TIER_INVARIANTS``): a pending store's destinations are not findable, a key names
+one block that holds exactly the tokens it names (data level), evictable blocks are those
+only the cache holds, a sequence's KV is in one pool, and at quiescence (no request, no
+job in flight) only the cache holds anything.
+
+Transfers are two events: the start (``store``: device -> host, ``load``: host -> device,
+``swap_out``/``swap_in``: a whole sequence) and the completion (``complete(job, ok)``,
+success or failure), in any order the engine (or kvcheck's driver) chooses. The contracts
+below say what each event may do.
+
+Vocabulary of a ``TierState`` (what the model's oracle observes, plus the oracle's own
+ghost: lengths, what each block holds, what each key means):
+
+    pools()                   the pool names, ``DEVICE`` first
+    num_blocks(p)             blocks in pool p
+    ref(p, b)                 the engine's refcount of block b of pool p (a cached
+                              block counts one reference for the cache)
+    free_count(p, b)          how many times b is on p's free list
+    holders(p)                {holder: tuple of block ids} for pool p
+    seqs()                    live sequences; pool_of(q) where q's KV is; length(q)
+    table(q)                  q's table (in pool_of(q))
+    jobs()                    {(q, n): Job} pending transfers (the n-th started for q)
+    keys(p)                   {key: block} p's cache (findable blocks)
+    evictable(p)              the blocks p's cache would evict
+    content(p, b)             what b holds (the ghost: the prefix id of the tokens up to
+                              its last written slot, or None)
+    wanted(q, i)              what block i of q's table must hold: the prefix id of q's
+                              tokens up to the end of that block (or its last token)
+    meaning(key)              the prefix id a key names (the ghost: from the tokens the
+                              engine was asked to store under it)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .state import Snapshot
+
+DEVICE, HOST = "device", "host"
+_NONE: Counter = Counter()  # (held_by of a block nothing holds; never changed)
+STORE, LOAD, SWAP_OUT, SWAP_IN = "store", "load", "swap_out", "swap_in"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A pending transfer: ``src`` blocks of pool ``src_pool`` copied into ``dst`` blocks of
+    ``dst_pool`` (position by position), for sequence ``seq``. ``keys``: a store's intended
+    prefix ids of its destinations (what each will be findable as once it completes)."""
+
+    kind: str
+    seq: int
+    src_pool: str
+    src: tuple[int, ...]
+    dst_pool: str
+    dst: tuple[int, ...]
+    keys: tuple[int, ...] = ()
+
+
+@dataclass
+class TierState:
+    """A concrete state of a tiered store (see the module doc)."""
+
+    block_size: int
+    sizes: Mapping[str, int]  # pool -> num_blocks
+    refs: Mapping[str, list[int]]
+    free: Mapping[str, Counter]
+    tables: Mapping[int, tuple[int, ...]]  # live sequence -> its table (in pool_of)
+    where: Mapping[int, str]  # live sequence -> its pool
+    lengths: Mapping[int, int]
+    jobs: Mapping[int, Job] = field(default_factory=dict)
+    pins: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    cache: Mapping[str, Mapping[object, int]] = field(default_factory=dict)  # pool -> key -> b
+    evictable_blocks: Mapping[str, frozenset] = field(default_factory=dict)
+    contents: Mapping[str, Mapping[int, object]] = field(default_factory=dict)  # ghost
+    meanings: Mapping[object, object] = field(default_factory=dict)  # ghost: key -> prefix id
+    wants: Mapping[int, tuple] = field(default_factory=dict)  # ghost: q -> prefix id per block
+    num_free_reported: Mapping[str, int | None] = field(default_factory=dict)
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
+
+    # -- vocabulary ------------------------------------------------------------
+    def pools(self) -> list[str]:
+        return list(self.sizes)
+
+    def num_blocks(self, p: str) -> int:
+        return self.sizes[p]
+
+    def ref(self, p: str, b: int) -> int:
+        r = self.refs[p]
+        return r[b] if 0 <= b < len(r) else 0
+
+    def free_count(self, p: str, b: int) -> int:
+        return self.free[p].get(b, 0)
+
+    def seqs(self) -> list[int]:
+        return list(self.tables)
+
+    def live(self, q: int) -> bool:
+        return q in self.tables
+
+    def pool_of(self, q: int) -> str | None:
+        return self.where.get(q)
+
+    def length(self, q: int) -> int:
+        return self.lengths.get(q, 0)
+
+    def table(self, q: int) -> tuple[int, ...]:
+        return self.tables.get(q, ())
+
+    def keys(self, p: str) -> Mapping[object, int]:
+        return self.cache.get(p, {})
+
+    def evictable(self, p: str) -> frozenset:
+        return self.evictable_blocks.get(p, frozenset())
+
+    def content(self, p: str, b: int):
+        return self.contents.get(p, {}).get(b)
+
+    def meaning(self, key):
+        return self.meanings.get(key)
+
+    def wanted(self, q: int, i: int):
+        w = self.wants.get(q, ())
+        return w[i] if 0 <= i < len(w) else None
+
+    def holders(self, p: str) -> dict[tuple, tuple[int, ...]]:
+        """Every holder's references into pool ``p``."""
+        memo = self._memo.get(("holders", p))
+        if memo is not None:
+            return memo
+        out: dict[tuple, tuple[int, ...]] = {}
+        for q, t in self.tables.items():
+            if self.where.get(q) == p:
+                out[("seq", q)] = t
+        for j, job in self.jobs.items():
+            refs = (job.src if job.src_pool == p else ()) + (job.dst if job.dst_pool == p else ())
+            if refs:
+                out[("job", j)] = refs
+        for name, refs in self.pins.get(p, {}).items():
+            if refs:
+                out[("pin", name)] = tuple(refs)
+        cached = tuple(self.keys(p).values())
+        if cached:
+            out[("cache", p)] = cached
+        self._memo[("holders", p)] = out
+        return out
+
+    def held_by(self, p: str, b: int) -> Counter:
+        """How many references each holder kind has to block ``b`` of pool ``p``."""
+        memo = self._memo.get(("held", p))
+        if memo is None:
+            memo = {}
+            for (kind, _), refs in self.holders(p).items():
+                for x in refs:
+                    memo.setdefault(x, Counter())[kind] += 1
+            self._memo[("held", p)] = memo
+        return memo.get(b, _NONE)
+
+    def pending_dst(self, p: str) -> set[int]:
+        """Blocks of ``p`` a pending transfer is still writing."""
+        memo = self._memo.get(("pending", p))
+        if memo is None:
+            memo = self._memo[("pending", p)] = {
+                b for job in self.jobs.values() if job.dst_pool == p for b in job.dst}
+        return memo
+
+    def keyed(self, p: str) -> Counter:
+        """How many keys of ``p``'s cache name each block."""
+        memo = self._memo.get(("keyed", p))
+        if memo is None:
+            memo = self._memo[("keyed", p)] = Counter(self.keys(p).values())
+        return memo
+
+    def pool_view(self, p: str) -> PoolSnapshot:
+        """Pool ``p`` as a block-manager state: every holder's references are a table,
+        the sequences whose KV is in ``p`` are its sequences."""
+        holders = self.holders(p)
+        seqs = {h[1] for h in holders if h[0] == "seq"}
+        return PoolSnapshot(self.sizes[p], self.block_size,
+                            {i: t for i, t in enumerate(holders.values())},
+                            {i: self.lengths[h[1]] for i, h in enumerate(holders)
+                             if h[0] == "seq"},
+                            self.refs[p], self.free[p].elements(),
+                            num_free=self.num_free_reported.get(p),
+                            sequences={i for i, h in enumerate(holders) if h[0] == "seq"
+                                       and h[1] in seqs},
+                            names={i: h for i, h in enumerate(holders)})
+
+
+class PoolSnapshot(Snapshot):
+    """One pool of a ``TierState`` as a block-manager ``Snapshot``: ``tables`` are every
+    holder's references (so ``holders(b)`` counts them all), ``seqs()`` only the sequences
+    (the per-sequence invariants speak of sequences, not of jobs or the cache)."""
+
+    def __init__(self, *args, sequences: set[int], names: dict, **kw):
+        super().__init__(*args, **kw)
+        self.sequences = sequences
+        self.names = names  # table index -> holder, to name it in a report
+
+    def seqs(self) -> list[int]:
+        return [q for q in self.tables if q in self.sequences]
+
+    def live(self, q: int) -> bool:
+        return q in self.sequences
+
+
+# -- invariants of a tiered state, beyond each pool's block-manager invariants ---------
+def pending_not_findable(L, s: TierState, p: str, b: int):
+    """A block a pending transfer is still writing is not findable: no key names a
+    pending store's destination (a lookup finds a host block only after its store
+    completed)."""
+    return L.implies(b in s.pending_dst(p), s.keyed(p)[b] == 0)
+
+
+def one_key_per_block(L, s: TierState, p: str, b: int):
+    """At most one key of a pool's cache names a block."""
+    return s.keyed(p)[b] <= 1
+
+
+def evictable_only_cached(L, s: TierState, p: str, b: int):
+    """The blocks a cache would evict are exactly the cached blocks the cache alone
+    holds: never a block a sequence, a pending transfer or a pin still holds."""
+    held = s.held_by(p, b)
+    cached_alone = held.get("cache", 0) >= 1 and sum(held.values()) == held["cache"]
+    return (b in s.evictable(p)) == cached_alone
+
+
+def key_content(L, s: TierState, p: str, b: int):
+    """A findable block holds exactly the tokens its key names: the content the store
+    copied into it is the prefix the engine was asked to store under that key (data
+    level: a hit returns the right tokens' KV)."""
+    if not s.keyed(p)[b]:
+        return True
+    named = [k for k, x in s.keys(p).items() if x == b]
+    return L.all_(s.meaning(k) is None or s.content(p, b) == s.meaning(k) for k in named)
+
+
+def holds_its_tokens(L, s: TierState, q: int):
+    """Every block of a live sequence's table that no pending transfer is still writing
+    holds exactly its tokens, in whichever pool its KV is (data level: a swapped-in or
+    loaded block holds what was stored, a copy never lands in another's block)."""
+    p = s.pool_of(q)
+    pending = s.pending_dst(p) if p is not None else set()
+    return L.all_(b in pending or s.content(p, b) == s.wanted(q, i)
+                  for i, b in enumerate(s.table(q)))
+
+
+def in_one_pool(L, s: TierState, q: int):
+    """A live sequence's KV is in exactly one pool, whole: its table there holds
+    ceil(len / B) blocks (checked per pool by table_length), and no other pool holds a
+    table for it (a swap moves all of it)."""
+    return s.pool_of(q) in s.sizes
+
+
+def quiescent_nothing_held(L, s: TierState):
+    """At quiescence (no live sequence, no transfer in flight) nothing but the cache holds
+    a block: every other block of every pool is free, none leaked."""
+    if s.tables or s.jobs:
+        return True
+    return L.all_(kind in ("cache", "pin") for p in s.pools() for (kind, _) in s.holders(p)) \
+        and not any(refs for p in s.pools() for refs in s.pins.get(p, {}).values())
+
+
+TIER_BLOCK_INVARIANTS = [
+    ("pending_not_findable", pending_not_findable),
+    ("one_key_per_block", one_key_per_block),
+    ("evictable_only_cached", evictable_only_cached),
+    ("key_content", key_content),
+]
+TIER_SEQ_INVARIANTS = [("in_one_pool", in_one_pool), ("holds_its_tokens", holds_its_tokens)]
+TIER_GLOBAL_INVARIANTS = [("quiescent_nothing_held", quiescent_nothing_held)]
+
+
+def invariant_doc(name: str) -> str:
+    fn = dict(TIER_BLOCK_INVARIANTS + TIER_SEQ_INVARIANTS + TIER_GLOBAL_INVARIANTS)[name]
+    return " ".join((fn.__doc__ or "").split())
+
+
+# -- operation contracts (pre, post: TierState; op: the model's operation) -------------
+def _others_unchanged(L, pre, post, p, mine: set, what: str, blocks=None):
+    """Every block of ``p`` outside ``mine`` keeps its refcount and free-list place."""
+    for b in (range(pre.num_blocks(p)) if blocks is None else blocks):
+        if b in mine:
+            continue
+        yield (f"{what}: other blocks untouched", (p, b),
+               L.and_(post.ref(p, b) == pre.ref(p, b),
+                      post.free_count(p, b) == pre.free_count(p, b)))
+
+
+def _fresh(L, pre, post, p, blocks, what):
+    """Each of ``blocks`` was free in ``pre``."""
+    for b in blocks:
+        yield f"{what}: every block it takes was free", (p, b), pre.free_count(p, b) == 1
+
+
+def allocate(L, pre, post, op):
+    """allocate(seq, tokens): a new request on the device: ceil(len / B) blocks, every one
+    free before; nothing else changes. (A load is an allocation whose leading blocks come
+    from the host cache: ``load``.)"""
+    q = op.seq
+    t = post.table(q)
+    yield "allocate: the request is live on the device", q, L.and_(
+        post.live(q), post.pool_of(q) == DEVICE, post.length(q) == len(op.tokens))
+    yield from _fresh(L, pre, post, DEVICE, set(t), "allocate")
+    yield from _others_unchanged(L, pre, post, DEVICE, set(t), "allocate")
+    yield from _others_unchanged(L, pre, post, HOST, set(), "allocate")
+
+
+def append(L, pre, post, op):
+    """append(seq, token): one more token, in the block at position len // B: the last
+    block if it has room, else a fresh one; a block a pending transfer still holds is
+    never written (its copy would read or be overwritten by the token)."""
+    q, B = op.seq, pre.block_size
+    p = DEVICE
+    pos = pre.length(q) // B
+    old, new = pre.table(q), post.table(q)
+    yield "append: one more token, on the device", q, L.and_(
+        post.pool_of(q) == p, post.length(q) == pre.length(q) + 1)
+    yield from _others_unchanged(L, pre, post, HOST, set(), "append")
+    if pos < len(old):
+        b = old[pos]
+        yield "append: the token goes into the block holding slot len", q, new == old
+        yield ("append: never into a block a pending transfer holds", (p, b),
+               pre.held_by(p, b).get("job", 0) == 0)
+        yield "append: writes only a block the sequence holds alone", (p, b), \
+            pre.ref(p, b) == 1
+        yield from _others_unchanged(L, pre, post, p, set(), "append")
+    else:
+        yield "append: a fresh block when the last one is full", q, L.and_(
+            len(new) == len(old) + 1, new[:len(old)] == old)
+        fresh = set(new[len(old):])
+        yield from _fresh(L, pre, post, p, fresh, "append")
+        yield from _others_unchanged(L, pre, post, p, fresh, "append")
+
+
+def free(L, pre, post, op):
+    """free(seq): the request ends (finished or aborted): it holds nothing in any pool;
+    each of its blocks loses one reference per entry, and a block a pending transfer still
+    holds stays held until that transfer completes (an abort in flight frees nothing the
+    copy is still using)."""
+    q = op.seq
+    p = pre.pool_of(q)
+    yield "free: the request holds nothing", q, L.not_(post.live(q))
+    if p is None:
+        return
+    mine = Counter(pre.table(q))
+    for b in range(pre.num_blocks(p)):
+        yield ("free: a refcount drops by the entries the request held", (p, b),
+               post.ref(p, b) == pre.ref(p, b) - mine.get(b, 0))
+
+
+def store(L, pre, post, op):
+    """store(seq) -> job: a pending device -> host copy of some of the request's full
+    blocks not yet in the host cache nor being stored: the job holds each source (it must
+    not be freed or overwritten until the copy completes) and one host destination per
+    source, each free before (or evicted for it: cached, held by the cache alone); no key
+    names a destination until the job completes. No job: nothing changed."""
+    if op.job is None:
+        for p in pre.pools():
+            yield from _others_unchanged(L, pre, post, p, set(), "store (no job)")
+        return
+    name = (op.seq, op.job)
+    job = post.jobs.get(name)
+    yield "store: a new pending job for the request", op.seq, L.and_(
+        job is not None, name not in pre.jobs, job is not None and job.kind == STORE,
+        job is not None and job.seq == op.seq)
+    if job is None:
+        return
+    B, table, n = pre.block_size, pre.table(op.seq), pre.length(op.seq)
+    full = set(table[: n // B])
+    yield "store: sources are full blocks of the request's table", op.seq, L.and_(
+        job.src_pool == DEVICE, set(job.src) <= full, len(set(job.src)) == len(job.src))
+    yield ("store: never a block a pending load is still writing", op.seq,
+           not set(job.src) & pre.pending_dst(DEVICE))
+    pending = {k for other in pre.jobs.values() if other.kind == STORE for k in other.keys}
+    for k in job.keys:
+        yield ("store: never a prefix already cached or being stored", op.seq,
+               L.and_(k not in {pre.meaning(x) for x in pre.keys(HOST)}, k not in pending))
+    yield "store: one host destination per source", op.seq, L.and_(
+        job.dst_pool == HOST, len(job.dst) == len(job.src), len(set(job.dst)) == len(job.dst))
+    for b in job.dst:
+        was = pre.held_by(HOST, b)
+        yield ("store: each destination was free, or cached and held by the cache alone",
+               (HOST, b), L.or_(pre.free_count(HOST, b) == 1,
+                                L.and_(was.get("cache", 0) >= 1,
+                                       sum(was.values()) == was.get("cache", 0))))
+    yield from _others_unchanged(L, pre, post, DEVICE, set(job.src), "store")
+
+
+def load(L, pre, post, op):
+    """load(seq, tokens) -> job: a new request whose leading full blocks are found in the
+    host cache: each hit a findable host block whose key names exactly that prefix of
+    the request's tokens (a completed store: a pending one is not findable), for the
+    leading blocks of the first len - 1 tokens; the request gets ceil(len / B) device
+    blocks, every one free before, and the job holds the hit host blocks (they stay valid
+    until it completes) and the device blocks they are copied into. No hit: no job, an
+    allocation."""
+    q = op.seq
+    t = post.table(q)
+    yield "load: the request is live on the device", q, L.and_(
+        post.live(q), post.pool_of(q) == DEVICE, post.length(q) == len(op.tokens))
+    yield from _fresh(L, pre, post, DEVICE, set(t), "load")
+    yield from _others_unchanged(L, pre, post, DEVICE, set(t), "load")
+    job = post.jobs.get((q, op.job)) if op.job is not None else None
+    hits = set(job.src) if job is not None and job.src_pool == HOST else set()
+    for b in hits:  # (a hit is pinned: one reference more, no other change)
+        yield ("load: a hit gains the job's reference and nothing else", (HOST, b),
+               L.and_(post.ref(HOST, b) == pre.ref(HOST, b) + job.src.count(b),
+                      post.free_count(HOST, b) == pre.free_count(HOST, b)))
+    yield from _others_unchanged(L, pre, post, HOST, hits, "load")
+    if op.job is None:
+        return
+    name = (q, op.job)
+    job = post.jobs.get(name)
+    yield "load: a new pending job for the request", q, L.and_(
+        job is not None, name not in pre.jobs, job is not None and job.kind == LOAD)
+    if job is None:
+        return
+    B = pre.block_size
+    lookup = (len(op.tokens) - 1) // B  # blocks wholly within the first len - 1 tokens
+    yield "load: hits are leading blocks within the first len - 1 tokens", q, L.and_(
+        job.src_pool == HOST, job.dst_pool == DEVICE, len(job.src) <= lookup,
+        tuple(job.dst) == tuple(t[: len(job.src)]))
+    found = {b: k for k, b in pre.keys(HOST).items()}
+    for i, b in enumerate(job.src):
+        yield ("load: each hit was findable before, under the key of exactly that prefix",
+               (HOST, b), L.and_(b in found, op.wanted is not None and i < len(op.wanted)
+                                 and pre.meaning(found.get(b)) == op.wanted[i]))
+
+
+def complete(L, pre, post, op):
+    """complete(job, ok): a pending transfer ends: the job holds nothing any more (each
+    source and destination loses the job's reference). A store that succeeded makes each
+    destination findable under the key of the prefix its source held (the cache holds it);
+    one that failed leaves its destinations free and unkeyed. A load's destinations then
+    hold the copied prefix (or, when it failed, what the engine recomputes)."""
+    name = (op.seq, op.job)
+    job = pre.jobs.get(name)
+    yield "complete: the job is no longer pending", op.seq, L.and_(
+        job is not None, name not in post.jobs)
+    if job is None:
+        return
+    keyed = {b: k for k, b in post.keys(HOST).items()}
+    if job.kind == STORE:
+        for i, b in enumerate(job.dst):
+            if op.ok:
+                yield ("complete: a stored block is findable under its prefix's key",
+                       (HOST, b), L.and_(b in keyed, post.meaning(keyed.get(b)) is None
+                                         or post.meaning(keyed.get(b)) == job.keys[i]))
+            else:
+                yield ("complete: a failed store leaves its destinations free", (HOST, b),
+                       L.and_(b not in keyed, post.free_count(HOST, b) == 1))
+    src, dst = Counter(job.src), Counter(job.dst)
+    for b in src:
+        yield ("complete: each source loses the job's reference", (job.src_pool, b),
+               post.ref(job.src_pool, b) == pre.ref(job.src_pool, b) - src[b])
+    cached = 1 if job.kind == STORE and op.ok else 0  # the cache's reference replaces it
+    for b in dst:
+        yield ("complete: each destination loses the job's reference", (job.dst_pool, b),
+               post.ref(job.dst_pool, b) == pre.ref(job.dst_pool, b) - dst[b] + cached)
+
+
+def evict(L, pre, post, op):
+    """evict(n): the host cache evicts at most n blocks, each cached and held by the cache
+    alone (never one a pending load still copies from): it loses its key and is free."""
+    before = {b for b in pre.keys(HOST).values()}
+    after = {b for b in post.keys(HOST).values()}
+    gone = before - after
+    yield "evict: at most n blocks", None, len(gone) <= op.n
+    for b in gone:
+        held = pre.held_by(HOST, b)
+        yield ("evict: only a block the cache alone holds", (HOST, b),
+               sum(held.values()) == held.get("cache", 0))
+        yield "evict: an evicted block is free", (HOST, b), post.free_count(HOST, b) == 1
+    for p in pre.pools():
+        yield from _others_unchanged(L, pre, post, p, gone if p == HOST else set(), "evict")
+
+
+def swap(L, pre, post, op):
+    """swap_out(seq) / swap_in(seq) (of a sequence no pending load is writing): the
+    sequence's KV moves whole to the other pool:
+    ceil(len / B) blocks there, each free before, its blocks here released (one reference
+    each). The engine's own admission check (``can_swap_out`` / ``can_swap_in``, the
+    result ``admitted``) agrees with the swap: it admits exactly when the other pool has
+    a free block for each of the sequence's blocks, and a swap it admits succeeds; one it
+    refuses changes nothing."""
+    q = op.seq
+    src = pre.pool_of(q)
+    dst = HOST if op.kind == SWAP_OUT else DEVICE
+    need = len(pre.table(q))
+    fits = sum(1 for b in range(pre.num_blocks(dst)) if pre.free_count(dst, b)) >= need
+    yield f"{op.kind}: the admission check agrees with the free blocks", q, \
+        op.admitted == fits
+    if not op.admitted:
+        yield f"{op.kind}: a refused swap changes nothing", q, L.and_(
+            post.pool_of(q) == src, post.table(q) == pre.table(q))
+        return
+    yield f"{op.kind}: an admitted swap moves the sequence", q, L.and_(
+        post.pool_of(q) == dst, len(post.table(q)) == need, post.length(q) == pre.length(q))
+    yield from _fresh(L, pre, post, dst, set(post.table(q)), op.kind)
+
+
+CONTRACTS = {"allocate": allocate, "append": append, "free": free, "store": store,
+             "load": load, "complete": complete, "evict": evict, "swap_out": swap,
+             "swap_in": swap}
+
+
+def out_of_blocks(L, pre, post, op):
+    """An operation that fails for lack of blocks changes nothing, in any pool, and fails
+    so only when it needs more free blocks than its pool has: a new request (allocate,
+    load) ceil(len / B) device blocks, an append a fresh block at a block boundary."""
+    free_dev = sum(1 for b in range(pre.num_blocks(DEVICE)) if pre.free_count(DEVICE, b))
+    B = pre.block_size
+    if op.kind in ("allocate", "load"):
+        yield ("out of blocks: only when the device lacks the request's blocks", op.seq,
+               free_dev < -(-len(op.tokens) // B))
+    elif op.kind == "append":
+        yield ("out of blocks: only at a block boundary with no free device block", op.seq,
+               L.and_(pre.length(op.seq) % B == 0, free_dev == 0))
+    for p in pre.pools():
+        for b in range(pre.num_blocks(p)):
+            yield ("out of blocks: nothing changed", (p, b),
+                   L.and_(post.ref(p, b) == pre.ref(p, b),
+                          post.free_count(p, b) == pre.free_count(p, b)))
+    for q in pre.seqs():
+        yield "out of blocks: nothing changed", q, post.table(q) == pre.table(q)
