@@ -41,8 +41,7 @@ FULL_HELP = ("check the whole state after every operation: slower, exact (defaul
 
 
 def add_run_flags(p, target: str, what: str, blocks: int, block_size: int, ops: int,
-                  shrink_seconds: float | None = None, full_help: str = FULL_HELP,
-                  ops_help: str = "",
+                  full_help: str = FULL_HELP, ops_help: str = "",
                   out_of_blocks: bool = True, extra: Callable | None = None,
                   mix: tuple[str, ...] = ()) -> None:
     """The flags of a checking command, in the order ``--help`` shows them; ``extra(p)``

@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
                                    "bad input.")
     d = RUN["blocks"]
     checking.add_run_flags(p, "reference", "allocator", d["num_blocks"], d["block_size"], d["ops"],
-                           60.0, extra=_allow_flag,
+                           extra=_allow_flag,
                            mix=checking.BLOCK_MIX)
     p.set_defaults(run=run)
 

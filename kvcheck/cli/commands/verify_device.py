@@ -65,7 +65,7 @@ def add_parser(sub) -> None:
                                    "violation, 2 on bad input.")
     d = RUN["device"]
     checking.add_run_flags(p, "device", "data target", d["num_blocks"], d["block_size"], d["ops"],
-                           30.0, FULL_HELP,
+                           FULL_HELP,
                            ops_help=", a decode step counting as one", out_of_blocks=False,
                            extra=_own_flags, mix=checking.BLOCK_MIX)
     p.set_defaults(run=run)

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
                                    "rule held, 1 on a violation, 2 on bad input.")
     d = RUN["hybrid"]
     checking.add_run_flags(p, "reference-hybrid", "hybrid pool", d["num_blocks"], d["block_size"],
-                           d["ops"], 30.0, FULL_HELP, mix=HYBRID_MIX)
+                           d["ops"], FULL_HELP, mix=HYBRID_MIX)
     p.set_defaults(run=run)
 
 

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 
     d = RUN["prefix"]
     checking.add_run_flags(p, "prefix", "prefix-caching allocator", d["num_blocks"], d["block_size"],
-                           d["ops"], 30.0, FULL_HELP,
+                           d["ops"], FULL_HELP,
                            mix=checking.PREFIX_MIX, extra=_allow_flag)
     p.set_defaults(run=run)
 
