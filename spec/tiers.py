@@ -303,6 +303,14 @@ def invariant_doc(name: str) -> str:
 
 
 # -- operation contracts (pre, post: TierState; op: the model's operation) -------------
+UNKNOWN_JOB = "jobs: every pending job is one an operation started"
+
+
+def new_job(kind: str) -> str:
+    """The clause a store or load breaks when the job it returns is not a new pending one."""
+    return f"{kind}: a new pending job for the request"
+
+
 def _others_unchanged(L, pre, post, p, mine: set, what: str, blocks=None):
     """Every block of ``p`` outside ``mine`` keeps its refcount and free-list place."""
     for b in (range(pre.num_blocks(p)) if blocks is None else blocks):
@@ -387,7 +395,7 @@ def store(L, pre, post, op):
         return
     name = (op.seq, op.job)
     job = post.jobs.get(name)
-    yield "store: a new pending job for the request", op.seq, L.and_(
+    yield new_job(STORE), op.seq, L.and_(
         job is not None, name not in pre.jobs, job is not None and job.kind == STORE,
         job is not None and job.seq == op.seq)
     if job is None:
@@ -438,7 +446,7 @@ def load(L, pre, post, op):
         return
     name = (q, op.job)
     job = post.jobs.get(name)
-    yield "load: a new pending job for the request", q, L.and_(
+    yield new_job(LOAD), q, L.and_(
         job is not None, name not in pre.jobs, job is not None and job.kind == LOAD)
     if job is None:
         return
@@ -534,7 +542,8 @@ CONTRACTS = {"allocate": allocate, "append": append, "free": free, "store": stor
 def out_of_blocks(L, pre, post, op):
     """An operation that fails for lack of blocks changes nothing, in any pool, and fails
     so only when it needs more free blocks than its pool has: a new request (allocate,
-    load) ceil(len / B) device blocks, an append a fresh block at a block boundary."""
+    load) ceil(len / B) device blocks, an append a fresh block at a block boundary; a swap
+    only when its own admission check refused it."""
     free_dev = sum(1 for b in range(pre.num_blocks(DEVICE)) if pre.free_count(DEVICE, b))
     B = pre.block_size
     if op.kind in ("allocate", "load"):
@@ -543,6 +552,8 @@ def out_of_blocks(L, pre, post, op):
     elif op.kind == "append":
         yield ("out of blocks: only at a block boundary with no free device block", op.seq,
                L.and_(pre.length(op.seq) % B == 0, free_dev == 0))
+    elif op.kind in (SWAP_OUT, SWAP_IN):
+        yield f"{op.kind}: a swap its admission check admits succeeds", op.seq, not op.admitted
     for p in pre.pools():
         for b in range(pre.num_blocks(p)):
             yield ("out of blocks: nothing changed", (p, b),

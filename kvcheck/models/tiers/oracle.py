@@ -156,8 +156,7 @@ class TierOracle:
         except ObservationError as exc:
             v = Violation(n, "malformed", "observation", witness=str(exc))
         except _UnknownJob as exc:
-            v = Violation(n, "contract", "jobs: every pending job is one an operation started",
-                          witness=str(exc))
+            v = Violation(n, "contract", T.UNKNOWN_JOB, witness=str(exc))
         except OperationTimeout as exc:
             v = Violation(n, "hang", "observation", witness=f"reading the pools {exc}")
         self.violation = v
@@ -220,10 +219,6 @@ class TierOracle:
         except BaseException as exc:  # noqa: BLE001 - the target's exception, judged here
             if not self._oob(exc):
                 return Violation(n, "crash", kind, witness=f"{kind} {what_it_did(exc)}")
-            if kind in ("swap_out", "swap_in") and op.admitted:
-                return Violation(n, "contract", f"{kind}: a swap its admission check admits "
-                                 f"succeeds", q, witness=f"can_{kind}({q}) said yes, then "
-                                 f"{kind}({q}) {what_it_did(exc)}", subject="seq")
             op.outcome = OOB
             self.stats["oob"] += 1
             post = self._capture()
@@ -245,9 +240,9 @@ class TierOracle:
                 op.job = None
             else:
                 if result in self.by_id:
-                    return Violation(n, "contract", f"{kind}: a new pending job for the "
-                                     f"request", q, witness=f"{kind}({q}) returned job id "
-                                     f"{result!r}, already pending as job {self.by_id[result]}")
+                    return Violation(n, "contract", T.new_job(kind), q, witness=f"{kind}({q}) "
+                                     f"returned job id {result!r}, already pending as job "
+                                     f"{self.by_id[result]}")
                 op.job = self.started[q]
                 self.started[q] += 1
                 self.by_id[result] = (q, op.job)
