@@ -85,6 +85,7 @@ class TierOracle:
         self.violation: Violation | None = None
         self.tokens: dict[int, list] = {}  # live request -> its tokens
         self.ids: dict[tuple, int] = {}  # token prefix -> prefix id
+        self._wq: dict[int, tuple] = {}  # live request -> _wants of its tokens (memo)
         self.content: dict[str, dict[int, int]] = {p: {} for p in self.sizes}  # the ghost
         self.meanings: dict = {}  # key -> prefix id
         self.jobs: dict[tuple, dict] = {}  # pending (seq, n) -> what started it
@@ -94,7 +95,7 @@ class TierOracle:
         self.stats = Counter()
         try:
             with guarded(None):
-                self.post = self._capture()
+                self.post = self._with_ghost(self._capture())
             self.violation = self._invariants(0, self.post)
         except ObservationError as exc:
             self.violation = Violation(0, "malformed", "observation", witness=str(exc))
@@ -189,6 +190,13 @@ class TierOracle:
         return tuple(self._pid(tuple(toks[: min((i + 1) * B, len(toks))]))
                      for i in range(-(-len(toks) // B)))
 
+    def _wants_of(self, q: int) -> tuple:
+        """``_wants`` of live request q's tokens, kept until an operation on q changes them."""
+        w = self._wq.get(q)
+        if w is None:
+            w = self._wq[q] = self._wants(self.tokens[q])
+        return w
+
     # -- one step ------------------------------------------------------------------------
     def _call(self, op):
         t, kind, q = self.target, op.kind, op.seq
@@ -221,11 +229,12 @@ class TierOracle:
                 return Violation(n, "crash", kind, witness=f"{kind} {what_it_did(exc)}")
             op.outcome = OOB
             self.stats["oob"] += 1
-            post = self._capture()
+            post = self._with_ghost(self._capture())
             self.post = post
             return self._clauses(n, op, T.out_of_blocks, pre, post) or self._invariants(n, post)
         self.stats[kind] += 1
         freed: dict = {}
+        self._wq.pop(q, None)
         if kind in ("allocate", "load"):
             self.tokens[q] = list(op.tokens)
         elif kind == "append":
@@ -323,7 +332,7 @@ class TierOracle:
     def _with_ghost(self, s: T.TierState) -> T.TierState:
         s.contents = {p: dict(c) for p, c in self.content.items()}
         s.meanings = dict(self.meanings)
-        s.wants = {q: self._wants(toks) for q, toks in self.tokens.items()}
+        s.wants = {q: self._wants_of(q) for q in self.tokens}
         return s
 
     def _oob(self, exc) -> bool:
@@ -423,7 +432,7 @@ class TierOracle:
                            for k, v in raw.items()}
         s = T.TierState(self.bs, dict(self.sizes), refs, free, tables, where, lengths, jobs,
                         pins, cache, evictable)
-        return self._with_ghost(s)
+        return s
 
     # -- checks ---------------------------------------------------------------------------
     def _invariants(self, n: int, s: T.TierState) -> Violation | None:
