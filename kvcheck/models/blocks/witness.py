@@ -194,7 +194,7 @@ def _changed_blocks(pre, post) -> list[int]:
 def _slot_block(pre, q: int):
     """The block holding slot number len of ``q`` (its next token: position len // B of its
     table), or None past the table's end (the last block full, nothing reserved)."""
-    p = pre.length(q) // pre.block_size
+    p = contracts.slot_position(PY, pre, q)
     return pre.table(q, p) if p < pre.nblocks(q) else None
 
 
@@ -207,7 +207,7 @@ def _tail_words(pre, q: int) -> str:
         b, state = pre.tail(q), f"full ({B} of {B} slots used), nothing reserved after it,"
         where = f"sequence {q}'s last block {b}"
     else:
-        used, p = n % B, n // B
+        used, p = n % B, contracts.slot_position(PY, pre, q)
         where = (f"sequence {q}'s last block {b}" if p == pre.nblocks(q) - 1 else
                  f"sequence {q}'s block {b} (position {p}, where token #{n} goes)")
         state = (f"reserved (0 of {B} slots used)" if used == 0 else
