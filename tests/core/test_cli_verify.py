@@ -78,6 +78,8 @@ BAD = [
     # a pool no trace can record is refused up front, not found unrecordable (or "hung")
     (["verify", "--blocks", "100000000"], "at most 1048576 blocks"),
     (["verify-prefix", "--blocks", "1048577"], "at most 1048576 blocks"),
+    (["verify-tiers", "--host-blocks", "0"], "positive integer"),
+    (["verify-tiers", "nosuch"], "unknown tiers target 'nosuch'"),
 ]
 
 
@@ -90,6 +92,16 @@ def test_bad_input_exit_2_one_line(argv, message):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
     assert "Traceback" not in p.stderr and message in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("effort", ["0", "-2", "lots"])
+def test_prove_bad_effort_exit_2_one_line(effort):
+    p = subprocess.run([*KVCHECK, "prove", "reference", "--effort", effort],
+                       capture_output=True, text=True, timeout=120, cwd=HERE)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--effort" in lines[0] and "positive number" in lines[0], p.stderr
+    assert p.stdout == ""
 
 
 def test_the_pool_limit_is_the_trace_schema_s():
