@@ -93,3 +93,25 @@ def test_a_shrink_cut_by_its_budget_is_the_same_beside_a_cpu_hog():
     idle = trace()
     with hogs():
         assert trace() == idle
+
+
+def _tiers_traces(tmp: Path, tag: str) -> dict[str, bytes]:
+    """A few buggy tiered stores through ``verify-tiers`` (stores, completions chosen by the
+    driver, evictions, swaps), each trace as written."""
+    corpus = HERE.parent / "corpus" / "tiers.py"
+    out = {}
+    for name in ("FreesPinnedBlock", "CancelsJobOnAbort", "EvictsPastN", "PublishesAtStoreStart"):
+        path = tmp / f"{tag}-{name}.json"
+        r = kvcheck("verify-tiers", f"{corpus}:{name}", "--trace-out", str(path))
+        assert r.returncode == 1, r.stdout + r.stderr
+        out[name] = path.read_bytes()
+    return out
+
+
+def test_the_tiers_model_gives_the_same_traces_beside_a_cpu_hog(tmp_path):
+    """The tiers model's driver chooses which pending job completes next: that choice, and
+    shrinking, depend on the seed alone, loaded or not."""
+    idle = _tiers_traces(tmp_path, "idle")
+    with hogs():
+        loaded = _tiers_traces(tmp_path, "loaded")
+    assert [n for n in idle if idle[n] != loaded[n]] == []
