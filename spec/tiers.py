@@ -18,11 +18,20 @@ Blocks are held by *holders*, each a multiset of references into one pool:
     other pins              ("pin", name): a connector's own references (a P/D transfer's
                             delayed free, an offload scan's touches), each taken and
                             dropped by its own operations
+    a mapped table          ("mapped", q): request q's blocks in a pool reached through a
+                            mapping from its device table (SGLang's SWA pool behind
+                            ``full_to_swa_index_mapping``): one entry per block of its
+                            table, ``NULL`` where the tokens of that block left the
+                            sliding window (released there, kept on the device)
 
 So each pool, read with every holder's references as its tables, is a block-manager
 state, and every invariant of ``kvcheck.spec.invariants`` holds of it as written
 (``pool_view``): refcounts count every holder's references, a block is on the free list
-exactly when nothing holds it, a sequence holds ceil(len / B) blocks in its pool. On top
+exactly when nothing holds it, a sequence holds ceil(len / B) blocks in its pool; a mapped
+table is a sequence of its pool, so ``valid_block_ids``, ``null_entries`` (released
+entries are leading, never the newest token's block), ``table_length`` and ``free_list``
+(a block at most once on the free list, never while a mapping names it) hold of it as
+written. Every pool but ``DEVICE`` and ``HOST`` is one behind a mapping. On top
 of that (``TIER_INVARIANTS``): a pending store's destinations are not findable, a key names
 one block that holds exactly the tokens it names (data level), evictable blocks are those
 only the cache holds, a sequence's KV is in one pool, and at quiescence (no request, no
@@ -44,6 +53,9 @@ ghost: lengths, what each block holds, what each key means):
     holders(p)                {holder: tuple of block ids} for pool p
     seqs()                    live sequences; pool_of(q) where q's KV is; length(q)
     table(q)                  q's table (in pool_of(q))
+    mapped_pools()            the pools reached through a mapping (every pool but DEVICE
+                              and HOST); mapped_table(p, q) q's table there (NULL:
+                              released)
     jobs()                    {(q, n): Job} pending transfers (the n-th started for q)
     keys(p)                   {key: block} p's cache (findable blocks)
     evictable(p)              the blocks p's cache would evict
@@ -61,7 +73,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .state import Snapshot
+from .state import NULL, Snapshot
 
 DEVICE, HOST = "device", "host"
 _NONE: Counter = Counter()  # (held_by of a block nothing holds; never changed)
@@ -102,6 +114,7 @@ class TierState:
     meanings: Mapping[object, object] = field(default_factory=dict)  # ghost: key -> prefix id
     wants: Mapping[int, tuple] = field(default_factory=dict)  # ghost: q -> prefix id per block
     num_free_reported: Mapping[str, int | None] = field(default_factory=dict)
+    mapped: Mapping[str, Mapping[int, tuple[int, ...]]] = field(default_factory=dict)
     _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     # -- vocabulary ------------------------------------------------------------
@@ -109,14 +122,14 @@ class TierState:
         return list(self.sizes)
 
     def num_blocks(self, p: str) -> int:
-        return self.sizes[p]
+        return self.sizes.get(p, 0)  # (a pool the store lacks, e.g. no host: no blocks)
 
     def ref(self, p: str, b: int) -> int:
-        r = self.refs[p]
+        r = self.refs.get(p, ())
         return r[b] if 0 <= b < len(r) else 0
 
     def free_count(self, p: str, b: int) -> int:
-        return self.free[p].get(b, 0)
+        return self.free.get(p, _NONE).get(b, 0)
 
     def seqs(self) -> list[int]:
         return list(self.tables)
@@ -132,6 +145,12 @@ class TierState:
 
     def table(self, q: int) -> tuple[int, ...]:
         return self.tables.get(q, ())
+
+    def mapped_pools(self) -> list[str]:
+        return [p for p in self.sizes if p not in (DEVICE, HOST)]
+
+    def mapped_table(self, p: str, q: int) -> tuple[int, ...]:
+        return self.mapped.get(p, {}).get(q, ())
 
     def keys(self, p: str) -> Mapping[object, int]:
         return self.cache.get(p, {})
@@ -158,6 +177,9 @@ class TierState:
         for q, t in self.tables.items():
             if self.where.get(q) == p:
                 out[("seq", q)] = t
+        for q, t in self.mapped.get(p, {}).items():
+            if t:
+                out[("mapped", q)] = t  # (a NULL entry names no block)
         for j, job in self.jobs.items():
             refs = (job.src if job.src_pool == p else ()) + (job.dst if job.dst_pool == p else ())
             if refs:
@@ -178,7 +200,8 @@ class TierState:
             memo = {}
             for (kind, _), refs in self.holders(p).items():
                 for x in refs:
-                    memo.setdefault(x, Counter())[kind] += 1
+                    if x != NULL:
+                        memo.setdefault(x, Counter())[kind] += 1
             self._memo[("held", p)] = memo
         return memo.get(b, _NONE)
 
@@ -205,11 +228,11 @@ class TierState:
         return PoolSnapshot(self.sizes[p], self.block_size,
                             {i: t for i, t in enumerate(holders.values())},
                             {i: self.lengths[h[1]] for i, h in enumerate(holders)
-                             if h[0] == "seq"},
+                             if h[0] in ("seq", "mapped")},
                             self.refs[p], self.free[p].elements(),
                             num_free=self.num_free_reported.get(p),
-                            sequences={i for i, h in enumerate(holders) if h[0] == "seq"
-                                       and h[1] in seqs},
+                            sequences={i for i, h in enumerate(holders) if h[0] == "mapped"
+                                       or (h[0] == "seq" and h[1] in seqs)},
                             names={i: h for i, h in enumerate(holders)})
 
 
@@ -338,6 +361,19 @@ def allocate(L, pre, post, op):
     yield from _fresh(L, pre, post, DEVICE, set(t), "allocate")
     yield from _others_unchanged(L, pre, post, DEVICE, set(t), "allocate")
     yield from _others_unchanged(L, pre, post, HOST, set(), "allocate")
+    yield from _mapped_taken(L, pre, post, q, "allocate")
+
+
+def _mapped_taken(L, pre, post, q, what):
+    """In each pool behind a mapping the request holds a table (``table_length`` says how
+    long), and the blocks it takes there, beyond those it held, were free; nothing else
+    there changes."""
+    for p in pre.mapped_pools():
+        yield (f"{what}: the request holds a table in every pool behind a mapping", q,
+               q in post.mapped.get(p, {}))
+        new = set(post.mapped_table(p, q)) - set(pre.mapped_table(p, q)) - {NULL}
+        yield from _fresh(L, pre, post, p, new, what)
+        yield from _others_unchanged(L, pre, post, p, new, what)
 
 
 def append(L, pre, post, op):
@@ -351,6 +387,11 @@ def append(L, pre, post, op):
     yield "append: one more token, on the device", q, L.and_(
         post.pool_of(q) == p, post.length(q) == pre.length(q) + 1)
     yield from _others_unchanged(L, pre, post, HOST, set(), "append")
+    for m in pre.mapped_pools():
+        was, now = pre.mapped_table(m, q), post.mapped_table(m, q)
+        yield "append: behind a mapping too, the entries it had are kept", q, \
+            now[: len(was)] == was
+    yield from _mapped_taken(L, pre, post, q, "append")
     if pos < len(old):
         b = old[pos]
         yield "append: the token goes into the block holding slot len", q, new == old
@@ -374,13 +415,17 @@ def free(L, pre, post, op):
     copy is still using)."""
     q = op.seq
     p = pre.pool_of(q)
-    yield "free: the request holds nothing", q, L.not_(post.live(q))
+    yield "free: the request holds nothing", q, L.and_(
+        L.not_(post.live(q)), L.all_(q not in post.mapped.get(m, {})
+                                     for m in pre.mapped_pools()))
     if p is None:
         return
-    mine = Counter(pre.table(q))
-    for b in range(pre.num_blocks(p)):
-        yield ("free: a refcount drops by the entries the request held", (p, b),
-               post.ref(p, b) == pre.ref(p, b) - mine.get(b, 0))
+    for pool, held in [(p, pre.table(q))] + [(m, pre.mapped_table(m, q))
+                                              for m in pre.mapped_pools()]:
+        mine = Counter(held)
+        for b in range(pre.num_blocks(pool)):
+            yield ("free: a refcount drops by the entries the request held", (pool, b),
+                   post.ref(pool, b) == pre.ref(pool, b) - mine.get(b, 0))
 
 
 def store(L, pre, post, op):
@@ -534,17 +579,68 @@ def swap(L, pre, post, op):
     yield from _fresh(L, pre, post, dst, set(post.table(q)), op.kind)
 
 
+SLIDE = "slide"
+MAPPING_KEEPS = "slide: a block the mapping still names is not freed"
+
+
+def slide(L, pre, post, op):
+    """slide(seq, upto): the sliding window moves past the request's first ``upto`` tokens
+    (never into the block of its newest token): in each pool behind a mapping the blocks
+    those tokens hold there are released, while the device pool keeps them (the request's
+    table, its length and every device block's refcount and free-list place unchanged).
+    An entry wholly behind the window becomes NULL; the entry whose block the window's edge
+    cuts is either kept or released whole (the mapping cleared for every token of that
+    block, not only for those behind the window); every later entry is kept. A released
+    block loses the request's reference (free once nothing holds it); a block the mapping
+    still names is not freed; nothing else changes."""
+    q, B = op.seq, pre.block_size
+    yield "slide: the device pool keeps the request's blocks", q, L.and_(
+        post.live(q), post.pool_of(q) == pre.pool_of(q), post.table(q) == pre.table(q),
+        post.length(q) == pre.length(q))
+    yield from _others_unchanged(L, pre, post, DEVICE, set(), SLIDE)
+    behind, edge = op.upto // B, -(-op.upto // B)  # wholly behind; the last one touched
+    for p in pre.mapped_pools():
+        was, now = pre.mapped_table(p, q), post.mapped_table(p, q)
+        yield "slide: one entry per block, as before", q, len(now) == len(was)
+        for i, (a, b) in enumerate(zip(was, now, strict=False)):
+            if i < behind:
+                yield "slide: a block wholly behind the window is released", q, b == NULL
+            elif i < edge:
+                yield ("slide: the block the window's edge cuts is kept or released whole",
+                       q, L.or_(b == a, b == NULL))
+            else:
+                yield "slide: a block in the window is kept", q, b == a
+        gone = Counter(a for a, b in zip(was, now, strict=False) if a != NULL and b == NULL)
+        kept = {b for b in now if b != NULL}
+        for b in range(pre.num_blocks(p)):
+            if gone.get(b):
+                yield ("slide: a released block loses the request's reference", (p, b),
+                       post.ref(p, b) == pre.ref(p, b) - gone[b])
+            elif b in kept:
+                yield MAPPING_KEEPS, (p, b), L.and_(
+                    post.ref(p, b) == pre.ref(p, b),
+                    post.free_count(p, b) == pre.free_count(p, b))
+            else:
+                yield (f"{SLIDE}: other blocks untouched", (p, b),
+                       L.and_(post.ref(p, b) == pre.ref(p, b),
+                              post.free_count(p, b) == pre.free_count(p, b)))
+
+
 CONTRACTS = {"allocate": allocate, "append": append, "free": free, "store": store,
              "load": load, "complete": complete, "evict": evict, "swap_out": swap,
-             "swap_in": swap}
+             "swap_in": swap, SLIDE: slide}
 
 
 def out_of_blocks(L, pre, post, op):
     """An operation that fails for lack of blocks changes nothing, in any pool, and fails
     so only when it needs more free blocks than its pool has: a new request (allocate,
-    load) ceil(len / B) device blocks, an append a fresh block at a block boundary; a swap
+    load) ceil(len / B) device blocks (and as many in each pool behind a mapping), an
+    append a fresh block at a block boundary (on the device, or behind a mapping); a swap
     only when its own admission check refused it."""
-    free_dev = sum(1 for b in range(pre.num_blocks(DEVICE)) if pre.free_count(DEVICE, b))
+    def free_in(p):
+        return sum(1 for b in range(pre.num_blocks(p)) if pre.free_count(p, b))
+
+    free_dev = min([free_in(DEVICE)] + [free_in(p) for p in pre.mapped_pools()])
     B = pre.block_size
     if op.kind in ("allocate", "load"):
         yield ("out of blocks: only when the device lacks the request's blocks", op.seq,
@@ -560,4 +656,7 @@ def out_of_blocks(L, pre, post, op):
                    L.and_(post.ref(p, b) == pre.ref(p, b),
                           post.free_count(p, b) == pre.free_count(p, b)))
     for q in pre.seqs():
-        yield "out of blocks: nothing changed", q, post.table(q) == pre.table(q)
+        yield "out of blocks: nothing changed", q, L.and_(
+            post.table(q) == pre.table(q),
+            L.all_(post.mapped_table(p, q) == pre.mapped_table(p, q)
+                   for p in pre.mapped_pools()))

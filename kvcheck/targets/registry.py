@@ -79,4 +79,7 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
     "reference-tiers": ("kvcheck.impl.tiered_cache:TieredCache",
                         "the reference tiered store: a device pool, a host pool with an LRU "
                         "cache of stored prefixes, stores and loads in flight, vLLM v0 swaps"),
+    "reference-swa": ("kvcheck.impl.swa_cache:SWACache",
+                      "the reference full-attention pool with a sliding-window pool behind a "
+                      "mapping (SGLang's SWA allocator): slide releases tokens behind the window"),
 }

@@ -49,10 +49,13 @@ def run(args) -> int:
 
 def _passed(r) -> str:
     st, s = r.state.stats, r.state
-    return (f"{r.ops} operations on {s.nb} device + {s.nh} host blocks x {s.bs} slots; "
+    pools = " + ".join(f"{n} {p}" for p, n in s.sizes.items())
+    slides = f"{st['slide']} slides, " if s.mapped_pools else ""
+    return (f"{r.ops} operations on {pools} blocks x {s.bs} slots; "
             f"{st['store']} stores, {st['load']} loads, {st['complete']} completions, "
-            f"{st['evict']} evictions, {st['swap_out'] + st['swap_in']} swaps, {st['oob']} "
-            f"out-of-blocks; every per-pool, tier and per-operation rule held")
+            f"{st['evict']} evictions, {st['swap_out'] + st['swap_in']} swaps, {slides}"
+            f"{st['oob']} out-of-blocks; every per-pool, tier and per-operation rule held"
+            + (f"; {s.data.reads:,} blocks' K/V read back, every one right" if s.data else ""))
 
 
 def _json(r) -> dict:

@@ -4,7 +4,7 @@ pending jobs in an order the driver chooses (some of them failing), so that comp
 interleave with allocations, evictions and aborts.
 
 ``--mix`` weights: ``allocate``, ``load``, ``store``, ``complete``, ``evict``, ``free``,
-``swap`` (each multiplies that operation's chance; append takes the rest) and ``fail``
+``swap``, ``slide`` (each multiplies that operation's chance; append takes the rest) and ``fail``
 (the chance that a completion fails, default 0.2)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import random
 from kvcheck.models.tiers.model import _make
 
 WEIGHTS = {"allocate": 1.0, "load": 1.5, "store": 1.5, "complete": 2.0, "evict": 0.4,
-           "free": 1.0, "swap": 0.6}  # append takes the rest (of 10)
+           "free": 1.0, "swap": 0.6, "slide": 1.5}  # append takes the rest (of 10)
 FAIL = 0.2
 VOCAB = 2  # few token values: identical blocks recur
 
@@ -51,7 +51,8 @@ class TiersDriver:
         if live:
             choices += [("store", w["store"] if "store" in self.caps else 0.0),
                         ("free", w["free"]),
-                        ("swap", w["swap"] if "swap_out" in self.caps else 0.0)]
+                        ("swap", w["swap"] if "swap_out" in self.caps else 0.0),
+                        ("slide", w["slide"] if "slide" in self.caps else 0.0)]
         if pending:
             choices.append(("complete", w["complete"]))
         choices.append(("evict", w["evict"] if "evict" in self.caps else 0.0))
@@ -79,6 +80,11 @@ class TiersDriver:
         seq = rng.choice(live)
         if what == "swap":
             return _make("swap_in" if state.pool_of(seq) == "host" else "swap_out", seq=seq)
+        if what == "slide":  # forward by a few tokens, never into the newest token's block
+            lo, hi = state.slid.get(seq, 0) + 1, (len(state.tokens[seq]) - 1) // self.bs * self.bs
+            if lo <= hi:
+                return _make("slide", seq=seq, upto=rng.randint(lo, min(hi, lo + self.bs)))
+            what = "append"
         if what == "append" and len(state.tokens[seq]) > 6 * self.bs:
             what = "free"
         if what in ("store", "free"):

@@ -8,7 +8,9 @@ decodes a token, ``free`` ends a request (finished or aborted, jobs in flight or
 ends a pending job (``complete(seq, job, ok)``: the ``job``-th job started for request
 ``seq``, from 0: a reference that survives deleting another request's operations),
 ``evict(n)`` asks the host cache to evict, ``swap_out`` / ``swap_in``
-move a sequence's KV whole (vLLM v0). Which pending job completes next, and whether it
+move a sequence's KV whole (vLLM v0), ``slide(seq, upto)`` moves a request's sliding
+window past its first ``upto`` tokens (released from a pool behind a mapping, kept on the
+device: SGLang's SWA pool). Which pending job completes next, and whether it
 fails, is the driver's choice: completions interleave with everything else.
 """
 
@@ -78,6 +80,7 @@ class TierOp:
     hits: object = None
     admitted: object = None
     wanted: tuple | None = None
+    upto: int = 0
 
 
 def _make(kind: str, **args) -> TierOp:
@@ -114,6 +117,8 @@ OPS = {
                       results=(Arg("admitted", VALUE, schema={"type": ["boolean", "null"]}),),
                       doc=_doc("swap_in")),
 }
+OPS[T.SLIDE] = OpSpec(T.SLIDE, _make, (Arg("seq", SEQ), Arg("upto", COUNT)),
+                      doc=_doc(T.SLIDE))
 SEED_OPS = ("allocate", "load", "append", "free", "store", "complete", "evict")
 
 _BLOCKS = {"type": "array", "maxItems": 1048576, "items": {"$ref": "#/$defs/block"}}
@@ -129,7 +134,9 @@ STATE_SCHEMA = {
                        "type": "object", "additionalProperties": False,
                        "required": ["pool", "blocks", "len"],
                        "properties": {"pool": {"type": "string", "maxLength": 32},
-                                      "blocks": _BLOCKS, "len": {"$ref": "#/$defs/count"}}}},
+                                      "blocks": _BLOCKS, "len": {"$ref": "#/$defs/count"},
+                                      "mapped": {"type": "object", "maxProperties": 8,
+                                                 "additionalProperties": _BLOCKS}}}},
         "jobs": {"type": "object", "maxProperties": 100000,
                  "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,9})[.](0|[1-9][0-9]{0,9})$"},
                  "additionalProperties": {
@@ -157,6 +164,8 @@ class TiersModel(Model):
             head = f"complete(seq={op.seq}, job={op.job}, ok={op.ok})"
         elif op.kind == "evict":
             head = f"evict(n={op.n})"
+        elif op.kind == T.SLIDE:
+            head = f"slide(seq={op.seq}, upto={op.upto})"
         else:
             head = f"{op.kind}(seq={op.seq})"
         if op.outcome == "oob":
@@ -221,7 +230,8 @@ class TiersModel(Model):
             out.append(_make("load", seq=new, tokens=toks + (0,)))
         for q in sorted(state.tokens):
             out += [_make("append", seq=q, token=0), _make("store", seq=q),
-                    _make("free", seq=q), _make("swap_out", seq=q), _make("swap_in", seq=q)]
+                    _make("free", seq=q), _make("swap_out", seq=q), _make("swap_in", seq=q),
+                    _make(T.SLIDE, seq=q, upto=state.slid.get(q, 0) + 1)]
         for q, j in sorted(state.pending()):
             out += [_make("complete", seq=q, job=j, ok=True),
                     _make("complete", seq=q, job=j, ok=False)]
@@ -276,7 +286,8 @@ class TiersModel(Model):
     def state_line(self, state: dict) -> str:
         parts = []
         for q, t in state.get("tables", {}).items():
-            parts.append(f"seq {q}: {t['len']} tokens in {t['pool']} {t['blocks']}")
+            parts.append(f"seq {q}: {t['len']} tokens in {t['pool']} {t['blocks']}" + "".join(
+                f", {p} {b}" for p, b in t.get("mapped", {}).items()))
         for j, job in state.get("jobs", {}).items():
             parts.append(f"job {j} ({job.get('kind')}): "
                          f"{job.get('src')} -> {job.get('dst')}")
@@ -309,6 +320,9 @@ class TiersModel(Model):
             return f"job {op.seq}.{op.job} {'completes' if op.ok else 'fails'}"
         if op.kind == "evict":
             return f"the host cache evicts up to {op.n} block(s)"
+        if op.kind == T.SLIDE:
+            return (f"request {op.seq}'s first {op.upto} token(s) leave its sliding window: "
+                    f"released behind the mapping, kept on the device")
         verdict = {True: "admitted", False: "refused", None: ""}[op.admitted]
         return f"request {op.seq} {op.kind.replace('_', ' ')}: {verdict}"
 

@@ -39,6 +39,18 @@ from kvcheck.targets.observe import ObservationError, as_int
 REQUIRED = ("pools", "refcount", "free_blocks", "table", "pending_jobs", "cache_entries",
             "evictable_blocks")
 DATA = ("holds_its_tokens", "key_content")  # tier invariants about contents: kind "data"
+HOST_OPS = ("store", "load", "evict", "swap_out", "swap_in")  # what needs a host pool
+
+
+def pool_sizes(scope, reported: dict, capabilities) -> dict:
+    """The pools the oracle reads: the device; the host where the target reports one or
+    has an operation that needs it; every other pool the target reports (one behind a
+    mapping, sized by the target)."""
+    sizes = {T.DEVICE: scope.num_blocks}
+    if T.HOST in reported or set(HOST_OPS) & set(capabilities):
+        sizes[T.HOST] = scope.host_blocks
+    sizes.update({p: n for p, n in reported.items() if p not in (T.DEVICE, T.HOST)})
+    return sizes
 
 
 def build(factory, scope, options):
@@ -61,10 +73,16 @@ def build(factory, scope, options):
         raise
     except BaseException as exc:  # noqa: BLE001 - the factory refused: bad input
         raise TargetError(f"cannot build target with {where}: it {what_it_did(exc)}") from None
-    want = {T.DEVICE: scope.num_blocks, T.HOST: scope.host_blocks}
-    if {k: pools.get(k) for k in want} != want:
+    caps = getattr(target, "capabilities", T.CONTRACTS)
+    want = {p: n for p, n in pool_sizes(scope, pools, caps).items() if p in (T.DEVICE, T.HOST)}
+    if {k: pools.get(k) for k in want} != want or not all(
+            isinstance(p, str) and type(n) is int and n >= 1 for p, n in pools.items()):
         raise TargetError(f"{type(target).__name__}.pools() is {pools!r:.80}, expected at least "
                           f"{want} for {where}")
+    if set(pools) - {T.DEVICE, T.HOST} and not hasattr(target, "mapped"):
+        raise TargetError(f"{type(target).__name__} reports pools behind a mapping "
+                          f"({', '.join(sorted(set(pools) - {T.DEVICE, T.HOST}))}) but has no "
+                          "mapped(seq) (docs/tiers.md)")
     if options.out_of_blocks is not None:
         target.is_out_of_blocks = lambda exc: isinstance(exc, options.out_of_blocks)
     return target
@@ -79,8 +97,10 @@ class TierOracle:
         self.target = target
         self.scope = scope
         self.nb, self.bs, self.nh = scope.num_blocks, scope.block_size, scope.host_blocks
-        self.sizes = {T.DEVICE: self.nb, T.HOST: self.nh}
         self.capabilities = frozenset(getattr(target, "capabilities", T.CONTRACTS))
+        self.sizes = pool_sizes(scope, dict(target.pools()), self.capabilities)
+        self.mapped_pools = [p for p in self.sizes if p not in (T.DEVICE, T.HOST)]
+        self.slid: dict[int, int] = {}  # live request -> tokens behind its window (slide)
         self.steps = 0
         self.violation: Violation | None = None
         self.tokens: dict[int, list] = {}  # live request -> its tokens
@@ -136,6 +156,10 @@ class TierOracle:
         if op.seq not in self.tokens:
             return False
         where = self.pool_of(op.seq)
+        if kind == T.SLIDE:  # forward, never into the block of the newest token
+            n = len(self.tokens[op.seq])
+            return where == T.DEVICE and type(op.upto) is int and \
+                self.slid.get(op.seq, 0) < op.upto <= (n - 1) // self.bs * self.bs
         if kind in ("swap_out", "swap_in", "append") and any(
                 j["seq"] == op.seq and j["kind"] == T.LOAD for j in self.jobs.values()):
             return False  # (an engine runs or swaps a request only once its KV is there)
@@ -172,7 +196,10 @@ class TierOracle:
             return {"pools": {}, "tables": {}}
         pools = {p: {"refs": list(s.refs[p]), "free": sorted(s.free[p].elements()),
                      "cached": sorted(s.keys(p).values())} for p in s.pools()}
-        tables = {str(q): {"pool": s.pool_of(q), "blocks": list(t), "len": s.length(q)}
+        tables = {str(q): {"pool": s.pool_of(q), "blocks": list(t), "len": s.length(q),
+                           **({"mapped": {p: list(s.mapped_table(p, q))
+                                          for p in s.mapped_pools()}}
+                              if s.mapped_pools() else {})}
                   for q, t in sorted(s.tables.items())}
         jobs = {f"{j[0]}.{j[1]}": {"kind": job.kind, "seq": job.seq, "src": list(job.src),
                                    "dst": list(job.dst)} for j, job in sorted(s.jobs.items())}
@@ -210,6 +237,8 @@ class TierOracle:
             return t.complete(self.jobs[op.seq, op.job]["id"], op.ok)
         if kind == "evict":
             return t.evict(op.n)
+        if kind == T.SLIDE:
+            return t.slide(q, op.upto)
         check = getattr(t, f"can_{kind}")(q)
         op.admitted = bool(check)
         return getattr(t, kind)(q) if op.admitted else None
@@ -243,6 +272,9 @@ class TierOracle:
                 op.block, op.offset = result
         elif kind == "free":
             freed[q] = self.tokens.pop(q)
+            self.slid.pop(q, None)
+        elif kind == T.SLIDE:
+            self.slid[q] = op.upto
         started = kind in ("store", "load")
         if started:
             if result is None:
@@ -431,8 +463,24 @@ class TierOracle:
                 pins[p] = {str(k): self._blocks(v, f"pins({p!r})[{k!r:.20}]")
                            for k, v in raw.items()}
         s = T.TierState(self.bs, dict(self.sizes), refs, free, tables, where, lengths, jobs,
-                        pins, cache, evictable)
+                        pins, cache, evictable, mapped=self._mapped(tables))
         return s
+
+    def _mapped(self, tables: dict) -> dict:
+        """``mapped(q)`` of each request with a table: ``{pool: [block, or None where
+        released]}``, for the pools behind a mapping (None reads as ``NULL``)."""
+        out: dict = {p: {} for p in self.mapped_pools}
+        if not self.mapped_pools:
+            return out
+        for q in tables:
+            raw = self._read(f"mapped({q})", lambda q=q: dict(self.target.mapped(q)))
+            for p, blocks in raw.items():
+                if p not in out:
+                    raise ObservationError(f"mapped({q}) names pool {p!r:.30}, not one behind "
+                                           f"a mapping ({', '.join(self.mapped_pools)})")
+                out[p][q] = tuple(T.NULL if b is None else as_int(b, f"an entry of mapped({q})")
+                                  for b in self._read(f"mapped({q})", list, blocks))
+        return out
 
     # -- checks ---------------------------------------------------------------------------
     def _invariants(self, n: int, s: T.TierState) -> Violation | None:
@@ -498,7 +546,8 @@ class TierOracle:
         for (kind, who), refs in s.holders(p).items():
             k = refs.count(b)
             if k:
-                label = (f"seq {who}" if kind == "seq" else f"job {who[0]}.{who[1]}"
+                label = (f"seq {who}" if kind == "seq" else f"seq {who}'s mapping"
+                         if kind == "mapped" else f"job {who[0]}.{who[1]}"
                          if kind == "job" else "the cache" if kind == "cache" else f"pin {who!r}")
                 names.append(label + (f" x{k}" if k > 1 else ""))
         return ", ".join(names) or "no holder"
