@@ -116,6 +116,11 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
     Engine("sglang-radix", "sglang", "sglang", pinned="0.5.23", low="0.5.22", high="0.5.23",
            note="SGLang RadixCache with the scheduler's checkpoint / lock / unlock API "
                 "(RadixCache.checkpoint, lock, unlock, path_device_indices: from 0.5.22)"),
+    Engine("sglang-swa", "sglang", "sglang", pinned="0.5.23", low="0.5.13", high="0.5.23",
+           family="sglang",
+           note="SGLang SWATokenToKVPoolAllocator (mem_cache/allocator/swa.py: the package "
+                "layout, 0.5.13 on) as a tiers target with the SWA pool behind "
+                "full_to_swa_index_mapping (impl/thirdparty/sglang_swa.py)"),
     Engine("aphrodite", "aphrodite-engine", "aphrodite", pinned="0.24.1", low="0.20.0",
            high="0.24.1", note="aphrodite-engine's v1 KVCacheManager (a vLLM v1 fork: 0.20.0 "
                                "and 0.21.0 read as vLLM 0.20's, 0.22.0 .. 0.24.1 as 0.26 .. "

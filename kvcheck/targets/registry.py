@@ -82,4 +82,7 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
     "reference-swa": ("kvcheck.impl.swa_cache:SWACache",
                       "the reference full-attention pool with a sliding-window pool behind a "
                       "mapping (SGLang's SWA allocator): slide releases tokens behind the window"),
+    "sglang-swa": ("kvcheck.impl.thirdparty.sglang_swa:make",
+                   "SGLang SWATokenToKVPoolAllocator (0.5.23; @0.5.13..0.5.23), page size = block "
+                   "size > 1: the full pool and the SWA pool behind full_to_swa_index_mapping"),
 }

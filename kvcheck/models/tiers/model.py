@@ -195,6 +195,11 @@ class TiersModel(Model):
         known = getattr(registry, "TIERS_TARGETS", {})
         if isinstance(spec, str) and spec in known:
             return spec, _import_attr(known[spec][0])
+        name, at, version = spec.partition("@") if isinstance(spec, str) else ("", "", "")
+        if at and name in known:  # sglang-swa@0.5.13: the adapter's release
+            from kvcheck.targets.loading import with_version
+
+            return spec, with_version(_import_attr(known[name][0]), spec, version)
         if isinstance(spec, str) and spec and ":" not in spec:
             from kvcheck.targets.loading import TargetError
 
