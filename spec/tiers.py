@@ -23,6 +23,12 @@ Blocks are held by *holders*, each a multiset of references into one pool:
                             ``full_to_swa_index_mapping``): one entry per block of its
                             table, ``NULL`` where the tokens of that block left the
                             sliding window (released there, kept on the device)
+    a window table          ("window", q): request q's blocks of a sliding-window KV-cache
+                            group sharing its pool (vLLM v1's hybrid coordinator: full
+                            attention and sliding-window groups in one pool): one entry per
+                            block of its table, ``NULL`` where the window has moved past
+                            (the engine drops those blocks itself, on an append or at
+                            the request's end); a sequence of its pool, as a mapped table
 
 So each pool, read with every holder's references as its tables, is a block-manager
 state, and every invariant of ``kvcheck.spec.invariants`` holds of it as written
@@ -115,6 +121,8 @@ class TierState:
     wants: Mapping[int, tuple] = field(default_factory=dict)  # ghost: q -> prefix id per block
     num_free_reported: Mapping[str, int | None] = field(default_factory=dict)
     mapped: Mapping[str, Mapping[int, tuple[int, ...]]] = field(default_factory=dict)
+    windows: Mapping[int, tuple[int, ...]] = field(default_factory=dict)  # q -> window table
+    window_groups: int = 0  # sliding-window groups sharing the device pool (0 or 1)
     _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     # -- vocabulary ------------------------------------------------------------
@@ -180,6 +188,9 @@ class TierState:
         for q, t in self.mapped.get(p, {}).items():
             if t:
                 out[("mapped", q)] = t  # (a NULL entry names no block)
+        for q, t in self.windows.items():
+            if t and self.where.get(q) == p:
+                out[("window", q)] = t
         for j, job in self.jobs.items():
             refs = (job.src if job.src_pool == p else ()) + (job.dst if job.dst_pool == p else ())
             if refs:
@@ -228,10 +239,11 @@ class TierState:
         return PoolSnapshot(self.sizes[p], self.block_size,
                             {i: t for i, t in enumerate(holders.values())},
                             {i: self.lengths[h[1]] for i, h in enumerate(holders)
-                             if h[0] in ("seq", "mapped")},
+                             if h[0] in ("seq", "mapped", "window")},
                             self.refs[p], self.free[p].elements(),
                             num_free=self.num_free_reported.get(p),
-                            sequences={i for i, h in enumerate(holders) if h[0] == "mapped"
+                            sequences={i for i, h in enumerate(holders)
+                                       if h[0] in ("mapped", "window")
                                        or (h[0] == "seq" and h[1] in seqs)},
                             names={i: h for i, h in enumerate(holders)})
 
@@ -334,10 +346,29 @@ def new_job(kind: str) -> str:
     return f"{kind}: a new pending job for the request"
 
 
+def side_change(pre, post, p: str, b: int) -> tuple[int, int]:
+    """How many references to block ``b`` of ``p`` the window tables and the pins gained
+    (negative: dropped) from ``pre`` to ``post``: holders an operation may change beside
+    what it names (an append drops blocks behind a window and gives the window a fresh
+    one; a connector touches or releases blocks as it starts or ends a transfer)."""
+    was, now = pre.held_by(p, b), post.held_by(p, b)
+    return (now.get("window", 0) - was.get("window", 0), now.get("pin", 0) - was.get("pin", 0))
+
+
 def _others_unchanged(L, pre, post, p, mine: set, what: str, blocks=None):
-    """Every block of ``p`` outside ``mine`` keeps its refcount and free-list place."""
+    """Every block of ``p`` outside ``mine`` keeps its refcount and free-list place, but
+    for the references a window table or a pin gained or dropped (``side_change``): its
+    refcount moves by exactly those, and a block a window gains was free before."""
     for b in (range(pre.num_blocks(p)) if blocks is None else blocks):
         if b in mine:
+            continue
+        window, pin = side_change(pre, post, p, b)
+        if window or pin:
+            yield (f"{what}: a block changes only by the window's or a pin's references",
+                   (p, b), post.ref(p, b) == pre.ref(p, b) + window + pin)
+            if window > 0:
+                yield (f"{what}: a window takes only a free block", (p, b),
+                       L.or_(pre.free_count(p, b) == 1, b in pre.evictable(p)))
             continue
         yield (f"{what}: other blocks untouched", (p, b),
                L.and_(post.ref(p, b) == pre.ref(p, b),
@@ -416,12 +447,12 @@ def free(L, pre, post, op):
     q = op.seq
     p = pre.pool_of(q)
     yield "free: the request holds nothing", q, L.and_(
-        L.not_(post.live(q)), L.all_(q not in post.mapped.get(m, {})
-                                     for m in pre.mapped_pools()))
+        L.not_(post.live(q)), q not in post.windows, L.all_(q not in post.mapped.get(m, {})
+                                                            for m in pre.mapped_pools()))
     if p is None:
         return
-    for pool, held in [(p, pre.table(q))] + [(m, pre.mapped_table(m, q))
-                                              for m in pre.mapped_pools()]:
+    for pool, held in [(p, pre.table(q) + pre.windows.get(q, ()))] + [
+            (m, pre.mapped_table(m, q)) for m in pre.mapped_pools()]:
         mine = Counter(held)
         for b in range(pre.num_blocks(pool)):
             yield ("free: a refcount drops by the entries the request held", (pool, b),
@@ -430,10 +461,13 @@ def free(L, pre, post, op):
 
 def store(L, pre, post, op):
     """store(seq) -> job: a pending device -> host copy of some of the request's full
-    blocks not yet in the host cache nor being stored: the job holds each source (it must
-    not be freed or overwritten until the copy completes) and one host destination per
-    source, each free before (or evicted for it: cached, held by the cache alone); no key
-    names a destination until the job completes. No job: nothing changed."""
+    blocks not yet in the host cache: the job holds each source (it must not be freed or
+    overwritten until the copy completes) and one host destination per source, each free
+    before (or evicted for it: cached, held by the cache alone); no key names a
+    destination until the job completes. (A prefix another pending store is still copying
+    may be stored again: the second copy costs a host block, and a lookup still finds the
+    right tokens under either key; vLLM's BlockHashToBlockMap keeps every block stored
+    under one hash.) No job: nothing changed."""
     if op.job is None:
         for p in pre.pools():
             yield from _others_unchanged(L, pre, post, p, set(), "store (no job)")
@@ -451,10 +485,9 @@ def store(L, pre, post, op):
         job.src_pool == DEVICE, set(job.src) <= full, len(set(job.src)) == len(job.src))
     yield ("store: never a block a pending load is still writing", op.seq,
            not set(job.src) & pre.pending_dst(DEVICE))
-    pending = {k for other in pre.jobs.values() if other.kind == STORE for k in other.keys}
     for k in job.keys:
-        yield ("store: never a prefix already cached or being stored", op.seq,
-               L.and_(k not in {pre.meaning(x) for x in pre.keys(HOST)}, k not in pending))
+        yield ("store: never a prefix already cached", op.seq,
+               k not in {pre.meaning(x) for x in pre.keys(HOST)})
     yield "store: one host destination per source", op.seq, L.and_(
         job.dst_pool == HOST, len(job.dst) == len(job.src), len(set(job.dst)) == len(job.dst))
     for b in job.dst:
@@ -530,13 +563,15 @@ def complete(L, pre, post, op):
                 yield ("complete: a failed store leaves its destinations free", (HOST, b),
                        L.and_(b not in keyed, post.free_count(HOST, b) == 1))
     src, dst = Counter(job.src), Counter(job.dst)
-    for b in src:
+    for b in src:  # (and whatever pins of the connector's the completion releases with it)
         yield ("complete: each source loses the job's reference", (job.src_pool, b),
-               post.ref(job.src_pool, b) == pre.ref(job.src_pool, b) - src[b])
+               post.ref(job.src_pool, b) == pre.ref(job.src_pool, b) - src[b]
+               + side_change(pre, post, job.src_pool, b)[1])
     cached = 1 if job.kind == STORE and op.ok else 0  # the cache's reference replaces it
     for b in dst:
         yield ("complete: each destination loses the job's reference", (job.dst_pool, b),
-               post.ref(job.dst_pool, b) == pre.ref(job.dst_pool, b) - dst[b] + cached)
+               post.ref(job.dst_pool, b) == pre.ref(job.dst_pool, b) - dst[b] + cached
+               + side_change(pre, post, job.dst_pool, b)[1])
 
 
 def evict(L, pre, post, op):
@@ -636,27 +671,41 @@ def out_of_blocks(L, pre, post, op):
     so only when it needs more free blocks than its pool has: a new request (allocate,
     load) ceil(len / B) device blocks (and as many in each pool behind a mapping), an
     append a fresh block at a block boundary (on the device, or behind a mapping); a swap
-    only when its own admission check refused it."""
+    only when its own admission check refused it. With a sliding-window group sharing the
+    device pool (``window_groups``) each group needs its blocks, and the engine may first
+    drop a window's blocks behind it (entries turned NULL, a reference less each): that,
+    and nothing else, may change; the room is counted after that drop."""
     def free_in(p):
         return sum(1 for b in range(pre.num_blocks(p)) if pre.free_count(p, b))
 
     free_dev = min([free_in(DEVICE)] + [free_in(p) for p in pre.mapped_pools()])
+    if pre.window_groups:  # (the engine drops a window's blocks behind it, then looks)
+        free_dev = sum(1 for b in range(post.num_blocks(DEVICE))
+                       if post.free_count(DEVICE, b) or b in post.evictable(DEVICE))
+    groups = 1 + pre.window_groups  # (each KV-cache group sharing the device pool takes one)
     B = pre.block_size
     if op.kind in ("allocate", "load"):
         yield ("out of blocks: only when the device lacks the request's blocks", op.seq,
-               free_dev < -(-len(op.tokens) // B))
+               free_dev < -(-len(op.tokens) // B) * groups)
     elif op.kind == "append":
         yield ("out of blocks: only at a block boundary with no free device block", op.seq,
-               L.and_(pre.length(op.seq) % B == 0, free_dev == 0))
+               L.and_(pre.length(op.seq) % B == 0, free_dev < groups))
     elif op.kind in (SWAP_OUT, SWAP_IN):
         yield f"{op.kind}: a swap its admission check admits succeeds", op.seq, not op.admitted
     for p in pre.pools():
         for b in range(pre.num_blocks(p)):
+            window = side_change(pre, post, p, b)[0]
+            if window < 0:
+                yield ("out of blocks: only the window's drop behind it changed", (p, b),
+                       post.ref(p, b) == pre.ref(p, b) + window)
+                continue
             yield ("out of blocks: nothing changed", (p, b),
                    L.and_(post.ref(p, b) == pre.ref(p, b),
                           post.free_count(p, b) == pre.free_count(p, b)))
     for q in pre.seqs():
+        was, now = pre.windows.get(q, ()), post.windows.get(q, ())
         yield "out of blocks: nothing changed", q, L.and_(
-            post.table(q) == pre.table(q),
+            post.table(q) == pre.table(q), len(now) == len(was),
+            L.all_(b == a or b == NULL for a, b in zip(was, now, strict=False)),
             L.all_(post.mapped_table(p, q) == pre.mapped_table(p, q)
                    for p in pre.mapped_pools()))

@@ -27,6 +27,7 @@ class TiersDriver:
         self.fail = float(weights.pop("fail", FAIL))
         self.w = {k: w * float(weights.get(k, 1.0)) for k, w in WEIGHTS.items()}
         self.caps = frozenset(getattr(target, "capabilities", ()))
+        self.failures = frozenset(getattr(target, "failures", ("store", "load")))
         self.next_seq = 0
         self.prompts: list[tuple] = []
 
@@ -74,7 +75,9 @@ class TiersDriver:
             return _make(what, seq=seq, tokens=toks)
         if what == "complete":
             q, j = rng.choice(pending)
-            return _make("complete", seq=q, job=j, ok=rng.random() >= self.fail)
+            fails = rng.random() < self.fail  # (drawn for every completion: same stream)
+            return _make("complete", seq=q, job=j,
+                         ok=not fails or state.jobs[q, j]["kind"] not in self.failures)
         if what == "evict":
             return _make("evict", n=rng.randint(1, 3))
         seq = rng.choice(live)

@@ -98,6 +98,7 @@ class TierOracle:
         self.scope = scope
         self.nb, self.bs, self.nh = scope.num_blocks, scope.block_size, scope.host_blocks
         self.capabilities = frozenset(getattr(target, "capabilities", T.CONTRACTS))
+        self.failures = frozenset(getattr(target, "failures", (T.STORE, T.LOAD)))
         self.sizes = pool_sizes(scope, dict(target.pools()), self.capabilities)
         self.mapped_pools = [p for p in self.sizes if p not in (T.DEVICE, T.HOST)]
         self.slid: dict[int, int] = {}  # live request -> tokens behind its window (slide)
@@ -146,7 +147,8 @@ class TierOracle:
         if kind not in OPS or kind not in self.capabilities:
             return False
         if kind == "complete":
-            return (op.seq, op.job) in self.jobs and isinstance(op.ok, bool)
+            return (op.seq, op.job) in self.jobs and isinstance(op.ok, bool) and (
+                op.ok or self.jobs[op.seq, op.job]["kind"] in self.failures)
         if kind == "evict":
             return type(op.n) is int and op.n >= 1
         if type(op.seq) is not int or not 0 <= op.seq < 2**31:
@@ -463,8 +465,31 @@ class TierOracle:
                 pins[p] = {str(k): self._blocks(v, f"pins({p!r})[{k!r:.20}]")
                            for k, v in raw.items()}
         s = T.TierState(self.bs, dict(self.sizes), refs, free, tables, where, lengths, jobs,
-                        pins, cache, evictable, mapped=self._mapped(tables))
+                        pins, cache, evictable, mapped=self._mapped(tables),
+                        windows=self._windows(tables, where),
+                        window_groups=1 if hasattr(t, "window") else 0)
         return s
+
+    def _windows(self, tables: dict, where: dict) -> dict:
+        """``window(q)`` of each request with a table, where the target has a
+        sliding-window group sharing the request's pool: ``(pool, [block, or None behind
+        the window])`` (None reads as ``NULL``)."""
+        if not hasattr(self.target, "window"):
+            return {}
+        out = {}
+        for q in tables:
+            got = self._read(f"window({q})", self.target.window, q)
+            try:
+                pool, raw = got
+            except (TypeError, ValueError):
+                raise ObservationError(f"window({q}) is {got!r:.60}, expected (pool, blocks)") \
+                    from None
+            if pool != where[q]:
+                raise ObservationError(f"window({q}) names pool {pool!r:.30}, not the pool of "
+                                       f"the request's table ({where[q]})")
+            out[q] = tuple(T.NULL if b is None else as_int(b, f"an entry of window({q})")
+                           for b in self._read(f"window({q})", list, raw))
+        return out
 
     def _mapped(self, tables: dict) -> dict:
         """``mapped(q)`` of each request with a table: ``{pool: [block, or None where
@@ -548,7 +573,8 @@ class TierOracle:
             if k:
                 label = (f"seq {who}" if kind == "seq" else f"seq {who}'s mapping"
                          if kind == "mapped" else f"job {who[0]}.{who[1]}"
-                         if kind == "job" else "the cache" if kind == "cache" else f"pin {who!r}")
+                         if kind == "job" else "the cache" if kind == "cache"
+                         else f"seq {who}'s window" if kind == "window" else f"pin {who!r}")
                 names.append(label + (f" x{k}" if k > 1 else ""))
         return ", ".join(names) or "no holder"
 

@@ -1,0 +1,527 @@
+"""Adapter: the scheduler side of vLLM v1's ``SimpleCPUOffloadConnector`` (eager mode) over
+the release's own ``KVCacheManager`` with a hybrid KV-cache config, as a target of the
+tiers model (``kvcheck verify-tiers``; protocol: docs/tiers.md).
+
+Releases: vLLM 0.20.2 .. 0.24.0 (``vllm-v1-simple-offload@VERSION``, the releases of
+``vllm_v1``'s range that ship ``vllm/v1/simple_kv_offload/manager.py`` and import nothing
+this adapter does not stand in for; 0.33.0's manager also imports its metrics, sizing and
+multimodal helpers: not loaded yet) and aphrodite-engine 0.20.0 .. 0.22.0
+(``aphrodite-simple-offload@VERSION``, the same files under ``aphrodite/``).
+
+What runs is the release's own code, loaded from its installed files by ``_loader``
+(never imported as ``vllm``): the KV-cache manager's files (``vllm_v1.FILES``: the
+``KVCacheManager``, the ``HybridKVCacheCoordinator``, ``BlockPool``, ``kv_cache_utils``,
+the single-type managers, ``kv_cache_interface``), and
+``vllm/v1/simple_kv_offload/{manager, metadata}.py`` and ``vllm/v1/core/sched/output.py``
+(``SchedulerOutput``, ``NewRequestData``, ``CachedRequestData``: the release's own
+dataclasses). The connector's scheduler half is the release's ``SimpleCPUOffloadScheduler``
+(``SimpleCPUOffloadConnector``'s scheduler-side methods call exactly it; the connector
+class itself imports the worker and torch), built with ``lazy_offload=False`` (eager, the
+default), bound to the GPU manager's ``BlockPool`` (``bind_gpu_block_pool``, as
+``Scheduler.__init__`` does). Its CPU pool is its own ``BlockPool`` (vLLM derives it from the
+GPU config: ``_derive_cpu_config``), of ``host_blocks + 1`` blocks (its block 0 is the null
+block).
+
+The KV-cache config: two groups sharing one GPU pool of ``num_blocks + 1`` blocks (vLLM's
+block 0 is the null block; kvcheck's id ``b`` is vLLM's ``b + 1``, in both pools): group 0
+``FullAttentionSpec`` (``SimpleCPUOffloadScheduler`` asserts a full-attention group, its
+prefix-cache matching group), group 1 ``SlidingWindowSpec`` of window ``2 x block_size``
+(the layout of the reports' model, gpt-oss: full and sliding-window layers), prefix caching
+on, ``sha256``, one KV-cache tensor shared by both layers (its sizes only scale the CPU
+pool).
+
+Stand-ins, in one place (``OFFLOAD_STUBS`` below, on top of ``vllm_v1.STUBS``), each with
+why it cannot change what the connector decides:
+
+``vllm.distributed.kv_transfer.kv_connector.utils``
+    The real module imports torch, the model executor and the platform. The one function
+    the manager imports from it, ``yield_req_data``, is the release's own: its definition
+    is read from that file and executed alone (``_release_function``), not copied.
+``vllm.distributed.kv_transfer.kv_connector.v1.base``
+    ``KVConnectorMetadata`` / ``KVConnectorWorkerMetadata``: the base classes of the
+    connector's metadata records (abstract, no state); the real module imports the
+    engine's config and torch.
+``vllm.v1.outputs``
+    ``KVConnectorOutput``: what the worker reports each step; a record with the fields
+    ``update_connector_output`` reads (``finished_recving``,
+    ``kv_connector_worker_meta``, ...). The real module imports torch.
+``VllmConfig`` (an argument)
+    A record of the settings the connector reads: no KV events, ``block_size``, data /
+    prefill / decode parallel sizes 1 (world size 1: one worker reports each store),
+    ``max_model_len``, ``max_num_batched_tokens``.
+the worker and its copy kernels
+    Not loaded: kvcheck's driver is the worker. A store event's completion is
+    ``update_connector_output`` with ``SimpleCPUOffloadWorkerMetadata({event: 1})`` (the
+    release's record), as the worker reports it; which pending store completes next is
+    the driver's choice.
+
+How the scheduler drives it (vLLM's ``Scheduler``: ``schedule``, ``_free_request``,
+``update_from_output``), one tiers operation at a time:
+
+``allocate(seq, tokens)``
+    a new request admitted with no lookup: its ``skip_reading_prefix_cache`` is set (as
+    for a request asking prompt logprobs), so ``get_computed_blocks`` finds nothing on the
+    GPU, and the connector's ``get_num_new_matched_tokens`` is not asked (the tiers
+    ``allocate`` has no lookup: as the connector answering ``(0, False)``); then
+    ``allocate_slots(req, n, 0, computed)`` (``None`` -> ``OutOfBlocks``) and
+    ``update_state_after_alloc(req, get_blocks(req), 0)``, which registers the request
+    for eager stores; ``num_computed_tokens = n``.
+``append(seq, token)``
+    a decode step: the token joins the request (``append_output_token_ids``, which
+    hashes a block it completes), ``allocate_slots(req, 1)`` (which first drops the
+    sliding-window blocks behind the window: ``remove_skipped_blocks``); ``None`` ->
+    ``OutOfBlocks`` with the token removed again.
+``store(seq)``
+    the connector's ``build_connector_meta`` for a step that schedules ``seq`` alone: a
+    ``SchedulerOutput`` naming it (as a new request the first time, with all its block
+    ids; later as a cached request with the block ids it was given since), its tokens
+    since the last build as ``num_scheduled_tokens``. The eager store scan runs there
+    (``_prepare_eager_store_specs``); a store event it starts is the job. kvcheck builds a
+    step's metadata only when it stores (the split keeps every store one kvcheck asked
+    for): several decode steps' new blocks reach the connector in one build, concatenated
+    as ``yield_req_data`` accumulates them anyway; in the engine the builds in between
+    would each have scanned too. A request given no token since its last build is not
+    scheduled: no build, no job.
+``complete(job, ok)``
+    the worker's report of a store event: ``update_connector_output`` with the event in
+    ``kv_connector_worker_meta`` (the copy done). The connector has no failed-store
+    report: a store's completion never fails (``failures`` is empty).
+``free(seq)``
+    the request finishes: ``_connector_finished`` (``remove_skipped_blocks`` at its
+    computed tokens, then ``request_finished_all_groups``), then ``KVCacheManager.free``.
+    A store still in flight keeps its touches; its completion releases them.
+
+Observation (kvcheck's block ``b`` is vLLM's ``b + 1`` in each pool):
+
+``table(seq)``
+    the full-attention group's blocks (``req_to_blocks`` of group 0).
+``window(seq)``
+    the sliding-window group's blocks, ``None`` for vLLM's null block (a position behind
+    the window).
+``pending_jobs()``
+    per store event in flight: the full-attention pairs it copies (``src`` GPU blocks,
+    ``dst`` CPU blocks); the connector's touches of the event's other entries (the
+    sliding-window group's, and any block the scan took from a position the request no
+    longer holds) are ``pins``: ``{"store <event>": [blocks]}`` in each pool, a multiset.
+``refcount``
+    ``ref_cnt``; on the CPU pool, plus one for a block its cache map names (the cache's
+    reference).
+``free_blocks``
+    the GPU free queue as it is (duplicates included: ``get_all_free_blocks``); the CPU
+    free queue without the blocks its cache map names (those are evictable).
+``cache_entries(host)``
+    ``((hash, group), block)`` of the CPU pool's ``cached_block_hash_to_block``;
+    ``cache_entries(device)`` is empty: the GPU prefix cache is not read (above), its
+    freed blocks are free.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import types
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import MisuseError, OutOfBlocks
+from . import _loader, install, vllm_v1
+from ._loader import Loaded
+from .vllm_v1 import Request, RequestStatus
+
+ENGINE_KEY = "vllm-v1"  # the releases of vllm_v1's range (TARGET@VERSION)
+
+OFFLOAD_FILES = ("vllm.v1.simple_kv_offload.manager", "vllm.v1.simple_kv_offload.metadata",
+                 "vllm.v1.core.sched.output")
+UTILS = "vllm.distributed.kv_transfer.kv_connector.utils"
+
+
+def _release_function(loaded: Loaded, module: str, name: str, namespace: dict) -> Any:
+    """The release's own ``name`` from ``module``'s file: its ``def`` alone, parsed from the
+    installed file and executed in ``namespace`` (the rest of that module is not run)."""
+    path = loaded.root / (module.replace(".", "/") + ".py")
+    tree = ast.parse(path.read_text(), str(path))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            code = compile(ast.Module([node], type_ignores=[]), str(path), "exec")
+            exec(code, namespace)  # noqa: S102 - the release's own function, from its file
+            return namespace[name]
+    raise ImportError(f"{name} is not defined in {path}", name=name)
+
+
+def _stub_connector_utils(mod: types.ModuleType, loaded: Loaded) -> None:
+    from collections.abc import Iterator
+
+    real = mod.__kvcheck_real_name__
+    ns = {"__builtins__": mod.__dict__["__builtins__"], "Iterator": Iterator, "Any": Any,
+          "__name__": mod.__name__}
+    mod.yield_req_data = _release_function(loaded, real, "yield_req_data", ns)
+
+
+def _stub_connector_base(mod: types.ModuleType, _: Loaded) -> None:
+    class KVConnectorMetadata:  # noqa: B903 - a base class with no state
+        pass
+
+    class KVConnectorWorkerMetadata:
+        def aggregate(self, other):
+            raise NotImplementedError
+
+    mod.KVConnectorMetadata = KVConnectorMetadata
+    mod.KVConnectorWorkerMetadata = KVConnectorWorkerMetadata
+
+
+def _stub_outputs(mod: types.ModuleType, _: Loaded) -> None:
+    @dataclass
+    class KVConnectorOutput:
+        finished_sending: set | None = None
+        finished_recving: set | None = None
+        kv_connector_stats: Any = None
+        kv_cache_events: Any = None
+        kv_connector_worker_meta: Any = None
+        invalid_block_ids: set = field(default_factory=set)
+        expected_finished_count: int = 0
+
+    mod.KVConnectorOutput = KVConnectorOutput
+
+
+OFFLOAD_STUBS = {
+    UTILS: _stub_connector_utils,
+    "vllm.distributed.kv_transfer.kv_connector.v1.base": _stub_connector_base,
+    "vllm.v1.outputs": _stub_outputs,
+}
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine line whose releases ship the connector: its install key and top package."""
+
+    key: str
+    top: str
+
+    def name(self, real: str) -> str:
+        return self.top + real[len("vllm"):] if real.startswith("vllm") else real
+
+
+VLLM = Engine("vllm-v1", "vllm")
+APHRODITE = Engine("aphrodite", "aphrodite")
+
+
+def load(engine: Engine = VLLM, version: str | None = None) -> Loaded:
+    dist = install.select(engine.key, version)
+    root = _loader.require(dist)
+    if engine is APHRODITE:
+        from . import aphrodite
+
+        base_files, base_stubs = aphrodite.FILES, aphrodite.STUBS
+    else:
+        base_files, base_stubs = vllm_v1.FILES, vllm_v1.STUBS
+    files = tuple(f for f in base_files if (root / (f.replace(".", "/") + ".py")).is_file())
+    manager = engine.name("vllm.v1.simple_kv_offload.manager")
+    if not (root / (manager.replace(".", "/") + ".py")).is_file():
+        raise MisuseError(f"{dist.dist} {dist.version} has no {manager} (SimpleCPUOffload "
+                          f"ships from vLLM 0.20 / aphrodite 0.20.0)")
+    files += tuple(engine.name(f) for f in OFFLOAD_FILES)
+    stubs = {**base_stubs, **{engine.name(k): v for k, v in OFFLOAD_STUBS.items()}}
+    return _loader.load(dist, files, stubs,
+                        entry=(engine.name("vllm.v1.core.kv_cache_manager"), manager))
+
+
+def _settings(block_size: int) -> Any:
+    """The ``VllmConfig`` fields the connector reads (module docstring)."""
+    ns = types.SimpleNamespace
+    return ns(kv_events_config=None,
+              cache_config=ns(block_size=block_size),
+              parallel_config=ns(decode_context_parallel_size=1,
+                                 prefill_context_parallel_size=1, world_size=1,
+                                 data_parallel_size=1),
+              model_config=ns(max_model_len=1 << 20),
+              scheduler_config=ns(max_num_batched_tokens=1 << 16))
+
+
+class SimpleOffloadTarget:
+    """A tiers target over the release's ``KVCacheManager`` and ``SimpleCPUOffloadScheduler``
+    (module docstring)."""
+
+    capabilities = frozenset({"allocate", "append", "free", "store", "complete"})
+    failures = frozenset()  # (the connector has no failed-store report)
+    PAGE = 64  # bytes per block in the one KV-cache tensor (only scales the CPU pool)
+
+    def __init__(self, num_blocks: int, block_size: int, host_blocks: int,
+                 engine: Engine = VLLM, version: str | None = None):
+        if num_blocks < 1 or block_size < 1 or host_blocks < 1:
+            raise MisuseError("num_blocks, block_size and host_blocks must be positive")
+        import dataclasses
+        import inspect
+
+        self.num_blocks, self.block_size, self.host_blocks = num_blocks, block_size, host_blocks
+        self.window_tokens = max(2, 2 * block_size)
+        mods = load(engine, version)
+        self.version = mods.dist.version
+        n = engine.name
+        iface = mods[n("vllm.v1.kv_cache_interface")]
+        utils = mods[n("vllm.v1.core.kv_cache_utils")]
+        self._sched = mods[n("vllm.v1.core.sched.output")]
+        self._meta = mods[n("vllm.v1.simple_kv_offload.metadata")]
+        self._outputs = mods[n("vllm.v1.outputs")]
+        hashing = mods[n("vllm.utils.hashing")] if n("vllm.utils.hashing") in mods.files \
+            else None
+        sha256 = hashing.sha256 if hashing is not None else vllm_v1.hash_fn(mods)
+        torch = mods["torch"]
+        extra = {"use_mla": False} if "use_mla" in {
+            f.name for f in dataclasses.fields(iface.FullAttentionSpec)} else {}
+        full = iface.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
+                                       dtype=torch.float16, **extra)
+        sliding = iface.SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=1,
+                                          dtype=torch.float16, sliding_window=self.window_tokens,
+                                          **extra)
+        config = iface.KVCacheConfig(
+            num_blocks=num_blocks + 1,
+            kv_cache_tensors=[iface.KVCacheTensor(size=(num_blocks + 1) * self.PAGE,
+                                                  shared_by=["layer.0", "layer.1"])],
+            kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], full),
+                             iface.KVCacheGroupSpec(["layer.1"], sliding)])
+        utils.init_none_hash(sha256)
+        cls = mods[n("vllm.v1.core.kv_cache_manager")].KVCacheManager
+        kwargs = {"max_model_len": 1 << 20, "scheduler_block_size": block_size,
+                  "hash_block_size": block_size, "enable_caching": True}
+        params = inspect.signature(cls.__init__).parameters
+        self.manager = cls(config, **{k: v for k, v in kwargs.items() if k in params})
+        self._hasher = utils.get_request_block_hasher(block_size, sha256)
+        self.pool = self.manager.block_pool
+        offload = mods[n("vllm.v1.simple_kv_offload.manager")].SimpleCPUOffloadScheduler
+        kwargs = {"scheduler_block_size": block_size, "hash_block_size": block_size,
+                  "lazy_offload": False}
+        params = inspect.signature(offload.__init__).parameters
+        self.connector = offload(_settings(block_size), config,
+                                 (host_blocks + 1) * self.PAGE,
+                                 **{k: v for k, v in kwargs.items() if k in params})
+        self.connector.bind_gpu_block_pool(self.pool)
+        self.cpu = self.connector.cpu_block_pool
+        if self.cpu.num_gpu_blocks != host_blocks + 1:
+            raise MisuseError(f"the connector sized its CPU pool {self.cpu.num_gpu_blocks - 1},"
+                              f" not {host_blocks}")
+        self.requests: dict[int, Request] = {}
+        self.finished: dict[int, Request] = {}
+        self._unsent: dict[int, dict] = {}  # seq -> what its steps scheduled since a build
+        self._jobs: dict[str, tuple[int, int]] = {}  # job id -> (seq, store event)
+        self._ids = itertools.count()
+
+    # -- operations ---------------------------------------------------------------------
+    def allocate(self, seq: int, tokens: Sequence[int]) -> None:
+        if seq in self.requests:
+            raise MisuseError(f"sequence {seq!r} already exists")
+        tokens = list(tokens)
+        if not tokens:
+            raise MisuseError("a prompt has at least one token")
+        req = Request(f"{seq}.{next(self._ids)}", tokens, self._hasher)
+        req.skip_reading_prefix_cache = True
+        req.num_output_placeholders = 0  # (async scheduling off)
+        got = self.manager.get_computed_blocks(req)
+        computed, num_computed = got[0], got[1]
+        if num_computed:
+            raise MisuseError("a request that skips the prefix cache found a hit")
+        if self.manager.allocate_slots(req, len(tokens), 0, computed) is None:
+            raise OutOfBlocks(f"vLLM allocate_slots returned None for {len(tokens)} tokens")
+        blocks = self.manager.get_blocks(req.request_id)
+        self.connector.update_state_after_alloc(req, blocks, 0)
+        req.num_computed_tokens = len(tokens)
+        req.status = RequestStatus.RUNNING
+        self.requests[seq] = req
+        self.finished.pop(seq, None)
+        self._unsent[seq] = {"new": True, "tokens": len(tokens),
+                             "blocks": tuple(list(g) for g in blocks.get_block_ids())}
+
+    def append(self, seq: int, token: int) -> tuple[int, int]:
+        req = self._live(seq)
+        length = req.num_computed_tokens
+        hashes_before = len(req.block_hashes)
+        req.append_output_token_ids(token)
+        new = self.manager.allocate_slots(req, 1)
+        if new is None:
+            req._all_token_ids.pop()
+            req._output_token_ids.pop()
+            del req.block_hashes[hashes_before:]
+            raise OutOfBlocks("vLLM allocate_slots returned None for one decode token")
+        req.num_computed_tokens = length + 1
+        unsent = self._unsent[seq]
+        unsent["tokens"] += 1
+        ids = new.get_block_ids()
+        for g, got in enumerate(ids):
+            unsent["blocks"][g].extend(got)
+        table = self.table(seq)[1]
+        return table[length // self.block_size], length % self.block_size
+
+    def store(self, seq: int):
+        req = self._live(seq)
+        unsent = self._unsent[seq]
+        if not unsent["tokens"]:
+            return None
+        out = self._sched.SchedulerOutput.make_empty()
+        rid = req.request_id
+        blocks = tuple(list(g) for g in unsent["blocks"])
+        if unsent["new"]:
+            out.scheduled_new_reqs = [self._new_request_data(req, blocks)]
+        else:
+            cached = out.scheduled_cached_reqs
+            cached.req_ids = [rid]
+            cached.new_block_ids = [blocks if any(blocks) else None]
+            cached.new_token_ids = [[]]
+            cached.num_computed_tokens = [req.num_computed_tokens - unsent["tokens"]]
+            if hasattr(cached, "num_output_tokens"):
+                cached.num_output_tokens = [len(req._output_token_ids)]
+        out.num_scheduled_tokens = {rid: unsent["tokens"]}
+        out.total_num_scheduled_tokens = unsent["tokens"]
+        self._unsent[seq] = {"new": False, "tokens": 0,
+                             "blocks": tuple([] for _ in unsent["blocks"])}
+        meta = self.connector.build_connector_meta(out)
+        if meta.store_event < 0:
+            return None
+        job = f"store {meta.store_event}"
+        self._jobs[job] = (seq, meta.store_event, self._split(seq, meta.store_event))
+        return job
+
+    def _new_request_data(self, req: Request, blocks: tuple) -> Any:
+        import dataclasses
+
+        cls = self._sched.NewRequestData
+        values = {"req_id": req.request_id, "prompt_token_ids": list(req.prompt_token_ids),
+                  "block_ids": blocks, "num_computed_tokens": 0, "mm_features": []}
+        args = {}
+        for f in dataclasses.fields(cls):
+            if f.name in values:
+                args[f.name] = values[f.name]
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                args[f.name] = None
+        return cls(**args)
+
+    def complete(self, job, ok: bool) -> None:
+        if job not in self._jobs:
+            raise MisuseError(f"unknown job {job!r}")
+        if not ok:
+            raise MisuseError("SimpleCPUOffload reports no failed store")
+        _, event, _ = self._jobs.pop(job)
+        worker = self._meta.SimpleCPUOffloadWorkerMetadata(completed_store_events={event: 1})
+        self.connector.update_connector_output(
+            self._outputs.KVConnectorOutput(kv_connector_worker_meta=worker))
+
+    def free(self, seq: int) -> None:
+        req = self._live(seq)
+        req.status = RequestStatus.FINISHED_ABORTED
+        self.manager.remove_skipped_blocks(req.request_id, req.num_computed_tokens)
+        self.connector.request_finished_all_groups(
+            req, self.manager.get_block_ids(req.request_id))
+        self.manager.free(req)
+        del self.requests[seq]
+        self._unsent.pop(seq, None)
+        self.finished[seq] = req
+
+    def _live(self, seq: int) -> Request:
+        req = self.requests.get(seq)
+        if req is None:
+            raise MisuseError(f"unknown sequence {seq!r}")
+        return req
+
+    # -- observation ------------------------------------------------------------------------
+    def pools(self) -> dict:
+        return {"device": self.num_blocks, "host": self.host_blocks}
+
+    def _pool(self, pool: str):
+        return self.pool if pool == "device" else self.cpu
+
+    def _cached_cpu(self) -> dict:
+        out = {}
+        for key, got in self.cpu.cached_block_hash_to_block._cache.items():
+            blocks = got.values() if isinstance(got, dict) else [got]
+            for blk in blocks:
+                out[blk.block_id] = (key, blk.block_id - 1)
+        return out
+
+    def refcount(self, pool: str, b: int) -> int:
+        blk = self._pool(pool).blocks[b + 1]
+        extra = 1 if pool == "host" and blk.block_id in self._cached_cpu() else 0
+        return blk.ref_cnt + extra
+
+    def free_blocks(self, pool: str) -> Iterable[int]:
+        got = [b.block_id for b in self._pool(pool).free_block_queue.get_all_free_blocks()]
+        if pool == "host":
+            cached = self._cached_cpu()
+            got = [b for b in got if b not in cached]
+        return [b - 1 for b in got]
+
+    def _group(self, seq: int, g: int) -> list:
+        req = self.requests.get(seq) or self.finished[seq]
+        table = self.manager.coordinator.single_type_managers[g].req_to_blocks.get(
+            req.request_id)
+        if table is None or (seq not in self.requests and not table):
+            raise KeyError(seq)
+        return table
+
+    def table(self, seq: int):
+        return "device", [b.block_id - 1 for b in self._group(seq, 0)]
+
+    def window(self, seq: int):
+        null = self.pool.null_block
+        return "device", [None if b is null else b.block_id - 1 for b in self._group(seq, 1)]
+
+    def live_seqs(self) -> list[int]:
+        return list(self.requests)
+
+    def _split(self, seq: int, event: int) -> tuple[list, list, list, list]:
+        """A store event's pairs whose GPU block is in the request's full-attention table
+        when the store starts (each block once), and its other entries (GPU, CPU): what
+        the job reports, and the connector's other touches (pins). Fixed at the start."""
+        transfer = self.connector._store_event_to_blocks[event]
+        full = {b.block_id for b in self._group(seq, 0)}
+        src, dst, gpu_rest, cpu_rest = [], [], [], []
+        taken: set = set()
+        for g, c in zip(transfer.gpu_block_ids, transfer.cpu_block_ids, strict=True):
+            if g in full and g not in taken:
+                taken.add(g)
+                src.append(g - 1)
+                dst.append(c - 1)
+            else:
+                gpu_rest.append(g - 1)
+                cpu_rest.append(c - 1)
+        return src, dst, gpu_rest, cpu_rest
+
+    def pending_jobs(self) -> dict:
+        out = {}
+        for job, (seq, event, (src, dst, _, _)) in self._jobs.items():
+            if event not in self.connector._store_event_to_blocks:
+                continue
+            out[job] = {"kind": "store", "seq": seq, "src": ("device", src),
+                        "dst": ("host", dst)}
+        return out
+
+    def pins(self, pool: str) -> dict:
+        out = {}
+        for job, (_seq, event, (_, _, gpu_rest, cpu_rest)) in self._jobs.items():
+            if event not in self.connector._store_event_to_blocks:
+                continue
+            rest = gpu_rest if pool == "device" else cpu_rest
+            if rest:
+                out[job] = rest
+        return out
+
+    def cache_entries(self, pool: str) -> list:
+        if pool != "host":
+            return []
+        return [(key, b - 1) for b, key in self._cached_cpu().items()]  # (one key per block:
+        # vLLM's map may name several blocks under one hash)
+
+    def evictable_blocks(self, pool: str) -> list:
+        if pool != "host":
+            return []
+        cached = self._cached_cpu()
+        return [b.block_id - 1 for b in self.cpu.free_block_queue.get_all_free_blocks()
+                if b.block_id in cached]
+
+    def is_out_of_blocks(self, exc: BaseException) -> bool:
+        return isinstance(exc, OutOfBlocks)
+
+
+def make(num_blocks: int, block_size: int, host_blocks: int,
+         version: str | None = None) -> SimpleOffloadTarget:
+    """vLLM's SimpleCPUOffload (eager) over a full-attention + sliding-window config."""
+    return SimpleOffloadTarget(num_blocks, block_size, host_blocks, VLLM, version)
+
