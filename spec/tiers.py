@@ -269,8 +269,11 @@ class PoolSnapshot(Snapshot):
 def pending_not_findable(L, s: TierState, p: str, b: int):
     """A block a pending transfer is still writing is not findable: no key names a
     pending store's destination (a lookup finds a host block only after its store
-    completed)."""
-    return L.implies(b in s.pending_dst(p), s.keyed(p)[b] == 0)
+    completed). A load's destinations may be (an engine whose compute waits on the copy,
+    as SGLang's HiCache, publishes the loaded blocks on the device at once)."""
+    storing = {x for job in s.jobs.values() if job.kind == STORE and job.dst_pool == p
+               for x in job.dst}
+    return L.implies(b in storing, s.keyed(p)[b] == 0)
 
 
 def one_key_per_block(L, s: TierState, p: str, b: int):
@@ -280,17 +283,29 @@ def one_key_per_block(L, s: TierState, p: str, b: int):
 
 def evictable_only_cached(L, s: TierState, p: str, b: int):
     """The blocks a cache would evict are exactly the cached blocks the cache alone
-    holds: never a block a sequence, a pending transfer or a pin still holds."""
+    holds: never a block a sequence, a pending transfer or a pin still holds. An inclusive
+    cache keeps a block whose key the device cache also names (the backup of a block still
+    cached on the device: SGLang's HiCache evicts a host copy only once its device copy is
+    gone), and evicts it only once that key is gone there."""
     held = s.held_by(p, b)
     cached_alone = held.get("cache", 0) >= 1 and sum(held.values()) == held["cache"]
-    return (b in s.evictable(p)) == cached_alone
+    return (b in s.evictable(p)) == L.and_(cached_alone, not backs_another(s, p, b))
+
+
+def backs_another(s: TierState, p: str, b: int) -> bool:
+    """Whether block ``b`` of ``p`` (not the device) is cached under a key the device cache
+    also names: a backup of a block the device still caches."""
+    if p == DEVICE or not s.keyed(p)[b] or not s.keys(DEVICE):
+        return False
+    return any(k in s.keys(DEVICE) for k, x in s.keys(p).items() if x == b)
 
 
 def key_content(L, s: TierState, p: str, b: int):
     """A findable block holds exactly the tokens its key names: the content the store
     copied into it is the prefix the engine was asked to store under that key (data
-    level: a hit returns the right tokens' KV)."""
-    if not s.keyed(p)[b]:
+    level: a hit returns the right tokens' KV), once no pending transfer is still writing
+    it (a load's destination published at once holds its prefix when the copy lands)."""
+    if not s.keyed(p)[b] or b in s.pending_dst(p):
         return True
     named = [k for k, x in s.keys(p).items() if x == b]
     return L.all_(s.meaning(k) is None or s.content(p, b) == s.meaning(k) for k in named)
@@ -381,6 +396,34 @@ def _fresh(L, pre, post, p, blocks, what):
         yield f"{what}: every block it takes was free", (p, b), pre.free_count(p, b) == 1
 
 
+def device_hits(pre, post, q) -> set:
+    """Blocks of q's new table the device cache held before under the key it still names
+    them by (a device-side hit, shared: SGLang's radix tree), rather than taken fresh."""
+    was = {b: k for k, b in pre.keys(DEVICE).items()}
+    now = post.keys(DEVICE)
+    return {b for b in post.table(q) if b in was and now.get(was[b]) == b}
+
+
+def _hits(L, pre, post, q, shared, what):
+    """Each device hit holds q's prefix up to it (data level where its key's meaning is
+    bound) and gains the request's reference."""
+    t = post.table(q)
+    name = {b: k for k, b in pre.keys(DEVICE).items()}
+    for i, b in enumerate(t):
+        if b in shared:
+            m = pre.meaning(name[b])
+            yield (f"{what}: a device hit is cached under exactly that prefix", (DEVICE, b),
+                   L.or_(m is None, m == post.wanted(q, i)))
+            yield (f"{what}: a device hit gains the request's reference", (DEVICE, b),
+                   post.ref(DEVICE, b) >= pre.ref(DEVICE, b) + 1)
+
+
+def evicted(pre, post, p) -> set:
+    """Blocks of ``p`` an operation evicted for room: evictable before, free after."""
+    return {b for b in pre.evictable(p) if pre.free_count(p, b) == 0
+            and post.free_count(p, b) == 1 and not post.keyed(p)[b]}
+
+
 def allocate(L, pre, post, op):
     """allocate(seq, tokens): a new request on the device: ceil(len / B) blocks, every one
     free before; nothing else changes. (A load is an allocation whose leading blocks come
@@ -389,8 +432,11 @@ def allocate(L, pre, post, op):
     t = post.table(q)
     yield "allocate: the request is live on the device", q, L.and_(
         post.live(q), post.pool_of(q) == DEVICE, post.length(q) == len(op.tokens))
-    yield from _fresh(L, pre, post, DEVICE, set(t), "allocate")
-    yield from _others_unchanged(L, pre, post, DEVICE, set(t), "allocate")
+    shared = device_hits(pre, post, q)
+    yield from _hits(L, pre, post, q, shared, "allocate")
+    yield from _fresh(L, pre, post, DEVICE, set(t) - shared, "allocate")
+    yield from _others_unchanged(L, pre, post, DEVICE, set(t) | evicted(pre, post, DEVICE),
+                                 "allocate")
     yield from _others_unchanged(L, pre, post, HOST, set(), "allocate")
     yield from _mapped_taken(L, pre, post, q, "allocate")
 
@@ -436,7 +482,7 @@ def append(L, pre, post, op):
             len(new) == len(old) + 1, new[:len(old)] == old)
         fresh = set(new[len(old):])
         yield from _fresh(L, pre, post, p, fresh, "append")
-        yield from _others_unchanged(L, pre, post, p, fresh, "append")
+        yield from _others_unchanged(L, pre, post, p, fresh | evicted(pre, post, p), "append")
 
 
 def free(L, pre, post, op):
@@ -455,8 +501,9 @@ def free(L, pre, post, op):
             (m, pre.mapped_table(m, q)) for m in pre.mapped_pools()]:
         mine = Counter(held)
         for b in range(pre.num_blocks(pool)):
+            left = max(0, post.keyed(pool)[b] - pre.keyed(pool)[b])  # (left to the cache)
             yield ("free: a refcount drops by the entries the request held", (pool, b),
-                   post.ref(pool, b) == pre.ref(pool, b) - mine.get(b, 0))
+                   post.ref(pool, b) == pre.ref(pool, b) - mine.get(b, 0) + left)
 
 
 def store(L, pre, post, op):
@@ -511,8 +558,11 @@ def load(L, pre, post, op):
     t = post.table(q)
     yield "load: the request is live on the device", q, L.and_(
         post.live(q), post.pool_of(q) == DEVICE, post.length(q) == len(op.tokens))
-    yield from _fresh(L, pre, post, DEVICE, set(t), "load")
-    yield from _others_unchanged(L, pre, post, DEVICE, set(t), "load")
+    shared = device_hits(pre, post, q)
+    yield from _hits(L, pre, post, q, shared, "load")
+    yield from _fresh(L, pre, post, DEVICE, set(t) - shared, "load")
+    yield from _others_unchanged(L, pre, post, DEVICE, set(t) | evicted(pre, post, DEVICE),
+                                 "load")
     job = post.jobs.get((q, op.job)) if op.job is not None else None
     hits = set(job.src) if job is not None and job.src_pool == HOST else set()
     for b in hits:  # (a hit is pinned: one reference more, no other change)
@@ -530,11 +580,13 @@ def load(L, pre, post, op):
         return
     B = pre.block_size
     lookup = (len(op.tokens) - 1) // B  # blocks wholly within the first len - 1 tokens
+    at = t.index(job.dst[0]) if job.dst and job.dst[0] in t else 0  # (after device hits)
     yield "load: hits are leading blocks within the first len - 1 tokens", q, L.and_(
-        job.src_pool == HOST, job.dst_pool == DEVICE, len(job.src) <= lookup,
-        tuple(job.dst) == tuple(t[: len(job.src)]))
+        job.src_pool == HOST, job.dst_pool == DEVICE, at + len(job.src) <= lookup,
+        tuple(job.dst) == tuple(t[at: at + len(job.src)]),
+        all(b in shared for b in t[:at]))
     found = {b: k for k, b in pre.keys(HOST).items()}
-    for i, b in enumerate(job.src):
+    for i, b in enumerate(job.src, start=at):
         yield ("load: each hit was findable before, under the key of exactly that prefix",
                (HOST, b), L.and_(b in found, op.wanted is not None and i < len(op.wanted)
                                  and pre.meaning(found.get(b)) == op.wanted[i]))
@@ -574,13 +626,22 @@ def complete(L, pre, post, op):
                + side_change(pre, post, job.dst_pool, b)[1])
 
 
+EVICT_BOUND = "evict: at most n blocks"  # (n rounded up to the last entry it evicts)
+
+
 def evict(L, pre, post, op):
     """evict(n): the host cache evicts at most n blocks, each cached and held by the cache
-    alone (never one a pending load still copies from): it loses its key and is free."""
+    alone (never one a pending load still copies from): it loses its key and is free. A
+    cache whose entries span several blocks (a radix node's slots, ``eviction_units``)
+    evicts an entry whole, so it may pass n, but only with the entry that reached it: the
+    blocks of the entries it evicted before its widest one number fewer than n (it stops
+    once it has n; SGLang's evict_host that never counted what it evicted took them all)."""
     before = {b for b in pre.keys(HOST).values()}
     after = {b for b in post.keys(HOST).values()}
     gone = before - after
-    yield "evict: at most n blocks", None, len(gone) <= op.n
+    unit = {b: len(u) for u in (op.units or ()) for b in u}
+    widest = max((unit.get(b, 1) for b in gone), default=0)
+    yield EVICT_BOUND, None, L.or_(len(gone) <= op.n, len(gone) - widest < op.n)
     for b in gone:
         held = pre.held_by(HOST, b)
         yield ("evict: only a block the cache alone holds", (HOST, b),

@@ -81,6 +81,7 @@ class TierOp:
     admitted: object = None
     wanted: tuple | None = None
     upto: int = 0
+    units: tuple = ()  # the oracle's ghost: an evict's eviction units before it
 
 
 def _make(kind: str, **args) -> TierOp:

@@ -238,6 +238,9 @@ class TierOracle:
         if kind == "complete":
             return t.complete(self.jobs[op.seq, op.job]["id"], op.ok)
         if kind == "evict":
+            units = getattr(t, "eviction_units", None)  # (blocks one eviction takes together)
+            op.units = tuple(tuple(self._blocks(u, "an eviction unit")) for u in self._read(
+                "eviction_units('host')", lambda: list(units(T.HOST)))) if units else ()
             return t.evict(op.n)
         if kind == T.SLIDE:
             return t.slide(q, op.upto)
@@ -325,9 +328,10 @@ class TierOracle:
         dev = self.content[T.DEVICE]
         if kind in ("allocate", "load") and post.live(q):
             wants = self._wants(self.tokens[q])
-            skip = op.hits or 0
-            for i, b in enumerate(post.table(q)):
-                if i >= skip and i < len(wants):
+            job = post.jobs.get((q, op.job)) if op.job is not None else None
+            kept = T.device_hits(pre, post, q) | set(job.dst if job is not None else ())
+            for i, b in enumerate(post.table(q)):  # (a device hit or a loaded block: not
+                if b not in kept and i < len(wants):  # written by the prefill)
                     dev[b] = wants[i]
         elif kind == "append" and post.live(q):
             i = (len(self.tokens[q]) - 1) // B

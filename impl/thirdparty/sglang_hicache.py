@@ -1,0 +1,638 @@
+"""Adapter: SGLang's HiCache -- ``HiRadixCache`` with its host pool and ``HiCacheController``
+-- as a tiers target (docs/tiers.md; ``kvcheck verify-tiers sglang-hicache@VERSION``, 0.4.5
+pinned, 0.4.4.post2 .. 0.4.5: ``kvcheck install sglang==VERSION``).
+
+What runs, from the installed wheel: ``mem_cache/hiradix_cache.py`` (``HiRadixCache``:
+``match_prefix(include_evicted=True)``, ``init_load_back`` / ``load_back``,
+``write_backup``, ``writing_check`` / ``loading_check``, device ``evict`` to host,
+``evict_host``, node splits), ``mem_cache/radix_cache.py`` (``RadixCache``, ``TreeNode``:
+insert, ``cache_unfinished_req``, ``cache_finished_req``, ``inc_lock_ref`` /
+``dec_lock_ref``), ``base_prefix_cache.py``, ``managers/cache_controller.py``
+(``HiCacheController.write`` / ``load`` / ``evict_device`` / ``evict_host``,
+``CacheOperation``), and of ``mem_cache/memory_pool.py`` the classes the cache uses,
+compiled from the installed file one by one (``sglang.real_functions``):
+``ReqToTokenPool``, ``TokenToKVPoolAllocator``, ``MemoryStateInt``, ``synchronized``,
+``HostKVCache`` and ``MHATokenToKVPoolHost`` (the host pool: its free list, its slot
+states). Token-level: these releases' HiRadixCache keys one token per slot, so
+``block_size`` is 1 (a kvcheck block is a slot: device block b is SGLang's slot b + 1,
+slot 0 being the padding slot; host block b is host slot b). Their host pool is
+``hicache_ratio`` times the device pool, at least 1: ``host_blocks >= num_blocks``.
+
+Stand-ins, all here (every other ``sglang.*`` import raises, ``_loader``):
+
+``_DevicePool`` (``memory_pool.MHATokenToKVPool``)
+    the device KV buffers: one layer, one head of width 1, never read (the copy kernels
+    are stood in too); what the host pool and the controller read of it is its size,
+    dtype, shape and ``register_layer_transfer_counter``. ``MLATokenToKVPool`` is a
+    class no pool here is an instance of.
+the controller's threads and CUDA streams
+    ``HiCacheController`` builds two ``torch.cuda.Stream`` s and starts a write and a load
+    thread (``threading.Thread``) that take operations off ``write_queue`` /
+    ``load_queue``, copy, mark the host slots ``complete_io`` and put the node id on
+    ``ack_write_queue`` / ``ack_load_queue``. Here the streams are inert, the threads are
+    never started, and ``complete(job, ok)`` is that thread's step for the one operation
+    the driver completes: it takes it off its queue, ``complete_io`` its host slots, puts
+    its ack, then runs the scheduler's own ``writing_check()`` / ``loading_check()``
+    (what ``Scheduler.get_next_batch_to_run`` calls each step). The copy itself is
+    kvcheck's ghost (the oracle moves contents when a job completes). The driver may ack
+    operations in any order, beyond the threads' FIFO; no transfer fails (the controller
+    has no failure path: ``failures = ()``).
+``torch.distributed`` in hiradix_cache.py
+    ``writing_check`` all-reduces its queue size over the tensor-parallel group: one
+    worker here (``get_world_size`` 1).
+device tensors
+    ``init_load_back`` asserts that the matched prefix's indices are CUDA tensors: the
+    prefix is passed as a CPU tensor that says ``is_cuda`` (``_DeviceTensor``).
+pinned memory, ``psutil``, ``debug_timing``, ``global_server_args_dict``
+    the host buffer is allocated unpinned (no GPU to pin for); the host-memory check reads
+    a ``virtual_memory()`` with room for the few bytes asked; ``debug_timing`` only times
+    (identity); the radix cache reads no server argument on these paths.
+
+Configuration (attributes of the release's objects, set after building them):
+``write_through_threshold`` and the write policy. The controller's default policy,
+``write_through_selective``, backs a node up when its hit count passes
+``write_through_threshold`` (1: its second hit); here the threshold is never passed and
+kvcheck's ``store(seq)`` starts the backup instead, with the very call the hit count makes
+(``write_backup(node)``): when a backup starts is the driver's choice, as when a transfer
+completes. ``load_back_threshold`` (10 tokens: a shorter host prefix is recomputed) is 1,
+so that prompts of a few tokens reach the load-back.
+
+The caller -- the scheduler, one request per batch, as 0.4.5's
+``get_new_batch_prefill`` / ``PrefillAdder.add_one_req`` / ``prepare_for_extend`` /
+``process_batch_result_*`` do it:
+
+``allocate(seq, tokens)`` / ``load(seq, tokens)``
+    ``Req.init_next_round_input``: ``match_prefix(tokens[:n - 1], include_evicted=True)``
+    (``adjust_max_prefix_ids``: one token is always computed); ``_lock_node(last_node)``;
+    ``load`` only: ``init_load_back(last_node_global, prefix)`` where the match ends in
+    host-only nodes (a load job: ``load_back`` allocates device slots, ``controller.load``
+    protects the host slots; the nodes get their device values at once, locked until the
+    ack); ``inc_lock_ref(last_node)`` (the request's lock); ``alloc_token_slots``: the
+    tree's ``evict`` (write-through nodes to the host, others dropped) when the free list
+    is short, then ``alloc``; the row is written; after the forward,
+    ``cache_unfinished_req`` (the prompt inserted: duplicates freed, the row repointed,
+    the lock moved). ``OutOfBlocks`` (nothing changed) when the free and evictable device
+    slots cannot hold the request: the scheduler's admission budget keeps it from trying.
+``append(seq, token)``
+    a decode step: ``alloc_token_slots(1)`` (evicting when short), the row written.
+``store(seq)``
+    ``write_backup(node)`` of the highest node on the request's path that has no host
+    copy (one controller write: a job), evicting host nodes (``evict_host``) when the host
+    is full; None when every node has one, or the host has no room.
+``complete(job, ok)``
+    the controller thread's step for that operation, then ``writing_check`` /
+    ``loading_check``: a write's ack unlocks the node (its host copy is findable); a
+    load's ack unlocks the loaded nodes.
+``evict(n)``
+    ``evict_host(n)``.
+``free(seq)``
+    the request finishes: one more sampled token, never forwarded, is appended (SGLang's
+    last output token has no KV slot) and ``cache_finished_req`` inserts every token that
+    has one, frees duplicates, frees the row and ``dec_lock_ref(last_node)``.
+
+Observation. A device slot is held by the tree (one reference: the cache, findable under
+its token path), by each live request's ``req_to_token`` row naming it, by each pending
+operation copying into or out of it, and by the locks a pending operation holds on the
+path above its own slots (a pin: ``write_backup`` and ``load_back`` lock the node and its
+ancestors). Those counts are derived, so refcount conservation compares them with nothing
+but themselves; what is checked is the tree's ``lock_ref``: the device slots the tree
+would evict (nodes with ``lock_ref == 0``) are exactly those only the cache holds. A host
+slot is held by the tree (a node's ``host_value`` whose write completed: findable under
+the same token path) and by pending operations; the host slots ``evict_host`` evicts are
+those of host-only nodes (a node still on the device keeps its host copy: an inclusive
+cache). Eviction units: one node's slots go together.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import types
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import MisuseError, OutOfBlocks
+from . import install, sglang
+from ._loader import Loaded, takes
+
+MEM = "sglang.srt.mem_cache"
+HIRADIX, RADIX = f"{MEM}.hiradix_cache", f"{MEM}.radix_cache"
+CONTROLLER = "sglang.srt.managers.cache_controller"
+FILES = (HIRADIX, RADIX, f"{MEM}.base_prefix_cache", CONTROLLER)
+POOL_CLASSES = ("ReqToTokenPool", "KVCache", "TokenToKVPoolAllocator", "MemoryStateInt",
+                "synchronized", "HostKVCache", "MHATokenToKVPoolHost")
+ENGINE_KEY = "sglang-hicache"
+DEVICE, HOST = "device", "host"
+
+
+class _DeviceTensor:  # replaced below by a torch.Tensor subclass (torch imported lazily)
+    pass
+
+
+def _device_tensor_class():
+    import torch
+
+    global _DeviceTensor
+    if not issubclass(_DeviceTensor, torch.Tensor):
+        class _DeviceTensor(torch.Tensor):  # noqa: N801 - the stand-in's name
+            """A CPU tensor that says it is on the GPU (``init_load_back``'s assert)."""
+
+            @property
+            def is_cuda(self) -> bool:
+                return True
+        globals()["_DeviceTensor"] = _DeviceTensor
+    return _DeviceTensor
+
+
+def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
+    import abc
+    import logging
+    import threading
+    import typing
+    from enum import IntEnum
+    from functools import wraps
+
+    import numpy as np
+    import torch
+
+    class _Torch(types.ModuleType):
+        """torch, with host buffers allocated unpinned (no GPU to pin memory for)."""
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def empty(*args, pin_memory=False, **kwargs):
+            return torch.empty(*args, **kwargs)
+
+        @staticmethod
+        def zeros(*args, pin_memory=False, **kwargs):
+            return torch.zeros(*args, **kwargs)
+
+    psutil = types.SimpleNamespace(virtual_memory=lambda: types.SimpleNamespace(
+        available=1 << 50))
+
+    class TorchMemorySaverAdapter:
+        @staticmethod
+        def create(enable: bool):
+            assert not enable, "memory saver is off"
+            import contextlib
+
+            return types.SimpleNamespace(region=contextlib.nullcontext)
+
+    class MLATokenToKVPool:  # no pool here is one
+        pass
+
+    text = (loaded.root / "sglang/srt/mem_cache/memory_pool.py").read_text()
+    names = [n for n in POOL_CLASSES if f"\nclass {n}" in text or f"\ndef {n}(" in text]
+    env = {"torch": _Torch("torch"), "np": np, "psutil": psutil, "abc": abc,
+           "logging": logging, "threading": threading, "IntEnum": IntEnum, "wraps": wraps,
+           **{n: getattr(typing, n) for n in ("List", "Optional", "Tuple", "Union")},
+           "TorchMemorySaverAdapter": TorchMemorySaverAdapter,
+           "debug_timing": lambda f: f, "logger": logging.getLogger(
+               "kvcheck.thirdparty.sglang.memory_pool"),
+           "MHATokenToKVPool": _DevicePool, "MLATokenToKVPool": MLATokenToKVPool,
+           "MLATokenToKVPoolHost": MLATokenToKVPool}
+    sglang.real_functions(mod, loaded, "sglang/srt/mem_cache/memory_pool.py", names, env)
+
+
+def _stub_schedule_batch(mod: types.ModuleType, _: Loaded) -> None:
+    mod.global_server_args_dict = {}
+
+
+STUBS = {f"{MEM}.memory_pool": _stub_memory_pool,
+         "sglang.srt.managers.schedule_batch": _stub_schedule_batch}
+
+
+class _DevicePool:
+    """Stand-in for the device KV buffers (``MHATokenToKVPool``): see the module doc."""
+
+    def __init__(self, size: int):
+        import torch
+
+        self.size = size
+        self.store_dtype = torch.float16
+        self.dtype = torch.float16
+        self.head_num = self.head_dim = self.layer_num = 1
+        self.layer_transfer_counter = None
+
+    def register_layer_transfer_counter(self, counter) -> None:
+        self.layer_transfer_counter = counter
+
+
+class _Inert:
+    """A CUDA stream or a thread that is never run (the driver delivers completions)."""
+
+    def __init__(self, *_a, **_k):
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def join(self, *_a) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _patch_modules(mods: Loaded) -> None:
+    """The stand-ins that live in the release's own modules' globals (see the module doc):
+    the controller's streams and threads, and hiradix_cache's tensor-parallel group."""
+    import threading
+
+    import torch
+
+    ctl = mods[CONTROLLER]
+    if getattr(ctl, "__kvcheck_patched__", False):
+        return
+
+    class _CtlTorch(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    class _Cuda:
+        Stream = _Inert
+
+        @staticmethod
+        def current_stream():
+            return _Inert()
+
+        @staticmethod
+        def stream(_s):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+    class _Threading(types.ModuleType):
+        Thread = _Inert
+
+        def __getattr__(self, name):
+            return getattr(threading, name)
+
+    ctl_torch = _CtlTorch("torch")
+    ctl_torch.cuda = _Cuda
+    ctl.torch = ctl_torch
+    ctl.threading = _Threading("threading")
+
+    class _OneRank(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    one = _OneRank("torch")
+    one.distributed = types.SimpleNamespace(get_world_size=lambda group=None: 1,
+                                            all_reduce=lambda *a, **k: None,
+                                            ReduceOp=torch.distributed.ReduceOp,
+                                            ProcessGroup=object)
+    mods[HIRADIX].torch = one
+    ctl.__kvcheck_patched__ = True
+
+
+def load(version: str | None = None) -> Loaded:
+    """HiRadixCache and what it imports, at ``version`` (default 0.4.5)."""
+    from . import _loader
+
+    loaded = _loader.load(install.select(ENGINE_KEY, version), FILES, STUBS, (HIRADIX,))
+    _patch_modules(loaded)
+    return loaded
+
+
+class _Req:
+    """The fields of ``Req`` the radix cache reads."""
+
+    def __init__(self, tokens: Sequence[int], row: int):
+        self.origin_input_ids = list(tokens)
+        self.output_ids: list = []
+        self.fill_ids = list(tokens)
+        self.req_pool_idx = row
+        self.prefix_indices = None
+        self.last_node = None
+        self.last_node_global = None
+
+
+class SglangHiCacheTarget:
+    """A tiers target over SGLang's HiRadixCache (see the module doc)."""
+
+    capabilities = frozenset({"allocate", "append", "free", "store", "load", "complete",
+                              "evict"})
+    failures = ()  # the controller has no failure path: every transfer completes
+
+    def __init__(self, num_blocks: int, block_size: int, host_blocks: int,
+                 version: str | None = None):
+        import torch
+
+        if block_size != 1:
+            raise MisuseError("SGLang's HiRadixCache of these releases is token-level: "
+                              "block_size must be 1")
+        if num_blocks < 1 or host_blocks < num_blocks:
+            raise MisuseError(f"HiCache's host pool is at least the device pool "
+                              f"(hicache_ratio >= 1): host_blocks {host_blocks} < "
+                              f"num_blocks {num_blocks}")
+        self.torch = torch
+        self.nb, self.nh = num_blocks, host_blocks
+        mods = load(version)
+        self.version = mods.dist.version
+        pool = mods[f"{MEM}.memory_pool"]
+        hiradix = mods[HIRADIX]
+        self.alloc = pool.TokenToKVPoolAllocator(num_blocks, torch.float16, "cpu",
+                                                 _DevicePool(num_blocks))
+        context = 8 * num_blocks + 16
+        self.rows = pool.ReqToTokenPool(2 * num_blocks + 2, context, "cpu", False)
+        ratio = host_blocks / num_blocks
+        if int(num_blocks * ratio) != host_blocks:
+            raise MisuseError(f"host_blocks {host_blocks} is no ratio of {num_blocks}")
+        kw: dict[str, Any] = {"req_to_token_pool": self.rows,
+                              "token_to_kv_pool_allocator": self.alloc,
+                              "tp_cache_group": None, "page_size": 1}
+        if takes(hiradix.HiRadixCache.__init__, "hicache_ratio"):
+            kw["hicache_ratio"] = ratio
+        self.tree = hiradix.HiRadixCache(**kw)
+        self.tree.write_through_threshold = float("inf")  # store(seq) starts backups
+        self.tree.load_back_threshold = 1
+        self.ctl = self.tree.cache_controller
+        self.host = self.tree.token_to_kv_pool_host
+        if int(self.host.size) != host_blocks:
+            raise MisuseError(f"the host pool has {self.host.size} slots, not {host_blocks}")
+        self.reqs: dict[int, _Req] = {}
+        self.jobs: dict[tuple, dict] = {}  # ("w" | "l", node id) -> {op, seq, kind}
+        self._sampled = itertools.count(1 << 20)
+        self.Dev = _device_tensor_class()
+
+    # -- helpers ---------------------------------------------------------------------
+    def _t(self, values, dtype=None):
+        return self.torch.tensor(list(values), dtype=dtype or self.torch.int64)
+
+    def _row(self, req: _Req, n: int | None = None):
+        n = len(req.fill_ids) if n is None else n
+        return self.rows.req_to_token[req.req_pool_idx, :n].to(self.torch.int64)
+
+    def _live(self, seq: int) -> _Req:
+        req = self.reqs.get(seq)
+        if req is None:
+            raise MisuseError(f"unknown sequence {seq!r}")
+        return req
+
+    def _reclaimable(self) -> int:
+        return int(self.alloc.available_size()) + int(self.tree.evictable_size())
+
+    def _alloc_token_slots(self, n: int):
+        """``ScheduleBatch.alloc_token_slots``: evict when the free list is short."""
+        if self.alloc.available_size() < n:
+            self.tree.evict(n)
+        out = self.alloc.alloc(n)
+        if out is None:
+            raise RuntimeError(f"out of memory allocating {n} tokens after eviction")
+        return out
+
+    def _find_op(self, queue, node_id: int):
+        for op in list(queue.queue):
+            if node_id in op.node_ids:
+                return op
+        return None
+
+    # -- operations ------------------------------------------------------------------
+    def _admit(self, seq: int, tokens, load_back: bool):
+        if seq in self.reqs:
+            raise MisuseError(f"sequence {seq!r} already exists")
+        toks = list(tokens)
+        if not toks:
+            raise MisuseError("a prompt has at least one token")
+        n, tree = len(toks), self.tree
+        rows = self.rows.alloc(1)
+        if rows is None:
+            raise MisuseError("no req_to_token row left")
+        req = _Req(toks, rows[0])
+        value, last, last_global = tree.match_prefix(key=toks[: n - 1], include_evicted=True)
+        req.prefix_indices = value.to(self.torch.int64).as_subclass(self.Dev)
+        req.last_node, req.last_node_global = last, last_global
+        job = None
+        tree.inc_lock_ref(last)  # PrefillAdder._lock_node(req.last_node)
+        if n - len(value) > self._reclaimable():  # (its budget check, under that lock)
+            tree.dec_lock_ref(last)
+            self.rows.free(req.req_pool_idx)
+            raise OutOfBlocks(f"{n - len(value)} device slots needed, "
+                              f"{self.alloc.available_size()} free, "
+                              f"{tree.evictable_size()} evictable")
+        try:
+            if load_back and last_global is not None and last_global.evicted:
+                before = dict(tree.ongoing_load_back)
+                req.last_node, req.prefix_indices = tree.init_load_back(
+                    last_global, req.prefix_indices)
+                new = [k for k in tree.ongoing_load_back if k not in before]
+                if new:
+                    op = self._find_op(self.ctl.load_queue, new[0])
+                    job = ("l", new[0])
+                    self.jobs[job] = {"op": op, "seq": seq, "kind": "load"}
+            tree.inc_lock_ref(req.last_node)
+        finally:
+            tree.dec_lock_ref(last)
+        p = len(req.prefix_indices)
+        out = self._alloc_token_slots(n - p)
+        prefix = self.torch.Tensor.as_subclass(req.prefix_indices, self.torch.Tensor)
+        self.rows.write((req.req_pool_idx, slice(0, n)),
+                        self.torch.cat((prefix.to(self.torch.int64), out)).to(self.torch.int32))
+        req.prefix_indices = prefix.to(self.torch.int64)
+        tree.cache_unfinished_req(req)  # after the forward (process_batch_result_prefill)
+        self.reqs[seq] = req
+        return job
+
+    def allocate(self, seq: int, tokens) -> None:
+        """A request admitted with the device prefix it matches (no load-back)."""
+        self._admit(seq, tokens, load_back=False)
+
+    def load(self, seq: int, tokens):
+        """A request admitted with its host prefix loaded back: the load job, or None."""
+        return self._admit(seq, tokens, load_back=True)
+
+    def append(self, seq: int, token) -> tuple[int, int]:
+        req = self._live(seq)
+        n = len(req.fill_ids)
+        if self._reclaimable() < 1:
+            raise OutOfBlocks("SGLang decode needs a slot; none free or evictable")
+        out = self._alloc_token_slots(1)
+        self.rows.write((req.req_pool_idx, slice(n, n + 1)), out.to(self.torch.int32))
+        req.output_ids.append(token)
+        req.fill_ids = req.origin_input_ids + req.output_ids
+        return int(out[0]) - 1, 0
+
+    def free(self, seq: int) -> None:
+        req = self._live(seq)
+        req.output_ids.append(next(self._sampled))  # sampled last: no KV slot
+        self.tree.cache_finished_req(req)
+        del self.reqs[seq]
+
+    def _path(self, node):
+        out = []
+        while node is not None and node is not self.tree.root_node:
+            out.append(node)
+            node = node.parent
+        return out[::-1]
+
+    def store(self, seq: int):
+        req = self._live(seq)
+        for node in self._path(req.last_node):
+            if node.host_value is None and not node.evicted:
+                if self.tree.write_backup(node) is None:
+                    return None
+                op = self._find_op(self.ctl.write_queue, node.id)
+                job = ("w", node.id)
+                self.jobs[job] = {"op": op, "seq": seq, "kind": "store"}
+                return job
+        return None
+
+    def complete(self, job, ok: bool = True) -> None:
+        rec = self.jobs.pop(job, None)
+        if rec is None:
+            raise MisuseError(f"no pending job {job!r}")
+        op = rec["op"]
+        queue, acks = ((self.ctl.write_queue, self.ctl.ack_write_queue) if job[0] == "w"
+                       else (self.ctl.load_queue, self.ctl.ack_load_queue))
+        queue.queue.remove(op)  # the controller thread takes it off its queue
+        heapq.heapify(queue.queue)
+        self.host.complete_io(op.host_indices)
+        for node_id in op.node_ids:
+            if node_id != 0:
+                acks.put(node_id)
+        self.tree.writing_check()  # the scheduler's step
+        self.tree.loading_check()
+
+    def evict(self, n: int) -> int:
+        before = int(self.host.available_size())
+        self.tree.evict_host(n)
+        return int(self.host.available_size()) - before
+
+    # -- the tree --------------------------------------------------------------------
+    def _nodes(self):
+        """(node, token path from the root to the node's end) for every node but the root."""
+        stack = [(c, ()) for c in self.tree.root_node.children.values()]
+        while stack:
+            node, above = stack.pop()
+            path = above + tuple(node.key)
+            yield node, path
+            stack.extend((c, path) for c in node.children.values())
+
+    def _pending_ops(self):
+        return [(job, rec) for job, rec in self.jobs.items() if rec["op"] is not None]
+
+    def _pending_host(self) -> set:
+        return {int(h) for job, rec in self._pending_ops() if job[0] == "w"
+                for h in rec["op"].host_indices.tolist()}
+
+    def _slots(self, pool: str):
+        """(block, key, node) of every slot the tree holds in ``pool``."""
+        out = []
+        writing = self._pending_host() if pool == HOST else set()
+        for node, path in self._nodes():
+            values = node.value if pool == DEVICE else node.host_value
+            if values is None:
+                continue
+            values = values.tolist()
+            start = len(path) - len(values)
+            for i, v in enumerate(values):
+                if pool == DEVICE:
+                    out.append((v - 1, path[: start + i + 1], node))
+                elif v not in writing:
+                    out.append((v, path[: start + i + 1], node))
+        return out
+
+    def _lock_pins(self) -> dict:
+        pins = {}
+        for job, rec in self._pending_ops():
+            own = {int(x) for x in rec["op"].device_indices.tolist()}
+            if job[0] == "w":
+                node = self.tree.ongoing_write_through.get(job[1])
+            else:
+                node = self.tree.ongoing_load_back.get(job[1], (None, None))[1]
+            held = []
+            for n in self._path(node):
+                if n.value is not None:
+                    held += [v - 1 for v in n.value.tolist() if v not in own]
+            if held:
+                pins[f"lock of job {job[0]}{job[1]}"] = held
+        return pins
+
+    # -- observation (docs/tiers.md) -------------------------------------------------
+    def pools(self) -> dict:
+        return {DEVICE: self.nb, HOST: self.nh}
+
+    def refcount(self, pool: str, b: int) -> int:
+        return self._refs(pool)[b]
+
+    def _refs(self, pool: str) -> list[int]:
+        n = self.nb if pool == DEVICE else self.nh
+        refs = [0] * n
+        for b, _k, _node in self._slots(pool):
+            if 0 <= b < n:
+                refs[b] += 1
+        if pool == DEVICE:
+            for seq in self.reqs:
+                for b in self.table(seq)[1]:
+                    if 0 <= b < n:
+                        refs[b] += 1
+        for _job, _pool, blocks in self._job_blocks():
+            if _pool == pool:
+                for b in blocks:
+                    if 0 <= b < n:
+                        refs[b] += 1
+        for blocks in self.pins(pool).values():
+            for b in blocks:
+                if 0 <= b < n:
+                    refs[b] += 1
+        return refs
+
+    def _job_blocks(self):
+        for job, rec in self._pending_ops():
+            op = rec["op"]
+            yield job, DEVICE, [int(x) - 1 for x in op.device_indices.tolist()]
+            yield job, HOST, [int(x) for x in op.host_indices.tolist()]
+
+    def free_blocks(self, pool: str) -> list[int]:
+        if pool == DEVICE:
+            return [int(x) - 1 for x in self.alloc.free_slots.tolist()]
+        return [int(x) for x in self.host.free_slots.tolist()]
+
+    def table(self, seq: int):
+        req = self.reqs.get(seq)
+        if req is None:
+            return None
+        return DEVICE, [int(x) - 1 for x in self._row(req).tolist()]
+
+    def live_seqs(self) -> list[int]:
+        return list(self.reqs)
+
+    def pending_jobs(self) -> dict:
+        out = {}
+        for job, rec in self._pending_ops():
+            op = rec["op"]
+            dev = [int(x) - 1 for x in op.device_indices.tolist()]
+            host = [int(x) for x in op.host_indices.tolist()]
+            src, dst = ((DEVICE, dev), (HOST, host)) if job[0] == "w" else \
+                ((HOST, host), (DEVICE, dev))
+            out[job] = {"kind": rec["kind"], "seq": rec["seq"], "src": src, "dst": dst}
+        return out
+
+    def cache_entries(self, pool: str) -> list:
+        return [(key, b) for b, key, _node in self._slots(pool)]
+
+    def evictable_blocks(self, pool: str) -> list[int]:
+        if pool == DEVICE:
+            return [b for b, _k, node in self._slots(DEVICE) if node.lock_ref == 0]
+        return [b for b, _k, node in self._slots(HOST) if node.evicted and node.lock_ref == 0]
+
+    def eviction_units(self, pool: str) -> list[list[int]]:
+        """The blocks one eviction takes together: a node's slots."""
+        units: dict = {}
+        for b, _k, node in self._slots(pool):
+            units.setdefault(id(node), []).append(b)
+        return list(units.values())
+
+    def pins(self, pool: str) -> dict:
+        return self._lock_pins() if pool == DEVICE else {}
+
+    def is_out_of_blocks(self, exc: BaseException) -> bool:
+        return isinstance(exc, OutOfBlocks)
+
+
+def make(num_blocks: int, block_size: int, host_blocks: int,
+         version: str | None = None) -> SglangHiCacheTarget:
+    return SglangHiCacheTarget(num_blocks, block_size, host_blocks, version=version)
