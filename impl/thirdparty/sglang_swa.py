@@ -80,6 +80,8 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+from kvcheck.spec.tiers import CONTRACTS
+
 from ..errors import MisuseError, OutOfBlocks
 from . import sglang as S
 from ._loader import Loaded
@@ -196,6 +198,7 @@ class SglangSWATarget:
     """Tiers target over the release's ``SWATokenToKVPoolAllocator`` (module docstring)."""
 
     capabilities = frozenset({"allocate", "append", "free", "slide"})
+    operations = tuple(CONTRACTS)  # the tiers model's (the verdict's vacuity line)
     vacuous = VACUOUS
 
     def __init__(self, num_blocks: int, block_size: int, host_blocks: int = 0,

@@ -4,7 +4,9 @@ A target may declare ``vacuous``: a mapping from an invariant's name (``spec/inv
 ``spec/prefix.py``) to why it holds by construction for this target (SGLang keeps no
 refcounts: the adapter derives a page's count from the request rows naming it, so
 ``refcount_conservation`` cannot fail). Besides those, every contract of an operation
-the target does not offer (``capabilities``) is vacuous: it is never issued. The verdict
+the target does not offer (``capabilities``) is vacuous: it is never issued (the
+operations of the block-manager model, or those the target names as its model's in
+``operations``: a tiers target's). The verdict
 (text and ``--json``) lists both, so a PASS never reads as more than was checked.
 """
 
@@ -41,6 +43,9 @@ def declared(target: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in decl.items()}
 
 
+NOT_OFFERED = "not offered by this target (never issued)"
+
+
 def vacuous(target: object) -> dict[str, str]:
     """Everything vacuous for ``target``: its declared invariants, then the contracts of
     the operations it does not offer. Empty for a target that declares nothing (the
@@ -49,9 +54,9 @@ def vacuous(target: object) -> dict[str, str]:
     if not out:
         return {}
     caps = getattr(target, "capabilities", frozenset())
-    for op in OPERATIONS:
+    for op in getattr(target, "operations", OPERATIONS):
         if op not in caps:
-            out[op] = "not offered by this target (never issued)"
+            out[op] = NOT_OFFERED
     return out
 
 
@@ -64,8 +69,8 @@ def of_result(result) -> dict[str, str]:
 
 def line(vac: Mapping[str, str]) -> str:
     """One line for the text verdict."""
-    inv = [k for k in vac if k not in OPERATIONS]
-    ops = [k for k in vac if k in OPERATIONS]
+    ops = [k for k in vac if vac[k] == NOT_OFFERED]
+    inv = [k for k in vac if k not in ops]
     parts = [f"{k} ({vac[k]})" for k in inv]
     if ops:
         parts.append(f"the contracts of {', '.join(ops)} (not offered)")

@@ -16,6 +16,7 @@ from kvcheck.impl.thirdparty.sglang import MISALIGNED
 from kvcheck.impl.thirdparty.sglang_swa import mapped_pages
 from kvcheck.models.tiers.model import TierScope
 from kvcheck.spec import tiers as T
+from kvcheck.targets import vacuity
 from kvcheck.targets.loading import TargetError
 from kvcheck.verify import verify
 
@@ -84,6 +85,9 @@ def test_the_torch_path_passes(version, ops):
     assert r.ok, r.violation
     st = r.state.stats
     assert st["slide"] > 20 and st["append"] and st["free"] and st["oob"], st
+    line = vacuity.line(vacuity.of_result(r))  # the tiers model's operations, not fork & co.
+    assert "refcount_conservation" in line and "fork" not in line
+    assert "the contracts of store, load, complete, evict, swap_out, swap_in (not offered)" in line
 
 
 @needs
