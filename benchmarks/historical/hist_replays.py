@@ -729,7 +729,47 @@ def replay_sglang_27779(version: str) -> tuple[bool, str]:
                    f"{' (a page twice)' if twice else ''}")
 
 
+def replay_sglang_4989(version: str) -> tuple[bool, str]:
+    """sglang PR #4989 (issue #4987): ``HiRadixCache.evict_host`` loops ``while num_evicted <
+    num_tokens`` and, before 0.4.5, never adds what it evicts, so one call evicts every
+    host-only node. The release's own calls (``sglang_hicache.load``: its stand-ins for
+    the controller's thread and streams, never its Target): 4 device and 8 host slots; two
+    one-token requests' prompts inserted (``insert``), each backed up (``write_backup``)
+    and acked as the write thread and ``writing_check`` do, both evicted from the device
+    (``evict(2)``: host-only nodes), then ``evict_host(1)``."""
+    import torch
+
+    from kvcheck.impl.thirdparty import sglang_hicache as hc
+
+    mods = hc.load(version)
+    pool, hiradix = mods[f"{hc.MEM}.memory_pool"], mods[hc.HIRADIX]
+    alloc = pool.TokenToKVPoolAllocator(4, torch.float16, "cpu", hc._DevicePool(4))
+    rows = pool.ReqToTokenPool(4, 8, "cpu", False)
+    kw = {"req_to_token_pool": rows, "token_to_kv_pool_allocator": alloc,
+          "tp_cache_group": None, "page_size": 1}
+    if hc.takes(hiradix.HiRadixCache.__init__, "hicache_ratio"):
+        kw["hicache_ratio"] = 2.0
+    tree = hiradix.HiRadixCache(**kw)
+    ctl, host = tree.cache_controller, tree.token_to_kv_pool_host
+    for token in (7, 8):
+        tree.insert([token], alloc.alloc(1))
+        node = tree.root_node.children[token]
+        tree.write_backup(node)
+        op = ctl.write_queue.get()  # the write thread's step
+        host.complete_io(op.host_indices)
+        ctl.ack_write_queue.put(node.id)
+        tree.writing_check()
+    tree.evict(2)
+    before = int(host.available_size())
+    tree.evict_host(1)
+    freed = int(host.available_size()) - before
+    left = sorted(k for k, n in tree.root_node.children.items() if n.host_value is not None)
+    return freed > 1, (f"two host-only nodes of 1 slot each; evict_host(1) freed {freed} host "
+                       f"slot(s), host-only nodes left: {left}")
+
+
 REPLAYS = {
+    "sglang-4989": replay_sglang_4989,
     "aphrodite-1556": replay_aphrodite_1556,
     "aphrodite-42571": replay_aphrodite_42571,
     "vllm-7380": replay_vllm_7380,

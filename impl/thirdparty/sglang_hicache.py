@@ -357,6 +357,8 @@ class SglangHiCacheTarget:
         self.jobs: dict[tuple, dict] = {}  # ("w" | "l", node id) -> {op, seq, kind}
         self._sampled = itertools.count(1 << 20)
         self.Dev = _device_tensor_class()
+        self._epoch = 0  # bumped by every operation (refcount's memo)
+        self._memo: tuple = (None, [])
 
     # -- helpers ---------------------------------------------------------------------
     def _t(self, values, dtype=None):
@@ -392,6 +394,7 @@ class SglangHiCacheTarget:
 
     # -- operations ------------------------------------------------------------------
     def _admit(self, seq: int, tokens, load_back: bool):
+        self._epoch += 1
         if seq in self.reqs:
             raise MisuseError(f"sequence {seq!r} already exists")
         toks = list(tokens)
@@ -445,6 +448,7 @@ class SglangHiCacheTarget:
         return self._admit(seq, tokens, load_back=True)
 
     def append(self, seq: int, token) -> tuple[int, int]:
+        self._epoch += 1
         req = self._live(seq)
         n = len(req.fill_ids)
         if self._reclaimable() < 1:
@@ -456,6 +460,7 @@ class SglangHiCacheTarget:
         return int(out[0]) - 1, 0
 
     def free(self, seq: int) -> None:
+        self._epoch += 1
         req = self._live(seq)
         req.output_ids.append(next(self._sampled))  # sampled last: no KV slot
         self.tree.cache_finished_req(req)
@@ -469,6 +474,7 @@ class SglangHiCacheTarget:
         return out[::-1]
 
     def store(self, seq: int):
+        self._epoch += 1
         req = self._live(seq)
         for node in self._path(req.last_node):
             if node.host_value is None and not node.evicted:
@@ -481,6 +487,7 @@ class SglangHiCacheTarget:
         return None
 
     def complete(self, job, ok: bool = True) -> None:
+        self._epoch += 1
         rec = self.jobs.pop(job, None)
         if rec is None:
             raise MisuseError(f"no pending job {job!r}")
@@ -497,6 +504,7 @@ class SglangHiCacheTarget:
         self.tree.loading_check()
 
     def evict(self, n: int) -> int:
+        self._epoch += 1
         before = int(self.host.available_size())
         self.tree.evict_host(n)
         return int(self.host.available_size()) - before
@@ -556,7 +564,10 @@ class SglangHiCacheTarget:
         return {DEVICE: self.nb, HOST: self.nh}
 
     def refcount(self, pool: str, b: int) -> int:
-        return self._refs(pool)[b]
+        key = (pool, self._epoch)  # (derived once per state: the oracle reads every block)
+        if self._memo[0] != key:
+            self._memo = (key, self._refs(pool))
+        return self._memo[1][b]
 
     def _refs(self, pool: str) -> list[int]:
         n = self.nb if pool == DEVICE else self.nh
