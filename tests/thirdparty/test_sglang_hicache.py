@@ -1,0 +1,90 @@
+"""SGLang's own HiCache (``sglang-hicache@VERSION``: HiRadixCache, its host pool and
+HiCacheController under the tiers model): sglang PR #4989 (``evict_host`` evicting every
+host-only node) caught on 0.4.4.post3, gone on 0.4.5 (the releases scripts/test.sh
+installs); the target's view of the release's tree on small hand-made cases."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcheck.impl.errors import MisuseError
+from kvcheck.impl.thirdparty import _loader, install
+from kvcheck.impl.thirdparty.sglang_hicache import make
+from kvcheck.models.tiers.model import TierScope
+from kvcheck.spec import tiers as T
+from kvcheck.verify import replay_trace, verify
+
+HIST = Path(__file__).resolve().parents[2] / "benchmarks" / "historical"
+BUGGY, FIXED = "0.4.4.post3", "0.4.5"
+missing = [v for v in (BUGGY, FIXED)
+           if not _loader.is_installed(install.select("sglang-hicache", v))]
+needs = pytest.mark.skipif(bool(missing), reason=f"SGLang {', '.join(missing)} not installed "
+                           f"(kvcheck install sglang==VERSION)")
+SCOPE = TierScope(4, 1, 8)
+
+
+def run(version, ops, seed=0):
+    return verify(f"sglang-hicache@{version}", SCOPE.num_blocks, 1, ops, seed, model="tiers",
+                  scope=SCOPE)
+
+
+@needs
+def test_4989_caught_on_the_buggy_release_and_gone_on_the_fixed_one():
+    bug = run(BUGGY, 400)
+    assert not bug.ok and bug.violation.name == T.EVICT_BOUND == "evict: at most n blocks"
+    assert len(bug.trace.ops) <= 10 and bug.trace.ops[-1].kind == "evict"
+    assert replay_trace(bug.trace, f"sglang-hicache@{FIXED}").violation is None
+    fixed = run(FIXED, 300)
+    assert fixed.ok, fixed.violation
+    stats = fixed.state.stats
+    assert stats["store"] and stats["load"] and stats["complete"] and stats["evict"], stats
+
+
+@needs
+def test_the_target_reads_the_release_tree():
+    """One prompt stored and completed: its host copy is findable under the device's keys
+    but not evictable while the device holds the node (an inclusive cache); a request that
+    evicts the node from the device makes the host copy evictable; a load of the prompt
+    copies it back, its device slots findable at once, the host slots pinned by the job."""
+    t = make(4, 1, 8, version=FIXED)
+    t.allocate(0, [1, 2, 3])
+    job = t.store(0)
+    jobs = t.pending_jobs()
+    assert jobs[job]["src"] == (T.DEVICE, [0, 1, 2]) and jobs[job]["dst"][0] == T.HOST
+    assert t.cache_entries(T.HOST) == []  # a pending store's copies are not findable
+    t.complete(job, True)
+    assert sorted(k for k, _ in t.cache_entries(T.HOST)) == [(1,), (1, 2), (1, 2, 3)]
+    assert t.evictable_blocks(T.HOST) == [] and t.eviction_units(T.HOST) == [[0, 1, 2]]
+    t.free(0)
+    t.allocate(1, [5, 6, 7, 8])  # needs the device: the tree's node goes to the host
+    assert t.cache_entries(T.DEVICE) == [((5,), 3), ((5, 6), 0), ((5, 6, 7), 1),
+                                          ((5, 6, 7, 8), 2)]
+    assert sorted(t.evictable_blocks(T.HOST)) == [0, 1, 2]
+    t.free(1)
+    job = t.load(2, [1, 2, 3, 9])
+    assert t.pending_jobs()[job]["src"] == (T.HOST, [0, 1, 2])
+    assert [t.refcount(T.HOST, b) for b in (0, 1, 2)] == [2, 2, 2]  # the cache + the job
+    t.complete(job, True)
+    assert t.pending_jobs() == {} and t.evictable_blocks(T.HOST) == []
+    assert t.evict(1) == 0  # nothing host-only left to evict
+
+
+def test_the_host_pool_is_at_least_the_device_pool():
+    with pytest.raises(MisuseError, match="host"):
+        make(4, 1, 2, version=FIXED)
+    with pytest.raises(MisuseError, match="block_size"):
+        make(4, 2, 8, version=FIXED)
+
+
+@needs
+def test_the_4989_replay_on_the_release_tree():
+    sys.path.insert(0, str(HIST))
+    try:
+        import hist_replays
+    finally:
+        sys.path.remove(str(HIST))
+    assert hist_replays.replay_sglang_4989(BUGGY)[0] is True
+    assert hist_replays.replay_sglang_4989(FIXED)[0] is False
