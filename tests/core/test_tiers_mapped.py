@@ -187,3 +187,18 @@ def test_a_pool_behind_a_mapping_needs_mapped():
 
     with pytest.raises(TargetError, match="no mapped"):
         run(NoMapped, 10)
+
+
+def test_breadth_first_exploration_slides():
+    """BFS offers a slide one token past the last: it finds 0.5.13's free_swa in two moves
+    and nothing on the reference."""
+    from kvcheck.check.explore import explore
+    from kvcheck.check.model import Options
+    from kvcheck.models.tiers.model import TierExploreScope
+
+    found = explore(MODEL, FreesCutBlockKeepsEntry, TierExploreScope(2, 2, 1, depth=4),
+                    Options())
+    assert found.violation is not None and found.violation.name == T.MAPPING_KEEPS
+    assert [op.kind for op in found.ops] == ["allocate", "slide"]
+    clean = explore(MODEL, SWACache, TierExploreScope(3, 2, 1, depth=4), Options())
+    assert clean.violation is None and clean.complete and clean.explored > 10, clean
