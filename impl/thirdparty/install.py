@@ -117,7 +117,6 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
            note="SGLang RadixCache with the scheduler's checkpoint / lock / unlock API "
                 "(RadixCache.checkpoint, lock, unlock, path_device_indices: from 0.5.22)"),
     Engine("sglang-swa", "sglang", "sglang", pinned="0.5.23", low="0.5.13", high="0.5.23",
-           family="sglang",
            note="SGLang SWATokenToKVPoolAllocator (mem_cache/allocator/swa.py: the package "
                 "layout, 0.5.13 on) as a tiers target with the SWA pool behind "
                 "full_to_swa_index_mapping (impl/thirdparty/sglang_swa.py)"),
