@@ -78,7 +78,12 @@ The caller -- the scheduler, one request per batch, as 0.4.5's
 ``store(seq)``
     ``write_backup(node)`` of the highest node on the request's path that has no host
     copy (one controller write: a job), evicting host nodes (``evict_host``) when the host
-    is full; None when every node has one, or the host has no room.
+    is full; None when every node has one, or the host has no room. Highest first, as the
+    release's own trigger orders them: every match and insert counts a hit on each node of
+    the path, so an ancestor passes the threshold no later than its descendants (a split's
+    upper half shares the host copy of a backed-up node). Backing up a leaf before its
+    parent, an order the release does not produce, lets a device eviction drop the
+    unbacked parent and orphan the leaf's host copy.
 ``complete(job, ok)``
     the controller thread's step for that operation, then ``writing_check`` /
     ``loading_check``: a write's ack unlocks the node (its host copy is findable); a
@@ -479,7 +484,7 @@ class SglangHiCacheTarget:
         for node in self._path(req.last_node):
             if node.host_value is None and not node.evicted:
                 if self.tree.write_backup(node) is None:
-                    return None
+                    continue  # (no host room for it: its hit count starts again)
                 op = self._find_op(self.ctl.write_queue, node.id)
                 job = ("w", node.id)
                 self.jobs[job] = {"op": op, "seq": seq, "kind": "store"}
