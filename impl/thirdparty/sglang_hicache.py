@@ -1,6 +1,11 @@
 """Adapter: SGLang's HiCache -- ``HiRadixCache`` with its host pool and ``HiCacheController``
 -- as a tiers target (docs/tiers.md; ``kvcheck verify-tiers sglang-hicache@VERSION``, 0.4.5
-pinned, 0.4.4.post2 .. 0.4.5: ``kvcheck install sglang==VERSION``).
+pinned, 0.4.4.post2 .. 0.4.7.post1: ``kvcheck install sglang==VERSION``). What differs
+between those releases is read from each one's files: the constructor's arguments
+(``hicache_ratio`` from 0.4.4.post2, ``hicache_size`` and ``hicache_write_policy`` from
+0.4.6), the host pool's module (``memory_pool_host.py`` from 0.4.7.post1), KV events
+(0.4.7). From 0.4.8 ``match_prefix`` returns a ``MatchResult`` and the allocator moves
+to ``mem_cache/allocator.py``: not driven here.
 
 What runs, from the installed wheel: ``mem_cache/hiradix_cache.py`` (``HiRadixCache``:
 ``match_prefix(include_evicted=True)``, ``init_load_back`` / ``load_back``,
@@ -16,7 +21,8 @@ compiled from the installed file one by one (``sglang.real_functions``):
 states). Token-level: these releases' HiRadixCache keys one token per slot, so
 ``block_size`` is 1 (a kvcheck block is a slot: device block b is SGLang's slot b + 1,
 slot 0 being the padding slot; host block b is host slot b). Their host pool is
-``hicache_ratio`` times the device pool, at least 1: ``host_blocks >= num_blocks``.
+``hicache_ratio`` times the device pool, at least 1: ``host_blocks >= num_blocks``
+(0.4.6 on: more than the device's, the release's own assert).
 
 Stand-ins, all here (every other ``sglang.*`` import raises, ``_loader``):
 
@@ -43,10 +49,12 @@ the controller's threads and CUDA streams
 device tensors
     ``init_load_back`` asserts that the matched prefix's indices are CUDA tensors: the
     prefix is passed as a CPU tensor that says ``is_cuda`` (``_DeviceTensor``).
-pinned memory, ``psutil``, ``debug_timing``, ``global_server_args_dict``
+pinned memory, ``psutil``, ``debug_timing``, ``global_server_args_dict``, KV events
     the host buffer is allocated unpinned (no GPU to pin for); the host-memory check reads
     a ``virtual_memory()`` with room for the few bytes asked; ``debug_timing`` only times
-    (identity); the radix cache reads no server argument on these paths.
+    (identity); the radix cache reads no server argument on these paths; its KV cache
+    events (0.4.7: ``disaggregation.kv_events``) are off, as by default (stand-ins that
+    raise if built).
 
 Configuration (attributes of the release's objects, set after building them):
 ``write_through_threshold`` and the write policy. The controller's default policy,
@@ -188,7 +196,8 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
     class MLATokenToKVPool:  # no pool here is one
         pass
 
-    text = (loaded.root / "sglang/srt/mem_cache/memory_pool.py").read_text()
+    rel = f"sglang/srt/mem_cache/{mod.__kvcheck_real_name__.rpartition('.')[2]}.py"
+    text = (loaded.root / rel).read_text()  # memory_pool.py (memory_pool_host.py: 0.4.7.post1)
     names = [n for n in POOL_CLASSES if f"\nclass {n}" in text or f"\ndef {n}(" in text]
     env = {"torch": _Torch("torch"), "np": np, "psutil": psutil, "abc": abc,
            "logging": logging, "threading": threading, "IntEnum": IntEnum, "wraps": wraps,
@@ -198,15 +207,24 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
                "kvcheck.thirdparty.sglang.memory_pool"),
            "MHATokenToKVPool": _DevicePool, "MLATokenToKVPool": MLATokenToKVPool,
            "MLATokenToKVPoolHost": MLATokenToKVPool}
-    sglang.real_functions(mod, loaded, "sglang/srt/mem_cache/memory_pool.py", names, env)
+    sglang.real_functions(mod, loaded, rel, names, env)
 
 
 def _stub_schedule_batch(mod: types.ModuleType, _: Loaded) -> None:
     mod.global_server_args_dict = {}
 
 
-STUBS = {f"{MEM}.memory_pool": _stub_memory_pool,
-         "sglang.srt.managers.schedule_batch": _stub_schedule_batch}
+def _stub_kv_events(mod: types.ModuleType, _: Loaded) -> None:
+    def off(*_a, **_k):
+        raise NotImplementedError("kvcheck stand-in: KV cache events are off")
+
+    for name in ("AllBlocksCleared", "BlockRemoved", "BlockStored", "KVCacheEvent"):
+        setattr(mod, name, off)
+
+
+STUBS = {f"{MEM}.memory_pool": _stub_memory_pool, f"{MEM}.memory_pool_host": _stub_memory_pool,
+         "sglang.srt.managers.schedule_batch": _stub_schedule_batch,
+         "sglang.srt.disaggregation.kv_events": _stub_kv_events}
 
 
 class _DevicePool:
@@ -219,6 +237,7 @@ class _DevicePool:
         self.store_dtype = torch.float16
         self.dtype = torch.float16
         self.head_num = self.head_dim = self.layer_num = 1
+        self.start_layer, self.end_layer = 0, 1  # (pipeline parallelism: one stage)
         self.layer_transfer_counter = None
 
     def register_layer_transfer_counter(self, counter) -> None:
@@ -351,6 +370,10 @@ class SglangHiCacheTarget:
                               "tp_cache_group": None, "page_size": 1}
         if takes(hiradix.HiRadixCache.__init__, "hicache_ratio"):
             kw["hicache_ratio"] = ratio
+        if takes(hiradix.HiRadixCache.__init__, "hicache_size"):  # 0.4.6 on: 0 = by ratio
+            kw["hicache_size"] = 0
+        if takes(hiradix.HiRadixCache.__init__, "hicache_write_policy"):
+            kw["hicache_write_policy"] = "write_through_selective"
         self.tree = hiradix.HiRadixCache(**kw)
         self.tree.write_through_threshold = float("inf")  # store(seq) starts backups
         self.tree.load_back_threshold = 1
