@@ -354,6 +354,13 @@ def invariant_doc(name: str) -> str:
 
 # -- operation contracts (pre, post: TierState; op: the model's operation) -------------
 UNKNOWN_JOB = "jobs: every pending job is one an operation started"
+DATA_READ_BACK = "data: every block holds the K/V of the tokens it holds"
+DATA_READ_BACK_DOC = (
+    "The device data level (a target that holds K/V: kvcheck.models.tiers.data): every "
+    "block of every pool that no pending transfer is still writing holds, slot by slot, "
+    "the K/V of exactly the tokens holds_its_tokens and key_content say it holds: every "
+    "copy (store, load, swap) moved the right bytes, a failed load's blocks were "
+    "recomputed.")
 
 
 def new_job(kind: str) -> str:

@@ -16,7 +16,7 @@ from kvcheck.spec.state import BLOCK_VALUED, NULL
 _KIND_WORDS = {
     "invariant": "a state invariant broke",
     "contract": "an operation broke its contract",
-    "data": "a sequence read back tokens that are not its own",
+    "data": "a block holds K/V of tokens other than its own (a sequence would read them back)",
     "crash": "an operation raised an exception other than out-of-blocks (or tried to end the process)",
     "hang": "an operation did not return in time",
     "malformed": "the allocator returned or exposed something of the wrong shape",

@@ -79,9 +79,12 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
     "reference-tiers": ("kvcheck.impl.tiered_cache:TieredCache",
                         "the reference tiered store: a device pool, a host pool with an LRU "
                         "cache of stored prefixes, stores and loads in flight, vLLM v0 swaps"),
+    "reference-tiers-data": ("kvcheck.impl.tiered_data:DataTieredCache",
+                             "reference-tiers with its K/V (torch; the device pool on CUDA when "
+                             "there is one): every copy moves real data, read back each step"),
     "sglang-hicache": ("kvcheck.impl.thirdparty.sglang_hicache:make",
                        "SGLang HiRadixCache with its host pool and HiCacheController (0.4.5; "
-                       "@0.4.4.post2..0.4.7.post1; block size 1, host >= device): write backups, "
+                       "@0.4.4.post2..0.4.5; block size 1, host >= device): write backups, "
                        "load-back, host eviction; completions delivered by the driver"),
     "reference-swa": ("kvcheck.impl.swa_cache:SWACache",
                       "the reference full-attention pool with a sliding-window pool behind a "

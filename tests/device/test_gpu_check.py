@@ -61,8 +61,10 @@ def test_dry_run_runs_every_stage(tmp_path):
     assert tests["junit"]["failures"] == tests["junit"]["errors"] == 0
     assert tests["from_output"]["passed"] == tests["junit"]["tests"]
     verify = res["stages"]["verify"]["result"]
-    assert [v["rc"] for v in verify["runs"]] == [0, 0, 0]
+    assert [v["rc"] for v in verify["runs"]] == [0, 0, 0, 0]
     assert [v["verdict"] for v in verify["runs"][:2]] == ["pass", "pass"]
+    tiers = verify["runs"][3]  # the tiered reference with its K/V, read back every step
+    assert tiers["verdict"] == "pass" and tiers["ops"] > 50 and tiers["stats"]["store"]
     corpus = {c["target"]: c for c in verify["corpus"]["targets"]}
     assert set(corpus) == {"SwappedCopy", "OffByOneSlotKernel", "DeviceBlockManager"}
     assert all(c["backend"] == "triton" and c["problem"] is None for c in corpus.values())

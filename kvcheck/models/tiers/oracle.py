@@ -28,6 +28,7 @@ from kvcheck.check.copies import deep_copy
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, active_watchdog, guarded
 from kvcheck.errors import what_it_did
+from kvcheck.models.tiers.data import DataLevel, is_data_target, kv
 from kvcheck.models.tiers.model import OPS
 from kvcheck.spec import tiers as T
 from kvcheck.spec.contracts import OK, OOB
@@ -106,6 +107,8 @@ class TierOracle:
         self.violation: Violation | None = None
         self.tokens: dict[int, list] = {}  # live request -> its tokens
         self.ids: dict[tuple, int] = {}  # token prefix -> prefix id
+        self.prefixes: list[tuple] = []  # prefix id -> token prefix
+        self.data = DataLevel(target, self.bs) if is_data_target(target) else None
         self._wq: dict[int, tuple] = {}  # live request -> _wants of its tokens (memo)
         self.content: dict[str, dict[int, int]] = {p: {} for p in self.sizes}  # the ghost
         self.meanings: dict = {}  # key -> prefix id
@@ -116,6 +119,8 @@ class TierOracle:
         self.stats = Counter()
         try:
             with guarded(None):
+                if self.data is not None:
+                    self._read("use_kv(kv)", target.use_kv, kv)
                 self.post = self._with_ghost(self._capture())
             self.violation = self._invariants(0, self.post)
         except ObservationError as exc:
@@ -212,6 +217,7 @@ class TierOracle:
         pid = self.ids.get(prefix)
         if pid is None:
             pid = self.ids[prefix] = len(self.ids)
+            self.prefixes.append(prefix)
         return pid
 
     def _wants(self, toks: list) -> tuple:
@@ -265,7 +271,8 @@ class TierOracle:
             self.stats["oob"] += 1
             post = self._with_ghost(self._capture())
             self.post = post
-            return self._clauses(n, op, T.out_of_blocks, pre, post) or self._invariants(n, post)
+            return self._clauses(n, op, T.out_of_blocks, pre, post) or \
+                self._invariants(n, post) or self._data_level(n, post)
         self.stats[kind] += 1
         freed: dict = {}
         self._wq.pop(q, None)
@@ -308,7 +315,8 @@ class TierOracle:
         post = self._with_ghost(post)
         self.post = post
         fn = T.CONTRACTS[kind]
-        return self._clauses(n, op, fn, pre, post) or self._invariants(n, post)
+        return self._clauses(n, op, fn, pre, post) or self._invariants(n, post) or \
+            self._data_level(n, post)
 
     def _key_store(self, j: tuple, pre, post) -> None:
         """A store's intended keys: the request's prefix up to the end of each source's
@@ -547,6 +555,25 @@ class TierOracle:
                 return Violation(n, "invariant", name, witness=self._pools_words(s),
                                  doc=T.invariant_doc(name))
         return None
+
+    def _data_level(self, n: int, s: T.TierState) -> Violation | None:
+        """A data target's K/V, read back: every block holds the K/V of its tokens."""
+        if self.data is None:
+            return None
+        try:
+            found = self.data.check(s, self.prefixes.__getitem__)
+        except CONTROL:
+            raise
+        except ValueError as exc:
+            return Violation(n, "malformed", "block_data", witness=str(exc))
+        except BaseException as exc:  # noqa: BLE001 - the target's fault, reported
+            return Violation(n, "malformed", "block_data", witness=f"block_data "
+                             f"{what_it_did(exc)}")
+        if found is None:
+            return None
+        p, b, witness = found
+        return Violation(n, "data", T.DATA_READ_BACK, b, witness=witness,
+                         doc=T.DATA_READ_BACK_DOC, details={"pool": p}, subject="block")
 
     def _clauses(self, n: int, op, fn, pre, post) -> Violation | None:
         for name, element, holds in fn(PY, pre, post, op):
