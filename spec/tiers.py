@@ -120,6 +120,7 @@ class TierState:
     meanings: Mapping[object, object] = field(default_factory=dict)  # ghost: key -> prefix id
     wants: Mapping[int, tuple] = field(default_factory=dict)  # ghost: q -> prefix id per block
     num_free_reported: Mapping[str, int | None] = field(default_factory=dict)
+    reserved: Mapping[int, int] = field(default_factory=dict)  # ghost: q -> lookahead slots
     mapped: Mapping[str, Mapping[int, tuple[int, ...]]] = field(default_factory=dict)
     windows: Mapping[int, tuple[int, ...]] = field(default_factory=dict)  # q -> window table
     window_groups: int = 0  # sliding-window groups sharing the device pool (0 or 1)
@@ -165,6 +166,13 @@ class TierState:
 
     def evictable(self, p: str) -> frozenset:
         return self.evictable_blocks.get(p, frozenset())
+
+    def available(self, p: str) -> int:
+        """The blocks of ``p`` an operation may take: those on the free list and the
+        evictable ones (a cache that evicts for room: vLLM v0's prefix-caching allocator
+        counts its evictor's blocks as free, ``get_num_free_blocks``)."""
+        return sum(1 for b in range(self.num_blocks(p))
+                   if self.free_count(p, b) or b in self.evictable(p))
 
     def content(self, p: str, b: int):
         return self.contents.get(p, {}).get(b)
@@ -242,6 +250,8 @@ class TierState:
                              if h[0] in ("seq", "mapped", "window")},
                             self.refs[p], self.free[p].elements(),
                             num_free=self.num_free_reported.get(p),
+                            reserved={i: self.reserved.get(h[1], 0)
+                                      for i, h in enumerate(holders) if h[0] == "seq"},
                             sequences={i for i, h in enumerate(holders)
                                        if h[0] in ("mapped", "window")
                                        or (h[0] == "seq" and h[1] in seqs)},
@@ -314,10 +324,12 @@ def key_content(L, s: TierState, p: str, b: int):
 def holds_its_tokens(L, s: TierState, q: int):
     """Every block of a live sequence's table that no pending transfer is still writing
     holds exactly its tokens, in whichever pool its KV is (data level: a swapped-in or
-    loaded block holds what was stored, a copy never lands in another's block)."""
+    loaded block holds what was stored, a copy never lands in another's block). A block
+    beyond the tokens (reserved lookahead slots only) holds nothing to check yet."""
     p = s.pool_of(q)
     pending = s.pending_dst(p) if p is not None else set()
-    return L.all_(b in pending or s.content(p, b) == s.wanted(q, i)
+    n = len(s.wants.get(q, ()))
+    return L.all_(b in pending or i >= n or s.content(p, b) == s.wanted(q, i)
                   for i, b in enumerate(s.table(q)))
 
 
@@ -398,9 +410,12 @@ def _others_unchanged(L, pre, post, p, mine: set, what: str, blocks=None):
 
 
 def _fresh(L, pre, post, p, blocks, what):
-    """Each of ``blocks`` was free in ``pre``."""
+    """Each of ``blocks`` was free in ``pre``, or evictable (held by the cache alone: a
+    cache that evicts for room, or revives a block it still holds for the same content,
+    as vLLM v0's prefix-caching allocator takes its evictor's blocks)."""
     for b in blocks:
-        yield f"{what}: every block it takes was free", (p, b), pre.free_count(p, b) == 1
+        yield f"{what}: every block it takes was free", (p, b), L.or_(
+            pre.free_count(p, b) == 1, b in pre.evictable(p))
 
 
 def device_hits(pre, post, q) -> set:
@@ -483,12 +498,21 @@ def append(L, pre, post, op):
                pre.held_by(p, b).get("job", 0) == 0)
         yield "append: writes only a block the sequence holds alone", (p, b), \
             pre.ref(p, b) == 1
-        yield from _others_unchanged(L, pre, post, p, set(), "append")
+        gained = post.keyed(p)[b] - pre.keyed(p)[b]  # (a prefix cache publishes it once full)
+        yield ("append: the written block gains only the cache's reference, once full",
+               (p, b), L.and_(post.ref(p, b) == pre.ref(p, b) + gained,
+                              post.free_count(p, b) == pre.free_count(p, b),
+                              gained in ((0, 1) if (pre.length(q) + 1) % B == 0 else (0,))))
+        yield from _others_unchanged(L, pre, post, p, {b}, "append")
     else:
         yield "append: a fresh block when the last one is full", q, L.and_(
             len(new) == len(old) + 1, new[:len(old)] == old)
         fresh = set(new[len(old):])
-        yield from _fresh(L, pre, post, p, fresh, "append")
+        dropped = {b for b in fresh if side_change(pre, post, p, b)[0] < 0}
+        for b in dropped:  # (the engine drops the window's blocks behind it, then takes)
+            yield ("append: a block its window dropped in the same step was held by it alone",
+                   (p, b), pre.ref(p, b) == -side_change(pre, post, p, b)[0])
+        yield from _fresh(L, pre, post, p, fresh - dropped, "append")
         yield from _others_unchanged(L, pre, post, p, fresh | evicted(pre, post, p), "append")
 
 
@@ -658,21 +682,35 @@ def evict(L, pre, post, op):
         yield from _others_unchanged(L, pre, post, p, gone if p == HOST else set(), "evict")
 
 
+def swap_need(pre, op) -> int:
+    """The blocks a swap takes in the other pool: one per block of the sequence's table;
+    a swap-in with ``lookahead`` slots (vLLM v0's scheduler: ``can_swap_in(group,
+    num_lookahead_slots)``, then ``swap_in`` and ``append_slots`` with those slots) as
+    many as ceil((len + lookahead) / B) when that is more."""
+    need = len(pre.table(op.seq))
+    look = getattr(op, "lookahead", 0) or 0
+    if op.kind == SWAP_IN and look:
+        need = max(need, -(-(pre.length(op.seq) + look) // pre.block_size))
+    return need
+
+
 def swap(L, pre, post, op):
-    """swap_out(seq) / swap_in(seq) (of a sequence no pending load is writing): the
-    sequence's KV moves whole to the other pool:
-    ceil(len / B) blocks there, each free before, its blocks here released (one reference
-    each). The engine's own admission check (``can_swap_out`` / ``can_swap_in``, the
-    result ``admitted``) agrees with the swap: it admits exactly when the other pool has
-    a free block for each of the sequence's blocks, and a swap it admits succeeds; one it
-    refuses changes nothing."""
+    """swap_out(seq) / swap_in(seq, lookahead) (of a sequence no pending load is writing):
+    the sequence's KV moves whole to the other pool: ``swap_need`` blocks there (one per
+    block of its table; a swap-in with lookahead slots also the blocks those slots need),
+    each free before or evictable, its blocks here released (one reference each). The
+    engine's own admission check (``can_swap_out`` / ``can_swap_in``, the result
+    ``admitted``) agrees with what the swap takes: it admits only when the other pool has
+    that many blocks free or evictable (a swap may evict cached blocks for room) and
+    refuses only when fewer are free; a swap it admits succeeds; one it refuses changes
+    nothing."""
     q = op.seq
     src = pre.pool_of(q)
     dst = HOST if op.kind == SWAP_OUT else DEVICE
-    need = len(pre.table(q))
-    fits = sum(1 for b in range(pre.num_blocks(dst)) if pre.free_count(dst, b)) >= need
+    need = swap_need(pre, op)
+    free = sum(1 for b in range(pre.num_blocks(dst)) if pre.free_count(dst, b))
     yield f"{op.kind}: the admission check agrees with the free blocks", q, \
-        op.admitted == fits
+        pre.available(dst) >= need if op.admitted else free < need
     if not op.admitted:
         yield f"{op.kind}: a refused swap changes nothing", q, L.and_(
             post.pool_of(q) == src, post.table(q) == pre.table(q))
@@ -736,7 +774,7 @@ CONTRACTS = {"allocate": allocate, "append": append, "free": free, "store": stor
 
 def out_of_blocks(L, pre, post, op):
     """An operation that fails for lack of blocks changes nothing, in any pool, and fails
-    so only when it needs more free blocks than its pool has: a new request (allocate,
+    so only when it needs more blocks than its pool has free or evictable: a new request (allocate,
     load) ceil(len / B) device blocks (and as many in each pool behind a mapping), an
     append a fresh block at a block boundary (on the device, or behind a mapping); a swap
     only when its own admission check refused it. With a sliding-window group sharing the
@@ -744,7 +782,7 @@ def out_of_blocks(L, pre, post, op):
     drop a window's blocks behind it (entries turned NULL, a reference less each): that,
     and nothing else, may change; the room is counted after that drop."""
     def free_in(p):
-        return sum(1 for b in range(pre.num_blocks(p)) if pre.free_count(p, b))
+        return pre.available(p)  # (an evictable block counts: the cache evicts for room)
 
     free_dev = min([free_in(DEVICE)] + [free_in(p) for p in pre.mapped_pools()])
     if pre.window_groups:  # (the engine drops a window's blocks behind it, then looks)

@@ -79,6 +79,13 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
     "reference-tiers": ("kvcheck.impl.tiered_cache:TieredCache",
                         "the reference tiered store: a device pool, a host pool with an LRU "
                         "cache of stored prefixes, stores and loads in flight, vLLM v0 swaps"),
+    "vllm-v0-swap": ("kvcheck.impl.thirdparty.vllm_v0_swap:make",
+                     "vLLM v0 block manager v2 with its CPU pool (0.8.5; @0.5.0.post1..0.8.5): "
+                     "swap_out / swap_in through the release's own manager"),
+    "vllm-v0-swap-prefix": ("kvcheck.impl.thirdparty.vllm_v0_swap:make_prefix",
+                            "vllm-v0-swap with prefix caching (evictor blocks count as room)"),
+    "vllm-v0-swap-lookahead": ("kvcheck.impl.thirdparty.vllm_v0_swap:make_lookahead",
+                               "vllm-v0-swap, every swap-in with one block of lookahead slots"),
     "reference-tiers-data": ("kvcheck.impl.tiered_data:DataTieredCache",
                              "reference-tiers with its K/V (torch; the device pool on CUDA when "
                              "there is one): every copy moves real data, read back each step"),

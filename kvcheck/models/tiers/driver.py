@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 
 from kvcheck.models.tiers.model import _make
+from kvcheck.models.tiers.oracle import lookahead_slots
 
 WEIGHTS = {"allocate": 1.0, "load": 1.5, "store": 1.5, "complete": 2.0, "evict": 0.4,
            "free": 1.0, "swap": 0.6, "slide": 1.5}  # append takes the rest (of 10)
@@ -28,6 +29,7 @@ class TiersDriver:
         self.w = {k: w * float(weights.get(k, 1.0)) for k, w in WEIGHTS.items()}
         self.caps = frozenset(getattr(target, "capabilities", ()))
         self.failures = frozenset(getattr(target, "failures", ("store", "load")))
+        self.lookahead = lookahead_slots(target)  # (a swap-in's: the engine's constant)
         self.next_seq = 0
         self.prompts: list[tuple] = []
 
@@ -82,7 +84,9 @@ class TiersDriver:
             return _make("evict", n=rng.randint(1, 3))
         seq = rng.choice(live)
         if what == "swap":
-            return _make("swap_in" if state.pool_of(seq) == "host" else "swap_out", seq=seq)
+            if state.pool_of(seq) != "host":
+                return _make("swap_out", seq=seq)
+            return _make("swap_in", seq=seq, lookahead=self.lookahead)
         if what == "slide":  # forward by a few tokens, never into the newest token's block
             lo, hi = state.slid.get(seq, 0) + 1, (len(state.tokens[seq]) - 1) // self.bs * self.bs
             if lo <= hi:

@@ -80,6 +80,7 @@ class TierOp:
     hits: object = None
     admitted: object = None
     wanted: tuple | None = None
+    lookahead: int = 0  # a swap_in's lookahead slots (targets with "lookahead" only)
     upto: int = 0
     units: tuple = ()  # the oracle's ghost: an evict's eviction units before it
 
@@ -114,7 +115,7 @@ OPS = {
     "swap_out": OpSpec("swap_out", _make, (Arg("seq", SEQ),),
                        results=(Arg("admitted", VALUE, schema={"type": ["boolean", "null"]}),),
                        doc=_doc("swap_out")),
-    "swap_in": OpSpec("swap_in", _make, (Arg("seq", SEQ),),
+    "swap_in": OpSpec("swap_in", _make, (Arg("seq", SEQ), Arg("lookahead", COUNT, low=0)),
                       results=(Arg("admitted", VALUE, schema={"type": ["boolean", "null"]}),),
                       doc=_doc("swap_in")),
 }
@@ -167,6 +168,8 @@ class TiersModel(Model):
             head = f"evict(n={op.n})"
         elif op.kind == T.SLIDE:
             head = f"slide(seq={op.seq}, upto={op.upto})"
+        elif op.kind == "swap_in" and op.lookahead:
+            head = f"swap_in(seq={op.seq}, lookahead={op.lookahead})"
         else:
             head = f"{op.kind}(seq={op.seq})"
         if op.outcome == "oob":
@@ -237,6 +240,7 @@ class TiersModel(Model):
         for q in sorted(state.tokens):
             out += [_make("append", seq=q, token=0), _make("store", seq=q),
                     _make("free", seq=q), _make("swap_out", seq=q), _make("swap_in", seq=q),
+                    _make("swap_in", seq=q, lookahead=B),  # (where the target's is B)
                     _make(T.SLIDE, seq=q, upto=state.slid.get(q, 0) + 1)]
         for q, j in sorted(state.pending()):
             out += [_make("complete", seq=q, job=j, ok=True),

@@ -54,6 +54,15 @@ def pool_sizes(scope, reported: dict, capabilities) -> dict:
     return sizes
 
 
+def lookahead_slots(target) -> int:
+    """The lookahead slots a target's swap-in asks for (capability ``lookahead``: the
+    engine's configured ``lookahead_slots``, the same at every swap-in); 0 for others."""
+    if "lookahead" not in getattr(target, "capabilities", ()):
+        return 0
+    n = getattr(target, "lookahead_slots", 0)
+    return n if type(n) is int and 0 <= n <= 1024 else 0
+
+
 def build(factory, scope, options):
     """The tiers target ``factory(num_blocks, block_size, host_blocks)`` builds."""
     where = (f"num_blocks={scope.num_blocks}, block_size={scope.block_size}, "
@@ -115,6 +124,7 @@ class TierOracle:
         self.jobs: dict[tuple, dict] = {}  # pending (seq, n) -> what started it
         self.by_id: dict = {}  # the target's job id -> (seq, n)
         self.started = Counter()  # request -> jobs started for it
+        self.reserved: dict[int, int] = {}  # request -> lookahead slots its table keeps
         self.post: T.TierState | None = None
         self.stats = Counter()
         try:
@@ -162,6 +172,9 @@ class TierOracle:
             return op.seq not in self.tokens and len(op.tokens) >= 1
         if op.seq not in self.tokens:
             return False
+        admits = getattr(self.target, "admits", None)  # (kvcheck/targets/protocol.py)
+        if admits is not None and not admits(op):
+            return False  # an operation the engine's caller never makes (its adapter says)
         where = self.pool_of(op.seq)
         if kind == T.SLIDE:  # forward, never into the block of the newest token
             n = len(self.tokens[op.seq])
@@ -170,8 +183,8 @@ class TierOracle:
         if kind in ("swap_out", "swap_in", "append") and any(
                 j["seq"] == op.seq and j["kind"] == T.LOAD for j in self.jobs.values()):
             return False  # (an engine runs or swaps a request only once its KV is there)
-        if kind == "swap_in":
-            return where == T.HOST
+        if kind == "swap_in":  # with the engine's own lookahead slots (a constant)
+            return where == T.HOST and op.lookahead == lookahead_slots(self.target)
         if kind in ("append", "store", "swap_out"):
             return where == T.DEVICE
         return True
@@ -250,6 +263,9 @@ class TierOracle:
             return t.evict(op.n)
         if kind == T.SLIDE:
             return t.slide(q, op.upto)
+        if kind == "swap_in" and op.lookahead:  # (a target with "lookahead" only)
+            op.admitted = bool(t.can_swap_in(q, op.lookahead))
+            return t.swap_in(q, op.lookahead) if op.admitted else None
         check = getattr(t, f"can_{kind}")(q)
         op.admitted = bool(check)
         return getattr(t, kind)(q) if op.admitted else None
@@ -312,6 +328,7 @@ class TierOracle:
         if kind == "store" and op.job is not None and name in post.jobs:
             self._key_store(name, pre, post)
         self._write(op, pre, post, done)
+        self._reserve(op)
         post = self._with_ghost(post)
         self.post = post
         fn = T.CONTRACTS[kind]
@@ -375,7 +392,20 @@ class TierOracle:
                     elif not op.ok and i < len(wants):
                         dev[d] = wants[i]  # the engine recomputes what the load could not copy
 
+    def _reserve(self, op) -> None:
+        """The lookahead slots a request's table keeps beyond its tokens: a swap-in with
+        lookahead slots reserves them (as many as the most it was given), each token
+        appended takes one; a new or ended request has none."""
+        q, kind = op.seq, op.kind
+        if kind == "swap_in" and op.admitted and op.lookahead:
+            self.reserved[q] = max(self.reserved.get(q, 0), op.lookahead)
+        elif kind == "append" and self.reserved.get(q):
+            self.reserved[q] -= 1
+        elif kind in ("allocate", "load", "free"):
+            self.reserved.pop(q, None)
+
     def _with_ghost(self, s: T.TierState) -> T.TierState:
+        s.reserved = {q: r for q, r in self.reserved.items() if r}
         s.contents = {p: dict(c) for p, c in self.content.items()}
         s.meanings = dict(self.meanings)
         s.wants = {q: self._wants_of(q) for q in self.tokens}
