@@ -768,6 +768,84 @@ def replay_sglang_4989(version: str) -> tuple[bool, str]:
                        f"slot(s), host-only nodes left: {left}")
 
 
+def _swap_manager(version: str, num_gpu: int, num_cpu: int, block_size: int, caching: bool):
+    """The release's own block manager v2 (``BlockSpaceManagerV2`` to 0.6.2,
+    ``SelfAttnBlockSpaceManager`` from 0.6.3) with a CPU pool, watermark 0, loaded with
+    ``vllm_v0_swap``'s stand-ins for ``vllm.sequence`` (its ``_Seq`` / ``_Group`` carry
+    what the manager reads); ``(manager, Seq, Group, RUNNING, SWAPPED, OK)``."""
+    from kvcheck.impl.thirdparty import vllm_v0_swap
+
+    mods, cls = vllm_v0_swap.load(version)
+    manager = cls(block_size=block_size, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
+                  watermark=0.0, enable_caching=caching)
+    status = vllm_v0_swap.SequenceStatus
+    return (manager, vllm_v0_swap._Seq, vllm_v0_swap._Group, status.RUNNING, status.SWAPPED,
+            mods["vllm.core.interfaces"].AllocStatus.OK)
+
+
+def _admit(manager, seq_cls, group_cls, running, seq_id: int, tokens: list[int]):
+    seq = seq_cls(seq_id, list(tokens))
+    group = group_cls(seq)
+    if hasattr(manager, "get_num_cached_tokens"):  # 0.6.5 on: the scheduler counts first
+        manager.get_num_cached_tokens(seq)
+    manager.allocate(group)
+    seq.status, seq.computed = running, len(tokens)
+    return seq, group
+
+
+def replay_vllm_6849(version: str) -> tuple[bool, str]:
+    """PR #6849: with prefix caching, ``can_swap_in`` counts a full block of the swapped
+    sequence as touched only when its content is not cached on the GPU
+    (``get_num_blocks_touched``: ``if not self.is_block_cached(block)``), though a cached
+    block sitting unreferenced in the evictor is counted free too: taking it back uses up
+    that free block. 5 GPU and 4 CPU blocks of 1 token: B = [1, 2, 3, 4] swapped out (its
+    four blocks stay cached in the evictor), A = [9] decodes one token (evicting one of
+    them), then B asks to come back: 3 blocks free (the evictor's), 4 needed."""
+    manager, seq_cls, group_cls, running, swapped, ok = _swap_manager(version, 5, 4, 1, True)
+    a, _ = _admit(manager, seq_cls, group_cls, running, 0, [9])
+    b, group = _admit(manager, seq_cls, group_cls, running, 1, [1, 2, 3, 4])
+    assert manager.can_swap_out(group)
+    manager.swap_out(group)  # Scheduler._swap_out
+    b.status = swapped
+    a.token_ids.append(10)  # A's decode step: Scheduler._append_slots
+    manager.append_slots(a, 0)
+    free = manager.get_num_free_gpu_blocks()
+    status = manager.can_swap_in(group, 0)
+    if status != ok:
+        return False, (f"B swapped out, A decoded: {free} GPU block(s) free, 4 needed; "
+                       f"can_swap_in -> {status.name}")
+    try:
+        manager.swap_in(group)
+    except Exception as exc:  # the engine's NoFreeBlocksError (its own class per release)
+        return True, (f"B swapped out, A decoded: {free} GPU block(s) free, 4 needed; "
+                      f"can_swap_in -> OK, swap_in raised {type(exc).__name__}")
+    return False, f"can_swap_in -> OK and swap_in succeeded with {free} block(s) free"
+
+
+def replay_vllm_8824(version: str) -> tuple[bool, str]:
+    """PR #8824: ``can_swap_in(group, num_lookahead_slots)`` counted the lookahead slots
+    only into a partial last block (``get_num_blocks_touched(blocks, device,
+    num_lookahead_slots)``), so a sequence whose last block is full is admitted with a
+    free block per block it holds, and the scheduler's ``_append_slots`` after
+    ``_swap_in`` then finds no block for the lookahead slots. 1 GPU and 1 CPU block of 2
+    tokens (naive): [1, 2] swapped out, swapped in with 2 lookahead slots."""
+    manager, seq_cls, group_cls, running, swapped, ok = _swap_manager(version, 1, 1, 2, False)
+    seq, group = _admit(manager, seq_cls, group_cls, running, 0, [1, 2])
+    manager.swap_out(group)
+    seq.status = swapped
+    status = manager.can_swap_in(group, 2)
+    if status != ok:
+        return False, f"[1, 2] on the CPU, 1 GPU block free: can_swap_in(2) -> {status.name}"
+    manager.swap_in(group)  # Scheduler._swap_in, then _append_slots with the lookahead
+    seq.status = running
+    try:
+        manager.append_slots(seq, 2)
+    except Exception as exc:  # the engine's NoFreeBlocksError
+        return True, (f"[1, 2] on the CPU, 1 GPU block free: can_swap_in(2) -> OK, swap_in, "
+                      f"then append_slots(seq, 2) raised {type(exc).__name__}")
+    return False, "can_swap_in(2) -> OK and append_slots found the lookahead block"
+
+
 REPLAYS = {
     "sglang-4989": replay_sglang_4989,
     "aphrodite-1556": replay_aphrodite_1556,
@@ -790,4 +868,6 @@ REPLAYS = {
     "vllm-19459": replay_vllm_19459,
     "sglang-34399": replay_sglang_34399,
     "sglang-27779": replay_sglang_27779,
+    "vllm-6849": replay_vllm_6849,
+    "vllm-8824": replay_vllm_8824,
 }
