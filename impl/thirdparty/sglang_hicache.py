@@ -1,11 +1,14 @@
 """Adapter: SGLang's HiCache -- ``HiRadixCache`` with its host pool and ``HiCacheController``
 -- as a tiers target (docs/tiers.md; ``kvcheck verify-tiers sglang-hicache@VERSION``, 0.4.5
-pinned, 0.4.4.post2 .. 0.4.7.post1: ``kvcheck install sglang==VERSION``). What differs
+pinned, 0.4.4.post2 .. 0.4.9.post2: ``kvcheck install sglang==VERSION``). What differs
 between those releases is read from each one's files: the constructor's arguments
 (``hicache_ratio`` from 0.4.4.post2, ``hicache_size`` and ``hicache_write_policy`` from
-0.4.6), the host pool's module (``memory_pool_host.py`` from 0.4.7.post1), KV events
-(0.4.7). From 0.4.8 ``match_prefix`` returns a ``MatchResult`` and the allocator moves
-to ``mem_cache/allocator.py``: not driven here.
+0.4.6, ``hicache_io_backend`` from 0.4.9.post1: ``direct``), the host pool's module
+(``memory_pool_host.py`` from 0.4.7.post1), KV events (0.4.7), ``match_prefix``'s
+``MatchResult`` and ``init_load_back(node, host_hit_length)`` (0.4.8), the allocator in
+``mem_cache/allocator.py`` (0.4.8: loaded as ``sglang.py`` loads it, its Triton kernels
+under Triton's interpreter, never launched at page size 1). 0.4.9.post3 adds the storage
+tier (``hicache_storage.py``): not driven.
 
 What runs, from the installed wheel: ``mem_cache/hiradix_cache.py`` (``HiRadixCache``:
 ``match_prefix(include_evicted=True)``, ``init_load_back`` / ``load_back``,
@@ -203,9 +206,12 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
            "logging": logging, "threading": threading, "IntEnum": IntEnum, "wraps": wraps,
            **{n: getattr(typing, n) for n in ("List", "Optional", "Tuple", "Union")},
            "TorchMemorySaverAdapter": TorchMemorySaverAdapter,
+           "GPU_MEMORY_TYPE_KV_CACHE": "kv_cache", "nullcontext": __import__(
+               "contextlib").nullcontext,
            "debug_timing": lambda f: f, "logger": logging.getLogger(
                "kvcheck.thirdparty.sglang.memory_pool"),
            "MHATokenToKVPool": _DevicePool, "MLATokenToKVPool": MLATokenToKVPool,
+           "SWAKVPool": type("SWAKVPool", (), {}),  # (0.4.9's allocator: isinstance only)
            "MLATokenToKVPoolHost": MLATokenToKVPool}
     sglang.real_functions(mod, loaded, rel, names, env)
 
@@ -316,7 +322,12 @@ def load(version: str | None = None) -> Loaded:
     """HiRadixCache and what it imports, at ``version`` (default 0.4.5)."""
     from . import _loader
 
-    loaded = _loader.load(install.select(ENGINE_KEY, version), FILES, STUBS, (HIRADIX,))
+    dist = install.select(ENGINE_KEY, version)
+    if sglang.single_file(_loader.require(dist)):  # 0.4.8 on: mem_cache/allocator.py
+        loaded = sglang.load_dist(dist, (*FILES, sglang.ALLOCATOR), {**sglang.STUBS, **STUBS},
+                                  (sglang.ALLOCATOR, HIRADIX))
+    else:
+        loaded = _loader.load(dist, FILES, STUBS, (HIRADIX,))
     _patch_modules(loaded)
     return loaded
 
@@ -358,7 +369,8 @@ class SglangHiCacheTarget:
         self.version = mods.dist.version
         pool = mods[f"{MEM}.memory_pool"]
         hiradix = mods[HIRADIX]
-        self.alloc = pool.TokenToKVPoolAllocator(num_blocks, torch.float16, "cpu",
+        allocators = pool if hasattr(pool, "TokenToKVPoolAllocator") else mods[sglang.ALLOCATOR]
+        self.alloc = allocators.TokenToKVPoolAllocator(num_blocks, torch.float16, "cpu",
                                                  _DevicePool(num_blocks))
         context = 8 * num_blocks + 16
         self.rows = pool.ReqToTokenPool(2 * num_blocks + 2, context, "cpu", False)
@@ -374,6 +386,8 @@ class SglangHiCacheTarget:
             kw["hicache_size"] = 0
         if takes(hiradix.HiRadixCache.__init__, "hicache_write_policy"):
             kw["hicache_write_policy"] = "write_through_selective"
+        if takes(hiradix.HiRadixCache.__init__, "hicache_io_backend"):  # 0.4.9.post1 on
+            kw["hicache_io_backend"] = "direct"  # (torch copies; never run: stood in)
         self.tree = hiradix.HiRadixCache(**kw)
         self.tree.write_through_threshold = float("inf")  # store(seq) starts backups
         self.tree.load_back_threshold = 1
@@ -433,7 +447,14 @@ class SglangHiCacheTarget:
         if rows is None:
             raise MisuseError("no req_to_token row left")
         req = _Req(toks, rows[0])
-        value, last, last_global = tree.match_prefix(key=toks[: n - 1], include_evicted=True)
+        found = tree.match_prefix(key=toks[: n - 1], include_evicted=True)
+        if hasattr(found, "device_indices"):  # 0.4.8 on: a MatchResult
+            value, last, last_global = (found.device_indices, found.last_device_node,
+                                        found.last_host_node)
+            host_hit = found.host_hit_length
+        else:
+            value, last, last_global = found
+            host_hit = None
         req.prefix_indices = value.to(self.torch.int64).as_subclass(self.Dev)
         req.last_node, req.last_node_global = last, last_global
         job = None
@@ -447,8 +468,14 @@ class SglangHiCacheTarget:
         try:
             if load_back and last_global is not None and last_global.evicted:
                 before = dict(tree.ongoing_load_back)
-                req.last_node, req.prefix_indices = tree.init_load_back(
-                    last_global, req.prefix_indices)
+                if host_hit is None:
+                    req.last_node, req.prefix_indices = tree.init_load_back(
+                        last_global, req.prefix_indices)
+                elif host_hit > 0:  # (0.4.8's PrefillAdder: the loaded indices appended)
+                    loaded, req.last_node = tree.init_load_back(last_global, host_hit)
+                    req.prefix_indices = self.torch.cat(
+                        [self.torch.Tensor.as_subclass(req.prefix_indices, self.torch.Tensor),
+                         loaded]).as_subclass(self.Dev)
                 new = [k for k in tree.ongoing_load_back if k not in before]
                 if new:
                     op = self._find_op(self.ctl.load_queue, new[0])
@@ -627,7 +654,9 @@ class SglangHiCacheTarget:
 
     def free_blocks(self, pool: str) -> list[int]:
         if pool == DEVICE:
-            return [int(x) - 1 for x in self.alloc.free_slots.tolist()]
+            free = (self.alloc.free_slots.tolist() if hasattr(self.alloc, "free_slots")
+                    else sglang.free_pages_of(self.alloc))  # (free_pages from 0.4.8)
+            return [int(x) - 1 for x in free]
         return [int(x) for x in self.host.free_slots.tolist()]
 
     def table(self, seq: int):
