@@ -48,7 +48,8 @@ why it cannot change what the connector decides:
 ``VllmConfig`` (an argument)
     A record of the settings the connector reads: no KV events, ``block_size``, data /
     prefill / decode parallel sizes 1 (world size 1: one worker reports each store),
-    ``max_model_len``, ``max_num_batched_tokens``.
+    ``max_model_len``, ``max_num_batched_tokens``, ``max_in_flight_tokens`` (aphrodite
+    0.22.0; ``max_model_len``, as the GPU manager's default).
 the worker and its copy kernels
     Not loaded: kvcheck's driver is the worker. A store event's completion is
     ``update_connector_output`` with ``SimpleCPUOffloadWorkerMetadata({event: 1})`` (the
@@ -99,10 +100,11 @@ Observation (kvcheck's block ``b`` is vLLM's ``b + 1`` in each pool):
     the sliding-window group's blocks, ``None`` for vLLM's null block (a position behind
     the window).
 ``pending_jobs()``
-    per store event in flight: the full-attention pairs it copies (``src`` GPU blocks,
-    ``dst`` CPU blocks); the connector's touches of the event's other entries (the
-    sliding-window group's, and any block the scan took from a position the request no
-    longer holds) are ``pins``: ``{"store <event>": [blocks]}`` in each pool, a multiset.
+    per store event in flight: its pairs whose GPU block is in the request's
+    full-attention table when the store starts (``src`` GPU blocks, ``dst`` CPU blocks;
+    a block the scan listed twice, twice); the connector's touches of the event's other
+    entries (the sliding-window group's blocks, whose content kvcheck's ghost does not
+    follow) are ``pins``: ``{"store <event>": [blocks]}`` in each pool, a multiset.
 ``refcount``
     ``ref_cnt``; on the CPU pool, plus one for a block its cache map names (the cache's
     reference).
@@ -110,7 +112,11 @@ Observation (kvcheck's block ``b`` is vLLM's ``b + 1`` in each pool):
     the GPU free queue as it is (duplicates included: ``get_all_free_blocks``); the CPU
     free queue without the blocks its cache map names (those are evictable).
 ``cache_entries(host)``
-    ``((hash, group), block)`` of the CPU pool's ``cached_block_hash_to_block``;
+    ``((hash, block, event), block)`` for each block of the CPU pool's
+    ``cached_block_hash_to_block`` (the hash carries the group; one key per block, as
+    vLLM's map may hold several blocks under one hash; the store event that filled the
+    block makes each publication a new key, whose meaning kvcheck binds from the copy
+    it saw, or leaves unbound for a pin's entry);
     ``cache_entries(device)`` is empty: the GPU prefix cache is not read (above), its
     freed blocks are free.
 """
@@ -235,7 +241,10 @@ def _settings(block_size: int) -> Any:
                                  prefill_context_parallel_size=1, world_size=1,
                                  data_parallel_size=1),
               model_config=ns(max_model_len=1 << 20),
-              scheduler_config=ns(max_num_batched_tokens=1 << 16))
+              scheduler_config=ns(max_num_batched_tokens=1 << 16),
+              # (aphrodite 0.22.0: the CPU coordinator's; the GPU manager's default, None,
+              # reads as max_model_len too)
+              max_in_flight_tokens=1 << 20)
 
 
 class SimpleOffloadTarget:
@@ -305,6 +314,7 @@ class SimpleOffloadTarget:
         self._unsent: dict[int, dict] = {}  # seq -> what its steps scheduled since a build
         self._jobs: dict[str, tuple[int, int]] = {}  # job id -> (seq, store event)
         self._ids = itertools.count()
+        self._published: dict[int, int] = {}  # CPU block -> the store event that filled it
 
     # -- operations ---------------------------------------------------------------------
     def allocate(self, seq: int, tokens: Sequence[int]) -> None:
@@ -400,6 +410,8 @@ class SimpleOffloadTarget:
         if not ok:
             raise MisuseError("SimpleCPUOffload reports no failed store")
         _, event, _ = self._jobs.pop(job)
+        for c in self.connector._store_event_to_blocks[event].cpu_block_ids:
+            self._published[c] = event  # (names the key the completion publishes)
         worker = self._meta.SimpleCPUOffloadWorkerMetadata(completed_store_events={event: 1})
         self.connector.update_connector_output(
             self._outputs.KVConnectorOutput(kv_connector_worker_meta=worker))
@@ -433,7 +445,7 @@ class SimpleOffloadTarget:
         for key, got in self.cpu.cached_block_hash_to_block._cache.items():
             blocks = got.values() if isinstance(got, dict) else [got]
             for blk in blocks:
-                out[blk.block_id] = (key, blk.block_id - 1)
+                out[blk.block_id] = (key, blk.block_id - 1, self._published.get(blk.block_id))
         return out
 
     def refcount(self, pool: str, b: int) -> int:
@@ -468,15 +480,14 @@ class SimpleOffloadTarget:
 
     def _split(self, seq: int, event: int) -> tuple[list, list, list, list]:
         """A store event's pairs whose GPU block is in the request's full-attention table
-        when the store starts (each block once), and its other entries (GPU, CPU): what
-        the job reports, and the connector's other touches (pins). Fixed at the start."""
+        when the store starts (a block listed twice: twice), and its other entries (GPU,
+        CPU): what the job reports, and the connector's other touches (pins). Fixed when
+        the store starts."""
         transfer = self.connector._store_event_to_blocks[event]
         full = {b.block_id for b in self._group(seq, 0)}
         src, dst, gpu_rest, cpu_rest = [], [], [], []
-        taken: set = set()
         for g, c in zip(transfer.gpu_block_ids, transfer.cpu_block_ids, strict=True):
-            if g in full and g not in taken:
-                taken.add(g)
+            if g in full:
                 src.append(g - 1)
                 dst.append(c - 1)
             else:
