@@ -103,9 +103,10 @@ the prefix cache names (``_cached_blocks``: the cache is a holder, docs/tiers.md
 ``_cached_blocks``' ((pool, hash), block) pairs (the GPU and the CPU allocator cache
 independently: a host block is no backup of a device one, and is evicted on its own).
 So an evictor block is evictable, not on the free list, and counts as room
-(``TierState.available``): v0's ``get_num_free_blocks`` counts it. No jobs: a v0 swap is synchronous (``pending_jobs`` is ``{}``). ``capabilities``:
-``allocate``, ``append``, ``free``, ``swap_out``, ``swap_in`` (and ``lookahead``); v0's
-block manager has no store, load, completion or host-cache eviction of its own.
+(``TierState.available``): v0's ``get_num_free_blocks`` counts it. No jobs: a v0 swap
+is synchronous (``pending_jobs`` is ``{}``). ``capabilities``: ``allocate``, ``append``,
+``free``, ``swap_out``, ``swap_in`` (and ``lookahead``); v0's block manager has no store,
+load, completion or host-cache eviction of its own.
 """
 
 from __future__ import annotations
