@@ -111,6 +111,9 @@ Observation (kvcheck's block ``b`` is vLLM's ``b + 1`` in each pool):
 ``free_blocks``
     the GPU free queue as it is (duplicates included: ``get_all_free_blocks``); the CPU
     free queue without the blocks its cache map names (those are evictable).
+``num_free``
+    the GPU pool's own count, ``get_num_free_blocks()`` (the CPU pool's counts its
+    evictable blocks too: not reported).
 ``cache_entries(host)``
     ``((hash, block, event), block)`` for each block of the CPU pool's
     ``cached_block_hash_to_block`` (the hash carries the group; one key per block, as
@@ -459,6 +462,11 @@ class SimpleOffloadTarget:
             cached = self._cached_cpu()
             got = [b for b in got if b not in cached]
         return [b - 1 for b in got]
+
+    def num_free(self, pool: str) -> int | None:
+        """The GPU pool's own count (``get_num_free_blocks``); None for the CPU pool, whose
+        count includes its evictable cached blocks (not free in the tiers view)."""
+        return self.pool.get_num_free_blocks() if pool == "device" else None
 
     def _group(self, seq: int, g: int) -> list:
         req = self.requests.get(seq) or self.finished[seq]

@@ -509,8 +509,20 @@ class TierOracle:
         s = T.TierState(self.bs, dict(self.sizes), refs, free, tables, where, lengths, jobs,
                         pins, cache, evictable, mapped=self._mapped(tables),
                         windows=self._windows(tables, where),
-                        window_groups=1 if hasattr(t, "window") else 0)
+                        window_groups=1 if hasattr(t, "window") else 0,
+                        num_free_reported=self._num_free())
         return s
+
+    def _num_free(self) -> dict:
+        """The target's own count of each pool's free blocks (optional ``num_free(pool)``;
+        None: it keeps none there), checked against its free list (``num_free_agrees``)."""
+        if not hasattr(self.target, "num_free"):
+            return {}
+        out = {}
+        for p in self.sizes:
+            n = self._read(f"num_free({p!r})", self.target.num_free, p)
+            out[p] = None if n is None else as_int(n, f"num_free({p!r})")
+        return out
 
     def _windows(self, tables: dict, where: dict) -> dict:
         """``window(q)`` of each request with a table, where the target has a
