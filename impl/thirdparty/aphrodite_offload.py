@@ -1,5 +1,5 @@
 """Adapter: aphrodite-engine's ``SimpleCPUOffloadConnector`` scheduler side (vLLM's,
-inherited: ``aphrodite/v1/simple_kv_offload/manager.py``), 0.20.0 .. 0.22.0, as a tiers
+inherited: ``aphrodite/v1/simple_kv_offload/manager.py``), 0.20.0 .. 0.24.1, as a tiers
 target: ``vllm_v1_offload`` on aphrodite's own files (its module docstring says what runs,
 what is stood in and how the scheduler drives it), ``aphrodite-simple-offload@VERSION``."""
 

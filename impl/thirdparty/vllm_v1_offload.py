@@ -2,11 +2,14 @@
 the release's own ``KVCacheManager`` with a hybrid KV-cache config, as a target of the
 tiers model (``kvcheck verify-tiers``; protocol: docs/tiers.md).
 
-Releases: vLLM 0.20.2 .. 0.24.0 (``vllm-v1-simple-offload@VERSION``, the releases of
-``vllm_v1``'s range that ship ``vllm/v1/simple_kv_offload/manager.py`` and import nothing
-this adapter does not stand in for; 0.33.0's manager also imports its metrics, sizing and
-multimodal helpers: not loaded yet) and aphrodite-engine 0.20.0 .. 0.22.0
-(``aphrodite-simple-offload@VERSION``, the same files under ``aphrodite/``).
+Releases: vLLM 0.20.2 .. 0.33.0 (``vllm-v1-simple-offload@VERSION``, the releases of
+``vllm_v1``'s range that ship ``vllm/v1/simple_kv_offload/manager.py``; run on 0.20.2,
+0.23.0, 0.24.0 and 0.33.0, the default) and aphrodite-engine 0.20.0 .. 0.24.1
+(``aphrodite-simple-offload@VERSION``, the same files under ``aphrodite/``; run on all
+four). Differences are handled by feature: the manager's constructor keywords
+(``scheduler_block_size``, ``hash_block_size`` from 0.24), ``KVCacheTensor``'s fields
+(``shared_by`` to 0.32, ``layers`` and strides in 0.33), and 0.33.0's final flush on
+finish (``free``).
 
 What runs is the release's own code, loaded from its installed files by ``_loader``
 (never imported as ``vllm``): the KV-cache manager's files (``vllm_v1.FILES``: the
@@ -49,7 +52,9 @@ why it cannot change what the connector decides:
     A record of the settings the connector reads: no KV events, ``block_size``, data /
     prefill / decode parallel sizes 1 (world size 1: one worker reports each store),
     ``max_model_len``, ``max_num_batched_tokens``, ``max_in_flight_tokens`` (aphrodite
-    0.22.0; ``max_model_len``, as the GPU manager's default).
+    0.22.0; ``max_model_len``, as the GPU manager's default), and 0.33.0's
+    ``speculative_config`` (None: no speculative decoding) and
+    ``num_prefill_lookahead_tokens`` (0).
 the worker and its copy kernels
     Not loaded: kvcheck's driver is the worker. A store event's completion is
     ``update_connector_output`` with ``SimpleCPUOffloadWorkerMetadata({event: 1})`` (the
@@ -90,7 +95,11 @@ How the scheduler drives it (vLLM's ``Scheduler``: ``schedule``, ``_free_request
 ``free(seq)``
     the request finishes: ``_connector_finished`` (``remove_skipped_blocks`` at its
     computed tokens, then ``request_finished_all_groups``), then ``KVCacheManager.free``.
-    A store still in flight keeps its touches; its completion releases them.
+    A store still in flight keeps its touches; its completion releases them. 0.33.0
+    queues a final store of the request's confirmed blocks there (a flush on finish):
+    the adapter runs the next step's ``build_connector_meta`` and completes that event at
+    once (``_final_flush``: a stand-in for the worker, the one completion kvcheck's driver
+    does not choose).
 
 Observation (kvcheck's block ``b`` is vLLM's ``b + 1`` in each pool):
 
@@ -193,10 +202,59 @@ def _stub_outputs(mod: types.ModuleType, _: Loaded) -> None:
     mod.KVConnectorOutput = KVConnectorOutput
 
 
+def _stub_offload_metrics(mod: types.ModuleType, _: Loaded) -> None:
+    """0.33.0: the connector's Prometheus metrics (names and a stats record), read only by
+    ``get_stats``, which the scheduler calls for logging; kvcheck never does."""
+    class MetricName:
+        SAVE_OUTCOMES = LOAD_BLOCKS = USED_BLOCKS = PENDING_STORE_BLOCKS = INFO = "unused"
+
+    mod.MetricName = MetricName
+    mod.OUTCOME_TO_FIELD = {}
+    mod.SimpleCPUOffloadStats = vllm_v1._unreachable("the connector's metrics")
+
+
+def _stub_offload_sizing(mod: types.ModuleType, loaded: Loaded) -> None:
+    """0.33.0: ``sizing.py`` imports torch.distributed (for the worker's sizing); the one
+    function the manager imports, ``gpu_total_bytes``, is the release's own (read from the
+    file and executed alone, as ``yield_req_data``)."""
+    ns = {"__builtins__": mod.__dict__["__builtins__"], "__name__": mod.__name__,
+          "KVCacheConfig": Any}
+    mod.gpu_total_bytes = _release_function(loaded, mod.__kvcheck_real_name__,
+                                            "gpu_total_bytes", ns)
+
+
+def _stub_ec_manager_config(mod: types.ModuleType, _: Loaded) -> None:
+    """0.33.0: ``sched/output.py`` names the encoder-cache manager's metadata (a field of
+    ``SchedulerOutput``, None here); the real module imports the config machinery."""
+    class EncoderCacheManagerMetadata:  # annotation only
+        pass
+
+    mod.EncoderCacheManagerMetadata = EncoderCacheManagerMetadata
+
+
+def _stub_kv_events(mod: types.ModuleType, loaded: Loaded) -> None:
+    """``vllm_v1``'s stand-in, and 0.33.0's ``MEDIUM_STORAGE`` (a KV event's medium name;
+    events are off)."""
+    vllm_v1._stub_kv_events(mod, loaded)
+    mod.MEDIUM_STORAGE = "STORAGE"
+
+
+def _stub_mm_utils(mod: types.ModuleType, loaded: Loaded) -> None:
+    """``vllm_v1``'s stand-in, and 0.33.0's ``strip_covered_mm_data``: reached only for a
+    multimodal request, which kvcheck never makes (it raises)."""
+    vllm_v1._stub_mm_utils(mod, loaded)
+    mod.strip_covered_mm_data = vllm_v1._unreachable("multimodal data")
+
+
 OFFLOAD_STUBS = {
+    "vllm.distributed.kv_events": _stub_kv_events,
+    "vllm.multimodal.utils": _stub_mm_utils,
     UTILS: _stub_connector_utils,
     "vllm.distributed.kv_transfer.kv_connector.v1.base": _stub_connector_base,
     "vllm.v1.outputs": _stub_outputs,
+    "vllm.v1.simple_kv_offload.metrics": _stub_offload_metrics,
+    "vllm.v1.simple_kv_offload.sizing": _stub_offload_sizing,
+    "vllm.config.ec_manager_config": _stub_ec_manager_config,
 }
 
 
@@ -247,7 +305,9 @@ def _settings(block_size: int) -> Any:
               scheduler_config=ns(max_num_batched_tokens=1 << 16),
               # (aphrodite 0.22.0: the CPU coordinator's; the GPU manager's default, None,
               # reads as max_model_len too)
-              max_in_flight_tokens=1 << 20)
+              max_in_flight_tokens=1 << 20,
+              speculative_config=None,  # (0.33.0: no speculative decoding)
+              num_prefill_lookahead_tokens=0)
 
 
 class SimpleOffloadTarget:
@@ -288,8 +348,7 @@ class SimpleOffloadTarget:
                                           **extra)
         config = iface.KVCacheConfig(
             num_blocks=num_blocks + 1,
-            kv_cache_tensors=[iface.KVCacheTensor(size=(num_blocks + 1) * self.PAGE,
-                                                  shared_by=["layer.0", "layer.1"])],
+            kv_cache_tensors=[self._tensor(iface, num_blocks + 1)],
             kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], full),
                              iface.KVCacheGroupSpec(["layer.1"], sliding)])
         utils.init_none_hash(sha256)
@@ -318,6 +377,19 @@ class SimpleOffloadTarget:
         self._jobs: dict[str, tuple[int, int]] = {}  # job id -> (seq, store event)
         self._ids = itertools.count()
         self._published: dict[int, int] = {}  # CPU block -> the store event that filled it
+
+    def _tensor(self, iface, blocks: int):
+        """The one KV-cache tensor, both layers in it (its sizes only scale the CPU pool):
+        ``shared_by`` to 0.32, ``layers`` with strides from 0.33 (a layer-outermost
+        layout)."""
+        import dataclasses
+
+        names = {f.name for f in dataclasses.fields(iface.KVCacheTensor)}
+        if "shared_by" in names:
+            return iface.KVCacheTensor(size=blocks * self.PAGE, shared_by=["layer.0", "layer.1"])
+        page = self.PAGE // 2
+        return iface.KVCacheTensor(size=blocks * self.PAGE, layers=["layer.0", "layer.1"],
+                                   layer_stride=page * blocks, block_stride=page)
 
     # -- operations ---------------------------------------------------------------------
     def allocate(self, seq: int, tokens: Sequence[int]) -> None:
@@ -429,6 +501,25 @@ class SimpleOffloadTarget:
         del self.requests[seq]
         self._unsent.pop(seq, None)
         self.finished[seq] = req
+        if getattr(self.connector, "_pending_finished_stores", None):
+            self._final_flush()
+
+    def _final_flush(self) -> None:
+        """0.33.0: ``request_finished_all_groups`` queues a final store of the finished
+        request's confirmed blocks (touched, CPU blocks taken), sent with the next step's
+        metadata. The adapter runs that next step's ``build_connector_meta`` (nothing
+        scheduled) and reports the event done at once, as a worker that copies it before
+        anything else happens: the flush never stays pending (a stand-in: kvcheck's driver
+        does not choose when it completes, nor may it fail)."""
+        meta = self.connector.build_connector_meta(self._sched.SchedulerOutput.make_empty())
+        if meta.store_event < 0:
+            return
+        for c in self.connector._store_event_to_blocks[meta.store_event].cpu_block_ids:
+            self._published[c] = meta.store_event
+        worker = self._meta.SimpleCPUOffloadWorkerMetadata(
+            completed_store_events={meta.store_event: 1})
+        self.connector.update_connector_output(
+            self._outputs.KVConnectorOutput(kv_connector_worker_meta=worker))
 
     def _live(self, seq: int) -> Request:
         req = self.requests.get(seq)

@@ -100,10 +100,10 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
                    "SGLang SWATokenToKVPoolAllocator (0.5.23; @0.5.13..0.5.23), page size = block "
                    "size > 1: the full pool and the SWA pool behind full_to_swa_index_mapping"),
     "vllm-v1-simple-offload": ("kvcheck.impl.thirdparty.vllm_v1_offload:make",
-                               "vLLM v1 SimpleCPUOffloadConnector, scheduler side, eager (0.24.0; "
-                               "@0.20.2..0.24.0) over the release's KVCacheManager, full attention "
+                               "vLLM v1 SimpleCPUOffloadConnector, scheduler side, eager (0.33.0; "
+                               "@0.20.2..0.33.0) over the release's KVCacheManager, full attention "
                                "+ sliding window 2 x block size; stores completed by the driver"),
     "aphrodite-simple-offload": ("kvcheck.impl.thirdparty.aphrodite_offload:make",
                                  "aphrodite-engine's SimpleCPUOffloadConnector (vLLM's, inherited; "
-                                 "0.22.0; @0.20.0..0.22.0), as vllm-v1-simple-offload"),
+                                 "0.24.1; @0.20.0..0.24.1), as vllm-v1-simple-offload"),
 }
