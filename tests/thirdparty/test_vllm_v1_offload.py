@@ -15,7 +15,8 @@ from kvcheck.verify import replay_trace, verify
 SCOPE = TierScope(8, 1, 4)  # the catalogue's: 8 device + 4 host blocks of 1 slot
 PAIRS = {"vllm-v1-simple-offload": ("vllm-v1", "0.20.2", "0.24.0"),
          "aphrodite-simple-offload": ("aphrodite", "0.21.0", "0.22.0")}
-missing = [f"{key}=={v}" for key, buggy, fixed in PAIRS.values() for v in (buggy, fixed)
+RELEASES = [(key, v) for key, buggy, fixed in PAIRS.values() for v in (buggy, fixed)]
+missing = [f"{key}=={v}" for key, v in RELEASES + [("vllm-v1", "0.33.0")]
            if not _loader.is_installed(install.select(key, v))]
 needs = pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)} "
                            f"(kvcheck install ENGINE==VERSION)")
@@ -85,3 +86,20 @@ def test_a_store_completion_never_fails():
                extra={"weights": {"fail": 1.0}})
     assert r.ok, r.violation
     assert r.state.stats["complete"] > 5, r.state.stats
+
+
+@needs
+def test_0_33_0_passes_with_its_final_flush():
+    """The pinned release (0.33.0, scripts/test.sh's vllm-v1): no alarm, and its final
+    flush on finish (a store of the finished request's confirmed blocks, sent with the next
+    step's metadata) leaves nothing held at quiescence and fills the host cache."""
+    t = make(8, 1, 4, version="0.33.0")
+    t.allocate(0, [0, 1, 0])
+    t.free(0)  # never stored by a store step: the final flush stores its blocks
+    assert not t.pending_jobs() and not t.pins("device") and not t.pins("host")
+    assert len(t.cache_entries("host")) >= 2, t.cache_entries("host")
+    assert sorted(t.free_blocks("device")) == list(range(8))
+    r = run("vllm-v1-simple-offload@0.33.0", 400)
+    assert r.ok, r.violation
+    st = r.state.stats
+    assert st["store"] > 20 and st["complete"] > 10 and st["free"] and st["oob"], st
