@@ -440,6 +440,22 @@ def _hits(L, pre, post, q, shared, what):
                    post.ref(DEVICE, b) >= pre.ref(DEVICE, b) + 1)
 
 
+def written_back(pre, post) -> set:
+    """Host blocks a device eviction wrote back (a write-back cache demotes what it evicts
+    from the device: SGLang's HiCache with write_back): each free, or evicted for it,
+    before, and now cached under a key the device cache named before; with the host
+    blocks evicted to make room for them."""
+    was, now = pre.keys(DEVICE), post.keys(DEVICE)
+    out = {h for k, h in post.keys(HOST).items() if k in was and k not in pre.keys(HOST)
+           and (pre.free_count(HOST, h) == 1 or h in pre.evictable(HOST))}
+    if not out:
+        return out
+    demoted_then_evicted = {  # (evicted from the device, then from the host for room)
+        h for k, h in pre.keys(HOST).items() if k in was and k not in now
+        and k not in post.keys(HOST) and post.free_count(HOST, h) == 1}
+    return out | evicted(pre, post, HOST) | demoted_then_evicted
+
+
 def evicted(pre, post, p) -> set:
     """Blocks of ``p`` an operation evicted for room: evictable before, free after."""
     return {b for b in pre.evictable(p) if pre.free_count(p, b) == 0
@@ -459,7 +475,7 @@ def allocate(L, pre, post, op):
     yield from _fresh(L, pre, post, DEVICE, set(t) - shared, "allocate")
     yield from _others_unchanged(L, pre, post, DEVICE, set(t) | evicted(pre, post, DEVICE),
                                  "allocate")
-    yield from _others_unchanged(L, pre, post, HOST, set(), "allocate")
+    yield from _others_unchanged(L, pre, post, HOST, written_back(pre, post), "allocate")
     yield from _mapped_taken(L, pre, post, q, "allocate")
 
 
@@ -485,7 +501,7 @@ def append(L, pre, post, op):
     old, new = pre.table(q), post.table(q)
     yield "append: one more token, on the device", q, L.and_(
         post.pool_of(q) == p, post.length(q) == pre.length(q) + 1)
-    yield from _others_unchanged(L, pre, post, HOST, set(), "append")
+    yield from _others_unchanged(L, pre, post, HOST, written_back(pre, post), "append")
     for m in pre.mapped_pools():
         was, now = pre.mapped_table(m, q), post.mapped_table(m, q)
         yield "append: behind a mapping too, the entries it had are kept", q, \
@@ -601,7 +617,7 @@ def load(L, pre, post, op):
         yield ("load: a hit gains the job's reference and nothing else", (HOST, b),
                L.and_(post.ref(HOST, b) == pre.ref(HOST, b) + job.src.count(b),
                       post.free_count(HOST, b) == pre.free_count(HOST, b)))
-    yield from _others_unchanged(L, pre, post, HOST, hits, "load")
+    yield from _others_unchanged(L, pre, post, HOST, hits | written_back(pre, post), "load")
     if op.job is None:
         return
     name = (q, op.job)

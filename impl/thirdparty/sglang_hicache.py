@@ -315,7 +315,57 @@ def _patch_modules(mods: Loaded) -> None:
                                             ReduceOp=torch.distributed.ReduceOp,
                                             ProcessGroup=object)
     mods[HIRADIX].torch = one
+    import time
+
+    class _Time(types.ModuleType):  # (0.4.5's write_back eviction sleeps between its
+        def __getattr__(self, name):  # checks for the write thread's acks: _SyncAcks)
+            return getattr(time, name)
+
+        @staticmethod
+        def sleep(_seconds) -> None:
+            pass
+
+    mods[HIRADIX].time = _Time("time")
     ctl.__kvcheck_patched__ = True
+
+
+class _SyncAcks:
+    """``ack_write_queue`` under the write_back policy: a device eviction writes the nodes it
+    evicts back and waits for the write thread's acks (0.4.5: ``writing_check`` then a
+    sleep, in a loop; 0.4.6 on: ``ack_write_queue.get()``); read, the queue first lets the
+    stood-in write thread take every queued write (``complete_io``, the ack)."""
+
+    def __init__(self, target: SglangHiCacheTarget):
+        import queue
+
+        self.target, self.q = target, queue.Queue()
+
+    def _drain(self) -> None:
+        ctl = self.target.ctl
+        while ctl.write_queue.queue:
+            op = ctl.write_queue.get()
+            self.target.host.complete_io(op.host_indices)
+            for node_id in op.node_ids:
+                if node_id != 0:
+                    self.q.put(node_id)
+
+    def qsize(self) -> int:
+        self._drain()
+        return self.q.qsize()
+
+    def empty(self) -> bool:
+        self._drain()
+        return self.q.empty()
+
+    def get(self, *args, **kwargs):
+        self._drain()
+        return self.q.get_nowait()
+
+    def get_nowait(self):
+        return self.get()
+
+    def put(self, item, *args, **kwargs) -> None:
+        self.q.put(item)
 
 
 def load(version: str | None = None) -> Loaded:
@@ -353,7 +403,7 @@ class SglangHiCacheTarget:
     failures = ()  # the controller has no failure path: every transfer completes
 
     def __init__(self, num_blocks: int, block_size: int, host_blocks: int,
-                 version: str | None = None):
+                 version: str | None = None, write_policy: str = "write_through_selective"):
         import torch
 
         if block_size != 1:
@@ -385,11 +435,15 @@ class SglangHiCacheTarget:
         if takes(hiradix.HiRadixCache.__init__, "hicache_size"):  # 0.4.6 on: 0 = by ratio
             kw["hicache_size"] = 0
         if takes(hiradix.HiRadixCache.__init__, "hicache_write_policy"):
-            kw["hicache_write_policy"] = "write_through_selective"
+            kw["hicache_write_policy"] = write_policy
         if takes(hiradix.HiRadixCache.__init__, "hicache_io_backend"):  # 0.4.9.post1 on
             kw["hicache_io_backend"] = "direct"  # (torch copies; never run: stood in)
         self.tree = hiradix.HiRadixCache(**kw)
         self.tree.write_through_threshold = float("inf")  # store(seq) starts backups
+        if write_policy == "write_back":  # (0.4.5 takes no policy argument: its attribute)
+            self.tree.cache_controller.write_policy = "write_back"
+            self.tree.cache_controller.ack_write_queue = _SyncAcks(self)
+            self.capabilities = self.capabilities - {"store"}  # (backups only on eviction)
         self.tree.load_back_threshold = 1
         self.ctl = self.tree.cache_controller
         self.host = self.tree.token_to_kv_pool_host
@@ -704,3 +758,11 @@ class SglangHiCacheTarget:
 def make(num_blocks: int, block_size: int, host_blocks: int,
          version: str | None = None) -> SglangHiCacheTarget:
     return SglangHiCacheTarget(num_blocks, block_size, host_blocks, version=version)
+
+
+def make_write_back(num_blocks: int, block_size: int, host_blocks: int,
+                    version: str | None = None) -> SglangHiCacheTarget:
+    """The write_back policy: nothing is backed up until the device evicts it, then the
+    eviction writes it to the host and waits for the write (``_SyncAcks``); no ``store``."""
+    return SglangHiCacheTarget(num_blocks, block_size, host_blocks, version=version,
+                               write_policy="write_back")

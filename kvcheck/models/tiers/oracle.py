@@ -121,6 +121,7 @@ class TierOracle:
         self._wq: dict[int, tuple] = {}  # live request -> _wants of its tokens (memo)
         self.content: dict[str, dict[int, int]] = {p: {} for p in self.sizes}  # the ghost
         self.meanings: dict = {}  # key -> prefix id
+        self.published: dict = {}  # device key -> the prefix id its request cached under it
         self.jobs: dict[tuple, dict] = {}  # pending (seq, n) -> what started it
         self.by_id: dict = {}  # the target's job id -> (seq, n)
         self.started = Counter()  # request -> jobs started for it
@@ -327,6 +328,7 @@ class TierOracle:
             op.hits = len(job.src) if job is not None else 0
         if kind == "store" and op.job is not None and name in post.jobs:
             self._key_store(name, pre, post)
+        self._publish(op, pre, post, freed)
         self._write(op, pre, post, done)
         self._reserve(op)
         post = self._with_ghost(post)
@@ -351,6 +353,8 @@ class TierOracle:
         """The engine's and its worker's writes after a successful step (the ghost)."""
         kind, q, B = op.kind, op.seq, self.bs
         dev = self.content[T.DEVICE]
+        if kind in ("allocate", "load", "append"):
+            self._written_back(pre, post)
         if kind in ("allocate", "load") and post.live(q):
             wants = self._wants(self.tokens[q])
             job = post.jobs.get((q, op.job)) if op.job is not None else None
@@ -403,6 +407,35 @@ class TierOracle:
             self.reserved[q] -= 1
         elif kind in ("allocate", "load", "free"):
             self.reserved.pop(q, None)
+
+    def _publish(self, op, pre, post, freed) -> None:
+        """A key a request's operation adds to the device cache names the prefix of the
+        request's tokens up to that block's end: what the engine cached under it (kept
+        aside, bound as the key's meaning only if the key reaches the host by a write-back:
+        ``_written_back``)."""
+        new = {k: b for k, b in post.keys(T.DEVICE).items() if k not in pre.keys(T.DEVICE)}
+        toks = self.tokens.get(op.seq) or freed.get(op.seq)
+        if not new or not toks:
+            return
+        table = post.table(op.seq) or pre.table(op.seq)
+        wants = self._wants(toks)
+        for k, b in new.items():
+            if b in table and table.index(b) < len(wants):
+                self.published.setdefault(k, wants[table.index(b)])
+
+    def _written_back(self, pre, post) -> None:
+        """A device eviction that writes a block back to the host (a write-back cache): the
+        host block the key now names gets the device block's content, and the key the
+        meaning its request cached it under."""
+        was = pre.keys(T.DEVICE)
+        host = self.content[T.HOST]
+        for k, h in post.keys(T.HOST).items():
+            if k in was and k not in pre.keys(T.HOST):
+                src = self.content[T.DEVICE].get(was[k])
+                if src is not None:
+                    host[h] = src
+                if k not in self.meanings and k in self.published:
+                    self.meanings[k] = self.published[k]
 
     def _with_ghost(self, s: T.TierState) -> T.TierState:
         s.reserved = {q: r for q, r in self.reserved.items() if r}
