@@ -846,8 +846,99 @@ def replay_vllm_8824(version: str) -> tuple[bool, str]:
     return False, "can_swap_in(2) -> OK and append_slots found the lookahead block"
 
 
+def _hicache_write_back(version: str, device: int, host: int):
+    """The release's HiRadixCache under the write_back policy (``sglang_hicache.load``'s
+    stand-ins; the write thread's acks given when an eviction waits for them)."""
+    import types
+
+    import torch
+
+    from kvcheck.impl.thirdparty import sglang_hicache as hc
+
+    mods = hc.load(version)
+    pool, hiradix = mods[f"{hc.MEM}.memory_pool"], mods[hc.HIRADIX]
+    allocators = pool if hasattr(pool, "TokenToKVPoolAllocator") else mods[hc.sglang.ALLOCATOR]
+    alloc = allocators.TokenToKVPoolAllocator(device, torch.float16, "cpu",
+                                              hc._DevicePool(device))
+    rows = pool.ReqToTokenPool(4, 8, "cpu", False)
+    kw = {"req_to_token_pool": rows, "token_to_kv_pool_allocator": alloc,
+          "tp_cache_group": None, "page_size": 1}
+    init = hiradix.HiRadixCache.__init__
+    for name, value in (("hicache_ratio", host / device), ("hicache_size", 0),
+                        ("hicache_write_policy", "write_back"), ("hicache_io_backend", "direct")):
+        if hc.takes(init, name):
+            kw[name] = value
+    tree = hiradix.HiRadixCache(**kw)
+    ctl = tree.cache_controller
+    ctl.write_policy = "write_back"  # (0.4.5 takes no policy argument)
+    ctl.ack_write_queue = hc._SyncAcks(types.SimpleNamespace(
+        ctl=ctl, host=tree.token_to_kv_pool_host))
+    return tree, alloc, tree.token_to_kv_pool_host
+
+
+def replay_sglang_5499(version: str) -> tuple[bool, str]:
+    """sglang #5499: ``HiRadixCache.evict`` under the write_back policy frees fewer device
+    slots than it counts. 0.4.5 .. 0.4.5.post1: it writes an unbacked node back and waits,
+    but never frees the node's device slots; 0.4.5.post2 .. 0.4.5.post3 free them, but
+    ``write_backup`` locks the node and its ancestors (``inc_lock_ref``), so the parent
+    the loop pushes next is skipped as locked; 0.4.6 takes no lock for a write-back. 3
+    device and 4 host slots: node A = [5, 6] and its child B = [7], unlocked, then
+    ``evict(2)``."""
+    tree, alloc, host = _hicache_write_back(version, 3, 4)
+    import torch
+
+    a = alloc.alloc(2)
+    tree.insert([5, 6], a)
+    tree.insert([5, 6, 7], torch.cat([a, alloc.alloc(1)]))  # (the prefix matches A)
+    before = int(alloc.available_size())
+    tree.evict(2)
+    freed = int(alloc.available_size()) - before
+    return freed < 2, (f"evict(2) of A = [5, 6] with child B = [7] under write_back: {freed} "
+                       f"device slot(s) freed")
+
+
+def replay_sglang_27631(version: str) -> tuple[bool, str]:
+    """sglang PR #27631 (closed; #31427 open): ``HiRadixCache.load_back`` under write_back
+    protects only the device ancestor of the nodes it loads; when the device allocation
+    for the load evicts, the eviction writes back, and a host too full for that write makes
+    ``evict_host`` free host-only nodes: the very nodes being loaded. 12 device and 14 host
+    slots: node A (10 tokens: the release's load_back_threshold) written back and evicted
+    to the host, node B (12 tokens) filling the device, then a request matching A loads it
+    back."""
+    tree, alloc, host = _hicache_write_back(version, 12, 14)
+    tree.insert(list(range(100, 110)), alloc.alloc(10))
+    tree.evict(10)  # A written back, then evicted from the device: host-only
+    a = tree.root_node.children[100]
+    tree.insert(list(range(200, 212)), alloc.alloc(12))  # B, unbacked, fills the device
+    match = tree.match_prefix(key=list(range(100, 110)), include_evicted=True)
+    last = match.last_host_node if hasattr(match, "last_host_node") else match[2]
+    src = [int(x) for x in a.host_value.tolist()]
+    if hasattr(match, "host_hit_length"):
+        tree.init_load_back(last, match.host_hit_length)
+    else:
+        tree.init_load_back(last, match[0].as_subclass(_cuda_tensor()))
+    ops = list(tree.cache_controller.load_queue.queue)
+    loading = [int(x) for op in ops for x in op.host_indices.tolist()]
+    free = set(int(x) for x in host.free_slots.tolist())
+    b = tree.root_node.children.get(200)
+    reused = set(int(x) for x in b.host_value.tolist()) if b is not None and \
+        b.host_value is not None else set()
+    hit = sorted(set(loading) & (free | reused))
+    return bool(hit), (f"A's host slots {src}; the load copies from {loading}; host free "
+                       f"{sorted(free)}, B written back to {sorted(reused)}: "
+                       f"{hit or 'none'} freed under the load")
+
+
+def _cuda_tensor():
+    from kvcheck.impl.thirdparty import sglang_hicache as hc
+
+    return hc._device_tensor_class()
+
+
 REPLAYS = {
     "sglang-4989": replay_sglang_4989,
+    "sglang-5499": replay_sglang_5499,
+    "sglang-27631": replay_sglang_27631,
     "aphrodite-1556": replay_aphrodite_1556,
     "aphrodite-42571": replay_aphrodite_42571,
     "vllm-7380": replay_vllm_7380,
