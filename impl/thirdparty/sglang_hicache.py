@@ -46,6 +46,13 @@ the controller's threads and CUDA streams
     kvcheck's ghost (the oracle moves contents when a job completes). The driver may ack
     operations in any order, beyond the threads' FIFO; no transfer fails (the controller
     has no failure path: ``failures = ()``).
+the write thread under the write_back policy (``make_write_back``)
+    a device eviction writes unbacked nodes back and waits for them (0.4.5: a loop of
+    ``writing_check`` and ``time.sleep(0.1)``; 0.4.5.post3 on: ``ack_write_queue.get()``):
+    the controller's ``ack_write_queue`` is ``_SyncAcks``, which, read, first lets the
+    write thread take every queued write (``complete_io``, the ack), and hiradix_cache.py's
+    ``time.sleep`` returns at once. Those writes complete inside the operation that
+    evicts; ``store`` is not offered (write_back backs nothing up before an eviction).
 ``torch.distributed`` in hiradix_cache.py
     ``writing_check`` all-reduces its queue size over the tensor-parallel group: one
     worker here (``get_world_size`` 1).
