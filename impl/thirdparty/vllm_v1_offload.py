@@ -87,7 +87,9 @@ How the scheduler drives it (vLLM's ``Scheduler``: ``schedule``, ``_free_request
     for): several decode steps' new blocks reach the connector in one build, concatenated
     as ``yield_req_data`` accumulates them anyway; in the engine the builds in between
     would each have scanned too. A request given no token since its last build is not
-    scheduled: no build, no job.
+    scheduled: no build, no job. In lazy mode (``make_lazy``, ``vllm-v1-simple-offload-lazy``) the
+    build's store walks the GPU free queue from its cursor instead, copying cached blocks
+    no request holds: the whole event is the connector's pins (no pair is the request's).
 ``complete(job, ok)``
     the worker's report of a store event: ``update_connector_output`` with the event in
     ``kv_connector_worker_meta`` (the copy done). The connector has no failed-store
@@ -319,7 +321,7 @@ class SimpleOffloadTarget:
     PAGE = 64  # bytes per block in the one KV-cache tensor (only scales the CPU pool)
 
     def __init__(self, num_blocks: int, block_size: int, host_blocks: int,
-                 engine: Engine = VLLM, version: str | None = None):
+                 engine: Engine = VLLM, version: str | None = None, lazy: bool = False):
         if num_blocks < 1 or block_size < 1 or host_blocks < 1:
             raise MisuseError("num_blocks, block_size and host_blocks must be positive")
         import dataclasses
@@ -361,7 +363,7 @@ class SimpleOffloadTarget:
         self.pool = self.manager.block_pool
         offload = mods[n("vllm.v1.simple_kv_offload.manager")].SimpleCPUOffloadScheduler
         kwargs = {"scheduler_block_size": block_size, "hash_block_size": block_size,
-                  "lazy_offload": False}
+                  "lazy_offload": lazy}
         params = inspect.signature(offload.__init__).parameters
         self.connector = offload(_settings(block_size), config,
                                  (host_blocks + 1) * self.PAGE,
@@ -634,4 +636,11 @@ def make(num_blocks: int, block_size: int, host_blocks: int,
          version: str | None = None) -> SimpleOffloadTarget:
     """vLLM's SimpleCPUOffload (eager) over a full-attention + sliding-window config."""
     return SimpleOffloadTarget(num_blocks, block_size, host_blocks, VLLM, version)
+
+
+def make_lazy(num_blocks: int, block_size: int, host_blocks: int,
+              version: str | None = None) -> SimpleOffloadTarget:
+    """The same connector in lazy mode (``lazy_offload=True``): a step's store walks the GPU
+    free queue from its cursor and copies cached blocks no request holds (near eviction)."""
+    return SimpleOffloadTarget(num_blocks, block_size, host_blocks, VLLM, version, lazy=True)
 

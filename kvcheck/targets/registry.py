@@ -103,6 +103,9 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
                                "vLLM v1 SimpleCPUOffloadConnector, scheduler side, eager (0.33.0; "
                                "@0.20.2..0.33.0) over the release's KVCacheManager, full attention "
                                "+ sliding window 2 x block size; stores completed by the driver"),
+    "vllm-v1-simple-offload-lazy": ("kvcheck.impl.thirdparty.vllm_v1_offload:make_lazy",
+                                    "vllm-v1-simple-offload in lazy mode: a step's store copies "
+                                    "cached GPU blocks near eviction from the free queue"),
     "aphrodite-simple-offload": ("kvcheck.impl.thirdparty.aphrodite_offload:make",
                                  "aphrodite-engine's SimpleCPUOffloadConnector (vLLM's, inherited; "
                                  "0.24.1; @0.20.0..0.24.1), as vllm-v1-simple-offload"),
