@@ -3,14 +3,14 @@
 ``kvcheck verify-tiers vllm-v0-swap[@VERSION]`` (also ``vllm-v0-swap-prefix``,
 ``vllm-v0-swap-lookahead``): the release's own ``BlockSpaceManagerV2``
 (``vllm/core/block_manager_v2.py``, 0.5.0.post1 .. 0.6.2) or ``SelfAttnBlockSpaceManager``
-(``vllm/core/block_manager.py``, 0.6.3 .. 0.8.5), built as the engine builds it:
+(``vllm/core/block_manager.py``, 0.6.3 .. 0.9.2), built as the engine builds it:
 ``(block_size, num_gpu_blocks=num_blocks, num_cpu_blocks=host_blocks, watermark=0.0,
 enable_caching=...)``. Its ``CpuGpuBlockAllocator`` holds both pools; the device pool is
 ``Device.GPU``, the host pool ``Device.CPU`` (kvcheck's ``host_blocks``). Releases: every
-vLLM v0 release with block manager v2 and swaps, 0.5.0.post1 .. 0.8.5 (0.4.x's
-``swap_in`` / ``swap_out`` raise ``NotImplementedError``); default the pinned 0.8.5
-(``vllm-v0``'s row of ``kvcheck install``). The files executed are ``vllm_v0``'s block
-modules plus the manager, ``vllm/core/interfaces.py`` (``AllocStatus``) and
+vLLM v0 release with block manager v2 and swaps, 0.5.0.post1 .. 0.9.2 (0.4.x's
+``swap_in`` / ``swap_out`` raise ``NotImplementedError``): ``vllm-v0``'s row of ``kvcheck
+install``, default its pinned 0.8.5. The files executed are ``vllm_v0``'s block modules
+plus the manager, ``vllm/core/interfaces.py`` (``AllocStatus``) and
 ``vllm/core/block/utils.py`` (the encoder-decoder check).
 
 Stand-ins, in one place (what the adapter does in the scheduler's place, and why):
@@ -65,10 +65,12 @@ Watermark 0
     tiers admission clause does not model.
 
 Found by kvcheck on these targets (not known upstream; V1 and V2 are shown with the
-release's own calls in tests/thirdparty/test_vllm_v0_swap.py):
+release's own calls in tests/thirdparty/test_vllm_v0_swap.py; every release 0.5.0.post1
+.. 0.9.2 at 8 + 8 blocks of 1 and 2, seed 0, 2,000 operations: docs/findings.md):
 
-V1  freeing a swapped-out sequence (the scheduler's abort of a swapped request,
-    ``free_seq`` -> ``BlockSpaceManager.free``) returns its ``Block`` objects, which came
+V1  (0.5.1 .. 0.9.2, the releases with ``BlockPool``) freeing a swapped-out sequence
+    (the scheduler's abort of a swapped request, ``free_seq`` -> ``BlockSpaceManager.free``)
+    returns its ``Block`` objects, which came
     from the GPU allocator's ``BlockPool`` (a swap moves the objects and re-points their
     ids), to the CPU allocator's pool: ``BlockPool.free_block`` appends a GPU pool id to
     the CPU pool's free ids, and the CPU pool's next ``init_block`` indexes its own
@@ -78,11 +80,14 @@ V2  with prefix caching, the same free first calls
     ``LastAccessBlocksTracker.update_seq_blocks_last_access`` with the CPU block ids, and
     ``CpuGpuBlockAllocator.mark_blocks_as_accessed`` hands them to the GPU allocator:
     ``KeyError`` (``_block_tracker[cpu id]``) once the sequence had been scheduled.
-V3  with prefix caching, 0.8.5: nothing marks a CPU block accessed (the tracker marks the
-    GPU's only), so the CPU evictor cannot tell a stale heap entry from a live one and
-    its ``evict`` trips ``assert content_hash_to_evict in self._cached_blocks`` in
-    ``swap_out`` (seed 0 of ``make_prefix_no_swapped_abort@0.8.5`` at 8 x 2, 8 host).
-V4  with lookahead slots, 0.6.3.post1 .. 0.8.5: ``can_swap_out`` counts the full blocks
+V3  with prefix caching, 0.6.5 .. 0.9.2 (the evictor's heap with lazy deletion): nothing
+    marks a CPU block accessed (the tracker marks the GPU's only), so every CPU evictor
+    entry has the same ``last_accessed``; ``LRUEvictor.evict`` then takes a stale heap
+    entry of a block the evictor holds again, under another hash, for a live one and
+    ``_maybe_allocate_evicted_block_id`` trips ``assert content_hash_to_evict in
+    self._cached_blocks`` in ``swap_out`` (``make_prefix_no_swapped_abort``, 8 + 8 blocks of
+    1 or 2, seed 0: 12 to 21 operations on every release 0.6.5 .. 0.9.2).
+V4  with lookahead slots, 0.6.3.post1 .. 0.9.2: ``can_swap_out`` counts the full blocks
     and the blocks an append of the unseen tokens touches, never a block that holds only
     lookahead slots, which ``swap_out`` moves too: a swap-out right after a swap-in with
     lookahead slots is admitted with a CPU block too few. The engine swaps a group out at

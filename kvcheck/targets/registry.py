@@ -80,7 +80,7 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
                         "the reference tiered store: a device pool, a host pool with an LRU "
                         "cache of stored prefixes, stores and loads in flight, vLLM v0 swaps"),
     "vllm-v0-swap": ("kvcheck.impl.thirdparty.vllm_v0_swap:make",
-                     "vLLM v0 block manager v2 with its CPU pool (0.8.5; @0.5.0.post1..0.8.5): "
+                     "vLLM v0 block manager v2 with its CPU pool (0.8.5; @0.5.0.post1..0.9.2): "
                      "swap_out / swap_in through the release's own manager"),
     "vllm-v0-swap-prefix": ("kvcheck.impl.thirdparty.vllm_v0_swap:make_prefix",
                             "vllm-v0-swap with prefix caching (evictor blocks count as room)"),
