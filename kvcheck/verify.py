@@ -197,5 +197,5 @@ def replay_ops(model, target, scope: dict, ops: list, timeout: float | None = 10
 def replay_trace(trace: Trace, target=None, timeout: float | None = 10.0, out_of_blocks=None,
                  extra: dict | None = None):
     """Replay a loaded trace's operations on ``target`` (default: the recorded one)."""
-    return replay_ops(trace.model, target or trace.target, trace.scope_json(), trace.ops, timeout,
-                      out_of_blocks, {**trace.settings, **(extra or {})})
+    return replay_ops(trace.model, target or trace.loadable_target(), trace.scope_json(),
+                      trace.ops, timeout, out_of_blocks, {**trace.settings, **(extra or {})})

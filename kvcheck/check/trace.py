@@ -32,6 +32,7 @@ from pathlib import Path
 
 from kvcheck import __version__
 from kvcheck.check.model import BLOCK, COUNT, NEW_SEQ, SEQ, SEQS, TOKENS, model_named
+from kvcheck.check.portable import TargetNotFound, located, recorded
 from kvcheck.check.violation import Violation
 
 FORMAT = "kvcheck.trace"
@@ -327,6 +328,8 @@ class Trace:
     model: str = "blocks"
     extra: dict = field(default_factory=dict)  # the rest of the scope (e.g. a watermark)
     settings: dict = field(default_factory=dict)  # how the target was run (strings, per model)
+    target_file: dict | None = None  # a relative file target's {"path", "sha256"} (portable)
+    source: str | None = None  # the file it was loaded from (not recorded)
 
     @property
     def scope(self):
@@ -344,6 +347,7 @@ class Trace:
             "model": self.model,
             "kvcheck_version": self.kvcheck_version,
             "target": self.target,
+            **({"target_file": dict(self.target_file)} if self.target_file else {}),
             "scope": self.scope_json(),
             **({"settings": dict(self.settings)} if self.settings else {}),
             "seed": self.seed,
@@ -356,8 +360,32 @@ class Trace:
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1)
 
+    def loadable_target(self) -> str:
+        """The recorded target as ``resolve`` loads it: a relative file found beside the
+        trace, in the current directory or under ``sys.path`` (``kvcheck.check.portable``);
+        raises ``TargetNotFound`` when it is nowhere."""
+        return located(self.target, self.source, self.target_file)[0]
+
+    def dumps_for(self, path) -> str:
+        """``dumps`` of the trace as written to ``path``: a file target recorded as its
+        module where importable, else relative to ``path`` with its hash (portable)."""
+        try:
+            spec = self.loadable_target()
+        except TargetNotFound:
+            spec = self.target  # (kept as recorded: nothing better is known)
+        target, target_file = recorded(spec, path)
+        data = {}
+        for k, v in self.to_json().items():
+            if k == "target":
+                data[k] = target
+                if target_file:
+                    data["target_file"] = target_file
+            elif k != "target_file":
+                data[k] = v
+        return json.dumps(data, indent=1)
+
     def write(self, path) -> None:
-        Path(path).write_text(self.dumps() + "\n", encoding="utf-8")
+        Path(path).write_text(self.dumps_for(path) + "\n", encoding="utf-8")
 
     @classmethod
     def from_json(cls, data) -> Trace:
@@ -405,7 +433,8 @@ class Trace:
         extra = {k: x for k, x in scope_data.items() if k not in ("num_blocks", "block_size")}
         return cls(data["target"], scope_data["num_blocks"], scope_data["block_size"], ops,
                    violation, data.get("seed"), states, data.get("minimality", ""),
-                   data.get("kvcheck_version", ""), name, extra, dict(data.get("settings", {})))
+                   data.get("kvcheck_version", ""), name, extra, dict(data.get("settings", {})),
+                   dict(data["target_file"]) if data.get("target_file") else None)
 
     @classmethod
     def loads(cls, raw: bytes | str, name: str = "trace") -> Trace:
@@ -432,4 +461,6 @@ class Trace:
             raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
         except ValueError as exc:  # e.g. a NUL in the name
             raise TraceError(f"cannot read {path!r}: {exc}") from None
-        return cls.loads(raw, str(path))
+        trace = cls.loads(raw, str(path))
+        trace.source = str(path)
+        return trace

@@ -34,11 +34,20 @@ def _comment(text: str, width: int = 96) -> list[str]:
     return [f"#   {x}" for x in lines] or ["#"]
 
 
-def portable_target(target: str) -> str:
-    """A ``file.py:attr`` target made absolute (so the test runs from any directory)."""
+def portable_target(target: str, path=None) -> tuple[str, str | None]:
+    """``(target, relative_file)``: a ``file.py:attr`` target as the test file at ``path``
+    names it from any checkout and any directory: its module where it is importable from
+    ``sys.path``, else ``relative_file``, the file's path relative to the test's own folder
+    (``target`` is then ``:attr``, joined at run time); without ``path``, absolute."""
+    from kvcheck.check.portable import recorded
     from kvcheck.targets.loading import location
 
-    return location(target)
+    if path is None:
+        return location(target), None
+    spec, target_file = recorded(location(target), path)
+    if target_file is None:
+        return spec, None
+    return spec[len(target_file["path"]):], target_file["path"]
 
 
 def _op_literal(model, op) -> str:
@@ -48,10 +57,19 @@ def _op_literal(model, op) -> str:
     return f"Op({op.kind!r}" + (f", {args})" if args else ")")
 
 
-def pytest_source(trace: Trace, target: str | None = None, timeout: float = 10.0) -> str:
-    """The reproducer's source text, checking ``target`` (default: the recorded one)."""
+def pytest_source(trace: Trace, target: str | None = None, timeout: float = 10.0,
+                  path=None) -> str:
+    """The reproducer's source text, checking ``target`` (default: the recorded one), as
+    written to ``path`` (a file target is then named relative to it: the test runs from
+    any checkout of the project)."""
     model = model_named(trace.model)
-    target = portable_target(target or trace.target)
+    target, rel = portable_target(target or trace.loadable_target(), path)
+    if rel is None:
+        target_line = f"TARGET = os.environ.get(\"KVCHECK_TARGET\") or {target!r}"
+    else:
+        target_line = ("HERE = os.path.dirname(os.path.abspath(__file__))\n"
+                       f"TARGET = os.environ.get(\"KVCHECK_TARGET\") or os.path.join(HERE, {rel!r})"
+                       f" + {target!r}")
     v = trace.violation
     head = [
         "# Reproducer for a kvcheck counterexample, written by `kvcheck replay --pytest-out`.",
@@ -81,7 +99,7 @@ import os
 from kvcheck.verify import Op, replay_ops
 
 MODEL = {model.name!r}
-TARGET = os.environ.get("KVCHECK_TARGET") or {target!r}
+{target_line}
 SCOPE = {scope!r}
 TIMEOUT = {float(timeout)!r}  # seconds one operation may take before it counts as a hang
 SETTINGS = {dict(trace.settings)!r}  # how the target was run beyond its scope (per model)

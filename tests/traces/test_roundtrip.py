@@ -14,6 +14,10 @@ from kvcheck.spec.contracts import SEED_OPERATIONS
 from corpus.cyclic import CYCLIC
 
 
+def want_attr(target: str) -> str:
+    return target.rpartition(":")[2]
+
+
 def test_trace_roundtrip_and_replay(corpus_name, tmp_path, capsys):
     trace = found_trace(corpus_name)
     assert trace.violation is not None
@@ -21,7 +25,12 @@ def test_trace_roundtrip_and_replay(corpus_name, tmp_path, capsys):
     path = tmp_path / "t.json"
     trace.write(path)
     loaded = Trace.load(path)
-    assert loaded.to_json() == trace.to_json()
+    got, want = loaded.to_json(), trace.to_json()
+    # the target file is recorded relative to the trace (portable), and found again from it
+    assert loaded.loadable_target() == want.pop("target")
+    assert got.pop("target").endswith(":" + want_attr(trace.target))
+    assert got.pop("target_file")["path"] == loaded.target.rpartition(":")[0]
+    assert got == want
     assert len(loaded.states) == len(loaded.ops)
     # replay on the recorded target reproduces it: exit 1
     assert main(["replay", str(path)]) == 1

@@ -107,7 +107,7 @@ def report(args, result, command: str, passed: Callable[[object], str] | None = 
 
     written = True
     if args.trace_out and result.trace is not None:
-        written = write_output(args.trace_out, result.trace.dumps() + "\n", "--trace-out")
+        written = write_output(args.trace_out, result.trace.dumps_for(args.trace_out) + "\n", "--trace-out")
     if args.junit:
         text = "" if result.trace is None else render(result.trace)
         where = (f"{args.blocks} blocks x {args.block_size} tokens, {result.ops} operations, "

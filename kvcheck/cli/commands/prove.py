@@ -97,7 +97,7 @@ def run(args) -> int:
         written &= write_output(args.junit, junit_xml(report.junit_suites(), "kvcheck prove") + "\n",
                                 "--junit")
     if args.trace_out and report.counterexample is not None:
-        written &= write_output(args.trace_out, report.counterexample.dumps() + "\n",
+        written &= write_output(args.trace_out, report.counterexample.dumps_for(args.trace_out) + "\n",
                                 "--trace-out")
     vac = _vacuous(args)  # what the target declares this verdict could not check
     code = {"pass": PASS, "fail": FAIL, "inconclusive": INCONCLUSIVE}[report.verdict]

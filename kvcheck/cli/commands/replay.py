@@ -14,6 +14,8 @@ valid in its own history (a hand-edited one) is bad input.
 
 from __future__ import annotations
 
+import sys
+
 from kvcheck.cli.commands.common import (
     add_json,
     add_junit,
@@ -52,6 +54,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from kvcheck.check.model import Options, model_named
+    from kvcheck.check.portable import TargetNotFound, located
     from kvcheck.check.run import replay
     from kvcheck.check.trace import Trace
     from kvcheck.check.watchdog import Watchdog
@@ -65,7 +68,15 @@ def run(args) -> int:
     trace = Trace.load(args.trace)
     _runnable(trace, args.trace)
     oob = load_exception(args.out_of_blocks) if args.out_of_blocks else None
-    target = args.target or trace.target
+    if args.target:
+        target = args.target
+    else:
+        try:
+            target, note = located(trace.target, trace.source, trace.target_file)
+        except TargetNotFound as exc:
+            raise TargetError(f"{exc}: choose the target with --target") from None
+        if note:
+            print(f"kvcheck: {note}", file=sys.stderr)
     model = model_named(trace.model)
     try:
         with Watchdog(args.timeout):
@@ -101,10 +112,10 @@ def run(args) -> int:
     written = wrote_pytest = True
     if args.pytest_out:
         written = wrote_pytest = write_output(
-            args.pytest_out, pytest_source(trace, target, args.timeout), "--pytest-out")
+            args.pytest_out, pytest_source(trace, target, args.timeout, args.pytest_out), "--pytest-out")
     if args.trace_out:
         rerun.minimality = f"replayed from a trace recorded on {trace.target}"
-        written &= write_output(args.trace_out, rerun.dumps() + "\n", "--trace-out")
+        written &= write_output(args.trace_out, rerun.dumps_for(args.trace_out) + "\n", "--trace-out")
         rerun.minimality = ""
     missed_words = None
     if missed is not None:

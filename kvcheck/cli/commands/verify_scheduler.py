@@ -90,7 +90,7 @@ def run(args) -> int:
     data.update(block_size=args.block_size, watermark=args.watermark)
     written = True
     if args.trace_out and not result.ok:
-        written = write_output(args.trace_out, result.trace.dumps() + "\n", "--trace-out")
+        written = write_output(args.trace_out, result.trace.dumps_for(args.trace_out) + "\n", "--trace-out")
     if args.junit:
         from kvcheck.report.text import render as _render
 
