@@ -30,6 +30,7 @@ from pathlib import Path
 
 from kvcheck.campaign import coverage as cov
 from kvcheck.campaign.plan import PLAN, RunSpec, Settings, show_duration
+from kvcheck.check.trace import Trace, TraceError
 from kvcheck.errors import UsageError
 
 FORMAT, VERSION = "kvcheck.campaign", 1
@@ -241,7 +242,12 @@ class Store:
     def _write_trace(self, sid: str, data: dict) -> None:
         """The trace now; its page with the reports (a signature's shortest trace may change
         many times in a session: its page is drawn once, and never delays a finding)."""
-        _write(self.dir / "traces" / f"{sid}.json", json.dumps(data, indent=1) + "\n")
+        path = self.dir / "traces" / f"{sid}.json"
+        try:  # (the target named portably, relative to the campaign's folder where a file)
+            text = Trace.from_json(data).dumps_for(path)
+        except TraceError:
+            text = json.dumps(data, indent=1)
+        _write(path, text + "\n")
 
     def _write_pages(self) -> None:
         """The page of every signature's trace that has none yet, or an older one."""
