@@ -427,8 +427,9 @@ class TierOracle:
         """A device eviction that writes a block back to the host (a write-back cache): the
         host block the key now names gets the device block's content, and the key the
         meaning its request cached it under."""
-        was = pre.keys(T.DEVICE)
-        host = self.content[T.HOST]
+        was, host = pre.keys(T.DEVICE), self.content.get(T.HOST)
+        if not was or host is None:  # (no device cache, or no host pool)
+            return
         for k, h in post.keys(T.HOST).items():
             if k in was and k not in pre.keys(T.HOST):
                 src = self.content[T.DEVICE].get(was[k])
