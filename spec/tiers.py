@@ -385,6 +385,8 @@ def side_change(pre, post, p: str, b: int) -> tuple[int, int]:
     (negative: dropped) from ``pre`` to ``post``: holders an operation may change beside
     what it names (an append drops blocks behind a window and gives the window a fresh
     one; a connector touches or releases blocks as it starts or ends a transfer)."""
+    if not (pre.windows or post.windows or pre.pins.get(p) or post.pins.get(p)):
+        return (0, 0)  # (neither holder in either state: the common case, kept cheap)
     was, now = pre.held_by(p, b), post.held_by(p, b)
     return (now.get("window", 0) - was.get("window", 0), now.get("pin", 0) - was.get("pin", 0))
 
