@@ -100,3 +100,18 @@ def test_scripts_test_sh_fails_a_skip_so_nothing_is_skipped(tmp_path):
     assert "with KVCHECK_NO_SKIPS=1 (scripts/test.sh) the suite skips nothing" in enforced.stdout
     relaxed = pytest_run(KVCHECK_NO_SKIPS="")
     assert relaxed.returncode == 0 and "1 passed, 1 skipped" in relaxed.stdout, relaxed.stdout
+
+
+def test_one_version_in_one_place():
+    """The version is written once, in kvcheck/__init__.py; pyproject.toml reads it from
+    there (``dynamic``), and the installed distribution reports it."""
+    import importlib.metadata
+
+    import kvcheck
+
+    project = _project()
+    assert "version" not in project and "version" in project["dynamic"]
+    tomllib = _toml()
+    dynamic = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["dynamic"]
+    assert dynamic["version"] == {"attr": "kvcheck.__version__"}
+    assert importlib.metadata.version("kvcheck") == kvcheck.__version__
