@@ -617,7 +617,8 @@ class _Recorder:
         result = self.method(self.manager, request, *args, **kwargs)
         self.calls.append(KVCall(self.name, request.request_id, args, dict(kwargs), result,
                                  before, _block_ids(self.manager, request), free_before,
-                                 pool.get_num_free_blocks()))
+                                 pool.get_num_free_blocks(), _hashes(self.manager, request),
+                                 list(request.all_token_ids)))
         return result
 
 
@@ -634,15 +635,30 @@ class KVCall:
     blocks_after: list
     free_before: int
     free_after: int
+    hashes: list  # the request's block hashes after the call, and its token ids
+    tokens: list
+
+
+def _hashes(manager: Any, request: Any) -> list:
+    """The request's block hashes: its own (0.10.1 on), else the manager's
+    ``req_to_block_hashes`` entry (dropped when the request is freed)."""
+    got = getattr(request, "block_hashes", None)
+    if got is None:
+        got = getattr(manager, "req_to_block_hashes", {}).get(request.request_id, [])
+    return list(got or [])
 
 
 def _block_ids(manager: Any, request: Any) -> list:
-    """The request's blocks (vLLM ids) in the manager's one KV-cache group."""
-    stm = manager.coordinator.single_type_managers[0] if hasattr(manager, "coordinator") \
-        else manager
-    blocks = stm.req_to_blocks.get(request.request_id, []) \
-        if hasattr(stm, "req_to_blocks") else []
-    return [b.block_id for b in blocks]
+    """The request's blocks (vLLM ids) in the manager's one KV-cache group: the
+    coordinator's manager (0.9.2 on), the single-type manager (0.9.0, 0.9.1), the
+    specialized manager's or the manager's own ``req_to_blocks`` (earlier)."""
+    if hasattr(manager, "coordinator"):
+        holder = manager.coordinator.single_type_managers[0]
+    elif hasattr(manager, "single_type_manager"):
+        holder = manager.single_type_manager
+    else:
+        holder = manager
+    return [b.block_id for b in holder.req_to_blocks.get(request.request_id, [])]
 
 
 def result_blocks(result: Any) -> list:
@@ -785,18 +801,22 @@ class EngineTarget:
         return list(self.requests[seq].all_token_ids)
 
     def block_hashes(self, seq: int) -> list:
-        return list(getattr(self.requests[seq], "block_hashes", []) or [])
+        return _hashes(self.manager, self.requests[seq])
 
     def cached_entries(self) -> list[tuple[Any, int]]:
-        """The block pool's hash map as (key, oracle block id) pairs."""
-        from kvcheck.models.prefix.oracle import VllmV1View  # noqa: F401 - same reading
-
+        """The block pool's hash map as (request-level block hash, oracle block id) pairs
+        (a key with a KV-cache group id, 0.10.2 on, is read back to its block hash with
+        the release's ``get_block_hash``)."""
+        strip = getattr(self._mods["vllm.v1.core.kv_cache_utils"], "get_block_hash", None)
+        if strip is None:  # 0.9.1 .. 0.10.1: a (block_hash, group_id) named tuple
+            def strip(key):
+                return key.block_hash if hasattr(key, "group_id") else key
         out = []
         cached = self.pool.cached_block_hash_to_block
         for key, val in getattr(cached, "_cache", cached).items():
             for blk in (val.values() if isinstance(val, dict) else (val,)):
                 if blk.block_id != 0:
-                    out.append((key, blk.block_id - 1))
+                    out.append((strip(key) if strip else key, blk.block_id - 1))
         return out
 
     def block_hash(self, block: int):
@@ -844,12 +864,15 @@ def _generate(target: EngineTarget, gen: int, scheduled: dict, spec: dict,
         if req.num_computed_tokens < req.num_tokens:  # a prefill chunk: nothing sampled
             sampled[rid] = []
             continue
+        # a padding draft (-1: 0.33's uniform spec-decode size) is never accepted, as the
+        # rejection sampler rejects it
+        valid = next((i for i, t in enumerate(d) if t < 0), len(d))
         got = rec_s.get(rid, rec_s.get(int(rid)))
-        if (isinstance(got, list) and 1 <= len(got) <= len(d) + 1
+        if (isinstance(got, list) and 1 <= len(got) <= valid + 1
                 and got[:-1] == d[:len(got) - 1]):
             toks = list(got)
         else:
-            a = rng.randint(0, len(d))
+            a = rng.randint(0, valid)
             last = STOP if rng.random() < 0.08 else rng.randint(2, VOCAB)
             toks = d[:a] + [last]
         sampled[rid] = toks
@@ -928,8 +951,16 @@ def _build_scheduler(mods: Loaded, config: Settings, s: EngineSettings):
     return cls(**{k: v for k, v in values.items() if k in params})
 
 
-def make(settings: EngineSettings | None = None, version: str | None = None,
-         **kw: Any) -> EngineTarget:
-    """The engine target for ``settings`` (or ``EngineSettings(**kw)``)."""
-    target = EngineTarget(settings or EngineSettings(**kw), version)
-    return target
+def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
+         policy: str = "fcfs", caching: bool = True, spec: int = 0,
+         version: str | None = None) -> EngineTarget:
+    """The engine target: the release's scheduler over ``num_blocks`` usable blocks of
+    ``block_size``, a step's token budget ``budget``, ``max_seqs``, the scheduling
+    ``policy``, prefix caching on or off, ``spec`` speculative tokens per step."""
+    return EngineTarget(EngineSettings(num_blocks, block_size, max_num_batched_tokens=budget,
+                                       max_num_seqs=max_seqs, policy=policy,
+                                       enable_prefix_caching=caching,
+                                       num_speculative_tokens=spec), version)
+
+
+make.loads_family = True  # TARGET@VERSION reaches every vllm-v1 release (0.6.4.post1 on)

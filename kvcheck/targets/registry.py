@@ -110,3 +110,12 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
                                  "aphrodite-engine's SimpleCPUOffloadConnector (vLLM's, inherited; "
                                  "0.24.1; @0.20.0..0.24.1), as vllm-v1-simple-offload"),
 }
+
+# Engine cores (``kvcheck verify-engine``): the engine's own scheduler with its own KV-cache
+# manager, driven by engine steps whose model output kvcheck generates (the engine model).
+ENGINE_TARGETS: dict[str, tuple[str, str]] = {
+    "vllm-v1-engine": ("kvcheck.impl.thirdparty.vllm_v1_engine:make",
+                       "vLLM v1's real Scheduler, KVCacheManager and Request (0.33.0; "
+                       "@0.9.0..0.33.0), no model: add_request, schedule, a generated "
+                       "ModelRunnerOutput, update_from_output"),
+}

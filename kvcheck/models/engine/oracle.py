@@ -1,0 +1,468 @@
+"""The engine's run state: one run of an engine target, observed and checked after every
+operation.
+
+After every ``add``, ``abort`` and ``step`` the oracle reads the whole engine (the
+scheduler's queues; each request's status, computed tokens and blocks; the block pool's
+refcounts, free queue and hash map) and checks, with the spec's text:
+
+1. **the KV calls of the step** (recorded at the KV-cache manager's boundary, in the
+   order the scheduler made them): a cache lookup (``get_computed_blocks``) returns only
+   blocks holding the requested prefix (``spec.prefix.cache_hits``'s rule, read on the
+   ghost contents below); ``allocate_slots`` either refuses and changes nothing or
+   appends to the request's blocks (its hits, then the fresh blocks it returns); ``free``
+   leaves the request holding nothing;
+2. **what the forward pass writes**: each scheduled token at its position, into the
+   request's block for that position, which must be a block the request was given fresh
+   (never a cache hit: nothing is written into a shared or cached block); the oracle's
+   ghost records each block's written slots and so its content (a prefix id, as the
+   prefix model's ``Ghost`` interns them);
+3. **the engine-level properties**: a request that is not running (finished, aborted,
+   waiting, preempted) holds no block; a running request's blocks hold exactly what its
+   computed tokens need (``spec.invariants.table_length``, with the slots up to the
+   furthest one a step scheduled for it counted as reserved: a rejected draft's slots stay
+   allocated); the engine never raises (a crash is a violation naming
+   the step); every request finishes within a bound when the pool can hold it
+   (liveness: the bound is generous -- every request's whole work redone once per other
+   request -- so only a starved or stuck request reaches it);
+4. **every block-manager invariant** (``spec.invariants``) over the running requests'
+   tables, the refcounts and the free queue, and, with prefix caching, **every
+   prefix-cache invariant** (``spec.prefix``) over the pool's hash map: a key's meaning is
+   the prefix whose tokens the release's own hasher gave that key (learned from every
+   request's block hashes and token ids), a block's content the ghost's.
+
+The run's ``sweep`` drains the engine (steps while a request is unfinished, recorded as
+``implied`` operations), then every block must be free.
+"""
+
+from __future__ import annotations
+
+from kvcheck.check import evidence
+from kvcheck.check import watchdog as watchdog_module
+from kvcheck.check.copies import deep_copy
+from kvcheck.check.violation import Violation
+from kvcheck.check.watchdog import Interrupted, OperationTimeout, Watchdog, active_watchdog
+from kvcheck.errors import what_it_did
+from kvcheck.models.blocks import witness
+from kvcheck.models.engine.model import EngineOp, fits
+from kvcheck.models.prefix.oracle import Ghost
+from kvcheck.spec import prefix as prefix_spec
+from kvcheck.spec.invariants import INVARIANTS
+from kvcheck.spec.logic import PY
+from kvcheck.spec.state import Snapshot
+
+MAX_SEQ = 2**31 - 1
+RUNNING = "RUNNING"
+
+WRITE_FRESH = "a step writes only into blocks the request was given fresh"
+WRITE_FRESH_DOC = ("Nothing is written into a shared or cached block: the forward pass "
+                   "writes a scheduled token's KV into the request's block for its position, "
+                   "and that block is one allocate_slots gave the request fresh (a block "
+                   "reached through a prefix-cache hit is read, never written).")
+SLOTS = "every scheduled token has a slot"
+SLOTS_DOC = ("After schedule(), a scheduled request's blocks cover every token scheduled "
+             "for it (the forward pass writes each one's KV at its position).")
+HELD = "a request that is not running holds no block"
+HELD_DOC = ("A finished, aborted, preempted or waiting request holds no block: finishing, "
+            "aborting and preemption release everything.")
+HITS = "get_computed_blocks: every block a cache hit returns holds the requested prefix"
+REFUSED = "allocate_slots: a refused allocation changes nothing"
+APPENDS = "allocate_slots: the request's blocks grow by its hits and the new blocks returned"
+FREED = "free: the request holds no block afterwards"
+LIVENESS = "every request the pool can hold finishes within the bound"
+LEAK = "no blocks leak at the end"
+
+
+class EngineOracle:
+    """A run of an engine target (``kvcheck.models.engine.loading.build``); speaks
+    ``kvcheck.check.model.RunState``."""
+
+    def __init__(self, target, scope, mode: str = "fast"):
+        self.target, self.scope, self.mode = target, scope, mode
+        self.nb, self.bs = scope.num_blocks, scope.block_size
+        self.steps = 0  # operations checked
+        self.engine_steps = 0
+        self.violation: Violation | None = None
+        self.requests: dict[int, EngineOp] = {}
+        self.unfinished: dict[int, None] = {}
+        self.work = 0  # sum of prompt + max_new over the requests added
+        self.last_arrival = 0
+        self.reached: dict[int, int] = {}  # request -> the furthest slot a step scheduled
+        self.fresh: dict[int, set] = {}  # request -> vLLM block ids given it fresh
+        self.slots: dict[int, list] = {}  # vLLM block id -> [parent prefix id, {offset: token}]
+        self.ghost = Ghost(self.bs)
+        self.meanings: dict = {}  # block hash -> prefix id (what the release hashed it from)
+        self.stats = {"requests": 0, "finished": 0, "aborted": 0, "steps": 0,
+                      "scheduled_tokens": 0, "preemptions": 0, "hits": 0, "kv_calls": 0}
+        self.implied: list = []
+        self.implied_states: list[dict] = []
+        self.post: dict = {}
+        wd = active_watchdog()
+        if wd is not None:
+            wd.enter()
+        try:
+            self.violation = self._check(0, "the fresh engine")
+        except OperationTimeout as exc:
+            self.violation = Violation(0, "hang", "observation", witness=f"reading the engine {exc}")
+        finally:
+            if wd is not None:
+                wd.leave()
+
+    # -- the run state's interface ----------------------------------------------------------
+    def clone(self) -> EngineOracle:
+        return deep_copy(self)
+
+    def has_work(self) -> bool:
+        return bool(self.unfinished)
+
+    def live_seqs(self) -> list[int]:
+        return list(self.unfinished)
+
+    def valid(self, op) -> bool:
+        if op.kind == "step":
+            return self.has_work() and type(op.gen) is int and op.gen >= 0
+        if op.kind == "abort":
+            return op.seq in self.unfinished
+        if op.kind == "add":
+            q, toks, m, p = op.seq, op.tokens, op.max_new, op.priority
+            return (type(q) is int and 0 <= q <= MAX_SEQ and q not in self.requests
+                    and isinstance(toks, list) and all(type(t) is int and t >= 0 for t in toks)
+                    and type(m) is int and type(p) is int and fits(self.scope, len(toks), m))
+        return False
+
+    def step(self, op, watchdog: Watchdog | None = None) -> Violation | None:
+        if self.violation is not None:
+            return self.violation
+        if not self.valid(op):
+            raise ValueError(f"{op.kind} is not valid now: {op}")
+        self.steps += 1
+        n = self.steps
+        if watchdog is None:
+            watchdog = active_watchdog()
+        recorder = watchdog_module.RECORDER
+        if recorder is not None:
+            recorder.op(op)
+        if watchdog is not None:
+            watchdog.enter()
+        try:
+            v = getattr(self, "_" + op.kind)(op, n)
+        except OperationTimeout as exc:
+            v = Violation(n, "hang", op.kind, witness=f"{op.kind} hung: {exc}")
+        finally:
+            if watchdog is not None:
+                watchdog.leave()
+        if recorder is not None:
+            recorder.outcome(op, v)
+        self.violation = v
+        return v
+
+    def sweep(self, watchdog: Watchdog | None = None) -> Violation | None:
+        """Drain the engine (steps while a request is unfinished, recorded in ``implied``;
+        each step's output generated from the step's number), then every block is free."""
+        while self.violation is None and self.has_work():
+            op = EngineOp("step", gen=(self.engine_steps * 2654435761) % (1 << 31))
+            self.implied.append(op)
+            self.step(op, watchdog)
+            self.implied_states.append(self.observed_json())
+        if self.violation is not None:
+            return self.violation
+        free = self.post.get("num_free", self.nb)
+        held = [b for b, r in enumerate(self.post.get("refs", [])) if r]
+        if free != self.nb or held:
+            self.violation = Violation(self.steps, "invariant", LEAK, witness=(
+                f"every request finished but {self.nb - free} of {self.nb} blocks are not free"
+                + (f" (blocks {held} hold references)" if held else "")))
+        return self.violation
+
+    def observed_json(self) -> dict:
+        return dict(self.post)
+
+    # -- operations -----------------------------------------------------------------------
+    def _crash(self, n: int, what: str, exc: BaseException, seq=None) -> Violation:
+        return Violation(n, "crash", what, seq, witness=(
+            f"{what} {what_it_did(exc)} (engine step {self.engine_steps}); the engine never "
+            f"raises"), subject=None if seq is None else "seq")
+
+    def _add(self, op, n: int) -> Violation | None:
+        try:
+            self.target.add(op.seq, list(op.tokens), op.max_new, op.priority)
+        except Interrupted:
+            raise
+        except OperationTimeout:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the engine's fault, reported
+            return self._crash(n, "add_request", exc, op.seq)
+        self.requests[op.seq] = op
+        self.unfinished[op.seq] = None
+        self.work += len(op.tokens) + op.max_new
+        self.last_arrival = self.engine_steps
+        self.stats["requests"] += 1
+        self.fresh[op.seq] = set()
+        return self._check(n, f"add({op.seq})")
+
+    def _abort(self, op, n: int) -> Violation | None:
+        try:
+            self.target.abort(op.seq)
+        except Interrupted:
+            raise
+        except OperationTimeout:
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            return self._crash(n, "finish_requests (abort)", exc, op.seq)
+        self.unfinished.pop(op.seq, None)
+        self.stats["aborted"] += 1
+        return self._check(n, f"abort({op.seq})")
+
+    def _bound(self) -> int:
+        k = len(self.requests)
+        return self.last_arrival + k * self.work + k + 1
+
+    def _step(self, op, n: int) -> Violation | None:
+        if self.engine_steps >= self._bound():
+            return Violation(n, "liveness", LIVENESS, witness=(
+                f"{len(self.unfinished)} of {len(self.requests)} requests unfinished after "
+                f"{self.engine_steps} engine steps (bound: last arrival {self.last_arrival} + "
+                f"requests x their prompt and output tokens + requests + 1)"))
+        self.engine_steps += 1
+        self.stats["steps"] += 1
+        was_running = set(self.post.get("running", []))
+        try:
+            r = self.target.step(op.gen)
+        except Interrupted:
+            raise
+        except OperationTimeout:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the engine's fault, reported
+            return self._crash(n, "step", exc)
+        op.scheduled = {str(q): k for q, k in sorted(r.scheduled.items())}
+        op.sampled = {str(q): t for q, t in sorted(r.sampled.items())}
+        op.drafts = {str(q): t for q, t in sorted(r.drafts.items()) if t}
+        self.stats["scheduled_tokens"] += sum(r.scheduled.values())
+        self.stats["kv_calls"] += len(r.calls) + len(r.update_calls)
+        hits: list = []  # (request, call): read by the forward pass, after its writes
+        v = self._calls(n, r.calls, hits)
+        if v is None:
+            v = self._writes(n, r)
+        for q, c in hits:
+            v = v or self._hits(n, q, c)
+        if v is None:
+            v = self._calls(n, r.update_calls, hits)
+        if v is not None:
+            return v
+        for q, (start, toks, _) in r.writes.items():  # the furthest slot a step reached
+            self.reached[q] = max(self.reached.get(q, 0), start + len(toks))
+        finished = []
+        for q in list(self.unfinished):
+            try:
+                done = self.target.is_finished(q)
+            except Interrupted:
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                return self._crash(n, "reading a request's status", exc, q)
+            if done:
+                finished.append(q)
+                del self.unfinished[q]
+                self.stats["finished"] += 1
+        op.finished = finished
+        v = self._check(n, f"step {self.engine_steps}")
+        if v is None:
+            running = set(self.post.get("running", []))
+            self.stats["preemptions"] += len(
+                [q for q in was_running if q not in running and q in self.unfinished])
+        return v
+
+    # -- the step's KV calls and writes -----------------------------------------------------
+    def _calls(self, n: int, calls, hits: list) -> Violation | None:
+        for c in calls:
+            q = int(c.request_id)
+            self._learn(c.hashes, c.tokens)
+            if c.name == "get_computed_blocks":
+                v = None
+                hits.append((q, c))
+            elif c.name == "allocate_slots":
+                v = self._allocated(n, q, c)
+            else:
+                v = None
+                if c.blocks_after:
+                    v = Violation(n, "contract", FREED, q, subject="seq", witness=(
+                        f"after free(request {q}) it still holds vLLM blocks {c.blocks_after}"))
+                self.fresh[q] = set()
+                self.reached.pop(q, None)
+            if v is not None:
+                return v
+        return None
+
+    def _hits(self, n: int, q: int, c) -> Violation | None:
+        from kvcheck.impl.thirdparty.vllm_v1_engine import result_blocks
+
+        got = c.result[0] if isinstance(c.result, tuple) else c.result
+        hits = result_blocks(got)
+        self.stats["hits"] += len(hits)
+        if not hits:
+            return None
+        chain = self.ghost.chain(self.target.token_ids(q))
+        for i, b in enumerate(hits):
+            want = chain[i] if i < len(chain) else -1
+            have = self._content(b)
+            if have != want:
+                return Violation(n, "contract", HITS, b - 1, subject="block", witness=(
+                    f"request {q}'s lookup returned block {b - 1} as its block {i}, which holds "
+                    f"{self.ghost.show(have)} ({self._filled(b)} of {self.bs} slots written), "
+                    f"not the requested {self.ghost.show(want)}"),
+                    doc=prefix_spec.cache_hits.__doc__ or "")
+        return None
+
+    def _allocated(self, n: int, q: int, c) -> Violation | None:
+        from kvcheck.impl.thirdparty.vllm_v1_engine import result_blocks
+
+        before, after = c.blocks_before, c.blocks_after
+        if c.result is None:
+            if after != before or c.free_after != c.free_before:
+                return Violation(n, "contract", REFUSED, q, subject="seq", witness=(
+                    f"allocate_slots for request {q} returned None, yet its blocks went "
+                    f"from {before} to {after} and the free count from {c.free_before} to "
+                    f"{c.free_after}"))
+            return None
+        new = result_blocks(c.result)
+        if after[:len(before)] != before or (new and after[len(after) - len(new):] != new):
+            return Violation(n, "contract", APPENDS, q, subject="seq", witness=(
+                f"allocate_slots for request {q}: its blocks went from {before} to {after}, "
+                f"returning new blocks {new}"))
+        for b in new:
+            self.slots[b] = [None, {}]
+        self.fresh.setdefault(q, set()).update(new)
+        return None
+
+    def _writes(self, n: int, r) -> Violation | None:
+        bs = self.bs
+        for q, (start, toks, blocks) in r.writes.items():
+            every = self.target.token_ids(q) + list(r.spec.get(q, []))
+            chain = self.ghost.chain(every)
+            fresh = self.fresh.get(q, set())
+            for j, tok in enumerate(toks):
+                p = start + j
+                i = p // bs
+                if i >= len(blocks):
+                    return Violation(n, "contract", SLOTS, q, subject="seq", witness=(
+                        f"request {q} was scheduled up to token {start + len(toks)} but holds "
+                        f"{len(blocks)} block(s) of {bs}"), doc=SLOTS_DOC)
+                b = blocks[i]
+                if b not in fresh:
+                    return Violation(n, "contract", WRITE_FRESH, b - 1, subject="block",
+                                     doc=WRITE_FRESH_DOC, witness=(
+                        f"step {self.engine_steps} writes request {q}'s token {p} into block "
+                        f"{b - 1} (its block {i}), which it reached through a cache hit: "
+                        f"holding {self.ghost.show(self._content(b))}"))
+                parent = chain[i - 1] if 0 < i <= len(chain) else -1
+                slot = self.slots.setdefault(b, [None, {}])
+                if slot[0] != parent:
+                    slot[0], slot[1] = parent, {}
+                written = slot[1]
+                for o in [o for o in written if o > p % bs]:
+                    del written[o]  # the KV after a rewritten slot was computed on other tokens
+                written[p % bs] = tok
+        return None
+
+    def _learn(self, hashes, tokens) -> None:
+        """Each block hash means the prefix of the tokens the release hashed it from (the
+        request's block hashes against its token ids, at a KV call or after a step)."""
+        if hashes:
+            for h, pid in zip(hashes, self.ghost.chain(tokens), strict=False):
+                self.meanings.setdefault(h, pid)
+
+    def _filled(self, b: int) -> int:
+        slot = self.slots.get(b)
+        return 0 if slot is None else len(slot[1])
+
+    def _content(self, b: int) -> int:
+        slot = self.slots.get(b)
+        if slot is None or len(slot[1]) != self.bs:
+            return -1
+        return self.ghost.intern(slot[0], tuple(slot[1][o] for o in range(self.bs)))
+
+    # -- observing and checking the state ----------------------------------------------------
+    def _check(self, n: int, what: str) -> Violation | None:
+        t = self.target
+        try:
+            running, waiting = t.running(), t.waiting()
+            refs = [t.refcount(b) for b in range(self.nb)]
+            free = t.free_blocks()
+            num_free = t.num_free()
+            tables, computed, status = {}, {}, {}
+            for q in self.requests:
+                status[q] = t.status(q)
+                blocks = t.blocks(q)
+                if blocks:
+                    tables[q] = blocks
+                computed[q] = t.computed(q)
+            entries = t.cached_entries() if self.scope.caching else []
+        except Interrupted:
+            raise
+        except OperationTimeout:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the engine's fault, reported
+            return Violation(n, "malformed", "observation", witness=(
+                f"reading the engine after {what} {what_it_did(exc)}"))
+        cached = sorted({b for _, b in entries})
+        self.post = {"running": running, "waiting": waiting,
+                     "tables": {str(q): b for q, b in tables.items()},
+                     "computed": {str(q): computed[q] for q in tables},
+                     "refs": refs, "num_free": num_free, "cached": cached}
+        for q, blocks in tables.items():  # engine: only a running request holds blocks
+            if status[q] != RUNNING:
+                return Violation(n, "invariant", HELD, q, subject="seq", doc=HELD_DOC, witness=(
+                    f"after {what}, request {q} ({status[q].lower()}) holds blocks {blocks}"))
+        live = {q: computed[q] for q in tables}
+        # a rejected draft's slots stay allocated (update_from_output rolls back
+        # num_computed_tokens, not the blocks): reserved up to the furthest slot reached
+        snap = Snapshot(self.nb, self.bs, tables, live, refs, free, None, None, num_free,
+                        {q: max(0, self.reached.get(q, 0) - live[q]) for q in tables})
+        v = self._invariants(n, snap, what)
+        if v is None and self.scope.caching:
+            v = self._prefix(n, tables, computed, refs, entries, what)
+        return v
+
+    def _invariants(self, n: int, snap: Snapshot, what: str) -> Violation | None:
+        for inv in INVARIANTS:
+            if inv.domain == "global":
+                elements = (None,)
+            else:
+                elements = snap.blocks() if inv.domain == "block" else snap.seqs()
+            for x in elements:
+                if not inv.holds_for(PY, snap, x):
+                    ev = evidence.for_invariant(inv, PY, snap, x)
+                    return Violation(n, "invariant", inv.name, x,
+                                     witness=f"after {what}: {witness.for_state(ev, snap)}",
+                                     doc=inv.doc, subject=ev.subject, terms=ev.terms)
+        return None
+
+    def _prefix(self, n: int, tables, computed, refs, entries, what: str) -> Violation | None:
+        t, bs = self.target, self.bs
+        for q in self.requests:  # what the release hashed each request's blocks from
+            self._learn(t.block_hashes(q), t.token_ids(q))
+        queue = t.free_blocks()
+        keyed = {b for _, b in entries}
+        partial = set()
+        for q, blocks in tables.items():
+            partial.update(blocks[computed[q] // bs:])
+        filled = {b - 1: self._filled(b) for b in self.slots}
+        content = {b - 1: self._content(b) for b in self.slots}
+        hashed = {b for b in range(self.nb) if t.block_hash(b) is not None}
+        snap = prefix_spec.PrefixSnapshot(
+            self.nb, bs, refs, [b for b in queue if b not in hashed],
+            [b for b in queue if b in hashed], entries, self.meanings, partial, filled, content)
+        for inv in prefix_spec.PREFIX_INVARIANTS:
+            elements = (None,) if inv.domain == "global" else snap.blocks()
+            for x in elements:
+                if not inv.holds_for(PY, snap, x):
+                    return Violation(n, "invariant", inv.name, x,
+                                     subject=None if x is None else "block", doc=inv.doc,
+                                     witness=self._prefix_witness(inv.name, x, snap, keyed, what))
+        return None
+
+    def _prefix_witness(self, name: str, b, snap, keyed, what: str) -> str:
+        if b is None:
+            return f"after {what}: the free queue's two parts disagree with the pool"
+        return (f"after {what}: block {b} (refcount {snap.ref(b)}, "
+                f"{'cached' if b in keyed else 'not cached'}) has {snap.filled(b)} of "
+                f"{self.bs} slots written, holding {self.ghost.show(snap.content(b))}; its key "
+                f"names {self.ghost.show(snap.meaning(b))}")
