@@ -39,6 +39,7 @@ class Result:
     state: object = None  # the model's run state at the end (statistics, coverage)
     deviations: list = field(default_factory=list)  # allowed ones (``allow``), in order
     refused: int = 0  # operations the target refused under its declared policy (all checked)
+    counts: dict = field(default_factory=dict)  # operation -> {outcome: how many} (run as drawn)
 
     @property
     def ok(self) -> bool:
@@ -53,6 +54,7 @@ class Result:
             "original_length": self.original_length,
             "deviations": deviation_summary(self.deviations),
             "refused": self.refused,
+            "operations": {k: dict(v) for k, v in self.counts.items()},
         }
 
 
@@ -95,13 +97,26 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
         raise TargetError(f"no operation ran on {label} ({ops} requested): nothing was checked")
     if run.violation is None:
         return Result("pass", run.steps, time.perf_counter() - start, None, None,
-                      state=run.state, deviations=run.deviations, refused=_refused(run.history))
+                      state=run.state, deviations=run.deviations, refused=_refused(run.history),
+                      counts=operation_counts(run.history))
     trace = _shrink.counterexample(m, label, factory, scope, run.history, run.violation, seed,
                                    options, do_shrink, shrink_budget, shrink_progress)
     if options.allow:  # a replay allows what this run allowed (one name per line)
         trace.settings["allow"] = "\n".join(sorted(options.allow))
     return Result("fail", run.steps, time.perf_counter() - start, trace.violation, trace,
-                  len(run.history), run.state, run.deviations, _refused(run.history))
+                  len(run.history), run.state, run.deviations, _refused(run.history),
+                  operation_counts(run.history))
+
+
+def operation_counts(history: list) -> dict[str, dict[str, int]]:
+    """How many of each operation the run made, by outcome (``ok``, ``oob``, ``refused``;
+    an operation the run stopped at counts as it ended), in the order first made."""
+    out: dict[str, dict[str, int]] = {}
+    for op in history:
+        by = out.setdefault(op.kind, {})
+        outcome = str(getattr(op, "outcome", None) or "ok")
+        by[outcome] = by.get(outcome, 0) + 1
+    return out
 
 
 def _refused(history: list) -> int:

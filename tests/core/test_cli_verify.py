@@ -217,3 +217,34 @@ def test_the_readme_s_first_example_is_what_verify_prints():
                        capture_output=True, text=True, timeout=300, cwd=root)
     assert p.returncode == 1, p.stderr
     assert p.stdout.replace(f"{root}/", "/path/to/kvcheck/") == shown
+
+
+def _operations(*argv) -> dict:
+    p = subprocess.run([*KVCHECK, *argv, "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout)["operations"]
+
+
+def test_json_and_the_pass_line_count_every_operation(capsys):
+    assert main(["verify", "reference-engine", "--ops", "2000"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("PASS reference-engine") and out[1].startswith("  operations: ")
+    ops = _operations("verify", "reference-engine", "--ops", "2000")
+    assert set(ops) == {"allocate", "append_slot", "append_slots", "fork", "free_seq",
+                        "rollback", "rebase", "preempt"}
+    assert sum(n for by in ops.values() for n in by.values()) == 2000
+    assert ops["allocate"]["oob"] > 0 and f"allocate {sum(ops['allocate'].values()):,} (" \
+        f"{ops['allocate']['oob']:,} out of blocks)" in out[1]
+
+
+def test_mix_weights_every_operation_the_target_offers():
+    plain = _operations("verify", "reference-engine", "--ops", "2000")
+    # weights of 1 are the driver's own mix: the very same stream
+    assert _operations("verify", "reference-engine", "--ops", "2000", "--mix",
+                       "rollback=1,preempt=1,rebase=1,append_slots=1") == plain
+    mixed = _operations("verify", "reference-engine", "--ops", "2000", "--mix",
+                        "rollback=0,preempt=0,rebase=4")
+    assert "rollback" not in mixed and "preempt" not in mixed
+    assert sum(mixed["rebase"].values()) > 2 * sum(plain["rebase"].values())
+    prefix = _operations("verify-prefix", "prefix-engine", "--ops", "1500", "--mix", "rebase=0")
+    assert "rebase" not in prefix and "rollback" in prefix

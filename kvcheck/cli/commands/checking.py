@@ -32,8 +32,9 @@ from kvcheck.cli.commands.common import (
 
 # The weights each model's driver reads (``--mix``; the drivers' ``WEIGHTS``, not imported
 # here so that building the parser loads no model).
-BLOCK_MIX = ("allocate", "fork", "free_seq", "max_prompt")
-PREFIX_MIX = ("allocate", "fork", "free_seq")
+BLOCK_MIX = ("allocate", "fork", "free_seq", "append_slots", "rollback", "rebase", "preempt",
+             "drop_behind_window", "max_prompt")
+PREFIX_MIX = ("allocate", "fork", "free_seq", "rollback", "rebase", "preempt")
 
 FULL_HELP = ("check the whole state after every operation: slower, exact (default: off: check "
              "what each operation touched, and everything in a sweep every max(1024, 2 x "
@@ -135,6 +136,8 @@ def report(args, result, command: str, passed: Callable[[object], str] | None = 
                       f"(each checked to change nothing)")
         print(f"PASS {args.target}: {words} [{result.seconds:.2f} s, "
               f"{result.ops / max(result.seconds, 1e-9):,.0f} ops/s]")
+        if getattr(result, "counts", None):
+            print(f"  operations: {counts_words(result.counts)}")
     else:
         shrunk = ("not shrunk" if result.trace.minimality.startswith("not shrunk")
                   else f"shrunk to {len(result.trace.ops)}")
@@ -148,6 +151,17 @@ def report(args, result, command: str, passed: Callable[[object], str] | None = 
     if engine:
         print(f"engine: {engine}")
     return exit_code(0 if result.ok else 1, written)
+
+
+def counts_words(counts: dict) -> str:
+    """``allocate 20 (2 out of blocks), fork 38, ...``: each operation the run made."""
+    words = {"oob": "out of blocks", "refused": "refused"}
+    parts = []
+    for kind, by in counts.items():
+        total = sum(by.values())
+        rest = [f"{n:,} {words.get(o, o)}" for o, n in by.items() if o != "ok"]
+        parts.append(f"{kind} {total:,}" + (f" ({', '.join(rest)})" if rest else ""))
+    return ", ".join(parts)
 
 
 def _print_deviations(result) -> None:

@@ -24,9 +24,10 @@ _EXTRA = ("append_slots", "rollback", "rebase", "preempt", "drop_behind_window")
 
 
 class RandomDriver:
-    # ``weights`` (optional): multipliers of the chances of allocate, fork and free_seq
-    # (append_slot takes the rest) and the longest prompt in tokens: a swarm run's mix.
-    WEIGHTS = ("allocate", "fork", "free_seq", "max_prompt")
+    # ``weights`` (optional): multipliers of the chances of allocate, fork, free_seq and of
+    # the operations beyond the seed's four the target offers (append_slot takes the rest),
+    # and the longest prompt in tokens: a swarm run's mix, ``--mix``.
+    WEIGHTS = ("allocate", "fork", "free_seq", *_EXTRA, "max_prompt")
 
     def __init__(self, seed: int, num_blocks: int, block_size: int, capabilities,
                  weights: dict | None = None, drop_window: int | None = None):
@@ -44,6 +45,20 @@ class RandomDriver:
         self._can = {k: k in capabilities for k in ("allocate", "append_slot", "fork", "free_seq",
                                                     *_EXTRA)}
         self._extra = any(self._can[k] for k in _EXTRA)
+        # where a draw in [0, 1) falls for each operation beyond the four (append_slots,
+        # rollback, rebase, preempt: 0.12, 0.05, 0.03, 0.02 wide; the constants themselves
+        # when no weight is given, so the stream is the one it always was) and the drop's
+        # chance multiplier
+        wx = [float(w.get(k, 1.0)) for k in ("append_slots", "rollback", "rebase", "preempt")]
+        if wx == [1.0] * 4:
+            self._cuts = (0.12, 0.17, 0.20, 0.22)
+        else:
+            cuts, edge = [], 0.0
+            for width, k in zip((0.12, 0.05, 0.03, 0.02), wx, strict=True):
+                edge += width * k
+                cuts.append(edge)
+            self._cuts = tuple(cuts)
+        self._w_drop = float(w.get("drop_behind_window", 1.0))
         self.preempted: dict[int, int] = {}  # preempted seq -> its length, to re-admit
 
     def _new_id(self) -> int:
@@ -81,14 +96,16 @@ class RandomDriver:
         """One of the operations beyond the seed's four, about one time in five."""
         rng, can, bs = self.rng, self._can, self.block_size
         hint = self.drop_window
-        if can["drop_behind_window"] and live and rng.random() < (0.05 if hint is None else 0.25):
+        if can["drop_behind_window"] and live and \
+                rng.random() < (0.05 if hint is None else 0.25) * self._w_drop:
             # sliding-window attention: a window of up to two blocks' worth of tokens
             seq = live[int(rng.random() * len(live))]
             if hint is not None:
                 return Op("drop_behind_window", seq, n_tokens=hint)
             return Op("drop_behind_window", seq, n_tokens=1 + int(rng.random() * 2 * bs))
         r = rng.random()
-        if r >= 0.22:
+        c_slots, c_rollback, c_rebase, c_preempt = self._cuts
+        if r >= c_preempt:
             return None
         if self.preempted and r < 0.04 and can["allocate"]:  # re-admit for recompute
             seq = rng.choice(sorted(self.preempted))
@@ -96,16 +113,16 @@ class RandomDriver:
         if not live:
             return None
         seq = live[int(rng.random() * len(live))]
-        if r < 0.12 and can["append_slots"]:
+        if r < c_slots and can["append_slots"]:
             return Op("append_slots", seq, n_tokens=1 + int(rng.random() * 2 * bs),
                       lookahead=int(rng.random() * (bs + 1)))
         n = state.lengths.get(seq, 0)
-        if r < 0.17 and can["rollback"] and n >= 2:
+        if r < c_rollback and can["rollback"] and n >= 2:
             return Op("rollback", seq, n_tokens=1 + int(rng.random() * min(n - 1, bs + 1)))
-        if r < 0.20 and can["rebase"] and len(live) >= 2:
+        if r < c_rebase and can["rebase"] and len(live) >= 2:
             child = rng.choice([q for q in live if q != seq])
             return Op("rebase", seq, child)
-        if can["preempt"] and r >= 0.20:
+        if can["preempt"] and r >= c_rebase:
             self.preempted[seq] = n
             return Op("preempt", seq)
         return None

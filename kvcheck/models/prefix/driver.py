@@ -29,9 +29,10 @@ class PrefixDriver:
     suffixes from a tiny vocabulary, decode tokens from the same vocabulary,
     and pool pressure, so hits, evictions, revivals and duplicates all happen."""
 
-    # ``weights`` (optional): multipliers of the chances of allocate, fork and free_seq
-    # (append_slot takes the rest): a swarm run's mix.
-    WEIGHTS = ("allocate", "fork", "free_seq")
+    # ``weights`` (optional): multipliers of the chances of allocate, fork and free_seq and
+    # of rollback, rebase and preempt where the target offers them (append_slot takes the
+    # rest): a swarm run's mix, ``--mix``.
+    WEIGHTS = ("allocate", "fork", "free_seq", "rollback", "rebase", "preempt")
 
     def __init__(self, seed: int, num_blocks: int, block_size: int, capabilities,
                  weights: dict | None = None, retry_refused: bool = False):
@@ -44,6 +45,17 @@ class PrefixDriver:
         self.next_id = 0
         self.last_prompt: list[int] | None = None  # the allocation just drawn (commits aside)
         self._extra = any(k in capabilities for k in EXTRA_OPS)
+        # where a draw in [0, 1) falls for rollback, rebase and preempt (0.14, 0.04, 0.04
+        # wide; the constants themselves without weights: the stream it always was)
+        wx = [float((weights or {}).get(k, 1.0)) for k in ("rollback", "rebase", "preempt")]
+        if wx == [1.0] * 3:
+            self._cuts = (0.14, 0.18, 0.22)
+        else:
+            edge, cuts = 0.0, []
+            for width, k in zip((0.14, 0.04, 0.04), wx, strict=True):
+                edge += width * k
+                cuts.append(edge)
+            self._cuts = tuple(cuts)
         self.preempted: dict[int, tuple] = {}  # preempted seq -> its tokens, to re-admit
         self._retry = retry_refused
         self._last: PrefixOp | None = None  # the operation drawn last (its outcome filled in)
@@ -124,7 +136,8 @@ class PrefixDriver:
                 toks = tuple(rng.randrange(3) for _ in range(1 + int(rng.random() * bs)))
                 return PrefixOp("append_slots", seq=seq, n_tokens=len(toks), tokens=toks)
         r = rng.random()
-        if r >= 0.22:
+        c_rollback, c_rebase, c_preempt = self._cuts
+        if r >= c_preempt:
             return None
         if self.preempted and r < 0.04:  # re-admitted for recompute, with every token it had
             seq = rng.choice(sorted(self.preempted))
@@ -134,11 +147,11 @@ class PrefixDriver:
             return None
         seq = rng.choice(live)
         n = state.lengths.get(seq, 0)
-        if r < 0.14 and "rollback" in caps and n >= 2:
+        if r < c_rollback and "rollback" in caps and n >= 2:
             return PrefixOp("rollback", seq=seq, n_tokens=1 + int(rng.random() * min(n - 1, bs + 1)))
-        if r < 0.18 and "rebase" in caps and len(live) >= 2:
+        if r < c_rebase and "rebase" in caps and len(live) >= 2:
             return PrefixOp("rebase", seq=seq, child=rng.choice([q for q in live if q != seq]))
-        if r >= 0.18 and "preempt" in caps:
+        if r >= c_rebase and "preempt" in caps:
             self.preempted[seq] = tuple(state.tokens_of(seq))
             return PrefixOp("preempt", seq=seq)
         return None
