@@ -24,4 +24,6 @@ RUN = {
                   "requests": 12, "workloads": 20},
     "hybrid": {"num_blocks": 16, "block_size": 2, "ops": 3_000},  # kvcheck verify-hybrid
     "tiers": {"num_blocks": 12, "block_size": 2, "ops": 3_000},  # kvcheck verify-tiers
+    "engine": {"num_blocks": 8, "block_size": 4, "ops": 2_000,  # kvcheck verify-engine
+               "requests": 30, "shrink_steps": 50_000},
 }

@@ -483,6 +483,12 @@ _LOADS: dict[tuple, Loaded] = {}
 def load(version: str | None = None) -> Loaded:
     """The release's scheduler with everything it imports (see the module docstring): any
     vLLM v1 release kvcheck installs (the ``vllm-v1`` family, 0.6.4.post1 on)."""
+    import os
+
+    asked = (version, os.environ.get(_loader.ENV_DIR), os.environ.get("VIRTUAL_ENV"))
+    loaded = _LOADS.get(asked)  # a run builds the engine once per replay: no disk lookups
+    if loaded is not None:
+        return loaded
     dist = install.select(ENGINE_KEY, version, with_family=True)
     root = _loader.require(dist)
     key = (dist, str(root))
@@ -498,6 +504,7 @@ def load(version: str | None = None) -> Loaded:
         loaded.prefix += "_engine"
         loaded.get(scheduler_module(root))
         _LOADS[key] = loaded
+    _LOADS[asked] = loaded
     return loaded
 
 

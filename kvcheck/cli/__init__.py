@@ -26,6 +26,7 @@ COMMANDS = [
     "verify-prefix",
     "verify-hybrid",
     "verify-tiers",
+    "verify-engine",
     "verify-device",
     "plan",
     "replay",

@@ -47,7 +47,7 @@ from kvcheck.check import recording
 from kvcheck.check.recording import Recorder
 
 SUPERVISED = frozenset({"verify", "verify-prefix", "verify-scheduler", "verify-device", "verify-hybrid",
-                        "verify-tiers",
+                        "verify-tiers", "verify-engine",
                         "prove",
                         "replay"})
 GRACE = 5.0  # seconds beyond twice the timeout before a stuck child is killed

@@ -118,10 +118,10 @@ def engine_source(spec) -> str | None:
     loads, in words (``vllm 0.33.0 from the pinned sources in ...``); ``None`` for others."""
     if not isinstance(spec, str):
         return None
-    from kvcheck.targets.registry import HYBRID_TARGETS
+    from kvcheck.targets.registry import ENGINE_TARGETS, HYBRID_TARGETS
 
     name, _, version = spec.partition("@")
-    where = TARGETS.get(name) or HYBRID_TARGETS.get(name)
+    where = TARGETS.get(name) or HYBRID_TARGETS.get(name) or ENGINE_TARGETS.get(name)
     if where is None or ":" in spec:
         return None
     module = importlib.import_module(where[0].partition(":")[0])

@@ -212,23 +212,28 @@ class EngineModel(Model):
                 f"{'on' if scope.caching else 'off'}, spec {scope.spec}")
 
     def scope_json(self, scope: EngineScope) -> dict:
+        """A trace's scope holds integers: ``priority`` 1 for priority scheduling (0: fcfs),
+        ``caching`` 1 for prefix caching on."""
         return {"num_blocks": scope.num_blocks, "block_size": scope.block_size,
-                "budget": scope.budget, "max_seqs": scope.max_seqs, "policy": scope.policy,
-                "caching": scope.caching, "spec": scope.spec}
+                "budget": scope.budget, "max_seqs": scope.max_seqs,
+                "priority": int(scope.policy == "priority"), "caching": int(scope.caching),
+                "spec": scope.spec}
 
     def scope_from_json(self, data: dict) -> EngineScope:
-        known = {"num_blocks", "block_size", "budget", "max_seqs", "policy", "caching", "spec"}
+        known = {"num_blocks", "block_size", "budget", "max_seqs", "priority", "caching", "spec"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown field {unknown[0]!r}")
-        scope = EngineScope(**data)
-        ints = (scope.num_blocks, scope.block_size, scope.budget, scope.max_seqs, scope.spec)
-        if any(type(v) is not int or v < 0 for v in ints) or scope.block_size < 1:
+        values = {k: data[k] for k in ("budget", "max_seqs", "spec") if k in data}
+        if any(type(v) is not int or v < 0 for v in (*values.values(), data["num_blocks"],
+                                                        data["block_size"])):
             raise ValueError("num_blocks, block_size, budget, max_seqs and spec must be "
-                             "non-negative integers (block_size positive)")
-        if scope.policy not in POLICIES or type(scope.caching) is not bool:
-            raise ValueError(f"policy must be one of {POLICIES}; caching true or false")
-        return scope
+                             "non-negative integers")
+        if data.get("priority", 0) not in (0, 1) or data.get("caching", 1) not in (0, 1):
+            raise ValueError("priority and caching must be 0 or 1")
+        return EngineScope(data["num_blocks"], data["block_size"], **values,
+                           policy=POLICIES[data.get("priority", 0)],
+                           caching=bool(data.get("caching", 1)))
 
 
 def fits(scope: EngineScope, prompt: int, max_new: int) -> bool:

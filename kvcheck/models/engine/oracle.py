@@ -179,8 +179,8 @@ class EngineOracle:
     # -- operations -----------------------------------------------------------------------
     def _crash(self, n: int, what: str, exc: BaseException, seq=None) -> Violation:
         return Violation(n, "crash", what, seq, witness=(
-            f"{what} {what_it_did(exc)} (engine step {self.engine_steps}); the engine never "
-            f"raises"), subject=None if seq is None else "seq")
+            f"{what} {what_it_did(exc)}{_where(exc)} (engine step {self.engine_steps}); the "
+            f"engine never raises"), subject=None if seq is None else "seq")
 
     def _add(self, op, n: int) -> Violation | None:
         try:
@@ -263,7 +263,7 @@ class EngineOracle:
                 del self.unfinished[q]
                 self.stats["finished"] += 1
         op.finished = finished
-        v = self._check(n, f"step {self.engine_steps}")
+        v = self._check(n, f"engine step {self.engine_steps}")
         if v is None:
             running = set(self.post.get("running", []))
             self.stats["preemptions"] += len(
@@ -466,3 +466,21 @@ class EngineOracle:
                 f"{'cached' if b in keyed else 'not cached'}) has {snap.filled(b)} of "
                 f"{self.bs} slots written, holding {self.ghost.show(snap.content(b))}; its key "
                 f"names {self.ghost.show(snap.meaning(b))}")
+
+
+def _where(exc: BaseException) -> str:
+    """`` in FILE:LINE (FUNCTION)``: the innermost frame of the exception in the engine's own
+    files (an installed release's path, from its package on), '' if none."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "/thirdparty/" in f.filename or "site-packages" in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    parts = f.filename.replace("\\", "/").split("/")
+    for top in ("vllm", "sglang", "aphrodite"):
+        if top in parts:
+            parts = parts[parts.index(top):]
+            break
+    return f" in {'/'.join(parts)}:{f.lineno} ({f.name})"
