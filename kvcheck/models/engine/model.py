@@ -11,7 +11,8 @@ Operations:
 ``abort(seq)``
     the request is aborted between steps;
 ``step(gen)``
-    one engine step: ``schedule()``, the model runner's output generated from ``gen``
+    one engine step: ``schedule()``, the model runner's output generated from ``gen`` (the
+    driver's ``step_gen(seed, k)`` for the run's ``k``-th step)
     (which requests sample, how many of their drafts are accepted, which token, whether
     it is the stop token, the drafts for the next step), ``update_from_output()``. The
     results record what the step scheduled and the output generated, so a trace shows
@@ -144,7 +145,7 @@ class EngineModel(Model):
     def start(self, target, scope: EngineScope, options: Options):
         from kvcheck.models.engine.oracle import EngineOracle
 
-        return EngineOracle(target, scope, options.mode)
+        return EngineOracle(target, scope, options.mode, options.seed)
 
     def driver(self, seed: int, scope: EngineScope, target, options: Options):
         """Seeded requests over a few shared prompt stems (prefix-cache hits), arriving
@@ -236,6 +237,13 @@ class EngineModel(Model):
                            caching=bool(data.get("caching", 1)))
 
 
+def step_gen(seed: int, k: int) -> int:
+    """The ``gen`` of a run's ``k``-th engine step (0-based): the driver's steps and the
+    oracle's draining steps alike, so a step the shrinker drops from the end and the sweep
+    runs again is the very same step."""
+    return random.Random(seed * 1_000_003 + k).randrange(1 << 31)
+
+
 def fits(scope: EngineScope, prompt: int, max_new: int) -> bool:
     """Whether the pool can hold the request whole: its prompt, every token it may
     generate and a step's drafts."""
@@ -251,7 +259,7 @@ class EngineDriver:
 
     def __init__(self, seed: int, scope: EngineScope, n: int):
         self.rng = random.Random(seed)
-        self.scope, self.n = scope, n
+        self.seed, self.scope, self.n = seed, scope, n
         bs = scope.block_size
         self.stems = [[self.rng.randint(2, 6) for _ in range(3 * bs)] for _ in range(2)]
         self.added = 0
@@ -286,7 +294,7 @@ class EngineDriver:
             if q in state.live_seqs():
                 return EngineOp("abort", seq=q)
         if state.has_work():
-            return EngineOp("step", gen=rng.randrange(1 << 31))
+            return EngineOp("step", gen=step_gen(self.seed, state.engine_steps))
         return None
 
 

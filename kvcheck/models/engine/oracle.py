@@ -43,7 +43,7 @@ from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import Interrupted, OperationTimeout, Watchdog, active_watchdog
 from kvcheck.errors import what_it_did
 from kvcheck.models.blocks import witness
-from kvcheck.models.engine.model import EngineOp, fits
+from kvcheck.models.engine.model import EngineOp, fits, step_gen
 from kvcheck.models.prefix.oracle import Ghost
 from kvcheck.spec import prefix as prefix_spec
 from kvcheck.spec.invariants import INVARIANTS
@@ -76,8 +76,8 @@ class EngineOracle:
     """A run of an engine target (``kvcheck.models.engine.loading.build``); speaks
     ``kvcheck.check.model.RunState``."""
 
-    def __init__(self, target, scope, mode: str = "fast"):
-        self.target, self.scope, self.mode = target, scope, mode
+    def __init__(self, target, scope, mode: str = "fast", seed: int = 0):
+        self.target, self.scope, self.mode, self.seed = target, scope, mode, seed
         self.nb, self.bs = scope.num_blocks, scope.block_size
         self.steps = 0  # operations checked
         self.engine_steps = 0
@@ -157,9 +157,10 @@ class EngineOracle:
 
     def sweep(self, watchdog: Watchdog | None = None) -> Violation | None:
         """Drain the engine (steps while a request is unfinished, recorded in ``implied``;
-        each step's output generated from the step's number), then every block is free."""
+        each step's ``gen`` the driver's for that step, ``step_gen``), then every block is
+        free."""
         while self.violation is None and self.has_work():
-            op = EngineOp("step", gen=(self.engine_steps * 2654435761) % (1 << 31))
+            op = EngineOp("step", gen=step_gen(self.seed, self.engine_steps))
             self.implied.append(op)
             self.step(op, watchdog)
             self.implied_states.append(self.observed_json())
