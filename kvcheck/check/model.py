@@ -240,6 +240,15 @@ class Model:
         """Model-specific smaller candidates beyond the checker's generic ones."""
         return ()
 
+    def shrink_groups(self, ops: list) -> list[list[int]] | None:
+        """The run's operations in groups that stand or fall together (e.g. a request's
+        every operation), each a list of indices: the shrinker deletes whole groups, in
+        halves, then quarters ..., before single operations (a long random run whose
+        failure needs a few requests spread across it loses the rest quickly, where
+        deleting contiguous chunks would cut through those few). None (the default):
+        operations only."""
+        return None
+
     def focus(self, ops: list) -> list | None:
         """A failing run cut down to what its last operation can depend on, tried once
         before the greedy passes (a long random run shrinks in one replay where it fails

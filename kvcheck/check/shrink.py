@@ -333,7 +333,21 @@ def _greedy(model: Model, replays_failing, cur: list, sc, meter: _Meter):
     changed = True
     while changed and live():
         changed = False
-        # 2. delete chunks
+        # 2. delete chunks: of the model's groups first (``Model.shrink_groups``), then of
+        # operations
+        groups = model.shrink_groups(cur)
+        size = max(1, len(groups) // 2) if groups else 0
+        while groups and size >= 1 and live():
+            i = 0
+            while i < len(groups) and live():
+                drop = {k for g in groups[i:i + size] for k in g}
+                got = fails([o for k, o in enumerate(cur) if k not in drop], sc)
+                if got is not None:
+                    cur, changed = got.ops, True
+                    groups = model.shrink_groups(cur) or []
+                else:
+                    i += size
+            size //= 2
         size = max(1, len(cur) // 2)
         while size >= 1 and live():
             i = 0

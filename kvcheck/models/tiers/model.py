@@ -258,6 +258,15 @@ class TiersModel(Model):
     def count_hints(self, scope) -> tuple[int, ...]:
         return (scope.block_size,)
 
+    def shrink_groups(self, ops: list) -> list[list[int]] | None:
+        """A request's operations (its jobs' completions included) are a group; each
+        eviction is one of its own."""
+        groups: dict = {}
+        for i, op in enumerate(ops):
+            key = ("evict", i) if op.kind == "evict" else op.seq
+            groups.setdefault(key, []).append(i)
+        return list(groups.values()) if len(groups) > 1 else None
+
     def shrink_candidates(self, ops: list, scope: TierScope):
         # a request dropped whole: every operation on it, its jobs' completions included
         seqs = list(dict.fromkeys(op.seq for op in ops if op.kind not in ("evict",)))
