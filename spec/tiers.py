@@ -239,6 +239,49 @@ class TierState:
             memo = self._memo[("keyed", p)] = Counter(self.keys(p).values())
         return memo
 
+    # -- the per-block vocabulary of the tier invariants (``kvcheck.spec.tier_steps``
+    # states the same terms over Z3 variables, one pool's blocks at a time) ----------
+    def held(self, p: str, b: int, kind: str) -> int:
+        """How many references holders of ``kind`` ("seq", "mapped", "window", "job",
+        "pin", "cache") have to block ``b`` of ``p``."""
+        return self.held_by(p, b).get(kind, 0)
+
+    def held_total(self, p: str, b: int) -> int:
+        """How many references every holder together has to block ``b`` of ``p``."""
+        return sum(self.held_by(p, b).values())
+
+    def keys_naming(self, p: str, b: int) -> int:
+        """How many keys of ``p``'s cache name block ``b`` (= ``held(p, b, "cache")``)."""
+        return self.keyed(p)[b]
+
+    def key_meanings(self, p: str, b: int) -> list:
+        """The prefix ids the keys naming block ``b`` of ``p`` name (those bound)."""
+        memo = self._memo.get(("naming", p))  # (the cache's keys, not their ghost meanings)
+        if memo is None:
+            memo = self._memo[("naming", p)] = {}
+            for k, x in self.keys(p).items():
+                memo.setdefault(x, []).append(k)
+        return [m for m in map(self.meaning, memo.get(b, ())) if m is not None]
+
+    def is_pending(self, p: str, b: int) -> bool:
+        """Whether a pending transfer is still writing block ``b`` of ``p``."""
+        return b in self.pending_dst(p)
+
+    def is_storing(self, p: str, b: int) -> bool:
+        """Whether block ``b`` of ``p`` is a pending store's destination."""
+        memo = self._memo.get(("storing", p))
+        if memo is None:
+            memo = self._memo[("storing", p)] = {
+                x for job in self.jobs.values() if job.kind == STORE and job.dst_pool == p
+                for x in job.dst}
+        return b in memo
+
+    def is_evictable(self, p: str, b: int) -> bool:
+        return b in self.evictable(p)
+
+    def backs_another(self, p: str, b: int) -> bool:
+        return backs_another(self, p, b)
+
     def pool_view(self, p: str) -> PoolSnapshot:
         """Pool ``p`` as a block-manager state: every holder's references are a table,
         the sequences whose KV is in ``p`` are its sequences."""
@@ -281,14 +324,12 @@ def pending_not_findable(L, s: TierState, p: str, b: int):
     pending store's destination (a lookup finds a host block only after its store
     completed). A load's destinations may be (an engine whose compute waits on the copy,
     as SGLang's HiCache, publishes the loaded blocks on the device at once)."""
-    storing = {x for job in s.jobs.values() if job.kind == STORE and job.dst_pool == p
-               for x in job.dst}
-    return L.implies(b in storing, s.keyed(p)[b] == 0)
+    return L.implies(s.is_storing(p, b), s.keys_naming(p, b) == 0)
 
 
 def one_key_per_block(L, s: TierState, p: str, b: int):
     """At most one key of a pool's cache names a block."""
-    return s.keyed(p)[b] <= 1
+    return s.keys_naming(p, b) <= 1
 
 
 def evictable_only_cached(L, s: TierState, p: str, b: int):
@@ -297,9 +338,9 @@ def evictable_only_cached(L, s: TierState, p: str, b: int):
     cache keeps a block whose key the device cache also names (the backup of a block still
     cached on the device: SGLang's HiCache evicts a host copy only once its device copy is
     gone), and evicts it only once that key is gone there."""
-    held = s.held_by(p, b)
-    cached_alone = held.get("cache", 0) >= 1 and sum(held.values()) == held["cache"]
-    return (b in s.evictable(p)) == L.and_(cached_alone, not backs_another(s, p, b))
+    cached = s.held(p, b, "cache")
+    return s.is_evictable(p, b) == L.and_(cached >= 1, s.held_total(p, b) == cached,
+                                          L.not_(s.backs_another(p, b)))
 
 
 def backs_another(s: TierState, p: str, b: int) -> bool:
@@ -315,10 +356,8 @@ def key_content(L, s: TierState, p: str, b: int):
     copied into it is the prefix the engine was asked to store under that key (data
     level: a hit returns the right tokens' KV), once no pending transfer is still writing
     it (a load's destination published at once holds its prefix when the copy lands)."""
-    if not s.keyed(p)[b] or b in s.pending_dst(p):
-        return True
-    named = [k for k, x in s.keys(p).items() if x == b]
-    return L.all_(s.meaning(k) is None or s.content(p, b) == s.meaning(k) for k in named)
+    return L.implies(L.and_(s.keys_naming(p, b) >= 1, L.not_(s.is_pending(p, b))),
+                     L.all_(s.content(p, b) == m for m in s.key_meanings(p, b)))
 
 
 def holds_its_tokens(L, s: TierState, q: int):
