@@ -90,6 +90,12 @@ FILES = (
     "vllm.v1.metrics.stats",
     "vllm.v1.metrics.cache_hit_source",
     "vllm.logits_process",  # to 0.10: imported by sampling_params
+    "vllm.v1.core.scheduler",  # to 0.7.2: the scheduler's module
+    "vllm.sequence",  # to 0.7.x: imported by the request and sampling modules
+    "vllm.prompt_adapter.request",
+    "vllm.adapter_commons.request",
+    "vllm._bc_linter",  # 0.10.2 on: `from vllm import bc_linter_include`
+    "vllm.v1.core.specialized_manager",  # 0.8.3 .. 0.8.5
 )
 
 
@@ -116,6 +122,7 @@ def _names(what: str, *names: str, **values: Any):
         for n, v in values.items():
             setattr(mod, n, v)
 
+    build.__doc__ = f"Names only ({what}: off): {', '.join((*names, *values))}."
     return build
 
 
@@ -185,6 +192,9 @@ class Struct:
 
 
 def _stub_msgspec(mod: types.ModuleType, _: Loaded) -> None:
+    """``msgspec`` is not installed here: ``Struct`` (see the class), ``field``,
+    ``structs.replace``; the engine's records (``SamplingParams``, ``EngineCoreOutput``...)
+    are only constructed and read, never serialised."""
     mod.Struct = Struct
     mod.field = lambda default=_MISSING, default_factory=None, name=None: _Field(
         default, default_factory)
@@ -194,11 +204,6 @@ def _stub_msgspec(mod: types.ModuleType, _: Loaded) -> None:
     structs.fields = _unreachable("msgspec.structs.fields")
     mod.structs = structs
     mod.Meta = lambda *a, **k: None
-
-
-def _stub_prometheus(mod: types.ModuleType, _: Loaded) -> None:
-    for n in ("Counter", "Gauge", "Histogram", "Info"):
-        setattr(mod, n, _placeholder(n, "prometheus metrics"))
 
 
 def _any_name(what: str):
@@ -236,6 +241,9 @@ OFF = {
     "vllm.v1.spec_decode": "speculative-decoding metrics and drafters (drafts come from "
                            "kvcheck's generated model output)",
     "vllm.usage": "usage reporting",
+    "vllm.inputs": "the processed prompt inputs (requests carry token ids), to 0.8",
+    "vllm.model_executor.layers.fused_moe": "returning routed experts (MoE; "
+                                            "enable_return_routed_experts off)",
     "prometheus_client": "metrics export",
 }
 
@@ -353,6 +361,18 @@ def _stub_structured_output(mod: types.ModuleType, _: Loaded) -> None:
     mod.__path__ = []
 
 
+def _stub_backend_registry(mod: types.ModuleType, loaded: Loaded) -> None:
+    """``MambaAttentionBackendEnum`` for ``kv_cache_interface`` (as ``vllm_v1``): Mamba
+    specs are never built; the real registry imports the attention backends (CUDA)."""
+    vllm_v1._stub_backend_registry(mod, loaded)
+
+
+def _stub_cbor2(mod: types.ModuleType, loaded: Loaded) -> None:
+    """``cbor2`` (not installed): only the ``*_cbor`` hash functions use it; the engine
+    target hashes with ``sha256``, vLLM's default."""
+    vllm_v1._stub_cbor2(mod, loaded)
+
+
 STUBS = {
     "vllm.logger": _loader.stub_logger,
     "vllm.platforms": _stub_platforms,
@@ -363,9 +383,9 @@ STUBS = {
     "vllm.v1.utils": _stub_v1_utils,
     "vllm.v1.structured_output": _stub_structured_output,
     "vllm.v1.hisparse.layout": vllm_v1._stub_hisparse_layout,
-    "vllm.v1.attention.backends.registry": vllm_v1._stub_backend_registry,
+    "vllm.v1.attention.backends.registry": _stub_backend_registry,
     "msgspec": _stub_msgspec,
-    "cbor2": vllm_v1._stub_cbor2,
+    "cbor2": _stub_cbor2,
 }
 
 
@@ -431,8 +451,30 @@ def _stub_mm_utils(mod: types.ModuleType, loaded: Loaded) -> None:
 STUBS["vllm.multimodal.utils"] = _stub_mm_utils
 
 
+def _stub_multimodal(mod: types.ModuleType, loaded: Loaded) -> None:
+    """``vllm.multimodal``: its registry answers that the (text-only) model takes no
+    multimodal inputs, as the real one does for a model without a multimodal processor;
+    any other question raises. The real package imports PIL, the media loaders and the
+    model registry."""
+    _any_name(OFF["vllm.multimodal"])(mod, loaded)
+
+    class MultiModalRegistry:
+        def supports_multimodal_inputs(self, model_config: Any) -> bool:
+            return False
+
+        def __getattr__(self, name: str):
+            raise NotImplementedError(f"kvcheck stand-in: MULTIMODAL_REGISTRY.{name} "
+                                      f"(multimodal inputs)")
+
+    mod.MultiModalRegistry = MultiModalRegistry
+    mod.MULTIMODAL_REGISTRY = MultiModalRegistry()
+
+
+STUBS["vllm.multimodal"] = _stub_multimodal
+
+
 def _stub_utils_module(mod: types.ModuleType, loaded: Loaded) -> None:
-    """Before 0.11 ``vllm/utils.py`` is one module (torch, psutil, zmq, cachetools behind
+    """Before 0.11 ``vllm.utils`` is one module (torch, psutil, zmq, cachetools behind
     it): its KV-cache helpers re-implemented as ``vllm_v1`` does (``cdiv``, ``sha256``...),
     the few the scheduler-side files call re-implemented with the same results, and any
     other name a placeholder that raises when called."""
@@ -498,10 +540,15 @@ def load(version: str | None = None) -> Loaded:
                       if (root / (f.replace(".", "/") + ".py")).is_file()
                       or (root / f.replace(".", "/") / "__init__.py").is_file())
         stubs = dict(STUBS)
-        if not (root / "vllm/utils/__init__.py").is_file():  # to 0.10.x: one vllm/utils.py
+        if not (root / "vllm/utils/math_utils.py").is_file():  # to 0.10.x: one vllm.utils
             stubs["vllm.utils"] = _stub_utils_module
         loaded = _EngineLoaded(dist, root, files, stubs)
         loaded.prefix += "_engine"
+        if "vllm._bc_linter" in loaded.files:  # vllm/__init__.py's lazy names (not run)
+            top = loaded.get("vllm")
+            linter = loaded.get("vllm._bc_linter")
+            top.bc_linter_include = linter.bc_linter_include
+            top.bc_linter_skip = linter.bc_linter_skip
         loaded.get(scheduler_module(root))
         _LOADS[key] = loaded
     _LOADS[asked] = loaded
@@ -580,7 +627,8 @@ def engine_config(s: EngineSettings) -> Settings:
     model = Settings(
         "model_config", uses_mrope=False, is_encoder_decoder=False, runner_type="generate",
         is_diffusion=False, supports_multimodal_inputs=False, max_model_len=s.max_model_len,
-        return_sampling_mask=False, multimodal_config=None, is_multimodal_model=False)
+        return_sampling_mask=False, multimodal_config=None, is_multimodal_model=False,
+        enable_return_routed_experts=False)
     return Settings(
         "vllm_config", scheduler_config=sched, cache_config=cache, model_config=model,
         lora_config=None, kv_events_config=None, kv_transfer_config=None,
@@ -706,6 +754,12 @@ class EngineTarget:
         self.config = engine_config(settings)
         self.scheduler = _build_scheduler(mods, self.config, settings)
         self.manager = self.scheduler.kv_cache_manager
+        if getattr(self.manager, "num_preallocate_tokens", 0):
+            raise MisuseError(
+                f"vLLM {self.version}'s KVCacheManager preallocates "
+                f"{self.manager.num_preallocate_tokens} tokens per request (to 0.8.4): the "
+                f"engine target reads 0.8.5 .. 0.33.0 (a table's size there is exactly what "
+                f"its tokens need)")
         self.pool = self.manager.block_pool
         self.kv_calls: list[KVCall] = []
         for name in ("get_computed_blocks", "allocate_slots", "free"):
@@ -925,7 +979,7 @@ def _make_request(mods: Loaded, target: EngineTarget, rid: str, tokens: list[int
     values = {"request_id": rid, "prompt_token_ids": tokens, "sampling_params": sp,
               "pooling_params": None, "arrival_time": arrival, "priority": priority,
               "block_hasher": target._hasher, "eos_token_id": None, "client_index": 0,
-              "multi_modal_inputs": None, "multi_modal_hashes": None,
+              "multi_modal_inputs": None, "multi_modal_hashes": None, "multi_modal_kwargs": None,
               "multi_modal_placeholders": None, "mm_features": None, "lora_request": None,
               "prompt": None, "cache_salt": None, "structured_output_request": None}
     return cls(**{k: v for k, v in values.items() if k in params})
@@ -938,6 +992,23 @@ def _build_scheduler(mods: Loaded, config: Settings, s: EngineSettings):
 
     import torch
 
+    cls = mods[scheduler_module(mods.root)].Scheduler
+    params = inspect.signature(cls.__init__).parameters
+    som = mods["vllm.v1.structured_output"].StructuredOutputManager(config)
+    values = {"vllm_config": config, "structured_output_manager": som,
+              "block_size": s.block_size, "log_stats": False, "include_finished_set": False,
+              # to 0.8.4: the configs one by one
+              "scheduler_config": config.scheduler_config, "model_config": config.model_config,
+              "cache_config": config.cache_config, "lora_config": None,
+              "speculative_config": config.speculative_config}
+    if "kv_cache_config" in params:  # 0.8.0 on: the scheduler builds the manager from it
+        values["kv_cache_config"] = _kv_cache_config(mods, s, torch)
+    return cls(**{k: v for k, v in values.items() if k in params})
+
+
+def _kv_cache_config(mods: Loaded, s: EngineSettings, torch: Any):
+    """One full-attention KV-cache group of ``num_blocks + 1`` blocks (vLLM's null block on
+    top), in the release's ``KVCacheConfig`` shape."""
     iface = mods["vllm.v1.kv_cache_interface"]
     values = {"block_size": s.block_size, "num_kv_heads": 1, "head_size": 1,
               "dtype": torch.float16, "use_mla": False, "sliding_window": None,
@@ -948,14 +1019,7 @@ def _build_scheduler(mods: Loaded, config: Settings, s: EngineSettings):
     cfg_fields = {f.name for f in dataclasses.fields(iface.KVCacheConfig)}
     cfg = {"num_blocks": s.num_blocks + 1, "tensors": {}, "kv_cache_tensors": [],
            "kv_cache_groups": [group]}
-    kv_config = iface.KVCacheConfig(**{k: v for k, v in cfg.items() if k in cfg_fields})
-    cls = mods[scheduler_module(mods.root)].Scheduler
-    params = inspect.signature(cls.__init__).parameters
-    som = mods["vllm.v1.structured_output"].StructuredOutputManager(config)
-    values = {"vllm_config": config, "kv_cache_config": kv_config,
-              "structured_output_manager": som, "block_size": s.block_size,
-              "log_stats": False, "include_finished_set": False}
-    return cls(**{k: v for k, v in values.items() if k in params})
+    return iface.KVCacheConfig(**{k: v for k, v in cfg.items() if k in cfg_fields})
 
 
 def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
