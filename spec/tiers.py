@@ -90,7 +90,14 @@ STORE, LOAD, SWAP_OUT, SWAP_IN = "store", "load", "swap_out", "swap_in"
 class Job:
     """A pending transfer: ``src`` blocks of pool ``src_pool`` copied into ``dst`` blocks of
     ``dst_pool`` (position by position), for sequence ``seq``. ``keys``: a store's intended
-    prefix ids of its destinations (what each will be findable as once it completes)."""
+    prefix ids of its destinations (what each will be findable as once it completes).
+    ``holds_src`` / ``holds_dst``: whether the job holds a reference to its sources /
+    destinations; an engine that leaves a device side to the request's own references (vLLM
+    v1's OffloadingConnector: a store's sources are the request's blocks, a load's
+    destinations the blocks allocated for it) reports False there, and the job is no
+    holder of those blocks. ``flushed``: the engine has waited for the copy to land (vLLM's
+    ``jobs_to_flush``: before a step writes a block the store still reads) while its
+    completion is still to be reported."""
 
     kind: str
     seq: int
@@ -99,6 +106,9 @@ class Job:
     dst_pool: str
     dst: tuple[int, ...]
     keys: tuple[int, ...] = ()
+    holds_src: bool = True
+    holds_dst: bool = True
+    flushed: bool = False  # its copy has landed (the engine waited for it); report pending
 
 
 @dataclass
@@ -200,7 +210,8 @@ class TierState:
             if t and self.where.get(q) == p:
                 out[("window", q)] = t
         for j, job in self.jobs.items():
-            refs = (job.src if job.src_pool == p else ()) + (job.dst if job.dst_pool == p else ())
+            refs = (job.src if job.src_pool == p and job.holds_src else ()) + (
+                job.dst if job.dst_pool == p and job.holds_dst else ())
             if refs:
                 out[("job", j)] = refs
         for name, refs in self.pins.get(p, {}).items():
@@ -388,6 +399,21 @@ def quiescent_nothing_held(L, s: TierState):
         and not any(refs for p in s.pools() for refs in s.pins.get(p, {}).values())
 
 
+def unheld_sources_kept(L, s: TierState):
+    """A pending store whose job holds no reference to its sources (the request's own
+    references kept them) reads blocks nothing else may take until its copy has landed:
+    each source is its request's, or free, until the engine flushes the store (waits for
+    the copy) -- never another holder's, whose writes the copy would read (vLLM #46951)."""
+    for job in s.jobs.values():
+        if job.kind != STORE or job.holds_src or job.flushed:
+            continue
+        mine = {("seq", job.seq), ("window", job.seq)}
+        for (kind, x), refs in s.holders(job.src_pool).items():
+            if (kind, x) not in mine and set(refs) & set(job.src):
+                return False
+    return True
+
+
 TIER_BLOCK_INVARIANTS = [
     ("pending_not_findable", pending_not_findable),
     ("one_key_per_block", one_key_per_block),
@@ -395,7 +421,8 @@ TIER_BLOCK_INVARIANTS = [
     ("key_content", key_content),
 ]
 TIER_SEQ_INVARIANTS = [("in_one_pool", in_one_pool), ("holds_its_tokens", holds_its_tokens)]
-TIER_GLOBAL_INVARIANTS = [("quiescent_nothing_held", quiescent_nothing_held)]
+TIER_GLOBAL_INVARIANTS = [("quiescent_nothing_held", quiescent_nothing_held),
+                          ("unheld_sources_kept", unheld_sources_kept)]
 
 
 def invariant_doc(name: str) -> str:
@@ -574,10 +601,12 @@ def append(L, pre, post, op):
 
 
 def free(L, pre, post, op):
-    """free(seq): the request ends (finished or aborted): it holds nothing in any pool;
-    each of its blocks loses one reference per entry, and a block a pending transfer still
-    holds stays held until that transfer completes (an abort in flight frees nothing the
-    copy is still using)."""
+    """free(seq) -> job or None: the request ends (finished or aborted): it holds nothing in
+    any pool; each of its blocks loses one reference per entry, and a block a pending
+    transfer still holds stays held until that transfer completes (an abort in flight frees
+    nothing the copy is still using). An engine may start a final store of the request's
+    full blocks there (vLLM v1's OffloadingConnector, at the next step): a new store job,
+    as ``store`` starts one."""
     q = op.seq
     p = pre.pool_of(q)
     yield "free: the request holds nothing", q, L.and_(
@@ -585,6 +614,12 @@ def free(L, pre, post, op):
                                                             for m in pre.mapped_pools()))
     if p is None:
         return
+    if op.job is not None:  # a final store of the request's blocks, started at its end
+        job = post.jobs.get((q, op.job))
+        yield new_job(STORE), q, L.and_(job is not None, (q, op.job) not in pre.jobs,
+                                        job is not None and job.kind == STORE)
+        if job is not None:
+            yield from _store_job(L, pre, post, op, job)
     for pool, held in [(p, pre.table(q) + pre.windows.get(q, ()))] + [
             (m, pre.mapped_table(m, q)) for m in pre.mapped_pools()]:
         mine = Counter(held)
@@ -614,6 +649,12 @@ def store(L, pre, post, op):
         job is not None and job.seq == op.seq)
     if job is None:
         return
+    yield from _store_job(L, pre, post, op, job)
+    yield from _others_unchanged(L, pre, post, DEVICE, set(job.src), "store")
+
+
+def _store_job(L, pre, post, op, job):
+    """What a new store job is (``store``, or a final store started by ``free``)."""
     B, table, n = pre.block_size, pre.table(op.seq), pre.length(op.seq)
     full = set(table[: n // B])
     yield "store: sources are full blocks of the request's table", op.seq, L.and_(
@@ -632,7 +673,6 @@ def store(L, pre, post, op):
                (HOST, b), L.or_(pre.free_count(HOST, b) == 1,
                                 L.and_(was.get("cache", 0) >= 1,
                                        sum(was.values()) == was.get("cache", 0))))
-    yield from _others_unchanged(L, pre, post, DEVICE, set(job.src), "store")
 
 
 def load(L, pre, post, op):
@@ -668,7 +708,10 @@ def load(L, pre, post, op):
     if job is None:
         return
     B = pre.block_size
-    lookup = (len(op.tokens) - 1) // B  # blocks wholly within the first len - 1 tokens
+    # blocks wholly within the first len - 1 tokens; or within all of them for an engine
+    # that recomputes the last token of a whole hit once the load lands (the oracle's
+    # ``recompute_last``, from the target: vLLM's scheduler, a full external hit)
+    lookup = (len(op.tokens) - (0 if getattr(op, "recompute_last", False) else 1)) // B
     at = t.index(job.dst[0]) if job.dst and job.dst[0] in t else 0  # (after device hits)
     yield "load: hits are leading blocks within the first len - 1 tokens", q, L.and_(
         job.src_pool == HOST, job.dst_pool == DEVICE, at + len(job.src) <= lookup,
@@ -703,7 +746,8 @@ def complete(L, pre, post, op):
             else:
                 yield ("complete: a failed store leaves its destinations free", (HOST, b),
                        L.and_(b not in keyed, post.free_count(HOST, b) == 1))
-    src, dst = Counter(job.src), Counter(job.dst)
+    src = Counter(job.src if job.holds_src else ())
+    dst = Counter(job.dst if job.holds_dst else ())
     for b in src:  # (and whatever pins of the connector's the completion releases with it)
         yield ("complete: each source loses the job's reference", (job.src_pool, b),
                post.ref(job.src_pool, b) == pre.ref(job.src_pool, b) - src[b]

@@ -109,6 +109,10 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
     "aphrodite-simple-offload": ("kvcheck.impl.thirdparty.aphrodite_offload:make",
                                  "aphrodite-engine's SimpleCPUOffloadConnector (vLLM's, inherited; "
                                  "0.24.1; @0.20.0..0.24.1), as vllm-v1-simple-offload"),
+    "vllm-v1-native-offload": ("kvcheck.impl.thirdparty.vllm_v1_native_offload:make",
+                               "vLLM v1 OffloadingConnector, scheduler side, with its "
+                               "CPUOffloadingManager (LRU; 0.33.0) over the release's "
+                               "KVCacheManager: stores, sync loads, completions by the driver"),
 }
 
 # Engine cores (``kvcheck verify-engine``): the engine's own scheduler with its own KV-cache

@@ -169,11 +169,12 @@ class TierOracle:
             return type(op.n) is int and op.n >= 1
         if type(op.seq) is not int or not 0 <= op.seq < 2**31:
             return False
+        admits = getattr(self.target, "admits", None)  # (kvcheck/targets/protocol.py)
         if kind in ("allocate", "load"):
-            return op.seq not in self.tokens and len(op.tokens) >= 1
+            return op.seq not in self.tokens and len(op.tokens) >= 1 and (
+                admits is None or bool(admits(op)))
         if op.seq not in self.tokens:
             return False
-        admits = getattr(self.target, "admits", None)  # (kvcheck/targets/protocol.py)
         if admits is not None and not admits(op):
             return False  # an operation the engine's caller never makes (its adapter says)
         where = self.pool_of(op.seq)
@@ -304,8 +305,8 @@ class TierOracle:
             self.slid.pop(q, None)
         elif kind == T.SLIDE:
             self.slid[q] = op.upto
-        started = kind in ("store", "load")
-        if started:
+        started = kind in ("store", "load") or (kind == "free" and result is not None)
+        if started:  # (a free may return the final store the engine starts at the end)
             if result is None:
                 op.job = None
             else:
@@ -316,7 +317,8 @@ class TierOracle:
                 op.job = self.started[q]
                 self.started[q] += 1
                 self.by_id[result] = (q, op.job)
-                self.jobs[q, op.job] = {"id": result, "kind": kind, "seq": q, "keys": ()}
+                self.jobs[q, op.job] = {"id": result, "kind": T.STORE if kind == "free" else
+                                        kind, "seq": q, "keys": ()}
         name = (q, op.job)
         done = self.jobs.pop(name) if kind == "complete" else None
         if done is not None:
@@ -324,10 +326,11 @@ class TierOracle:
         post = self._capture(freed, done_job=(name, done) if done else None)
         if kind == "load":
             op.wanted = self._wants(self.tokens[q])[: (len(op.tokens)) // self.bs]
+            op.recompute_last = bool(getattr(self.target, "recomputes_last_token", False))
             job = post.jobs.get(name) if op.job is not None else None
             op.hits = len(job.src) if job is not None else 0
-        if kind == "store" and op.job is not None and name in post.jobs:
-            self._key_store(name, pre, post)
+        if kind in ("store", "free") and op.job is not None and name in post.jobs:
+            self._key_store(name, pre, post, freed.get(q))
         self._publish(op, pre, post, freed)
         self._write(op, pre, post, done)
         self._reserve(op)
@@ -337,17 +340,22 @@ class TierOracle:
         return self._clauses(n, op, fn, pre, post) or self._invariants(n, post) or \
             self._data_level(n, post)
 
-    def _key_store(self, j: tuple, pre, post) -> None:
+    def _key_store(self, j: tuple, pre, post, freed=None) -> None:
         """A store's intended keys: the request's prefix up to the end of each source's
-        position in its table (a source not in it keeps None: the contract names it)."""
+        position in its table (a source not in it keeps None: the contract names it; a
+        final store started by a free: the tokens the request ended with)."""
         job = post.jobs[j]
-        wants = self._wants(self.tokens.get(job.seq, []))
+        wants = self._wants(self.tokens.get(job.seq) or freed or [])
         table = pre.table(job.seq)
         keys = tuple(wants[table.index(b)] if b in table and table.index(b) < len(wants)
                      else None for b in job.src)
         self.jobs[j]["keys"] = keys
+        if not job.holds_src:  # (sources the job does not hold: what they held at the start,
+            # kept until the copy lands -- spec.tiers.unheld_sources_kept -- is what it copies)
+            dev = self.content.get(job.src_pool, {})
+            self.jobs[j]["copy"] = tuple(dev.get(b) for b in job.src)
         post.jobs[j] = T.Job(job.kind, job.seq, job.src_pool, job.src, job.dst_pool, job.dst,
-                             keys)
+                             keys, job.holds_src, job.holds_dst, job.flushed)
 
     def _write(self, op, pre, post, done) -> None:
         """The engine's and its worker's writes after a successful step (the ghost)."""
@@ -380,8 +388,12 @@ class TierOracle:
             if job.kind == T.STORE and op.ok:
                 host = self.content[T.HOST]
                 keyed = {b: k for k, b in post.keys(T.HOST).items()}
+                copy = done.get("copy")  # (sources the job did not hold: read at its start)
                 for i, (s, d) in enumerate(zip(job.src, job.dst, strict=False)):
-                    if s in dev:
+                    if copy is not None and i < len(copy):
+                        if copy[i] is not None:
+                            host[d] = copy[i]
+                    elif s in dev:
                         host[d] = dev[s]
                     key = keyed.get(d)
                     if key is not None and key not in self.meanings and i < len(job.keys) \
@@ -519,7 +531,10 @@ class TierOracle:
                                        f"kind, seq, src (pool, blocks), dst (pool, blocks)") from None
             keys = self.jobs[j]["keys"] if j in self.jobs else ()
             jobs[j] = T.Job(kind, seq, sp, self._blocks(src, f"job {j}'s src"), dp,
-                            self._blocks(dst, f"job {j}'s dst"), keys)
+                            self._blocks(dst, f"job {j}'s dst"), keys,
+                            holds_src=bool(d.get("holds_src", True)),
+                            holds_dst=bool(d.get("holds_dst", True)),
+                            flushed=bool(d.get("flushed", False)))
         cache = {}
         for p in self.sizes:
             entries = self._read(f"cache_entries({p!r})", lambda p=p: list(t.cache_entries(p)))

@@ -1,0 +1,606 @@
+"""Adapter: the scheduler side of vLLM v1's native ``OffloadingConnector`` with its CPU
+offloading manager, over the release's own ``KVCacheManager``, as a target of the tiers
+model (``kvcheck verify-tiers vllm-v1-native-offload``; protocol: docs/tiers.md).
+
+Releases: vLLM 0.33.0 (``vllm-v1-native-offload@0.33.0``, the default; the connector's
+scheduler lives in ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``
+there). Earlier releases ship it in other files (not adapted yet).
+
+What runs is the release's own code, loaded from its installed files by ``_loader`` (never
+imported as ``vllm``): the KV-cache manager's files (``vllm_v1.FILES``), the connector's
+scheduler half ``OffloadingConnectorScheduler`` (``offloading/scheduler.py``, with
+``offloading/{common, config, events}.py``; ``OffloadingConnector``'s scheduler-side
+methods call exactly it, the connector class itself imports the worker and torch), the CPU
+offloading manager ``CPUOffloadingManager`` (``vllm/v1/kv_offload/cpu/manager.py``) with
+its cache policy (LRU: ``cpu/policies/{base, lru, arc, factory}.py``), ``kv_offload/
+{base, config}.py`` (``OffloadingSpec``, ``OffloadingConfig``: the release's own records)
+and ``vllm/v1/core/sched/output.py`` (``SchedulerOutput``, ``NewRequestData``).
+
+The configuration: one full-attention group (``FullAttentionSpec``) in a GPU pool of
+``num_blocks + 1`` blocks (block 0 is vLLM's null block: kvcheck's block ``b`` is vLLM's
+``b + 1``), GPU prefix caching off (``enable_caching=False``: the host cache is the only
+cache, the device pool has no keys); one GPU block per offload chunk
+(``blocks_per_chunk=1``, ``tokens_per_hash = block_size``), a CPU tier of
+``host_blocks`` chunks (kvcheck's host block ``c`` is chunk ``c``), world size 1,
+``offload_prompt_only=False`` (decode blocks are offloaded too; the release's default
+offloads the prompt only) and ``sync_load_budget_bytes`` large (a load with a token left
+to compute is synchronous: the worker copies it before the step's forward pass; a whole
+hit, with no token left, is asynchronous, as the release decides).
+
+Stand-ins, in one place (``NATIVE_STUBS`` on top of ``vllm_v1_offload.OFFLOAD_STUBS`` and
+``vllm_v1.STUBS``, and the records below), each with why it cannot change what the
+connector decides:
+
+``torch`` (``vllm_v1``'s, plus ``Tensor``)
+    an annotation of ``kv_offload/base.py``'s worker-side records, never built here.
+``vllm.v1.kv_hints``
+    ``KvHintsEnvelope``, the type of a request's KV hints; kvcheck's requests carry none.
+``offloading/metrics.py``
+    the connector's Prometheus stats: written (lookup delays, allocation failures,
+    transfer sizes), read only by ``get_stats`` (logging), never called by kvcheck.
+the policy factory's ``importlib``
+    ``CachePolicyFactory`` imports its built-in policies by name; that module's
+    ``importlib`` answers from the loaded files (the release's own ``lru`` module).
+``CPUSpec`` (an ``OffloadingSpec``)
+    ``CPUOffloadingSpec``'s scheduler half: ``get_manager`` builds the release's
+    ``CPUOffloadingManager`` as the real one does (threshold 0, no events); the real class
+    imports the platform and the GPU worker.
+``VllmConfig`` (``_settings``)
+    the fields the connector reads: block size, prefix caching off, no retention
+    interval, no speculative decoding, world size 1.
+``Request`` (``_Request``)
+    ``vllm_v1``'s stand-in, plus ``is_finished()`` (vLLM's) and no transfer params/hints.
+the worker
+    not loaded: kvcheck's driver is the worker. A job's completion is
+    ``update_connector_output`` with ``OffloadingWorkerMetadata({job: 1})`` (the release's
+    record); a flush (``jobs_to_flush`` in a step's metadata) is the worker waiting for
+    that copy before the step's forward pass: the job is marked ``flushed`` (its copy has
+    landed) and reported when kvcheck's driver completes it.
+the scheduler
+    kvcheck's adapter calls the connector in ``Scheduler.schedule``'s order, one step per
+    operation, each ending with ``build_connector_meta`` (below).
+
+How the scheduler drives it, one tiers operation per engine step:
+
+``allocate(seq, tokens)``
+    ``on_new_request``; a request with ``skip_reading_prefix_cache`` (no lookup: the
+    connector answers ``(0, False)``); ``allocate_slots``; ``update_state_after_alloc``;
+    the step's ``build_connector_meta`` names it a new request with its block ids. Its
+    tokens reach the store scan at the next ``store`` (kvcheck decides when a step's scan
+    may store: the split keeps every store one kvcheck asked for, as the sibling adapter
+    ``vllm_v1_offload`` does).
+``load(seq, tokens)``
+    the same with the lookup (``get_num_new_matched_tokens``): a hit is a load job
+    (``update_state_after_alloc`` with the hit tokens; the job in the step's metadata).
+    Sync: the request holds all its blocks and runs; async (a whole hit): it holds blocks
+    for every token (the hit covers them) and waits; when the driver completes the load,
+    the scheduler's ``_update_waiting_for_remote_kv`` (the last token recomputed) and the
+    step that schedules it. The load's device blocks are the request's (the job holds
+    only its host chunks: ``holds_dst`` False).
+``append(seq, token)``
+    ``allocate_slots(req, 1)``; the step's build names the request's new block ids (its
+    token to the next ``store``), so a block a finished request's store still reads is
+    flushed when re-allocated.
+``store(seq)``
+    the step that schedules ``seq``'s tokens since its last store: the build's store scan
+    (``_build_store_jobs``, ``prepare_store``: the CPU manager evicts for room) may start
+    a store job. The connector takes no GPU reference for it (``holds_src`` False): the
+    request's own references keep the sources; once the request ends, re-allocating one
+    flushes the store (``spec.tiers.unheld_sources_kept``).
+``complete(job, ok)``
+    the worker's report. There is no failed-job report (``failures`` empty).
+``free(seq)``
+    ``request_finished`` (FINISHED_ABORTED), ``KVCacheManager.free``, then the next step
+    (nothing scheduled, the request in ``finished_req_ids``): its final store scan may
+    start a store job, which ``free`` returns (``spec.tiers.free``).
+
+Not issued (``admits``): a free or a store of a request whose load is pending (a sync
+load completes before the step's forward pass and is reported in that step's output; an
+async one's request waits, unscheduled: the scheduler delays the free of its blocks until
+the load reports, which the tiers model's free cannot express yet); a load while a store
+is pending (a lookup that meets a chunk still being stored defers -- ``None`` -- and the
+scheduler retries the request later; kvcheck's load cannot wait).
+
+Observation: ``table`` the request's GPU blocks; ``refcount`` GPU ``ref_cnt``; a CPU
+chunk: 1 (a pending store's destination: the job's) or 1 + its ``ref_cnt`` (the cache's,
+and one per load reading it); ``free_blocks`` the GPU free queue, the CPU manager's free
+list and its never-allocated chunks; ``cache_entries(host)`` the policy's ready chunks
+(``(offload key, store job)``, the job that filled it making each publication a new
+key); ``evictable_blocks(host)`` the ready chunks no load reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import MisuseError, OutOfBlocks
+from . import _loader, install, vllm_v1
+from . import vllm_v1_offload as simple
+from ._loader import Loaded
+from .vllm_v1 import Request, RequestStatus
+
+CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"
+NATIVE_FILES = (
+    "vllm.v1.core.sched.output",
+    CONNECTOR + ".scheduler", CONNECTOR + ".common", CONNECTOR + ".events",
+    CONNECTOR + ".config",
+    "vllm.v1.kv_offload.base", "vllm.v1.kv_offload.config",
+    "vllm.v1.kv_offload.cpu.manager", "vllm.v1.kv_offload.cpu.common",
+    "vllm.v1.kv_offload.cpu.policies.base", "vllm.v1.kv_offload.cpu.policies.lru",
+    "vllm.v1.kv_offload.cpu.policies.arc", "vllm.v1.kv_offload.cpu.policies.factory",
+    "vllm.v1.metrics.cache_hit_source",
+)
+
+
+def _stub_torch(mod: types.ModuleType, loaded: Loaded) -> None:
+    """``vllm_v1``'s stand-in, and ``Tensor`` (an annotation of ``kv_offload/base.py``'s
+    worker-side records, never built here)."""
+    vllm_v1._stub_torch(mod, loaded)
+
+    class Tensor:  # annotation only
+        pass
+
+    mod.Tensor = Tensor
+
+
+def _stub_kv_hints(mod: types.ModuleType, _: Loaded) -> None:
+    """``KvHintsEnvelope``: the type of a request's KV hints (an annotation; kvcheck's
+    requests carry none). The real package's ``__init__`` imports msgspec protocols."""
+    class KvHintsEnvelope:  # annotation only
+        pass
+
+    mod.KvHintsEnvelope = KvHintsEnvelope
+
+
+def _stub_offload_metrics(mod: types.ModuleType, _: Loaded) -> None:
+    """The connector's Prometheus metrics: a stats record whose counters and histograms
+    are written (lookup delays, allocation failures, transfer sizes) and read only by
+    ``get_stats`` (logging), which kvcheck never calls; the metric names are only its
+    keys. The real module imports prometheus_client and the connector factory."""
+    class _Names:
+        def __getattr__(self, name: str) -> str:
+            return name
+
+    class OffloadingConnectorStats:
+        def increase_counter(self, *_a) -> None:
+            pass
+
+        observe_histogram = set_gauge = set_info = increase_counter
+
+        def aggregate(self, _other) -> OffloadingConnectorStats:
+            return self
+
+        def is_empty(self) -> bool:
+            return True
+
+    mod.OffloadingConnectorStats = OffloadingConnectorStats
+    mod._ConnectorMetricName = mod._TransferMetricName = _Names()
+
+
+NATIVE_STUBS = {
+    CONNECTOR + ".metrics": _stub_offload_metrics,
+    "torch": _stub_torch,
+    "vllm.v1.kv_hints": _stub_kv_hints,
+}
+
+
+def load(version: str | None = None) -> Loaded:
+    dist = install.select(simple.ENGINE_KEY, version)
+    root = _loader.require(dist)
+    sched = root / (CONNECTOR.replace(".", "/") + "/scheduler.py")
+    if not sched.is_file():
+        raise MisuseError(f"{dist.dist} {dist.version} has no {CONNECTOR}.scheduler")
+    files = tuple(f for f in vllm_v1.FILES if (root / (f.replace(".", "/") + ".py")).is_file())
+    files += NATIVE_FILES
+    stubs = {**vllm_v1.STUBS, **simple.OFFLOAD_STUBS, **NATIVE_STUBS}
+    loaded = _loader.load(dist, files, stubs,
+                          entry=("vllm.v1.core.kv_cache_manager", CONNECTOR + ".scheduler",
+                                 "vllm.v1.kv_offload.cpu.manager"))
+    # The policy factory imports its built-in policies by name (``importlib.import_module``,
+    # which the loader's import table does not see): that module's ``importlib`` answers
+    # from the loaded files instead (the same ``lru`` / ``arc`` modules, the release's own).
+    factory = loaded["vllm.v1.kv_offload.cpu.policies.factory"]
+    factory.importlib = types.SimpleNamespace(import_module=lambda name: loaded[name])
+    return loaded
+
+
+class _Request(Request):
+    """``vllm_v1``'s stand-in for ``vllm.v1.request.Request``, with the fields and the
+    method the connector reads too: ``is_finished()`` (vLLM's: its status is a finished
+    one), ``kv_transfer_params`` and ``kv_hints`` (None: no per-request offload limits,
+    tier filters or hints)."""
+
+    kv_transfer_params = None
+    kv_hints = None
+
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+
+def _settings(block_size: int) -> Any:
+    """The ``VllmConfig`` fields the connector reads (module docstring)."""
+    ns = types.SimpleNamespace
+    return ns(cache_config=ns(block_size=block_size, prefix_cache_retention_interval=None,
+                              enable_prefix_caching=False),
+              parallel_config=ns(decode_context_parallel_size=1, world_size=1),
+              speculative_config=None)
+
+
+class NativeOffloadTarget:
+    """A tiers target over the release's ``KVCacheManager``, ``OffloadingConnectorScheduler``
+    and ``CPUOffloadingManager`` (module docstring)."""
+
+    capabilities = frozenset({"allocate", "append", "free", "store", "load", "complete"})
+    failures = frozenset()  # (a worker reports a job done; there is no failed-job report)
+    recomputes_last_token = True  # (a whole hit loads every block; the last token is
+    # recomputed once the load lands: spec.tiers.load)
+
+    def __init__(self, num_blocks: int, block_size: int, host_blocks: int,
+                 version: str | None = None, policy: str = "lru",
+                 prompt_only: bool = False):
+        if num_blocks < 1 or block_size < 1 or host_blocks < 1:
+            raise MisuseError("num_blocks, block_size and host_blocks must be positive")
+        import inspect
+
+        self.num_blocks, self.block_size, self.host_blocks = num_blocks, block_size, host_blocks
+        mods = load(version)
+        self.version = mods.dist.version
+        iface = mods["vllm.v1.kv_cache_interface"]
+        utils = mods["vllm.v1.core.kv_cache_utils"]
+        self._sched = mods["vllm.v1.core.sched.output"]
+        self._common = mods[CONNECTOR + ".common"]
+        self._outputs = mods["vllm.v1.outputs"]
+        base = mods["vllm.v1.kv_offload.base"]
+        cfg = mods["vllm.v1.kv_offload.config"]
+        cpu = mods["vllm.v1.kv_offload.cpu.manager"]
+        sha256 = mods["vllm.utils.hashing"].sha256
+        torch = mods["torch"]
+        full = iface.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
+                                       dtype=torch.float16)
+        page = 2 * block_size * 2  # (K and V, one head of size 1, float16)
+        config = iface.KVCacheConfig(
+            num_blocks=num_blocks + 1,
+            kv_cache_tensors=[iface.KVCacheTensor(size=(num_blocks + 1) * page,
+                                                  layers=["layer.0"], layer_stride=0,
+                                                  block_stride=page)],
+            kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], full)])
+        utils.init_none_hash(sha256)
+        cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
+        kwargs = {"max_model_len": 1 << 20, "scheduler_block_size": block_size,
+                  "hash_block_size": block_size, "enable_caching": False}
+        params = inspect.signature(cls.__init__).parameters
+        self.manager = cls(config, **{k: v for k, v in kwargs.items() if k in params})
+        self._hasher = utils.get_request_block_hasher(block_size, sha256)
+        self.pool = self.manager.block_pool
+
+        offload_config = cfg.OffloadingConfig(
+            groups=(cfg.OffloadingGroupConfig(block_size, ("layer.0",), 0),),
+            worker_kv_bytes_per_block=page, enable_kv_cache_events=False,
+            extra_config={"offload_prompt_only": prompt_only,
+                          "sync_load_budget_bytes": 1 << 40},
+            engine_id="kvcheck", model=cfg.OffloadingModelConfig("kvcheck", "float16", 1 << 20),
+            cache=cfg.OffloadingCacheConfig(tokens_per_hash=block_size, blocks_per_chunk=1),
+            parallel=cfg.OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, 0, False))
+
+        class CPUSpec(base.OffloadingSpec):
+            """``CPUOffloadingSpec``'s scheduler half: its ``get_manager`` builds the
+            release's ``CPUOffloadingManager`` with the same arguments (store threshold 0,
+            no events); the real class imports the platform and the GPU worker."""
+
+            def get_manager(spec_self):
+                if getattr(spec_self, "_manager", None) is None:
+                    spec_self._manager = cpu.CPUOffloadingManager(
+                        num_chunks=host_blocks, cache_policy=policy, enable_events=False,
+                        store_threshold=0)
+                return spec_self._manager
+
+            def get_worker(spec_self, kv_caches):
+                raise NotImplementedError("kvcheck's driver is the worker")
+
+        sched = mods[CONNECTOR + ".scheduler"].OffloadingConnectorScheduler
+        self.connector = sched(CPUSpec(offload_config), _settings(block_size), config)
+        self.cpu = self.connector.manager
+        self.requests: dict[int, Any] = {}
+        self.finished: dict[int, Any] = {}
+        self._unsent: dict[int, int] = {}  # seq -> tokens its steps scheduled since a store
+        self._flushed: set[int] = set()  # jobs the worker has flushed, not yet reported
+        self._step_meta = None
+        self._waiting: dict[int, int] = {}  # seq -> hit tokens of its asynchronous load
+        self._jobs: dict[str, tuple[int, int, str, list, list]] = {}
+        self._ids = itertools.count()
+        self._published: dict[int, int] = {}  # CPU chunk -> the job that filled it
+
+    # -- operations ---------------------------------------------------------------------
+    def _new_request(self, seq: int, tokens) -> Any:
+        if seq in self.requests:
+            raise MisuseError(f"sequence {seq!r} already exists")
+        tokens = list(tokens)
+        if not tokens:
+            raise MisuseError("a prompt has at least one token")
+        req = _Request(f"{seq}.{next(self._ids)}", tokens, self._hasher)
+        req.num_output_placeholders = 0
+        self.connector.on_new_request(req)
+        return req
+
+    def _admit(self, seq: int, req, lookup: bool) -> int:
+        """The scheduler's admission of a waiting request: the connector's lookup (skipped
+        for ``allocate``: ``skip_reading_prefix_cache``), ``allocate_slots`` for the rest,
+        ``update_state_after_alloc``; the step ends (``_end_step``) with the request's
+        block ids (as a new request), its tokens left to the next ``store``. Returns the
+        hit tokens."""
+        req.skip_reading_prefix_cache = not lookup
+        computed, num_local = self.manager.get_computed_blocks(req)[:2]
+        n = len(req.prompt_token_ids)
+        try:
+            hit, is_async = self.connector.get_num_new_matched_tokens(req, num_local)
+            if hit is None:
+                raise MisuseError("the connector deferred its lookup (it has no async one)")
+            # an asynchronous load (a whole hit: no token left to compute with it) waits
+            # for its copy with blocks for its hit tokens, nothing scheduled
+            got = self.manager.allocate_slots(
+                req, 0 if is_async else n - num_local - hit, num_local, computed,
+                num_external_computed_tokens=hit, delay_cache_blocks=is_async)
+            if got is None:
+                raise OutOfBlocks(f"vLLM allocate_slots returned None for {n} tokens")
+        except OutOfBlocks:
+            # the scheduler leaves it waiting; its step ends with nothing scheduled
+            self._end_step(self._sched.SchedulerOutput.make_empty())
+            self.connector._req_status.pop(req.request_id, None)  # (never admitted: it
+            # is not offered again -- kvcheck's request is gone, as an abort of a waiting
+            # request: request_finished, below)
+            req.status = RequestStatus.FINISHED_ABORTED
+            self.connector.request_finished(req)
+            raise
+        blocks = self.manager.get_blocks(req.request_id)
+        self.connector.update_state_after_alloc(req, blocks, hit)
+        self.requests[seq] = req
+        self.finished.pop(seq, None)
+        if is_async:
+            req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+            self._step_meta = self._end_step(self._sched.SchedulerOutput.make_empty())
+            self._waiting[seq] = hit
+            return hit
+        req.status = RequestStatus.RUNNING
+        self._step_meta = self._schedule_new(seq, req, n)
+        return hit
+
+    def _schedule_new(self, seq: int, req, n: int) -> Any:
+        """The step that schedules ``req`` (its prefill, or its remaining token once an
+        asynchronous load landed): the build names it a new request with all its block
+        ids; its tokens reach the store scan at the next ``store``."""
+        out = self._sched.SchedulerOutput.make_empty()
+        ids = self.manager.get_blocks(req.request_id).get_block_ids()
+        out.scheduled_new_reqs = [simple.SimpleOffloadTarget._new_request_data(
+            self, req, tuple(list(g) for g in ids))]
+        meta = self._end_step(out)
+        self._unsent[seq] = n - req.num_computed_tokens
+        req.num_computed_tokens = n
+        return meta
+
+    def _resume(self, seq: int, hit: int) -> None:
+        """An asynchronous load landed (the worker's report: ``finished_recving``): the
+        scheduler's ``_update_waiting_for_remote_kv`` -- its hit tokens computed, the last
+        one recomputed when the hit is whole -- then the step that schedules the rest."""
+        req = self.requests[seq]
+        n = req.num_tokens
+        req.num_computed_tokens = min(hit, n - 1)
+        req.status = RequestStatus.RUNNING
+        if self.manager.allocate_slots(req, n - req.num_computed_tokens) is None:
+            raise MisuseError("no room for the token a whole hit recomputes (its blocks "
+                              "are allocated)")
+        self._schedule_new(seq, req, n)
+
+    def _end_step(self, out) -> Any:
+        """The step's ``build_connector_meta``; the worker flushes what it names
+        (``jobs_to_flush``: it waits for those copies before the step's forward pass,
+        reported later, when kvcheck's driver completes them)."""
+        meta = self.connector.build_connector_meta(out)
+        for event in meta.jobs_to_flush or ():
+            self._flushed.add(event)
+        return meta
+
+    def allocate(self, seq: int, tokens: Sequence[int]) -> None:
+        req = self._new_request(seq, tokens)
+        self._admit(seq, req, lookup=False)
+
+    def load(self, seq: int, tokens: Sequence[int]):
+        req = self._new_request(seq, tokens)
+        hit = self._admit(seq, req, lookup=True)
+        if not hit:
+            return None
+        meta = self._step_meta
+        (event,) = meta.load_jobs  # (one request admitted: one load job)
+        transfer = meta.load_jobs[event]
+        if transfer.sync == (seq in self._waiting):
+            raise MisuseError("a load's sync flag disagrees with the scheduler's answer")
+        job = f"load {event}"
+        self._jobs[job] = (seq, event, "load", [int(c) for c in transfer.src_spec.block_ids],
+                           [int(b) - 1 for b in transfer.dst_spec.block_ids])
+        return job
+
+    def append(self, seq: int, token: int) -> tuple[int, int]:
+        req = self._live(seq)
+        length = req.num_computed_tokens
+        hashes_before = len(req.block_hashes)
+        req.append_output_token_ids(token)
+        new = self.manager.allocate_slots(req, 1)
+        if new is None:
+            req._all_token_ids.pop()
+            req._output_token_ids.pop()
+            del req.block_hashes[hashes_before:]
+            raise OutOfBlocks("vLLM allocate_slots returned None for one decode token")
+        ids = tuple(list(g) for g in new.get_block_ids())
+        out = self._sched.SchedulerOutput.make_empty()
+        if any(ids):  # (the step's new block ids; its token to the next store)
+            cached = out.scheduled_cached_reqs
+            cached.req_ids = [req.request_id]
+            cached.new_block_ids = [ids]
+            cached.new_token_ids = [[]]
+            cached.num_computed_tokens = [length - self._unsent[seq]]
+            if hasattr(cached, "num_output_tokens"):
+                cached.num_output_tokens = [len(req._output_token_ids)]
+        self._end_step(out)
+        req.num_computed_tokens = length + 1
+        self._unsent[seq] += 1
+        table = self.table(seq)[1]
+        return table[length // self.block_size], length % self.block_size
+
+    def store(self, seq: int):
+        """A step that schedules ``seq`` alone, its tokens since the last store: its
+        ``build_connector_meta``, whose store scan may start a store job."""
+        req = self._live(seq)
+        tokens = self._unsent[seq]
+        if not tokens:
+            return None
+        out = self._sched.SchedulerOutput.make_empty()
+        rid = req.request_id
+        req.num_computed_tokens -= tokens  # (the scheduler's view before the step)
+        cached = out.scheduled_cached_reqs
+        cached.req_ids = [rid]
+        cached.new_block_ids = [None]
+        cached.new_token_ids = [[]]
+        cached.num_computed_tokens = [req.num_computed_tokens]
+        if hasattr(cached, "num_output_tokens"):
+            cached.num_output_tokens = [len(req._output_token_ids)]
+        out.num_scheduled_tokens = {rid: tokens}
+        out.total_num_scheduled_tokens = tokens
+        try:
+            meta = self._end_step(out)
+        finally:
+            req.num_computed_tokens += tokens
+        self._unsent[seq] = 0
+        return self._take_store(meta, seq)
+
+    def complete(self, job, ok: bool) -> None:
+        if job not in self._jobs:
+            raise MisuseError(f"unknown job {job!r}")
+        if not ok:
+            raise MisuseError("the offloading worker reports no failed job")
+        seq, event, kind, _, dst = self._jobs.pop(job)
+        self._flushed.discard(event)
+        self._report(event)
+        if kind == "load" and seq in self._waiting:
+            self._resume(seq, self._waiting.pop(seq))
+        if kind == "store":
+            for c in dst:
+                self._published[c] = event
+
+    def _report(self, event: int) -> None:
+        """The worker's report: ``OffloadingWorkerMetadata({event: 1})`` (one worker)."""
+        worker = self._common.OffloadingWorkerMetadata(completed_jobs={event: 1})
+        self.connector.update_connector_output(
+            self._outputs.KVConnectorOutput(kv_connector_worker_meta=worker))
+
+    def admits(self, op) -> bool:
+        """Everything but (module doc): the end or a store of a request whose load is still
+        pending, and a load while a store is pending."""
+        if op.kind in ("free", "store"):
+            return not any(kind == "load" and s == op.seq
+                           for s, _, kind, _, _ in self._jobs.values())
+        if op.kind == "load":
+            return not any(kind == "store" for _, _, kind, _, _ in self._jobs.values())
+        return True
+
+    def free(self, seq: int):
+        req = self._live(seq)
+        req.status = RequestStatus.FINISHED_ABORTED
+        self.connector.request_finished(req)
+        self.manager.free(req)
+        del self.requests[seq]
+        self._unsent.pop(seq, None)
+        self.finished[seq] = req
+        # The next step (nothing scheduled) names it finished: its final store scan.
+        out = self._sched.SchedulerOutput.make_empty()
+        out.finished_req_ids = {req.request_id}
+        return self._take_store(self._end_step(out), seq)
+
+    def _take_store(self, meta, seq: int):
+        got = None
+        for event, transfer in meta.store_jobs.items():
+            if got is not None:
+                raise MisuseError("one step's build started two store jobs for one request")
+            got = f"store {event}"
+            self._jobs[got] = (seq, event, "store",
+                               [int(b) - 1 for b in transfer.src_spec.block_ids],
+                               [int(c) for c in transfer.dst_spec.block_ids])
+        return got
+
+    def _live(self, seq: int):
+        req = self.requests.get(seq)
+        if req is None:
+            raise MisuseError(f"unknown sequence {seq!r}")
+        return req
+
+    # -- observation ------------------------------------------------------------------------
+    def pools(self) -> dict:
+        return {"device": self.num_blocks, "host": self.host_blocks}
+
+    def _chunks(self) -> dict:
+        """CPU chunk id -> (key, ChunkStatus) of every chunk the policy holds."""
+        return {c.chunk_id: (k, c) for k, c in self.cpu._policy.chunks.items()}
+
+    def refcount(self, pool: str, b: int) -> int:
+        if pool == "device":
+            return self.pool.blocks[b + 1].ref_cnt
+        got = self._chunks().get(b)
+        if got is None:
+            return 0
+        _, chunk = got
+        # a pending store's destination: the job's reference; a ready one: the cache's
+        # and one per load reading it
+        return 1 if chunk.ref_cnt < 0 else 1 + chunk.ref_cnt
+
+    def free_blocks(self, pool: str) -> list[int]:
+        if pool == "device":
+            return [b.block_id - 1 for b in self.pool.free_block_queue.get_all_free_blocks()]
+        fresh = range(self.cpu._num_allocated_chunks, self.host_blocks)
+        return list(self.cpu._free_list) + list(fresh)
+
+    def num_free(self, pool: str) -> int | None:
+        return self.pool.get_num_free_blocks() if pool == "device" else None
+
+    def table(self, seq: int):
+        req = self.requests.get(seq)
+        if req is None:
+            raise KeyError(seq)
+        blocks = self.manager.coordinator.single_type_managers[0].req_to_blocks.get(
+            req.request_id, [])
+        return "device", [b.block_id - 1 for b in blocks]
+
+    def live_seqs(self) -> list[int]:
+        return list(self.requests)
+
+    def pending_jobs(self) -> dict:
+        out = {}
+        for job, (seq, _event, kind, src, dst) in self._jobs.items():
+            if kind == "store":
+                out[job] = {"kind": "store", "seq": seq, "src": ("device", src),
+                            "dst": ("host", dst), "holds_src": False,
+                            "flushed": _event in self._flushed}
+            else:
+                out[job] = {"kind": "load", "seq": seq, "src": ("host", src),
+                            "dst": ("device", dst), "holds_dst": False}
+        return out
+
+    def cache_entries(self, pool: str) -> list:
+        if pool != "host":
+            return []
+        return [((key, self._published.get(c)), c) for c, (key, chunk) in self._chunks().items()
+                if chunk.ref_cnt >= 0]
+
+    def evictable_blocks(self, pool: str) -> list:
+        if pool != "host":
+            return []
+        return [c for c, (_, chunk) in self._chunks().items() if chunk.ref_cnt == 0]
+
+    def is_out_of_blocks(self, exc: BaseException) -> bool:
+        return isinstance(exc, OutOfBlocks)
+
+
+def make(num_blocks: int, block_size: int, host_blocks: int,
+         version: str | None = None) -> NativeOffloadTarget:
+    """vLLM's OffloadingConnector (scheduler side) with its CPU manager (LRU)."""
+    return NativeOffloadTarget(num_blocks, block_size, host_blocks, version)
