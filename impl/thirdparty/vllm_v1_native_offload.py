@@ -346,13 +346,19 @@ class NativeOffloadTarget:
             if got is None:
                 raise OutOfBlocks(f"vLLM allocate_slots returned None for {n} tokens")
         except OutOfBlocks:
-            # the scheduler leaves it waiting; its step ends with nothing scheduled
+            # The scheduler leaves it waiting and its step ends with nothing scheduled;
+            # kvcheck's request is gone (nothing changed), as when the client aborts a
+            # queued request: finish_requests (request_finished, free), and the next step
+            # names it finished.
             self._end_step(self._sched.SchedulerOutput.make_empty())
-            self.connector._req_status.pop(req.request_id, None)  # (never admitted: it
-            # is not offered again -- kvcheck's request is gone, as an abort of a waiting
-            # request: request_finished, below)
             req.status = RequestStatus.FINISHED_ABORTED
             self.connector.request_finished(req)
+            self.manager.free(req)
+            out = self._sched.SchedulerOutput.make_empty()
+            out.finished_req_ids = {req.request_id}
+            if self._end_step(out).store_jobs:
+                raise MisuseError("the end of a request that was never scheduled started a "
+                                  "store") from None
             raise
         blocks = self.manager.get_blocks(req.request_id)
         self.connector.update_state_after_alloc(req, blocks, hit)
@@ -540,7 +546,9 @@ class NativeOffloadTarget:
 
     def _chunks(self) -> dict:
         """CPU chunk id -> (key, ChunkStatus) of every chunk the policy holds."""
-        return {c.chunk_id: (k, c) for k, c in self.cpu._policy.chunks.items()}
+        policy = self.cpu._policy
+        held = policy.chunks if hasattr(policy, "chunks") else {**policy.t1, **policy.t2}
+        return {c.chunk_id: (k, c) for k, c in held.items()}  # (LRU: chunks; ARC: T1, T2)
 
     def refcount(self, pool: str, b: int) -> int:
         if pool == "device":
@@ -604,3 +612,9 @@ def make(num_blocks: int, block_size: int, host_blocks: int,
          version: str | None = None) -> NativeOffloadTarget:
     """vLLM's OffloadingConnector (scheduler side) with its CPU manager (LRU)."""
     return NativeOffloadTarget(num_blocks, block_size, host_blocks, version)
+
+
+def make_arc(num_blocks: int, block_size: int, host_blocks: int,
+             version: str | None = None) -> NativeOffloadTarget:
+    """The same with the CPU manager's ARC policy (``eviction_policy: arc``)."""
+    return NativeOffloadTarget(num_blocks, block_size, host_blocks, version, policy="arc")

@@ -112,7 +112,10 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
     "vllm-v1-native-offload": ("kvcheck.impl.thirdparty.vllm_v1_native_offload:make",
                                "vLLM v1 OffloadingConnector, scheduler side, with its "
                                "CPUOffloadingManager (LRU; 0.33.0) over the release's "
-                               "KVCacheManager: stores, sync loads, completions by the driver"),
+                               "KVCacheManager: stores, final stores, loads, flushes; completions by the "
+                               "driver"),
+    "vllm-v1-native-offload-arc": ("kvcheck.impl.thirdparty.vllm_v1_native_offload:make_arc",
+                                   "vllm-v1-native-offload with the CPU manager's ARC policy"),
 }
 
 # Engine cores (``kvcheck verify-engine``): the engine's own scheduler with its own KV-cache

@@ -1,0 +1,110 @@
+"""vLLM v1's native ``OffloadingConnector`` (scheduler side) with its CPU offloading manager
+over the release's own ``KVCacheManager`` (``vllm-v1-native-offload@0.33.0``, the tiers
+model): 0.33.0 passes with stores, loads (sync and async), flushes, final stores and CPU
+evictions exercised; the same engine with its flushes ignored is caught
+(``unheld_sources_kept``, #46951's family)."""
+
+from __future__ import annotations
+
+import collections
+
+from kvcheck.impl.thirdparty import vllm_v1_native_offload as native
+from kvcheck.models.tiers.model import MODEL, TierOp, TierScope
+from kvcheck.verify import verify
+
+SCOPE = TierScope(8, 1, 4)  # 8 device + 4 host blocks of 1 slot
+
+
+class Counting(native.NativeOffloadTarget):
+    """The adapter, counting what the release's connector did in each step's metadata."""
+
+    seen: collections.Counter = collections.Counter()
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        prepare = self.cpu.prepare_store
+
+        def counted(keys, ctx):  # (the CPU manager's own prepare_store, its outcome counted)
+            got = prepare(keys, ctx)
+            self.seen["evictions"] += len(got.evicted_keys) if got is not None else 0
+            self.seen["refused stores"] += got is None
+            return got
+
+        self.cpu.prepare_store = counted
+
+    def _end_step(self, out):
+        meta = super()._end_step(out)
+        self.seen["flushes"] += len(meta.jobs_to_flush or ())
+        self.seen["sync loads"] += sum(j.sync for j in meta.load_jobs.values())
+        self.seen["async loads"] += sum(not j.sync for j in meta.load_jobs.values())
+        return meta
+
+
+class NoFlush(native.NativeOffloadTarget):
+    """A worker that ignores the connector's flushes: a store still reading a block the
+    engine re-allocated stays unflushed."""
+
+    def _end_step(self, out):
+        return self.connector.build_connector_meta(out)
+
+
+def test_0_33_0_passes_with_stores_loads_flushes_and_evictions():
+    Counting.seen = collections.Counter()
+    r = verify(lambda n, b, h: Counting(n, b, h, version="0.33.0"), SCOPE.num_blocks,
+               SCOPE.block_size, 400, 0, model="tiers", scope=SCOPE)
+    assert r.ok, r.violation
+    st = r.state.stats
+    assert st["store"] > 30 and st["load"] > 5 and st["complete"] > 30, st
+    assert st["free"] > 20 and st["oob"] > 10, st
+    seen = Counting.seen
+    assert seen["flushes"] > 5 and seen["sync loads"] and seen["async loads"], seen
+    assert seen["evictions"] > 20 and seen["refused stores"] > 5, seen
+
+
+def test_arc_policy_passes():
+    r = verify("vllm-v1-native-offload-arc@0.33.0", SCOPE.num_blocks, SCOPE.block_size,
+               300, 1, model="tiers", scope=SCOPE)
+    assert r.ok, r.violation
+    assert r.state.stats["store"] > 20 and r.state.stats["load"] > 3, r.state.stats
+
+
+def test_ignoring_a_flush_is_caught():
+    """Without the worker's flush, a finished request's final store still reads a block
+    another request was given: ``unheld_sources_kept``, shrunk to a handful of steps."""
+    r = verify(lambda n, b, h: NoFlush(n, b, h, version="0.33.0"), SCOPE.num_blocks,
+               SCOPE.block_size, 300, 0, model="tiers", scope=SCOPE)
+    assert r.verdict == "fail", r.verdict
+    assert (r.violation.kind, r.violation.name) == ("invariant", "unheld_sources_kept")
+    ops = [MODEL.describe(op) for op in r.trace.ops]
+    assert len(ops) <= 6 and any(o.startswith("free(") for o in ops), ops
+
+
+def test_final_store_whole_hit_async_load_and_no_gpu_reference():
+    """The release's calls, one step each: a request ends unstored (its final store scan
+    starts a job that holds no GPU reference); once stored, the same prompt is a whole hit,
+    loaded asynchronously into blocks for every token, and runs once the load lands."""
+    t = native.make(4, 1, 4, version="0.33.0")
+    t.allocate(0, [5, 6])
+    table = t.table(0)[1]
+    job = t.free(0)
+    pending = t.pending_jobs()[job]
+    assert pending["kind"] == "store" and pending["src"] == ("device", table), pending
+    assert pending["holds_src"] is False and pending["flushed"] is False, pending
+    assert all(t.refcount("device", b) == 0 for b in table)
+    assert sorted(t.free_blocks("device")) == [0, 1, 2, 3]
+    t.complete(job, True)
+    assert len(t.cache_entries("host")) == 2 and not t.pending_jobs()
+    load = t.load(1, [5, 6])
+    pending = t.pending_jobs()[load]
+    assert pending["kind"] == "load" and len(pending["src"][1]) == 2, pending
+    assert t.connector._req_status["1.1"].req.status.name == "WAITING_FOR_REMOTE_KVS"
+    assert len(t.table(1)[1]) == 2 and all(t.refcount("host", c) == 2
+                                           for c in pending["src"][1])
+    assert not t.admits(TierOp("free", seq=1)) and not t.admits(TierOp("store", seq=1))
+    t.complete(load, True)
+    assert t.requests[1].status.name == "RUNNING"
+    assert all(t.refcount("host", c) == 1 for c in pending["src"][1])
+    t.append(1, 7)
+    store = t.store(1)  # (the chunks it loaded are already cached: only the new one)
+    assert store is not None and len(t.pending_jobs()[store]["src"][1]) == 1
+    assert t.refcount("device", t.pending_jobs()[store]["src"][1][0]) == 1  # the request's
