@@ -101,5 +101,46 @@ def test_a_witness_the_steps_cannot_reach_is_not_found():
     can fail)."""
     steps = {k: v for k, v in tier_steps.STEPS.items() if k != "publish"}
     rows = _rows(steps=steps, induction=False)
-    assert rows[f"tiers reachable: {WITNESSES[0]}"].result == "violated"
+    assert rows[f"tiers reachable: {WITNESSES[0]}"].result == "unreachable"
     assert rows[f"tiers reachable: {WITNESSES[2]}"].result == "proved"
+
+
+def _prove(*args):
+    import contextlib
+    import io
+    import json
+
+    from kvcheck.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["prove", "--model", "tiers", "--blocks", "2", "--seqs", "2", *args, "--json"],
+                     isolate=False)
+    return code, json.loads(out.getvalue())
+
+
+def test_kvcheck_prove_model_tiers_reports_the_rows():
+    code, out = _prove("--depth", "4")
+    assert code == 0 and out["verdict"] == "pass", out["summary"]
+    assert out["spec"]["rows"] == out["spec"]["holds"] == len(out["rows"]) >= 16
+    assert out["target"]["checked"] is False and out["target"]["rows"] == 0
+    assert out["summary"].startswith("spec 16/16 proved; target not checked (")
+    assert {r["engine"] for r in out["rows"]} == {ENGINE}
+
+
+def test_kvcheck_prove_model_tiers_exit_codes(monkeypatch):
+    """FAIL (1) with a weakened step; INCONCLUSIVE (4) when the budget cuts the queries,
+    never PASS or FAIL; a TARGET with --model tiers is bad input (2)."""
+    import kvcheck.proofs.tiers_induction as TI
+    from kvcheck.cli import main
+
+    assert main(["prove", "--model", "tiers", "reference-tiers"], isolate=False) == 2
+
+    code, out = _prove("--depth", "2", "--budget", "0.001")
+    assert code == 4 and out["verdict"] == "inconclusive", out["summary"]
+    assert not [r for r in out["rows"] if r["result"] == "violated"]
+    monkeypatch.setattr(TI, "STEPS", WEAKENED["evict takes any cached block"])
+    code, out = _prove("--depth", "2")
+    assert code == 1 and out["verdict"] == "fail", out["summary"]
+    failed = {r["property"] for r in out["rows"] if r["result"] == "violated"}
+    assert {"tiers: refcount_conservation", EVICT_ROW} <= failed, failed

@@ -65,6 +65,13 @@ def add_parser(sub) -> None:
                    help="skip what is proved about the spec (induction, BMC, coverage); run only "
                         "what checks TARGET: Z3 witness runs, BFS, CrossHair on the reference "
                         "(default: off)")
+    p.add_argument("--model", choices=("blocks", "tiers"), default="blocks",
+                   help="what to prove: blocks, the block manager's spec and TARGET (the "
+                        "default); tiers, the tiers spec alone (several pools, jobs, the "
+                        "cache: 1-induction of every per-block tier invariant over the tiers' "
+                        "block steps on one pool of --blocks blocks, at most --seqs "
+                        "references per holder kind per block, witnesses to --depth steps; "
+                        "no target is run: kvcheck verify-tiers checks one)")
     add_out_of_blocks(p)
     add_shrink_seconds(p)
     p.set_defaults(run=run)
@@ -72,7 +79,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from kvcheck.errors import FAIL, INCONCLUSIVE, PASS, UsageError
-    from kvcheck.prove import Settings, prove
+    from kvcheck.prove import Settings, prove, prove_tiers
     from kvcheck.report.junit import junit_xml
     from kvcheck.report.text import render
     from kvcheck.targets.loading import load_exception
@@ -85,10 +92,15 @@ def run(args) -> int:
                   effort=args.effort)
     if st.tokens > 64 or st.num_blocks > 64 or st.seqs > 8:
         raise UsageError("scope too large for bounded proofs: keep blocks and tokens <= 64, seqs <= 8")
+    if getattr(args, "model", "blocks") == "tiers" and (args.target_only
+                                                         or args.target != "reference"):
+        raise UsageError("--model tiers proves the tiers spec and runs no target (no TARGET, "
+                         "no --target-only): kvcheck verify-tiers checks a tiers target")
     bar = None if args.json else Progress(label="prove")
     try:
-        report = prove(args.target, st, bar.say if bar and bar.enabled else None,
-                       out_of_blocks=oob)
+        say = bar.say if bar and bar.enabled else None
+        report = (prove_tiers(st, say) if getattr(args, "model", "blocks") == "tiers" else
+                  prove(args.target, st, say, out_of_blocks=oob))
     finally:
         if bar:
             bar.close()
@@ -99,7 +111,8 @@ def run(args) -> int:
     if args.trace_out and report.counterexample is not None:
         written &= write_output(args.trace_out, report.counterexample.dumps_for(args.trace_out) + "\n",
                                 "--trace-out")
-    vac = _vacuous(args)  # what the target declares this verdict could not check
+    vac = _vacuous(args) if report.target_checked else {}  # what the target declares
+    # this verdict could not check
     code = {"pass": PASS, "fail": FAIL, "inconclusive": INCONCLUSIVE}[report.verdict]
     if args.json:
         emit_json({**report.to_json(), **({"vacuous": vac} if vac else {})})
@@ -146,6 +159,11 @@ def table(report) -> str:
     for group in (SPEC, TARGET):
         if group == SPEC and not report.spec_checked:
             lines.append("Proved about the spec: skipped (--target-only)")
+            continue
+        if group == TARGET and not report.target_checked:
+            from kvcheck.prove import NO_TARGET
+
+            lines.append(f"Checked on a target: none ({NO_TARGET})")
             continue
         lines.append(titles[group])
         lines.append(f"  {'engine':{ew}} {'property':{pw}} {'result':{rw}} {'time':>8}  "
