@@ -39,8 +39,9 @@ portfolio, bounded in Z3's resource units: an exhausted allowance is "unknown", 
 verdict). Limits: per block, one pool at a time (what an operation does in two pools is
 a step in each, and the cross-pool clauses, e.g. a load's hit holding the prefix it is
 loaded for, are the steps' requires), within the scope (blocks, holders per kind, prefix
-ids); ``holds_its_tokens``, ``in_one_pool`` and ``quiescent_nothing_held`` (per sequence,
-global) are evaluated concretely only (``kvcheck.models.tiers.oracle``).
+ids); ``holds_its_tokens``, ``in_one_pool`` (per sequence), ``quiescent_nothing_held`` and
+``unheld_sources_kept`` (global), the block manager's per-sequence and global invariants and
+the operations' contracts are evaluated concretely only (``kvcheck.models.tiers.oracle``).
 """
 
 from __future__ import annotations

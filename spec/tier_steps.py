@@ -48,8 +48,10 @@ The tiers operations, as sequences of these:
     free              ``drop[seq]`` of each of the request's entries, in every pool: with
                       a job in flight that is all (the job's references stay: the block is
                       released at the completion)
-    store             each source ``hold[job]``; each destination (``evict`` for room)
-                      ``take_free[job]`` then ``start_store``
+    store             each source ``hold[job]`` (a job that holds its sources: a
+                      ``Job`` with ``holds_src`` false, vLLM v1's native connector, takes
+                      none); each destination (``evict`` for room) ``take_free[job]`` then
+                      ``start_store``
     load              each host hit ``hold[job]``; each device block ``take_free[seq]``
                       (a device hit ``hold[seq]``); each destination ``hold[job]`` then
                       ``start_load`` (``register`` where it is published at once)
