@@ -191,10 +191,14 @@ def load(version: str | None = None) -> Loaded:
     dist = install.select(simple.ENGINE_KEY, version)
     root = _loader.require(dist)
     sched = root / (CONNECTOR.replace(".", "/") + "/scheduler.py")
-    if not sched.is_file():
-        raise MisuseError(f"{dist.dist} {dist.version} has no {CONNECTOR}.scheduler")
-    files = tuple(f for f in vllm_v1.FILES if (root / (f.replace(".", "/") + ".py")).is_file())
-    files += NATIVE_FILES
+    factory = root / "vllm/v1/kv_offload/cpu/policies/factory.py"
+    if not sched.is_file() or not factory.is_file():
+        raise MisuseError(f"{dist.dist} {dist.version}: the native offloading connector is "
+                          f"adapted in 0.33.0's layout only ({CONNECTOR}.scheduler with "
+                          f"kv_offload/cpu/policies/factory.py; earlier releases key their "
+                          f"CPU manager and worker records differently)")
+    files = tuple(f for f in vllm_v1.FILES + NATIVE_FILES
+                  if (root / (f.replace(".", "/") + ".py")).is_file())
     stubs = {**vllm_v1.STUBS, **simple.OFFLOAD_STUBS, **NATIVE_STUBS}
     loaded = _loader.load(dist, files, stubs,
                           entry=("vllm.v1.core.kv_cache_manager", CONNECTOR + ".scheduler",

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import collections
 
+import pytest
+
+from kvcheck.impl.errors import MisuseError
 from kvcheck.impl.thirdparty import vllm_v1_native_offload as native
 from kvcheck.models.tiers.model import MODEL, TierOp, TierScope
 from kvcheck.verify import verify
@@ -108,3 +111,10 @@ def test_final_store_whole_hit_async_load_and_no_gpu_reference():
     store = t.store(1)  # (the chunks it loaded are already cached: only the new one)
     assert store is not None and len(t.pending_jobs()[store]["src"][1]) == 1
     assert t.refcount("device", t.pending_jobs()[store]["src"][1][0]) == 1  # the request's
+
+
+def test_an_earlier_release_is_refused_in_words():
+    """0.24.0 ships the connector in an earlier layout (its CPU manager's records and
+    policies differ): the target says so instead of failing an import."""
+    with pytest.raises(MisuseError, match="0.33.0's layout only"):
+        native.make(8, 1, 4, version="0.24.0")
