@@ -604,9 +604,10 @@ def free(L, pre, post, op):
     """free(seq) -> job or None: the request ends (finished or aborted): it holds nothing in
     any pool; each of its blocks loses one reference per entry, and a block a pending
     transfer still holds stays held until that transfer completes (an abort in flight frees
-    nothing the copy is still using). An engine may start a final store of the request's
-    full blocks there (vLLM v1's OffloadingConnector, at the next step): a new store job,
-    as ``store`` starts one."""
+    nothing the copy is still using; an engine may keep such blocks by a pin of its own
+    instead, vLLM's delayed free of a request whose load is pending). An engine may start
+    a final store of the request's full blocks there (vLLM v1's OffloadingConnector, at
+    the next step): a new store job, as ``store`` starts one."""
     q = op.seq
     p = pre.pool_of(q)
     yield "free: the request holds nothing", q, L.and_(
@@ -626,7 +627,9 @@ def free(L, pre, post, op):
         for b in range(pre.num_blocks(pool)):
             left = max(0, post.keyed(pool)[b] - pre.keyed(pool)[b])  # (left to the cache)
             yield ("free: a refcount drops by the entries the request held", (pool, b),
-                   post.ref(pool, b) == pre.ref(pool, b) - mine.get(b, 0) + left)
+                   post.ref(pool, b) == pre.ref(pool, b) - mine.get(b, 0) + left
+                   + side_change(pre, post, pool, b)[1])  # (a pin that keeps it: the
+            # scheduler's delayed free of the blocks a pending load still writes)
 
 
 def store(L, pre, post, op):

@@ -92,14 +92,17 @@ How the scheduler drives it, one tiers operation per engine step:
 ``free(seq)``
     ``request_finished`` (FINISHED_ABORTED), ``KVCacheManager.free``, then the next step
     (nothing scheduled, the request in ``finished_req_ids``): its final store scan may
-    start a store job, which ``free`` returns (``spec.tiers.free``).
+    start a store job, which ``free`` returns (``spec.tiers.free``). A request waiting for
+    its asynchronous load keeps its blocks until the load reports (``finish_requests``'
+    ``delay_free_blocks``; then ``_free_blocks`` on the worker's ``finished_recving``):
+    the scheduler's pin ``delayed free <request>`` meanwhile.
 
-Not issued (``admits``): a free or a store of a request whose load is pending (a sync
-load completes before the step's forward pass and is reported in that step's output; an
-async one's request waits, unscheduled: the scheduler delays the free of its blocks until
-the load reports, which the tiers model's free cannot express yet); a load while a store
-is pending (a lookup that meets a chunk still being stored defers -- ``None`` -- and the
-scheduler retries the request later; kvcheck's load cannot wait).
+Not issued (``admits``): a store of a request whose load is pending (its request waits,
+unscheduled, or its sync load completes before the step runs), the free of one whose load
+is synchronous (the worker copies it before the step's forward pass and reports it in
+that step's output: no finish comes in between); a load while a store is pending (a
+lookup that meets a chunk still being stored defers -- ``None`` -- and the scheduler
+retries the request later; kvcheck's load cannot wait).
 
 Observation: ``table`` the request's GPU blocks; ``refcount`` GPU ``ref_cnt``; a CPU
 chunk: 1 (a pending store's destination: the job's) or 1 + its ``ref_cnt`` (the cache's,
@@ -313,6 +316,7 @@ class NativeOffloadTarget:
         self._flushed: set[int] = set()  # jobs the worker has flushed, not yet reported
         self._step_meta = None
         self._waiting: dict[int, int] = {}  # seq -> hit tokens of its asynchronous load
+        self._delayed: dict[int, Any] = {}  # seq -> a finished request whose blocks wait
         self._jobs: dict[str, tuple[int, int, str, list, list]] = {}
         self._ids = itertools.count()
         self._published: dict[int, int] = {}  # CPU chunk -> the job that filled it
@@ -491,9 +495,11 @@ class NativeOffloadTarget:
             raise MisuseError("the offloading worker reports no failed job")
         seq, event, kind, _, dst = self._jobs.pop(job)
         self._flushed.discard(event)
-        self._report(event)
+        self._report(event)  # (and the request in the worker's finished_recving:)
         if kind == "load" and seq in self._waiting:
             self._resume(seq, self._waiting.pop(seq))
+        elif kind == "load" and seq in self._delayed:  # a finished request: _free_blocks
+            self.manager.free(self._delayed.pop(seq))
         if kind == "store":
             for c in dst:
                 self._published[c] = event
@@ -505,20 +511,28 @@ class NativeOffloadTarget:
             self._outputs.KVConnectorOutput(kv_connector_worker_meta=worker))
 
     def admits(self, op) -> bool:
-        """Everything but (module doc): the end or a store of a request whose load is still
-        pending, and a load while a store is pending."""
-        if op.kind in ("free", "store"):
-            return not any(kind == "load" and s == op.seq
-                           for s, _, kind, _, _ in self._jobs.values())
+        """Everything but (module doc): a store of a request whose load is still pending,
+        the end of one whose load is synchronous, and a load while a store is pending."""
+        loading = any(kind == "load" and s == op.seq for s, _, kind, _, _ in self._jobs.values())
+        if op.kind == "store":
+            return not loading
+        if op.kind == "free":
+            return not loading or op.seq in self._waiting
         if op.kind == "load":
             return not any(kind == "store" for _, _, kind, _, _ in self._jobs.values())
         return True
 
     def free(self, seq: int):
+        """``finish_requests``: ``request_finished`` and the blocks freed -- or, for a
+        request waiting for its asynchronous load, kept until the load reports
+        (``delay_free_blocks``: the scheduler's pin, ``pins``) -- then the finish step."""
         req = self._live(seq)
         req.status = RequestStatus.FINISHED_ABORTED
         self.connector.request_finished(req)
-        self.manager.free(req)
+        if self._waiting.pop(seq, None) is not None:
+            self._delayed[seq] = req
+        else:
+            self.manager.free(req)
         del self.requests[seq]
         self._unsent.pop(seq, None)
         self.finished[seq] = req
@@ -581,6 +595,16 @@ class NativeOffloadTarget:
         blocks = self.manager.coordinator.single_type_managers[0].req_to_blocks.get(
             req.request_id, [])
         return "device", [b.block_id - 1 for b in blocks]
+
+    def pins(self, pool: str) -> dict:
+        """The scheduler's delayed frees: a finished request's blocks kept until its
+        asynchronous load reports."""
+        if pool != "device":
+            return {}
+        coord = self.manager.coordinator.single_type_managers[0].req_to_blocks
+        return {f"delayed free {req.request_id}": [b.block_id - 1 for b in
+                                                   coord.get(req.request_id, [])]
+                for req in self._delayed.values()}
 
     def live_seqs(self) -> list[int]:
         return list(self.requests)

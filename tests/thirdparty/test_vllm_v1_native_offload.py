@@ -103,7 +103,7 @@ def test_final_store_whole_hit_async_load_and_no_gpu_reference():
     assert t.connector._req_status["1.1"].req.status.name == "WAITING_FOR_REMOTE_KVS"
     assert len(t.table(1)[1]) == 2 and all(t.refcount("host", c) == 2
                                            for c in pending["src"][1])
-    assert not t.admits(TierOp("free", seq=1)) and not t.admits(TierOp("store", seq=1))
+    assert not t.admits(TierOp("store", seq=1))  # (a waiting request is not scheduled)
     t.complete(load, True)
     assert t.requests[1].status.name == "RUNNING"
     assert all(t.refcount("host", c) == 1 for c in pending["src"][1])
@@ -118,3 +118,23 @@ def test_an_earlier_release_is_refused_in_words():
     policies differ): the target says so instead of failing an import."""
     with pytest.raises(MisuseError, match="0.33.0's layout only"):
         native.make(8, 1, 4, version="0.24.0")
+
+
+def test_an_abort_mid_load_keeps_the_blocks_until_the_load_reports():
+    """The #49889 scenario: a request waiting for its asynchronous load is aborted. The
+    scheduler frees its blocks only once the load reports (``delay_free_blocks``): a pin
+    until then, free after; the connector neither crashes nor starts a store."""
+    t = native.make(4, 1, 4, version="0.33.0")
+    t.allocate(0, [5, 6])
+    t.complete(t.free(0), True)
+    load = t.load(1, [5, 6])
+    table = t.table(1)[1]
+    assert t.admits(TierOp("free", seq=1))
+    assert t.free(1) is None
+    assert list(t.pins("device").values()) == [table], t.pins("device")
+    assert all(t.refcount("device", b) == 1 for b in table)
+    assert set(table).isdisjoint(t.free_blocks("device"))
+    t.complete(load, True)
+    assert not t.pins("device") and not t.pending_jobs()
+    assert sorted(t.free_blocks("device")) == [0, 1, 2, 3]
+    assert not t.connector._req_status and len(t.cache_entries("host")) == 2
