@@ -100,9 +100,9 @@ How the scheduler drives it, one tiers operation per engine step:
 Not issued (``admits``): a store of a request whose load is pending (its request waits,
 unscheduled, or its sync load completes before the step runs), the free of one whose load
 is synchronous (the worker copies it before the step's forward pass and reports it in
-that step's output: no finish comes in between); a load while a store is pending (a
-lookup that meets a chunk still being stored defers -- ``None`` -- and the scheduler
-retries the request later; kvcheck's load cannot wait).
+that step's output: no finish comes in between); a load whose lookup would
+meet a chunk still being stored among its leading hits (it defers -- ``None`` -- and the
+scheduler retries the request later; kvcheck's load cannot wait: ``_lookup_would_wait``).
 
 Observation: ``table`` the request's GPU blocks; ``refcount`` GPU ``ref_cnt``; a CPU
 chunk: 1 (a pending store's destination: the job's) or 1 + its ``ref_cnt`` (the cache's,
@@ -261,6 +261,7 @@ class NativeOffloadTarget:
         self._common = mods[CONNECTOR + ".common"]
         self._outputs = mods["vllm.v1.outputs"]
         base = mods["vllm.v1.kv_offload.base"]
+        self._make_key = base.make_offload_key
         cfg = mods["vllm.v1.kv_offload.config"]
         cpu = mods["vllm.v1.kv_offload.cpu.manager"]
         sha256 = mods["vllm.utils.hashing"].sha256
@@ -519,8 +520,25 @@ class NativeOffloadTarget:
         if op.kind == "free":
             return not loading or op.seq in self._waiting
         if op.kind == "load":
-            return not any(kind == "store" for _, _, kind, _, _ in self._jobs.values())
+            return not self._lookup_would_wait(op.tokens)
         return True
+
+    def _lookup_would_wait(self, tokens) -> bool:
+        """Whether the connector's lookup of a request of ``tokens`` could defer: a chunk
+        of its leading hits is still being stored (``HIT_PENDING``). Read-only: the
+        request's keys (the release's block hasher, ``make_offload_key``) against the CPU
+        manager's policy, up to its first miss (where ``_maximal_prefix_lookup`` stops)."""
+        if not tokens:
+            return False
+        probe = _Request("probe", list(tokens), self._hasher)
+        chunks = dict(self._chunks().values())  # key -> ChunkStatus
+        for block_hash in probe.block_hashes:
+            chunk = chunks.get(self._make_key(block_hash, 0))
+            if chunk is None:
+                return False
+            if chunk.ref_cnt < 0:
+                return True
+        return False
 
     def free(self, seq: int):
         """``finish_requests``: ``request_finished`` and the blocks freed -- or, for a
