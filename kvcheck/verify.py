@@ -162,15 +162,20 @@ def make_state_machine(factory, num_blocks: int = 8, block_size: int = 4, out_of
         probe = m.build(fac, scope, options)  # fails early on bad input
     bounds = {"n_tokens": max_tokens or 3 * block_size, "tokens": max_tokens or 3 * block_size}
 
+    shrunk: dict = {}  # violation key -> kvcheck's shrunk trace (once per broken rule)
+
     def explain(history, v: Violation) -> str:
         head = f"{v.kind} violation at step {v.step}: {v.name}"
         if v.element is not None:
             head += f" (element {v.element})"
         head += f"\n  {v.witness}"
         try:
-            trace = _shrink.counterexample(m, label, fac, scope, history, v, None, options,
-                                           do_shrink=False)
-            return head + "\n\n" + render(trace)
+            trace = shrunk.get(v.key)
+            if trace is None:  # kvcheck's shrinker, as verify's: the same minimal trace
+                trace = shrunk[v.key] = _shrink.counterexample(
+                    m, label, fac, scope, history, v, None, options, do_shrink=True)
+            return (head + f"\n\nkvcheck shrank a run breaking this rule ({len(history)} "
+                    f"operations) to:\n" + render(trace))
         except Exception as exc:  # noqa: BLE001 - the witness alone still says what broke
             return head + f"\n(could not render the trace: {type(exc).__name__}: {exc})"
 
