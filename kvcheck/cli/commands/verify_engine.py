@@ -10,7 +10,7 @@ drives it and shrinks a violation to a trace of the one format (``model: "engine
 from __future__ import annotations
 
 from kvcheck.cli.commands import checking
-from kvcheck.defaults import RUN
+from kvcheck.defaults import ENGINE_RUN
 
 FULL_HELP = ("accepted for symmetry with the other checking commands: the engine oracle reads "
              "the whole engine after every operation in both modes (default: off, the same "
@@ -32,19 +32,21 @@ def add_parser(sub) -> None:
                                    "and the engine's own properties (held blocks, crashes, "
                                    "liveness). Exit 0 when every rule held, 1 on a violation, "
                                    "2 on bad input.")
-    d = RUN["engine"]
+    d = ENGINE_RUN
 
     def settings(q) -> None:
         q.add_argument("--budget", type=positive_int, default=16, metavar="TOKENS",
                        help="the step's token budget, max_num_batched_tokens: prompts longer "
                             "than it are prefilled in chunks (default: %(default)s)")
         q.add_argument("--max-seqs", type=positive_int, default=8, metavar="N",
-                       help="max_num_seqs (default: %(default)s)")
+                       help="max_num_seqs: the most requests running at once, in sequences "
+                            "(default: %(default)s)")
         q.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs",
                        help="the scheduling policy (default: %(default)s)")
         q.add_argument("--spec-tokens", type=nonneg_int, default=0, metavar="K",
-                       help="speculative tokens per step (n-gram style drafts the generated "
-                            "output proposes and accepts in part; default: %(default)s, none)")
+                       help="speculative tokens per step, in tokens (n-gram style drafts the "
+                            "generated output proposes and accepts in part; default: "
+                            "%(default)s, none)")
         q.add_argument("--no-prefix-caching", action="store_true",
                        help="run with prefix caching off (default: on)")
         q.add_argument("--requests", type=positive_int, default=d["requests"], metavar="N",
