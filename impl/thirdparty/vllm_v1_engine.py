@@ -1,7 +1,10 @@
 """Adapter: vLLM v1's engine core -- the release's real ``Scheduler`` with its real
 ``KVCacheManager`` and real ``Request`` objects -- driven step by step with no model.
 
-Issue 34 §1. What runs is the release's own code, executed from the installed wheel's
+Issue 34 §1. Releases 0.8.5 .. 0.33.0 (``vllm-v1-engine@VERSION``; 0.33.0 by default);
+before 0.8.5 the manager preallocates tokens beyond a request's need and the adapter
+refuses the release in words (the engine model's exact table size would not hold).
+What runs is the release's own code, executed from the installed wheel's
 files (``_loader``): the scheduler (``vllm/v1/core/sched/{scheduler, request_queue,
 output, utils, interface}.py``), the KV-cache manager and block pool (the files
 ``vllm_v1`` loads), the request (``vllm/v1/request.py``), the sampling parameters
@@ -20,10 +23,11 @@ engine core's loop (``EngineCore.step``, ``vllm/v1/engine/core.py``) and the mod
 5. ``finish_requests(ids, FINISHED_ABORTED)`` for an abort (between steps, as
    ``EngineCore.abort_requests``).
 
-Stand-ins, in one place (``STAND_INS``; every other ``vllm.*`` import is the release's
-own file, and a name neither loaded nor stood in raises, see ``_loader``). Each replaces
-an object the engine cannot run without on a CPU-only machine without vLLM's
-dependencies, or one that only reports:
+Stand-ins, in one place: ``STUBS`` (a module each, its builder's docstring says what it
+replaces and why) and ``OFF`` (features that are off: only their names are imported, any
+use raises); every other ``vllm.*`` import is the release's own file, and a name neither
+loaded nor stood in raises (``_loader``). Each replaces an object the engine cannot run
+without on a CPU-only machine without vLLM's dependencies, or one that only reports:
 
 ``vllm.config`` (``VllmConfig``, ``SchedulerConfig``, ``CacheConfig``, ``ModelConfig``...)
     the real config classes import ``transformers`` and read a model's HF config; the
@@ -42,8 +46,18 @@ dependencies, or one that only reports:
     config is ``None``): only their names are imported; constructing one raises.
 ``vllm.v1.metrics.*``, ``vllm.v1.spec_decode.metrics``, ``prometheus_client``
     statistics records (``log_stats`` off); a record built anyway keeps its fields.
-``vllm.logger``, ``vllm.envs``, ``vllm.platforms``, ``vllm.utils.torch_utils``, ...
-    logging, environment defaults and platform queries (see ``_stub_*``).
+``vllm.logger``, ``vllm.platforms``, ``vllm.utils.torch_utils``, ``vllm.v1.utils``, ...
+    logging, platform queries, torch helpers, ZMQ helpers (see ``_stub_*``).
+``vllm.utils`` (to 0.10.x, one module behind torch, psutil, zmq, cachetools), ``vllm.inputs``
+(to 0.8), ``vllm.model_executor.layers.fused_moe`` (0.20 on: routed experts, off),
+``vllm._bc_linter``'s names on the ``vllm`` package (0.10.2 on: ``vllm/__init__.py``'s lazy
+names, the file itself is loaded).
+
+Model outputs (``_generate``): a request whose prefill completes in the step samples its
+accepted drafts' prefix and one token (the stop token ``STOP`` with probability 0.08); a
+draft of -1 (0.33's padding to a uniform speculative size) is never accepted; drafts for
+the next step are 0 .. k tokens. The generation is a function of the step's ``gen`` and each request's
+id and scheduled drafts.
 
 Observation: the scheduler's queues (``running``, ``waiting``), each live request's
 ``num_computed_tokens`` and blocks (``KVCacheManager.get_block_ids``), the block pool's
