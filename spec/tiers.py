@@ -84,6 +84,7 @@ from .state import NULL, Snapshot
 DEVICE, HOST = "device", "host"
 _NONE: Counter = Counter()  # (held_by of a block nothing holds; never changed)
 STORE, LOAD, SWAP_OUT, SWAP_IN = "store", "load", "swap_out", "swap_in"
+SEND = "send"  # a P/D connector's send of a finished request's blocks to a remote peer
 
 
 @dataclass(frozen=True)
@@ -607,7 +608,11 @@ def free(L, pre, post, op):
     nothing the copy is still using; an engine may keep such blocks by a pin of its own
     instead, vLLM's delayed free of a request whose load is pending). An engine may start
     a final store of the request's full blocks there (vLLM v1's OffloadingConnector, at
-    the next step): a new store job, as ``store`` starts one."""
+    the next step): a new store job, as ``store`` starts one. Or a send (a P/D connector's
+    delayed free: vLLM's NIXL connector with the scheduler keeping the blocks until the
+    worker reports ``finished_sending``): a new ``send`` job whose sources are blocks of
+    the request's table, each keeping a reference (the job's, or the scheduler's pin) until
+    it completes -- the request's reference passes to it, nothing is freed."""
     q = op.seq
     p = pre.pool_of(q)
     yield "free: the request holds nothing", q, L.and_(
@@ -617,10 +622,17 @@ def free(L, pre, post, op):
         return
     if op.job is not None:  # a final store of the request's blocks, started at its end
         job = post.jobs.get((q, op.job))
-        yield new_job(STORE), q, L.and_(job is not None, (q, op.job) not in pre.jobs,
-                                        job is not None and job.kind == STORE)
-        if job is not None:
+        kind = job.kind if job is not None and job.kind == SEND else STORE
+        yield new_job(kind), q, L.and_(job is not None, (q, op.job) not in pre.jobs,
+                                       job is not None and job.kind == kind)
+        if job is not None and kind == SEND:
+            yield "free: a send's sources are blocks of the request's table", q, L.and_(
+                job.src_pool == p, set(job.src) <= set(pre.table(q)), not job.dst)
+        elif job is not None:
             yield from _store_job(L, pre, post, op, job)
+    sent = post.jobs.get((q, op.job)) if op.job is not None else None
+    sent = Counter(sent.src if sent is not None and sent.kind == SEND and sent.holds_src
+                   else ())  # (the references the send takes over from the request)
     for pool, held in [(p, pre.table(q) + pre.windows.get(q, ()))] + [
             (m, pre.mapped_table(m, q)) for m in pre.mapped_pools()]:
         mine = Counter(held)
@@ -628,8 +640,9 @@ def free(L, pre, post, op):
             left = max(0, post.keyed(pool)[b] - pre.keyed(pool)[b])  # (left to the cache)
             yield ("free: a refcount drops by the entries the request held", (pool, b),
                    post.ref(pool, b) == pre.ref(pool, b) - mine.get(b, 0) + left
-                   + side_change(pre, post, pool, b)[1])  # (a pin that keeps it: the
-            # scheduler's delayed free of the blocks a pending load still writes)
+                   + side_change(pre, post, pool, b)[1]  # (a pin that keeps it: the
+                   # scheduler's delayed free of the blocks a pending load still writes)
+                   + (sent.get(b, 0) if pool == p else 0))  # (a send's own references)
 
 
 def store(L, pre, post, op):

@@ -116,6 +116,13 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
                                "driver"),
     "vllm-v1-native-offload-arc": ("kvcheck.impl.thirdparty.vllm_v1_native_offload:make_arc",
                                    "vllm-v1-native-offload with the CPU manager's ARC policy"),
+    "vllm-v1-pd": ("kvcheck.impl.thirdparty.vllm_v1_pd:make",
+                   "vLLM v1 disaggregated prefill, prefill side: the NIXL connector's scheduler "
+                   "half (0.33.0) with the release's Scheduler delayed free over its "
+                   "KVCacheManager: a finished prefill's blocks held until finished_sending"),
+    "vllm-v1-pd-early-free": ("kvcheck.impl.thirdparty.vllm_v1_pd:make_early_free",
+                              "vllm-v1-pd deliberately broken: blocks freed at request_finished, "
+                              "before the send completes (caught)"),
 }
 
 # Engine cores (``kvcheck verify-engine``): the engine's own scheduler with its own KV-cache

@@ -324,6 +324,8 @@ class TierOracle:
         if done is not None:
             self.by_id.pop(done["id"], None)
         post = self._capture(freed, done_job=(name, done) if done else None)
+        if kind == "free" and op.job is not None and name in post.jobs:
+            self.jobs[name]["kind"] = post.jobs[name].kind  # (a final store, or a send)
         if kind == "load":
             op.wanted = self._wants(self.tokens[q])[: (len(op.tokens)) // self.bs]
             op.recompute_last = bool(getattr(self.target, "recomputes_last_token", False))
