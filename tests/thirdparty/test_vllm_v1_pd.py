@@ -2,7 +2,8 @@
 the NIXL connector's scheduler half with the release's own ``Scheduler`` delayed free over
 its ``KVCacheManager``. 0.33.0 passes with sends, completions (read, or the lease expired)
 and aborts in flight; the same engine freeing the blocks at ``request_finished`` (before
-the send finishes) is caught at that free."""
+the send finishes) is caught at that free, and one that never frees them at its
+completion."""
 
 from __future__ import annotations
 
@@ -58,6 +59,21 @@ def test_freeing_before_the_send_finishes_is_caught():
     assert r.violation.name == "free: a refcount drops by the entries the request held"
     ops = [MODEL.describe(op) for op in r.trace.ops]
     assert len(ops) <= 4 and ops[-1].startswith("free("), ops
+
+
+class NeverFreed(pd.PDTarget):
+    """The worker's report dropped: a finished send's blocks are never freed."""
+
+    def complete(self, job, ok):
+        self._jobs.pop(job)
+
+
+def test_never_freeing_after_the_send_is_caught():
+    r = verify(lambda n, b, h: NeverFreed(n, b, version="0.33.0"), SCOPE.num_blocks,
+               SCOPE.block_size, 300, 0, model="tiers", scope=SCOPE)
+    assert r.verdict == "fail", r.verdict
+    ops = [MODEL.describe(op) for op in r.trace.ops]
+    assert len(ops) <= 4 and ops[-1].startswith("complete("), (ops, r.violation)
 
 
 def test_the_release_s_own_calls_delay_the_free_until_finished_sending():
