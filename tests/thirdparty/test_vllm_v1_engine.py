@@ -11,10 +11,17 @@ around them pass; a manager that does not free is caught; every stand-in is decl
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from kvcheck.check.shrink import Budget
+from kvcheck.cli import main as kvcheck
 from kvcheck.impl.thirdparty import install, vllm_v1_engine
 from kvcheck.models.engine.model import EngineScope
 from kvcheck.verify import verify
+
+TRACES = sorted((Path(__file__).resolve().parents[2] / "docs" / "traces" / "engine").glob("*.json"))
 
 
 def _engine(target, blocks=6, spec=3, policy="fcfs", seed=0, requests=30, shrink=False,
@@ -28,7 +35,7 @@ def _engine(target, blocks=6, spec=3, policy="fcfs", seed=0, requests=30, shrink
 def _ensure(*versions):
     """The releases a test reads (scripts/test.sh installs them; installed here if not)."""
     for v in versions:
-        install.ensure(install.ENGINES["vllm-v1-early"], v)
+        install.ensure(install.ENGINES[install.select("vllm-v1", v, with_family=True).key], v)
 
 
 def test_the_current_release_passes_with_every_rule_exercised():
@@ -98,3 +105,13 @@ def test_every_stand_in_is_declared_with_its_reason():
                 "vllm.v1.engine", "vllm.v1.core.sched.request_queue"):
         assert own in mods.files and own not in mods.stood_in, own
         assert mods.modules[own].__file__.startswith(str(mods.root)), own
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
+def test_the_documented_engine_findings_reproduce(path, capsys):
+    """docs/findings.md's engine traces (E1 on 0.8.5, E2 on 0.10.2, #19459 on 0.9.0, #43569
+    on 0.33.0) reproduce on their releases with ``kvcheck replay``."""
+    _ensure(path.stem.split("-")[3])  # vllm-v1-engine-VERSION-...
+    assert TRACES and kvcheck(["replay", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("REPRODUCED on vllm-v1-engine@"), out

@@ -237,6 +237,7 @@ class EngineOracle:
         op.scheduled = {str(q): k for q, k in sorted(r.scheduled.items())}
         op.sampled = {str(q): t for q, t in sorted(r.sampled.items())}
         op.drafts = {str(q): t for q, t in sorted(r.drafts.items()) if t}
+        op.finished = []  # (filled in below once the step is checked)
         self.stats["scheduled_tokens"] += sum(r.scheduled.values())
         self.stats["kv_calls"] += len(r.calls) + len(r.update_calls)
         hits: list = []  # (request, call): read by the forward pass, after its writes
@@ -251,7 +252,7 @@ class EngineOracle:
             return v
         for q, (start, toks, _) in r.writes.items():  # the furthest slot a step reached
             self.reached[q] = max(self.reached.get(q, 0), start + len(toks))
-        finished = []
+        finished = op.finished
         for q in list(self.unfinished):
             try:
                 done = self.target.is_finished(q)
@@ -263,7 +264,6 @@ class EngineOracle:
                 finished.append(q)
                 del self.unfinished[q]
                 self.stats["finished"] += 1
-        op.finished = finished
         v = self._check(n, f"engine step {self.engine_steps}")
         if v is None:
             running = set(self.post.get("running", []))
