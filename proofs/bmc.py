@@ -317,10 +317,13 @@ class Witness:
 def grown(scope: SymScope) -> SymScope:
     """The scope made large enough for every outcome class: two blocks of two tokens, three
     sequence slots (a fork out of blocks needs two sequences holding the pool and a slot
-    for the child), three blocks' worth of tokens (never smaller than ``scope``)."""
+    for the child), three blocks' worth of tokens, and enough that all sequences but one
+    can hold the whole pool between them (a pool of 8 blocks with 3 slots of at most 3
+    blocks each never runs out on a fork); never smaller than ``scope``."""
     bs = max(scope.block_size, 2)
-    return SymScope(max(scope.num_blocks, 2), bs, max(scope.seqs, 3),
-                    max(scope.max_tokens, 3 * bs))
+    blocks, seqs = max(scope.num_blocks, 2), max(scope.seqs, 3)
+    fill = -(-blocks // (seqs - 1)) * bs  # tokens per sequence for seqs - 1 to fill the pool
+    return SymScope(blocks, bs, seqs, max(scope.max_tokens, 3 * bs, fill))
 
 
 def possible(scope: SymScope, goals: list[tuple[str, tuple[str, ...]]], contracts=None,
