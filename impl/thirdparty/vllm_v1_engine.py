@@ -766,6 +766,10 @@ class EngineTarget:
         self.version = mods.dist.version
         self._mods = mods
         self.config = engine_config(settings)
+        if settings.policy != "fcfs" and not hasattr(mods[scheduler_module(mods.root)],
+                                                      "SchedulingPolicy"):
+            raise MisuseError(f"vLLM {self.version}'s v1 scheduler has no {settings.policy} "
+                              f"scheduling (it reads no policy; priority scheduling is 0.9.2's)")
         self.scheduler = _build_scheduler(mods, self.config, settings)
         self.manager = self.scheduler.kv_cache_manager
         if getattr(self.manager, "num_preallocate_tokens", 0):
