@@ -102,7 +102,7 @@ unscheduled, or its sync load completes before the step runs), the free of one w
 is synchronous (the worker copies it before the step's forward pass and reports it in
 that step's output: no finish comes in between); a load whose lookup would
 meet a chunk still being stored among its leading hits (it defers -- ``None`` -- and the
-scheduler retries the request later; kvcheck's load cannot wait: ``_lookup_would_wait``).
+scheduler retries the request later; kvcheck's load cannot wait: ``_probe``).
 
 Observation: ``table`` the request's GPU blocks; ``refcount`` GPU ``ref_cnt``; a CPU
 chunk: 1 (a pending store's destination: the job's) or 1 + its ``ref_cnt`` (the cache's,
@@ -136,6 +136,10 @@ NATIVE_FILES = (
     "vllm.v1.kv_offload.cpu.policies.arc", "vllm.v1.kv_offload.cpu.policies.factory",
     "vllm.v1.metrics.cache_hit_source",
 )
+
+# 0.23.0 / 0.24.0 (``LEGACY``): ``offloading/common.py`` imports ``TransferSpec`` (a type
+# alias of two ``LoadStoreSpec``) from the worker's ``worker.py``, the release's own file.
+LEGACY_FILES = ("vllm.v1.kv_offload.worker.worker",)
 
 
 def _stub_torch(mod: types.ModuleType, loaded: Loaded) -> None:
@@ -195,17 +199,23 @@ def load(version: str | None = None) -> Loaded:
     root = _loader.require(dist)
     sched = root / (CONNECTOR.replace(".", "/") + "/scheduler.py")
     factory = root / "vllm/v1/kv_offload/cpu/policies/factory.py"
-    if not sched.is_file() or not factory.is_file():
+    legacy = all((root / f"vllm/v1/kv_offload/{f}.py").is_file()
+                 for f in ("worker/worker", "base", "cpu/policies/base"))
+    if not sched.is_file() or not (factory.is_file() or legacy):
         raise MisuseError(f"{dist.dist} {dist.version}: the native offloading connector is "
-                          f"adapted in 0.33.0's layout only ({CONNECTOR}.scheduler with "
-                          f"kv_offload/cpu/policies/factory.py; earlier releases key their "
-                          f"CPU manager and worker records differently)")
-    files = tuple(f for f in vllm_v1.FILES + NATIVE_FILES
+                          f"adapted in 0.33.0's layout ({CONNECTOR}.scheduler with "
+                          f"kv_offload/cpu/policies/factory.py) and 0.23.0 / 0.24.0's "
+                          f"({CONNECTOR}.scheduler with kv_offload/worker/worker.py); "
+                          f"this release has neither")
+    extra = LEGACY_FILES if legacy and not factory.is_file() else ()
+    files = tuple(f for f in vllm_v1.FILES + NATIVE_FILES + extra
                   if (root / (f.replace(".", "/") + ".py")).is_file())
     stubs = {**vllm_v1.STUBS, **simple.OFFLOAD_STUBS, **NATIVE_STUBS}
     loaded = _loader.load(dist, files, stubs,
                           entry=("vllm.v1.core.kv_cache_manager", CONNECTOR + ".scheduler",
                                  "vllm.v1.kv_offload.cpu.manager"))
+    if extra:  # (0.23.0 / 0.24.0: the manager imports its policies itself)
+        return loaded
     # The policy factory imports its built-in policies by name (``importlib.import_module``,
     # which the loader's import table does not see): that module's ``importlib`` answers
     # from the loaded files instead (the same ``lru`` / ``arc`` modules, the release's own).
@@ -227,13 +237,38 @@ class _Request(Request):
         return RequestStatus.is_finished(self.status)
 
 
-def _settings(block_size: int) -> Any:
-    """The ``VllmConfig`` fields the connector reads (module docstring)."""
+def _settings(block_size: int, extra_config: dict | None = None) -> Any:
+    """The ``VllmConfig`` fields the connector reads (module docstring); 0.23.0 / 0.24.0's
+    ``OffloadingSpec`` reads the connector's ``extra_config`` from it too (and no KV
+    events config: events off)."""
     ns = types.SimpleNamespace
     return ns(cache_config=ns(block_size=block_size, prefix_cache_retention_interval=None,
-                              enable_prefix_caching=False),
-              parallel_config=ns(decode_context_parallel_size=1, world_size=1),
-              speculative_config=None)
+                              enable_prefix_caching=False, hash_block_size=None),
+              parallel_config=ns(decode_context_parallel_size=1,
+                                 prefill_context_parallel_size=1, world_size=1),
+              speculative_config=None, kv_events_config=None,
+              kv_transfer_config=ns(kv_connector_extra_config=extra_config or {}))
+
+
+def _kv_tensor(iface, size: int, page: int) -> Any:
+    """The pool's one ``KVCacheTensor``: 0.33.0 names its ``layers`` (with strides),
+    0.23.0 / 0.24.0 the layers it is ``shared_by``."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(iface.KVCacheTensor)}
+    if "shared_by" in names:  # (0.23.0 has no block_stride)
+        stride = {"block_stride": page} if "block_stride" in names else {}
+        return iface.KVCacheTensor(size=size, shared_by=["layer.0"], **stride)
+    return iface.KVCacheTensor(size=size, layers=["layer.0"], layer_stride=0,
+                               block_stride=page)
+
+
+def _specs(transfer) -> tuple:
+    """A ``TransferJob``'s (source, destination) specs: 0.33.0's ``src_spec`` and
+    ``dst_spec``, 0.23.0 / 0.24.0's ``transfer_spec`` pair."""
+    if hasattr(transfer, "transfer_spec"):
+        return tuple(transfer.transfer_spec)
+    return transfer.src_spec, transfer.dst_spec
 
 
 class NativeOffloadTarget:
@@ -262,8 +297,6 @@ class NativeOffloadTarget:
         self._outputs = mods["vllm.v1.outputs"]
         base = mods["vllm.v1.kv_offload.base"]
         self._make_key = base.make_offload_key
-        cfg = mods["vllm.v1.kv_offload.config"]
-        cpu = mods["vllm.v1.kv_offload.cpu.manager"]
         sha256 = mods["vllm.utils.hashing"].sha256
         torch = mods["torch"]
         full = iface.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
@@ -271,9 +304,7 @@ class NativeOffloadTarget:
         page = 2 * block_size * 2  # (K and V, one head of size 1, float16)
         config = iface.KVCacheConfig(
             num_blocks=num_blocks + 1,
-            kv_cache_tensors=[iface.KVCacheTensor(size=(num_blocks + 1) * page,
-                                                  layers=["layer.0"], layer_stride=0,
-                                                  block_stride=page)],
+            kv_cache_tensors=[_kv_tensor(iface, (num_blocks + 1) * page, page)],
             kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], full)])
         utils.init_none_hash(sha256)
         cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
@@ -284,6 +315,14 @@ class NativeOffloadTarget:
         self._hasher = utils.get_request_block_hasher(block_size, sha256)
         self.pool = self.manager.block_pool
 
+        extra = {"offload_prompt_only": prompt_only, "sync_load_budget_bytes": 1 << 40}
+        self.legacy = "vllm.v1.kv_offload.worker.worker" in mods.files
+        if self.legacy:
+            self._legacy_connector(mods, base, config, block_size, host_blocks, policy,
+                                   extra)
+            return
+        cfg = mods["vllm.v1.kv_offload.config"]
+        cpu = mods["vllm.v1.kv_offload.cpu.manager"]
         offload_config = cfg.OffloadingConfig(
             groups=(cfg.OffloadingGroupConfig(block_size, ("layer.0",), 0),),
             worker_kv_bytes_per_block=page, enable_kv_cache_events=False,
@@ -310,6 +349,41 @@ class NativeOffloadTarget:
 
         sched = mods[CONNECTOR + ".scheduler"].OffloadingConnectorScheduler
         self.connector = sched(CPUSpec(offload_config), _settings(block_size), config)
+        self._init_state()
+
+    def _legacy_connector(self, mods, base, config, block_size: int, host_blocks: int,
+                          policy: str, extra: dict) -> None:
+        """0.23.0 / 0.24.0: ``OffloadingSpec(vllm_config, kv_cache_config)`` reads the
+        connector's ``extra_config`` from the config (``_settings``), the scheduler takes
+        the spec alone, the CPU manager counts ``num_blocks`` (``BlockStatus`` records,
+        the policy's ``blocks``), and every hit is an asynchronous load (no
+        ``sync_load_budget_bytes``: ``TransferJob`` has no ``sync``)."""
+        cpu = mods["vllm.v1.kv_offload.cpu.manager"]
+
+        class CPUSpec(base.OffloadingSpec):
+            """``CPUOffloadingSpec``'s scheduler half (as above, the release's
+            ``CPUOffloadingManager`` with store threshold 0, no events)."""
+
+            def get_manager(spec_self):
+                if getattr(spec_self, "_manager", None) is None:
+                    spec_self._manager = cpu.CPUOffloadingManager(
+                        num_blocks=host_blocks, cache_policy=policy, enable_events=False,
+                        store_threshold=0)
+                return spec_self._manager
+
+            def get_handlers(spec_self, *_args):
+                raise NotImplementedError("kvcheck's driver is the worker")
+
+        sched = mods[CONNECTOR + ".scheduler"].OffloadingConnectorScheduler
+        self.connector = sched(CPUSpec(_settings(block_size, extra), config))
+        # 0.23.0's lookup ignores ``skip_reading_prefix_cache`` (0.24.0 answers 0 for it)
+        source = _loader.require(mods.dist) / (CONNECTOR.replace(".", "/") + "/scheduler.py")
+        self._lookup_skips = "skip_reading_prefix_cache" in source.read_text()
+        self._init_state()
+
+    _lookup_skips = True
+
+    def _init_state(self) -> None:
         self.cpu = self.connector.manager
         self.requests: dict[int, Any] = {}
         self.finished: dict[int, Any] = {}
@@ -429,11 +503,12 @@ class NativeOffloadTarget:
         meta = self._step_meta
         (event,) = meta.load_jobs  # (one request admitted: one load job)
         transfer = meta.load_jobs[event]
-        if transfer.sync == (seq in self._waiting):
+        if getattr(transfer, "sync", False) == (seq in self._waiting):
             raise MisuseError("a load's sync flag disagrees with the scheduler's answer")
         job = f"load {event}"
-        self._jobs[job] = (seq, event, "load", [int(c) for c in transfer.src_spec.block_ids],
-                           [int(b) - 1 for b in transfer.dst_spec.block_ids])
+        src, dst = _specs(transfer)
+        self._jobs[job] = (seq, event, "load", [int(c) for c in src.block_ids],
+                           [int(b) - 1 for b in dst.block_ids])
         return job
 
     def append(self, seq: int, token: int) -> tuple[int, int]:
@@ -520,25 +595,34 @@ class NativeOffloadTarget:
         if op.kind == "free":
             return not loading or op.seq in self._waiting
         if op.kind == "load":
-            return not self._lookup_would_wait(op.tokens)
+            hits, wait = self._probe(op.tokens)
+            # 0.23.0 / 0.24.0: every hit loads asynchronously, a partial one with blocks
+            # for its hit tokens alone while it waits (kvcheck's load holds them all)
+            return not wait and (not self.legacy or not hits
+                                 or hits * self.block_size == len(op.tokens))
+        if op.kind == "allocate" and not self._lookup_skips:
+            # 0.23.0 looks up even a request that skips the prefix cache: kvcheck's
+            # allocate is one whose lookup finds nothing
+            return self._probe(op.tokens) == (0, False)
         return True
 
-    def _lookup_would_wait(self, tokens) -> bool:
-        """Whether the connector's lookup of a request of ``tokens`` could defer: a chunk
-        of its leading hits is still being stored (``HIT_PENDING``). Read-only: the
-        request's keys (the release's block hasher, ``make_offload_key``) against the CPU
-        manager's policy, up to its first miss (where ``_maximal_prefix_lookup`` stops)."""
+    def _probe(self, tokens) -> tuple[int, bool]:
+        """The connector's lookup of a request of ``tokens``, read-only: its leading
+        ready chunks, and whether it could defer (a chunk among them still being
+        stored: ``HIT_PENDING``, 0.23.0 / 0.24.0's ``None``). The request's keys (the
+        release's block hasher, ``make_offload_key``) against the CPU manager's policy,
+        up to its first miss (where ``_maximal_prefix_lookup`` stops)."""
         if not tokens:
-            return False
+            return 0, False
         probe = _Request("probe", list(tokens), self._hasher)
         chunks = dict(self._chunks().values())  # key -> ChunkStatus
-        for block_hash in probe.block_hashes:
+        for hits, block_hash in enumerate(probe.block_hashes):
             chunk = chunks.get(self._make_key(block_hash, 0))
             if chunk is None:
-                return False
+                return hits, False
             if chunk.ref_cnt < 0:
-                return True
-        return False
+                return hits, True
+        return len(probe.block_hashes), False
 
     def free(self, seq: int):
         """``finish_requests``: ``request_finished`` and the blocks freed -- or, for a
@@ -565,9 +649,9 @@ class NativeOffloadTarget:
             if got is not None:
                 raise MisuseError("one step's build started two store jobs for one request")
             got = f"store {event}"
-            self._jobs[got] = (seq, event, "store",
-                               [int(b) - 1 for b in transfer.src_spec.block_ids],
-                               [int(c) for c in transfer.dst_spec.block_ids])
+            src, dst = _specs(transfer)
+            self._jobs[got] = (seq, event, "store", [int(b) - 1 for b in src.block_ids],
+                               [int(c) for c in dst.block_ids])
         return got
 
     def _live(self, seq: int):
@@ -583,8 +667,10 @@ class NativeOffloadTarget:
     def _chunks(self) -> dict:
         """CPU chunk id -> (key, ChunkStatus) of every chunk the policy holds."""
         policy = self.cpu._policy
-        held = policy.chunks if hasattr(policy, "chunks") else {**policy.t1, **policy.t2}
-        return {c.chunk_id: (k, c) for k, c in held.items()}  # (LRU: chunks; ARC: T1, T2)
+        held = (policy.chunks if hasattr(policy, "chunks") else policy.blocks
+                if hasattr(policy, "blocks") else {**policy.t1, **policy.t2})
+        # (LRU: chunks, 0.23.0 / 0.24.0: blocks; ARC: T1, T2)
+        return {(c.block_id if self.legacy else c.chunk_id): (k, c) for k, c in held.items()}
 
     def refcount(self, pool: str, b: int) -> int:
         if pool == "device":
@@ -600,7 +686,8 @@ class NativeOffloadTarget:
     def free_blocks(self, pool: str) -> list[int]:
         if pool == "device":
             return [b.block_id - 1 for b in self.pool.free_block_queue.get_all_free_blocks()]
-        fresh = range(self.cpu._num_allocated_chunks, self.host_blocks)
+        fresh = range(self.cpu._num_allocated_blocks if self.legacy
+                      else self.cpu._num_allocated_chunks, self.host_blocks)
         return list(self.cpu._free_list) + list(fresh)
 
     def num_free(self, pool: str) -> int | None:

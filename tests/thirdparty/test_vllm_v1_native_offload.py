@@ -113,11 +113,31 @@ def test_final_store_whole_hit_async_load_and_no_gpu_reference():
     assert t.refcount("device", t.pending_jobs()[store]["src"][1][0]) == 1  # the request's
 
 
-def test_an_earlier_release_is_refused_in_words():
-    """0.24.0 ships the connector in an earlier layout (its CPU manager's records and
-    policies differ): the target says so instead of failing an import."""
-    with pytest.raises(MisuseError, match="0.33.0's layout only"):
-        native.make(8, 1, 4, version="0.24.0")
+@pytest.mark.parametrize("version", ["0.24.0", "0.23.0"])
+def test_earlier_releases_pass_with_stores_and_async_loads(version):
+    """0.23.0 / 0.24.0's own scheduler and CPU manager (``OffloadingSpec(vllm_config,
+    kv_cache_config)``, ``BlockStatus`` records, every hit an asynchronous load)."""
+    t = native.make(8, 1, 4, version=version)
+    assert t.legacy and t.version == version
+    r = verify(f"vllm-v1-native-offload@{version}", SCOPE.num_blocks, SCOPE.block_size,
+               300, 0, model="tiers", scope=SCOPE)
+    assert r.ok, r.violation
+    st = r.state.stats
+    assert st["store"] > 20 and st["load"] > 5 and st["complete"] > 15, st
+
+
+def test_arc_policy_passes_on_0_24_0():
+    r = verify("vllm-v1-native-offload-arc@0.24.0", SCOPE.num_blocks, SCOPE.block_size,
+               300, 1, model="tiers", scope=SCOPE)
+    assert r.ok, r.violation
+    assert r.state.stats["store"] > 20 and r.state.stats["load"] > 3, r.state.stats
+
+
+def test_a_release_without_the_adapted_layout_is_refused_in_words():
+    """0.20.2 ships the connector in another layout (``kv_offload/abstract.py``,
+    ``spec.py``): the target says so instead of failing an import."""
+    with pytest.raises(MisuseError, match="this release has neither"):
+        native.make(8, 1, 4, version="0.20.2")
 
 
 def test_an_abort_mid_load_keeps_the_blocks_until_the_load_reports():
