@@ -1,9 +1,10 @@
 """Adapter: vLLM v1's engine core -- the release's real ``Scheduler`` with its real
 ``KVCacheManager`` and real ``Request`` objects -- driven step by step with no model.
 
-Issue 34 §1. Releases 0.8.5 .. 0.33.0 (``vllm-v1-engine@VERSION``; 0.33.0 by default);
-before 0.8.5 the manager preallocates tokens beyond a request's need and the adapter
-refuses the release in words (the engine model's exact table size would not hold).
+Issue 34 §1. Releases 0.8.4 .. 0.33.0 (``vllm-v1-engine@VERSION``; 0.33.0 by default; to
+0.8.4 the manager preallocates blocks beyond a request's need: ``preallocate_blocks``, the
+bound the engine model checks a table by). The early scheduler (``vllm/v1/core/
+scheduler.py``, to 0.8.2) is refused in words: not driven yet.
 What runs is the release's own code, executed from the installed wheel's
 files (``_loader``): the scheduler (``vllm/v1/core/sched/{scheduler, request_queue,
 output, utils, interface}.py``), the KV-cache manager and block pool (the files
@@ -110,6 +111,8 @@ FILES = (
     "vllm.adapter_commons.request",
     "vllm._bc_linter",  # 0.10.2 on: `from vllm import bc_linter_include`
     "vllm.v1.core.specialized_manager",  # 0.8.3 .. 0.8.5
+    "vllm.v1.core.scheduler_output",  # 0.8.0 .. 0.8.2
+    "vllm.v1.structured_output.grammar",  # 0.8.0 .. 0.8.2
 )
 
 
@@ -503,6 +506,13 @@ def _stub_utils_module(mod: types.ModuleType, loaded: Loaded) -> None:
             self.capacity = capacity
 
     mod.LRUCache = LRUCache
+
+    def LazyLoader(local_name: str, _globals: dict, name: str):  # noqa: N802 - vLLM's name
+        """A grammar backend imported lazily (xgrammar...): never touched by requests
+        without structured output; touching it raises."""
+        return _placeholder(local_name, f"{name} (structured output)")
+
+    mod.LazyLoader = LazyLoader
     mod.is_list_of = lambda value, typ, *, check="first": isinstance(value, list) and all(
         isinstance(v, typ) for v in value)
     mod.length_from_prompt_token_ids_or_embeds = (
@@ -764,6 +774,10 @@ class EngineTarget:
         self.num_blocks, self.block_size = settings.num_blocks, settings.block_size
         mods = load(version)
         self.version = mods.dist.version
+        if scheduler_module(mods.root) != "vllm.v1.core.sched.scheduler":
+            raise MisuseError(f"vLLM {self.version}'s early v1 scheduler "
+                              f"(vllm/v1/core/scheduler.py, to 0.8.2) is not driven yet: the "
+                              f"engine target reads 0.8.4 .. 0.33.0")
         self._mods = mods
         self.config = engine_config(settings)
         if settings.policy != "fcfs" and not hasattr(mods[scheduler_module(mods.root)],
@@ -772,12 +786,9 @@ class EngineTarget:
                               f"scheduling (it reads no policy; priority scheduling is 0.9.2's)")
         self.scheduler = _build_scheduler(mods, self.config, settings)
         self.manager = self.scheduler.kv_cache_manager
-        if getattr(self.manager, "num_preallocate_tokens", 0):
-            raise MisuseError(
-                f"vLLM {self.version}'s KVCacheManager preallocates "
-                f"{self.manager.num_preallocate_tokens} tokens per request (to 0.8.4): the "
-                f"engine target reads 0.8.5 .. 0.33.0 (a table's size there is exactly what "
-                f"its tokens need)")
+        # to 0.8.4 the manager preallocates up to this many blocks beyond a request's need
+        # whenever it takes new ones (the engine model bounds a table by it)
+        self.preallocate_blocks = getattr(self.manager, "num_preallocate_blocks", 0) or 0
         self.pool = self.manager.block_pool
         self.kv_calls: list[KVCall] = []
         for name in ("get_computed_blocks", "allocate_slots", "free"):

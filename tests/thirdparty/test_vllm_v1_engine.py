@@ -51,6 +51,16 @@ def test_the_current_release_passes_with_every_rule_exercised():
     assert r.verdict == "pass" and r.state.stats["hits"] == 0, r.violation
 
 
+def test_a_preallocating_release_passes_within_its_preallocation():
+    """0.8.4's manager takes up to 16 blocks of 4 (64 tokens) beyond a request's need when it
+    takes new ones: the table is checked against that bound, and the release passes."""
+    _ensure("0.8.4")
+    for spec in (3, 0):
+        r = _engine("vllm-v1-engine@0.8.4", spec=spec, seed=1)
+        assert r.verdict == "pass", r.violation
+        assert r.state.target.preallocate_blocks == 16, r.state.target.preallocate_blocks
+
+
 def test_19459_is_caught_on_0_9_0_through_the_real_scheduler_and_0_9_1_passes():
     _ensure("0.9.0", "0.9.1")
     r = _engine("vllm-v1-engine@0.9.0", seed=2, shrink=True)

@@ -64,6 +64,11 @@ SLOTS_DOC = ("After schedule(), a scheduled request's blocks cover every token s
 HELD = "a request that is not running holds no block"
 HELD_DOC = ("A finished, aborted, preempted or waiting request holds no block: finishing, "
             "aborting and preemption release everything.")
+PREALLOC = "a request's blocks are what its tokens need plus at most the preallocation"
+PREALLOC_DOC = ("A release that preallocates (to 0.8.4, num_preallocate_tokens) gives a "
+                "request the blocks its computed tokens (and the furthest slot a step reached) "
+                "need, plus at most its preallocation; table_length then counts the rest as "
+                "reserved.")
 HITS = "get_computed_blocks: every block a cache hit returns holds the requested prefix"
 REFUSED = "allocate_slots: a refused allocation changes nothing"
 APPENDS = "allocate_slots: the request's blocks grow by its hits and the new blocks returned"
@@ -415,8 +420,19 @@ class EngineOracle:
         live = {q: computed[q] for q in tables}
         # a rejected draft's slots stay allocated (update_from_output rolls back
         # num_computed_tokens, not the blocks): reserved up to the furthest slot reached
+        reserved = {q: max(0, self.reached.get(q, 0) - live[q]) for q in tables}
+        extra = getattr(t, "preallocate_blocks", 0)
+        if extra:  # a preallocating release: the table is bounded, not exact
+            for q, blocks in tables.items():
+                need = -(-max(self.reached.get(q, 0), live[q]) // self.bs)
+                if not need <= len(blocks) <= need + extra:
+                    return Violation(n, "invariant", PREALLOC, q, subject="seq",
+                                     doc=PREALLOC_DOC, witness=(
+                        f"after {what}, request {q} holds {len(blocks)} block(s) for "
+                        f"{need} needed (the release preallocates at most {extra})"))
+                reserved[q] = len(blocks) * self.bs - live[q]
         snap = Snapshot(self.nb, self.bs, tables, live, refs, free, None, None, num_free,
-                        {q: max(0, self.reached.get(q, 0) - live[q]) for q in tables})
+                        reserved)
         v = self._invariants(n, snap, what)
         if v is None and self.scope.caching:
             v = self._prefix(n, tables, computed, refs, entries, what)
