@@ -2,9 +2,24 @@
 offloading manager, over the release's own ``KVCacheManager``, as a target of the tiers
 model (``kvcheck verify-tiers vllm-v1-native-offload``; protocol: docs/tiers.md).
 
-Releases: vLLM 0.33.0 (``vllm-v1-native-offload@0.33.0``, the default; the connector's
-scheduler lives in ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``
-there). Earlier releases ship it in other files (not adapted yet).
+Releases: vLLM 0.23.0, 0.24.0 and 0.33.0 (``vllm-v1-native-offload@0.33.0``, the default;
+the connector's scheduler lives in
+``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`` in all three).
+0.20.2 ships the connector in another layout (``kv_offload/abstract.py``, ``spec.py``,
+``mediums.py``; jobs keyed by request, ``reqs_to_store`` / ``finished_sending``): refused in
+words, not adapted.
+
+0.23.0 / 0.24.0 (``LEGACY_FILES``, ``_legacy_connector``; ``self.legacy``): the same
+scheduler calls, with ``OffloadingSpec(vllm_config, kv_cache_config)`` (the connector's
+``extra_config`` read from ``_settings``' ``kv_transfer_config``; no ``kv_offload/config.py``
+and no policy factory: the CPU manager imports its LRU / ARC policies itself), the CPU
+manager's ``BlockStatus`` records (``block_id``, the policy's ``blocks``), ``TransferJob``'s
+``transfer_spec`` pair and ``KVCacheTensor``'s ``shared_by``. Every hit there is an
+asynchronous load (no ``sync_load_budget_bytes``): a partial hit waits with blocks for its
+hit tokens alone, which kvcheck's load (a request holding all its blocks) does not model,
+so only misses and whole hits are issued (``admits``). 0.23.0's lookup ignores
+``skip_reading_prefix_cache`` (0.24.0 answers 0 for it): an ``allocate`` whose lookup
+would hit, or defer, is not issued there either.
 
 What runs is the release's own code, loaded from its installed files by ``_loader`` (never
 imported as ``vllm``): the KV-cache manager's files (``vllm_v1.FILES``), the connector's
