@@ -2,7 +2,8 @@
 over the release's own ``KVCacheManager`` (``vllm-v1-native-offload@0.33.0``, the tiers
 model): 0.33.0 passes with stores, loads (sync and async), flushes, final stores and CPU
 evictions exercised; the same engine with its flushes ignored is caught
-(``unheld_sources_kept``, #46951's family)."""
+(``unheld_sources_kept``, #46951's family); 0.24.0 and 0.23.0 (their own layout) pass a
+short run each, 0.20.2's layout is refused in words."""
 
 from __future__ import annotations
 
