@@ -653,10 +653,12 @@ def store(L, pre, post, op):
     destination until the job completes. (A prefix another pending store is still copying
     may be stored again: the second copy costs a host block, and a lookup still finds the
     right tokens under either key; vLLM's BlockHashToBlockMap keeps every block stored
-    under one hash.) No job: nothing changed."""
+    under one hash.) No job: nothing changed but the host blocks it evicted trying to make
+    room (SGLang's write_backup evicts before it finds the host still full)."""
     if op.job is None:
         for p in pre.pools():
-            yield from _others_unchanged(L, pre, post, p, set(), "store (no job)")
+            yield from _others_unchanged(L, pre, post, p, evicted(pre, post, p),
+                                         "store (no job)")  # (room it tried to make)
         return
     name = (op.seq, op.job)
     job = post.jobs.get(name)
