@@ -104,7 +104,6 @@ def kvcheck_verify(request):
             trace.write(path)
             written = str(path)
         except OSError as exc:
-            written = ""
             note = f"(the trace could not be written to {path}: {exc.strerror or exc})"
         text = render(trace, source=written or None)
         rerun = f"pytest {request.node.nodeid} --kvcheck-seed {seed}"

@@ -34,10 +34,15 @@ class TargetNotFound(Exception):
     """A trace's recorded target file is nowhere to be found (bad input)."""
 
 
+def is_file(where: str) -> bool:
+    """Whether the part before a target's ``:attr`` names a file, not a module."""
+    return where.endswith(".py") or "/" in where or os.sep in where
+
+
 def _file_part(spec: str) -> tuple[str, str] | None:
     """``(file, attr)`` of a ``file.py:attr`` (or ``file.py:attr@version``) target."""
     where, sep, attr = spec.rpartition(":")
-    if sep and where and attr and (where.endswith(".py") or "/" in where or os.sep in where):
+    if sep and where and attr and is_file(where):
         return where, attr
     return None
 

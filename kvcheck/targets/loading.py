@@ -14,6 +14,7 @@ import sys
 from collections.abc import Collection
 from pathlib import Path
 
+from kvcheck.check.portable import is_file
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, guarded, record_phase
 from kvcheck.errors import what_it_did
 from kvcheck.targets.protocol import OPERATIONS, NotSeedShaped, SeedAdapter, is_target
@@ -145,16 +146,12 @@ def engine_source(spec) -> str | None:
     return text
 
 
-def _is_file(where: str) -> bool:
-    return where.endswith(".py") or "/" in where
-
-
 def location(spec: str) -> str:
     """Where a ``module:attr`` or ``file.py:attr`` string points, from any working directory:
     a file that exists is made absolute; modules and registered names stay as they are
     (what traces record, so ``kvcheck replay`` finds the target from elsewhere)."""
     where, sep, attr = spec.rpartition(":")
-    if sep and where and _is_file(where) and Path(where).is_file():
+    if sep and where and is_file(where) and Path(where).is_file():
         return f"{Path(where).resolve()}:{attr}"
     return spec
 
@@ -170,7 +167,7 @@ def _import_attr(spec: str):
 
 def _import_guarded(spec: str, where: str, attr: str):
     try:
-        if _is_file(where):
+        if is_file(where):
             path = Path(where)
             if not path.is_file():
                 raise TargetError(f"target file {where} does not exist")
