@@ -20,11 +20,21 @@ idempotent, nothing downloaded when installed), runs the entry's kvcheck command
 * seconds to the counterexample (kvcheck's own time for the search, shrinking included)
   and the length of the shrunk trace;
 * the raw replay (``hist_replays.py``, the engine's own objects, no adapter): it must reproduce
-  on the buggy release and not on the fixed one.
+  on the buggy release and not on the fixed one;
+* whether the buggy code path ran as the release ships it (``runs_release_code``): ``yes``
+  (the code holding the bug is the release's own, run from its files; the adapter may play
+  its caller, named in ``re_enacted``), ``partly`` (part of what the bug needs -- a check,
+  a branch, an order of calls -- is kvcheck's re-enactment, named in ``re_enacted``), ``no``
+  (the bug is shown in kvcheck's copy of the engine's code).
+
+An entry's ``expected`` names the rule its bug breaks, never an operation: a crash is the
+rule ``OPERATION: never raises`` (the engine raised, or the target ended the process, inside
+that operation).
 
 Entries out of reach, and pending ones, are listed with what kvcheck lacks and their raw
 replay (when they have one); they are not in the totals. The last line is
-``caught X/Y on buggy releases, Z false alarms on fixed releases``.
+``caught X/Y on buggy releases, N of them on the release's own code, Z false alarms on fixed
+releases``: N counts the entries caught whose ``runs_release_code`` is ``yes``.
 
 ``--dry-run`` checks the catalogue's schema and prints each command, installing and
 running nothing. Exit 0 when every entry in reach was caught with no false alarm and
@@ -45,8 +55,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 CATALOGUE = HERE / "catalogue.json"
 
-REQUIRED = ("id", "engine", "generation", "issue", "title", "buggy", "fixed", "reach")
+REQUIRED = ("id", "engine", "generation", "issue", "title", "buggy", "fixed", "reach",
+            "runs_release_code")
 IN_REACH = ("command", "expected", "raw")
+RELEASE_CODE = ("yes", "partly", "no")
+# Operation names: an expected clause is a rule, never one of these alone (a crash is
+# ``OPERATION: never raises``, see the module doc).
+OPERATIONS = frozenset({
+    "allocate", "append", "append_slot", "append_slots", "free", "free_seq", "fork", "step",
+    "add", "abort", "swap_in", "swap_out", "store", "load", "complete", "evict", "slide",
+    "rollback", "rebase", "preempt", "drop_behind_window", "write", "read"})
+NEVER_RAISES = "never raises"
 
 
 class CatalogueError(Exception):
@@ -75,6 +94,11 @@ def load(path: Path = CATALOGUE) -> list[dict]:
         seen.add(e["id"])
         if e["reach"] not in ("yes", "pending", "no"):
             raise CatalogueError(f"{where}: reach must be yes, pending or no")
+        if e["runs_release_code"] not in RELEASE_CODE:
+            raise CatalogueError(f"{where}: runs_release_code must be yes, partly or no")
+        if e["runs_release_code"] != "yes" and not e.get("re_enacted"):
+            raise CatalogueError(f"{where}: runs_release_code {e['runs_release_code']} but no "
+                                 f"'re_enacted' saying what kvcheck re-enacts")
         if e["reach"] == "yes":
             for key in IN_REACH:
                 if key not in e:
@@ -93,6 +117,10 @@ def load(path: Path = CATALOGUE) -> list[dict]:
             if not (isinstance(want, str) or isinstance(want, list) and want
                     and all(isinstance(c, str) for c in want)):
                 raise CatalogueError(f"{where}: expected must be a clause or a list of clauses")
+            ops = [c for c in expected(e) if c in OPERATIONS]
+            if ops:
+                raise CatalogueError(f"{where}: expected {ops[0]!r} is an operation, not the "
+                                     f"rule broken (a crash: '{ops[0]}: {NEVER_RAISES}')")
             if any(c in v for c in expected(e) for v in known.values()):
                 raise CatalogueError(f"{where}: fixed_findings lists the expected clause")
             if known and sum("{version}" in a for a in cmd) != 1:
@@ -163,10 +191,19 @@ def run_kvcheck(entry: dict, version: str, timeout: float, seed: int | None = No
         if isinstance(data.get("deviations"), dict) else len(data.get("deviations") or [])
     trace = data.get("violation")
     if isinstance(trace, dict):
-        out["violation"] = (trace.get("violation") or {}).get("name")
+        out["violation"] = clause(trace.get("violation") or {})
         out["length"] = len(trace.get("ops") or [])
         out["original"] = data.get("original_length")
     return out
+
+
+def clause(violation: dict) -> str | None:
+    """The rule a violation (a trace's ``violation`` record) names: its name, or for a crash
+    (named by its operation) ``OPERATION: never raises``."""
+    name = violation.get("name")
+    if violation.get("kind") == "crash" and isinstance(name, str):
+        return f"{name}: {NEVER_RAISES}"
+    return name
 
 
 def replay_on(entry: dict, trace: Path, version: str, timeout: float) -> tuple[bool, str]:
@@ -217,11 +254,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         entries = [e for e in entries if e["id"] in args.only]
     in_reach = [e for e in entries if e["reach"] == "yes"]
-    caught = alarms = raw_bad = 0
+    caught = alarms = raw_bad = own = 0
     for e in in_reach:
         versions = [("buggy", e["buggy"])] + ([("fixed", e["fixed"])] if e["fixed"] else [])
         print(f"{e['id']} ({e['engine']}, {e['issue']}): buggy {e['buggy']}, fixed "
               f"{e['fixed'] or 'none: ' + e['fixed_note']}")
+        print(f"  the release's own code: {e['runs_release_code']}"
+              + (f" (kvcheck re-enacts: {e['re_enacted']})" if e.get("re_enacted") else ""))
         if args.dry_run:
             for role, v in versions:
                 print(f"  {role}: kvcheck {' '.join(a.replace('{version}', v) for a in e['command'])}")
@@ -245,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = b.get("rc") == 1 and b.get("violation") in want and all(
             r.get("rc") == 1 and r.get("violation") in want for r in extra["buggy"])
         caught += ok
+        own += ok and e["runs_release_code"] == "yes"
         if ok:
             print(f"  caught on {e['buggy']}: {b['violation']!r} in {b['seconds']:.2f} s, trace of "
                   f"{b['length']} operations (shrunk from {b['original']})")
@@ -298,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{len(others)} catalogued bug(s) pending or out of reach (not counted), "
           f"{raw_bad} raw replay(s) disagreeing")
-    print(f"caught {caught}/{len(in_reach)} on buggy releases, {alarms} false alarms on fixed "
-          f"releases")
+    print(f"caught {caught}/{len(in_reach)} on buggy releases, {own} of them on the release's "
+          f"own code, {alarms} false alarms on fixed releases")
     return 0 if caught == len(in_reach) and alarms == 0 and raw_bad == 0 else 1
 
 

@@ -61,14 +61,17 @@ def test_one_entry_end_to_end():
     assert "caught on 20260210: 'allocate: a prompt fully in the cache leaves at least one " \
            "token to compute'" in out
     assert "raw replay on 20260210 (buggy): reproduced" in out
-    assert out.splitlines()[-1] == "caught 1/1 on buggy releases, 0 false alarms on fixed releases"
+    assert "  the release's own code: yes (kvcheck re-enacts: the scheduler's caller" in out
+    assert out.splitlines()[-1] == ("caught 1/1 on buggy releases, 1 of them on the release's "
+                                    "own code, 0 false alarms on fixed releases")
 
 
 def test_a_bad_catalogue_is_one_line(tmp_path):
     bad = tmp_path / "c.json"
     bad.write_text(json.dumps({"entries": [{"id": "x", "engine": "vllm", "generation": "vllm-v0",
                                             "issue": "-", "title": "-", "buggy": "0.4.2",
-                                            "fixed": "0.4.3", "reach": "yes"}]}))
+                                            "fixed": "0.4.3", "reach": "yes",
+                                            "runs_release_code": "yes"}]}))
     try:
         runner.load(bad)
     except runner.CatalogueError as exc:
@@ -179,12 +182,13 @@ def test_the_1556_entry_end_to_end_with_a_documented_finding_on_the_fixed_releas
             "entry it had\"") in out and "trace of 2 operations" in out
     assert "no alarm on 0.4.0: the buggy release's counterexample passes there" in out
     assert "documented finding F10 reported" in out
-    assert out.splitlines()[-1] == "caught 1/1 on buggy releases, 0 false alarms on fixed releases"
+    assert out.splitlines()[-1] == ("caught 1/1 on buggy releases, 1 of them on the release's "
+                                    "own code, 0 false alarms on fixed releases")
 
 
 def test_documented_findings_never_excuse_another_clause():
-    known = {"F10": ["append_slot: a new block was free", "append_slot"]}
-    f10 = {"rc": 1, "violation": "append_slot"}
+    known = {"F10": ["append_slot: a new block was free", "append_slot: never raises"]}
+    f10 = {"rc": 1, "violation": "append_slot: never raises"}
     other = {"rc": 1, "violation": "free_seq: refcount -1 per entry of the freed table"}
     assert runner._documented(known, [f10, {"rc": 0}]) == "F10"
     assert runner._documented(known, [f10, other]) is None
@@ -195,7 +199,7 @@ def test_documented_findings_never_excuse_another_clause():
 def test_fixed_findings_may_not_list_the_expected_clause(tmp_path):
     entry = {"id": "x", "engine": "vllm", "generation": "vllm-v0-legacy", "issue": "-",
              "title": "-", "buggy": "0.3.3", "fixed": "0.4.0", "reach": "yes",
-             "command": ["verify", "vllm-v0-legacy@{version}"], "expected": "fork: a",
+             "runs_release_code": "yes", "command": ["verify", "vllm-v0-legacy@{version}"], "expected": "fork: a",
              "raw": "replay_vllm_1556", "fixed_findings": {"F10": ["fork: a"]}}
     bad = tmp_path / "c.json"
     for want in ("fork: a", ["free_seq: b", "fork: a"]):
@@ -215,6 +219,39 @@ def test_fixed_findings_may_not_list_the_expected_clause(tmp_path):
         assert "expected must be a clause or a list of clauses" in str(exc)
     else:
         raise AssertionError("an empty expected list was accepted")
+
+
+def _refused(tmp_path, entry: dict) -> str:
+    bad = tmp_path / "c.json"
+    bad.write_text(json.dumps({"entries": [entry]}))
+    try:
+        runner.load(bad)
+    except runner.CatalogueError as exc:
+        return str(exc)
+    raise AssertionError(f"accepted: {entry}")
+
+
+def test_every_entry_says_whether_the_buggy_path_is_the_releases_own(tmp_path):
+    """``runs_release_code`` on every entry (yes, partly, no); anything but yes names what
+    kvcheck re-enacts; an expected clause is a rule, never an operation's bare name."""
+    entries = runner.load()
+    assert {e["runs_release_code"] for e in entries} <= {"yes", "partly", "no"}
+    assert all(e.get("re_enacted") for e in entries if e["runs_release_code"] != "yes")
+    assert not [c for e in entries if e["reach"] == "yes" for c in runner.expected(e)
+                if c in runner.OPERATIONS]
+    entry = {"id": "x", "engine": "vllm", "generation": "vllm-v0", "issue": "-", "title": "-",
+             "buggy": "0.4.2", "fixed": "0.4.3", "reach": "yes", "raw": "replay_vllm_4761",
+             "command": ["verify", "vllm-v0@{version}"], "expected": "allocate"}
+    assert "no 'runs_release_code'" in _refused(tmp_path, entry)
+    entry["runs_release_code"] = "mostly"
+    assert "runs_release_code must be yes, partly or no" in _refused(tmp_path, entry)
+    entry["runs_release_code"] = "partly"
+    assert "no 're_enacted'" in _refused(tmp_path, entry)
+    entry["re_enacted"] = "the guard"
+    assert "'allocate' is an operation, not the rule broken (a crash: 'allocate: never " \
+           "raises')" in _refused(tmp_path, entry)
+    assert runner.clause({"kind": "crash", "name": "allocate"}) == "allocate: never raises"
+    assert runner.clause({"kind": "contract", "name": "allocate: x"}) == "allocate: x"
 
 
 @pytest.mark.parametrize("entry, buggy, fixed", [
@@ -246,7 +283,10 @@ def test_the_early_v1_entries_end_to_end():
     out = p.stdout
     for line in ("caught on 0.6.4.post1: 'allocate: every block the cached tokens skip",
                  "caught on 0.6.5: 'allocate: exception_safety: refcount unchanged'",
-                 "caught on 0.9.0: 'step'", "no alarm on 0.6.5", "no alarm on 0.7.0",
+                 "caught on 0.9.0: 'step: never raises'", "no alarm on 0.6.5", "no alarm on 0.7.0",
                  "no alarm on 0.9.1"):
         assert line in out, out
-    assert out.splitlines()[-1] == "caught 3/3 on buggy releases, 0 false alarms on fixed releases"
+    assert "  the release's own code: no (kvcheck re-enacts: the scheduler's full-hit" in out
+    # 11186's buggy branch is kvcheck's re-enactment: caught, but not on the release's code
+    assert out.splitlines()[-1] == ("caught 3/3 on buggy releases, 2 of them on the release's "
+                                    "own code, 0 false alarms on fixed releases")
