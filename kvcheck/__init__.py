@@ -10,6 +10,12 @@ Public API::
 """
 
 import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the lazy names below, as a type checker sees them
+    from kvcheck.models.blocks.oracle import Oracle
+    from kvcheck.targets.protocol import SeedAdapter, Target
+    from kvcheck.verify import make_state_machine
 
 __version__ = "0.1.0"
 
@@ -24,12 +30,12 @@ _LAZY = {
 }
 
 
-def _lazy(name):
+def _lazy(name: str) -> Any:
     module, attr = _LAZY[name]
     return getattr(importlib.import_module(module), attr)
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = _lazy(name)
         globals()[name] = value
@@ -37,5 +43,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'kvcheck' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])

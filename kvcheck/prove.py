@@ -21,8 +21,11 @@ they are what the target is driven with). Engines produce ``Row``s; rendering
 
 from __future__ import annotations
 
+import builtins
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 from kvcheck.check.trace import Trace
 from kvcheck.check.watchdog import Watchdog
@@ -39,6 +42,13 @@ from kvcheck.spec.logic import PY
 from kvcheck.spec.outcomes import OUTCOMES, classify
 from kvcheck.spec.symbolic import SymScope
 from kvcheck.targets.loading import build, resolve
+
+if TYPE_CHECKING:
+    from kvcheck.check.shrink import Budget
+    from kvcheck.check.violation import Violation
+    from kvcheck.verify import TargetSpec
+
+Say = Callable[[str], None]  # progress(text): what runs now
 
 CROSSHAIR_CPU_SECONDS = 60.0
 """CrossHair's allowance per contract at ``--effort 1``: CPU seconds of its analysis (its
@@ -65,13 +75,15 @@ class Row:
     group: str = SPEC
     undecided: str = ""  # an "unknown" row: the limit that stopped it (effort.TIME / EFFORT)
 
-    @property
+    # (``builtins.property``: in this class body ``property`` names the field above for a type
+    # checker; at run time it is the builtin either way)
+    @builtins.property
     def ok(self) -> bool:
         """Nothing wrong shown: it holds, cannot occur at this scope, or (a coverage
         warning) no run within the depth reaches it."""
         return self.result in ("holds", NOT_APPLICABLE, UNREACHABLE)
 
-    @property
+    @builtins.property
     def verdict(self) -> str:
         return FAIL if self.result == VIOLATED else INCONCLUSIVE if self.result == UNKNOWN else PASS
 
@@ -116,7 +128,7 @@ class Report:
     def group(self, name: str) -> list[Row]:
         return [r for r in self.rows if r.group == name]
 
-    def tally(self, name: str) -> dict:
+    def tally(self, name: str) -> dict[str, Any]:
         rows = self.group(name)
         counts: dict[str, int] = {}
         for r in rows:
@@ -141,7 +153,7 @@ class Report:
             parts.append(text + (f" ({', '.join(other)})" if other else ""))
         return "; ".join(parts)
 
-    def junit_suites(self) -> list:
+    def junit_suites(self) -> list[Any]:
         """Two suites, what was proved about the spec and what was checked on the target; each
         case's class name says which (``kvcheck.spec.<engine>`` / ``kvcheck.target.<engine>``).
         A row that is not applicable at the scope is a skipped case, never a passed one."""
@@ -166,7 +178,7 @@ class Report:
             suites.append(suite)
         return suites
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         groups = {}
         for name in (SPEC, TARGET):
             t = self.tally(name)
@@ -200,7 +212,7 @@ class Settings:
     crosshair: bool = True
     timeout: float = 10.0
     target_only: bool = False  # skip what is proved about the spec; check the target only
-    shrink_budget: object = None  # a kvcheck.check.shrink.Budget (default: its defaults)
+    shrink_budget: float | Budget | None = None  # a kvcheck.check.shrink.Budget (None: its defaults)
     effort: float = 1.0  # every solver allowance times this (kvcheck.proofs.effort)
 
     @property
@@ -208,12 +220,13 @@ class Settings:
         return self.max_tokens or 3 * self.block_size
 
 
-def _verdict(rows) -> str:
+def _verdict(rows: list[Row]) -> str:
     verdicts = {r.verdict for r in rows}
     return FAIL if FAIL in verdicts else INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
 
 
-def _z3_rows(st: Settings, report: Report, deadline: float, say, cycle=None) -> list:
+def _z3_rows(st: Settings, report: Report, deadline: float, say: Say,
+             cycle: tuple[int, frozenset[str]] | None = None) -> list[Any]:
     """The spec's rows (unless ``target_only``); the Z3 witnesses the target is driven with.
     ``cycle``: (W, the target's operations) for a target declaring a cyclic window: the
     induction is also run under it (rows named "... under a cyclic window of W blocks").
@@ -225,7 +238,7 @@ def _z3_rows(st: Settings, report: Report, deadline: float, say, cycle=None) -> 
 
     sym = SymScope(st.num_blocks, st.block_size, st.seqs, st.tokens)
 
-    def searching(d, found, goals):
+    def searching(d: int, found: int, goals: int) -> None:
         say(f"z3 coverage: depth {d}, witnesses for {found}/{goals} outcome classes and pairs")
 
     def left() -> float:
@@ -235,17 +248,18 @@ def _z3_rows(st: Settings, report: Report, deadline: float, say, cycle=None) -> 
         return max(1, int(1000 * left()))
 
     if st.target_only:
-        ws = witnesses(sym, st.depth, pairs=st.pairs, budget=left(), progress=searching)
+        ws: list[Any] = witnesses(sym, st.depth, pairs=st.pairs, budget=left(), progress=searching)
         _deeper(sym, st, ws, left, say)
         return ws
     scope = sym.describe()
     proved = True
 
-    def row(p, prop=None):
+    def row(p: Any, prop: str | None = None) -> bool:
         result = {"proved": "holds"}.get(p.result, p.result)
         report.rows.append(Row(p.engine, prop or p.property, p.scope, result, p.seconds, p.detail,
                                undecided=p.undecided))
-        return p.result == "proved"
+        held: bool = p.result == "proved"
+        return held
 
     proofs = prove_invariants(sym, timeout_ms=ms(),
                               progress=lambda name: say(f"z3 k-induction: {name}"))
@@ -315,7 +329,8 @@ DEEPER = 3
 which depth reaches it (``reached_at``)."""
 
 
-def _deeper(sym, st: Settings, ws, left, say) -> None:
+def _deeper(sym: SymScope, st: Settings, ws: list[Any], left: Callable[[], float],
+            say: Say) -> None:
     """For each class searched to ``st.depth`` without a witness that can occur at this
     scope: the depth that reaches it, up to ``DEEPER`` further (``Witness.reached_at``)."""
     from kvcheck.proofs.bmc import reach
@@ -331,7 +346,7 @@ def _deeper(sym, st: Settings, ws, left, say) -> None:
             w.reached_at = depths[w.name]
 
 
-def _unreached(st: Settings, w) -> str:
+def _unreached(st: Settings, w: Any) -> str:
     """A coverage warning: no run within ``--depth`` shows the class, and which depth does."""
     at = getattr(w, "reached_at", None)
     head = (f"warning: no run within depth {st.depth} shows it, so within this bound the spec "
@@ -341,14 +356,15 @@ def _unreached(st: Settings, w) -> str:
     return f"{head}; none within depth {st.depth + DEEPER} either"
 
 
-def _show(op) -> str:
+def _show(op: Any) -> str:
     from kvcheck.models.blocks.witness import describe_op
 
     return describe_op(op)
 
 
-def _replay_witnesses(st: Settings, factory, ws, report: Report, out_of_blocks=None,
-                      say=None) -> None:
+def _replay_witnesses(st: Settings, factory: Any, ws: list[Any], report: Report,
+                      out_of_blocks: type[BaseException] | None = None,
+                      say: Say | None = None) -> None:
     """Run every Z3 witness on the target, checking it and recording which classes it showed."""
     t0 = time.perf_counter()
     seen_classes, seen_pairs = set(), set()
@@ -435,7 +451,8 @@ def _scope(st: Settings) -> str:
     return Scope(st.num_blocks, st.block_size, st.seqs, st.tokens, st.depth).describe()
 
 
-def _trace(label, st: Settings, ops, factory, out_of_blocks=None, say=None) -> Trace | None:
+def _trace(label: str, st: Settings, ops: list[Any], factory: Any,
+           out_of_blocks: type[BaseException] | None = None, say: Say | None = None) -> Trace | None:
     """The counterexample, shrunk like verify's (sizes lowered, ids renumbered)."""
     from kvcheck.models.blocks.runs import replay
     from kvcheck.verify import counterexample
@@ -443,13 +460,15 @@ def _trace(label, st: Settings, ops, factory, out_of_blocks=None, say=None) -> T
     r = replay(factory, st.num_blocks, st.block_size, ops, out_of_blocks, timeout=st.timeout)
     if r.violation is None:
         return None  # not reproducible from scratch: report the row, not a trace
-    return counterexample(label, factory, st.num_blocks, st.block_size, r.ops, r.violation, None,
+    return counterexample(label, factory, st.num_blocks, st.block_size, r.ops,
+                          cast("Violation", r.violation), None,
                           out_of_blocks, timeout=st.timeout, budget=st.shrink_budget,
                           progress=None if say is None else lambda n, k: say(
                               f"shrinking: {n} attempts, counterexample of {k} operations"))
 
 
-def prove(target="reference", st: Settings | None = None, progress=None,
+def prove(target: TargetSpec = "reference", st: Settings | None = None,
+          progress: Say | None = None,
           out_of_blocks: type[BaseException] | None = None) -> Report:
     """Run every engine on ``target`` within ``st``. Raises TargetError on bad input.
 
@@ -522,7 +541,7 @@ def prove(target="reference", st: Settings | None = None, progress=None,
 TIERS_SPEC = "the tiers spec"  # Report.target of prove_tiers
 
 
-def prove_tiers(st: Settings | None = None, progress=None) -> Report:
+def prove_tiers(st: Settings | None = None, progress: Say | None = None) -> Report:
     """``kvcheck prove --model tiers``: the tiers spec's Z3 rows (``kvcheck.proofs.
     tiers_induction``): 1-induction of every per-block tier invariant over the tiers'
     block steps, the eviction of a held block refused, and the outcome classes' witnesses,

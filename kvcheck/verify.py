@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from kvcheck.check import shrink as _shrink
 from kvcheck.check.model import Options, model_named
@@ -24,8 +25,18 @@ from kvcheck.models.blocks.model import MODEL as BLOCKS
 from kvcheck.models.blocks.model import BlockScope
 from kvcheck.targets.loading import TargetError, resolve
 
+if TYPE_CHECKING:
+    from hypothesis.stateful import RuleBasedStateMachine
+
+    from kvcheck.check.model import Model
+    from kvcheck.check.run import Replay
+
 __all__ = ["HANG_SHRINK_TIMEOUT", "Op", "Result", "counterexample", "make_state_machine", "replay_ops",
            "replay_trace", "verify"]
+
+TargetSpec: TypeAlias = str | Callable[..., object]
+"""What ``verify`` accepts as TARGET: a registered name, ``module:attr``, ``file.py:attr``, or
+a factory (``factory(num_blocks, block_size)``: a ``Target`` or a seed-shaped allocator)."""
 
 
 @dataclass
@@ -37,15 +48,16 @@ class Result:
     trace: Trace | None  # the (shrunk) counterexample
     original_length: int = 0  # operations up to the violation, before shrinking
     state: object = None  # the model's run state at the end (statistics, coverage)
-    deviations: list = field(default_factory=list)  # allowed ones (``allow``), in order
+    deviations: list[Any] = field(default_factory=list)  # allowed ones (``allow``), in order
     refused: int = 0  # operations the target refused under its declared policy (all checked)
-    counts: dict = field(default_factory=dict)  # operation -> {outcome: how many} (run as drawn)
+    # operation -> {outcome: how many} (run as drawn)
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.verdict == "pass"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
             "ops": self.ops,
@@ -58,22 +70,24 @@ class Result:
         }
 
 
-def deviation_summary(deviations: list) -> dict:
+def deviation_summary(deviations: list[Any]) -> dict[str, Any]:
     """Allowed deviations per clause: how many, and the first (its step and operation)."""
-    out: dict = {}
+    out: dict[str, Any] = {}
     for d in deviations:
         entry = out.setdefault(d.clause, {"count": 0, "first": d.to_json()})
         entry["count"] += 1
     return out
 
 
-def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: int = 10_000,
-           seed: int = 0, out_of_blocks=None, timeout: float | None = 10.0,
+def verify(target: TargetSpec = "reference", num_blocks: int = 32, block_size: int = 4,
+           ops: int = 10_000, seed: int = 0, out_of_blocks: type[BaseException] | None = None,
+           timeout: float | None = 10.0,
            mode: str = "fast", do_shrink: bool = True,
            shrink_budget: float | _shrink.Budget | None = None,
            progress: Callable[[int], None] | None = None, compiled: bool = True,
-           shrink_progress=None, model: str = "blocks", scope=None, extra: dict | None = None,
-           deadline: float | None = None, allow: frozenset = frozenset()) -> Result:
+           shrink_progress: Callable[[int, int], None] | None = None, model: str = "blocks",
+           scope: Any = None, extra: dict[str, Any] | None = None,
+           deadline: float | None = None, allow: frozenset[str] = frozenset()) -> Result:
     """Check ``target`` for ``ops`` random operations. Raises ``TargetError`` on bad input.
 
     ``compiled=False`` evaluates the spec itself for every operation instead of
@@ -108,7 +122,7 @@ def verify(target="reference", num_blocks: int = 32, block_size: int = 4, ops: i
                   operation_counts(run.history))
 
 
-def operation_counts(history: list) -> dict[str, dict[str, int]]:
+def operation_counts(history: list[Any]) -> dict[str, dict[str, int]]:
     """How many of each operation the run made, by outcome (``ok``, ``oob``, ``refused``;
     an operation the run stopped at counts as it ended), in the order first made."""
     out: dict[str, dict[str, int]] = {}
@@ -119,25 +133,30 @@ def operation_counts(history: list) -> dict[str, dict[str, int]]:
     return out
 
 
-def _refused(history: list) -> int:
+def _refused(history: list[Any]) -> int:
     return sum(1 for op in history if getattr(op, "outcome", None) == "refused")
 
 
-def counterexample(label, factory, num_blocks, block_size, history, v: Violation, seed,
-                   out_of_blocks=None, timeout=10.0, do_shrink=True,
+def counterexample(label: str, factory: Callable[..., object], num_blocks: int, block_size: int,
+                   history: list[Any], v: Violation, seed: int | None,
+                   out_of_blocks: type[BaseException] | None = None,
+                   timeout: float | None = 10.0, do_shrink: bool = True,
                    budget: float | _shrink.Budget | None = None,
-                   progress=None) -> Trace:
+                   progress: Callable[[int, int], None] | None = None) -> Trace:
     """A replayable block-manager trace for violation ``v`` found after ``history``;
     shrunk if asked (see ``kvcheck.check.shrink.counterexample``)."""
-    return _shrink.counterexample(BLOCKS, label, factory, BlockScope(num_blocks, block_size),
-                                  history, v, seed, Options(timeout=timeout,
-                                                            out_of_blocks=out_of_blocks),
-                                  do_shrink, budget, progress)
+    trace: Trace = _shrink.counterexample(BLOCKS, label, factory,
+                                          BlockScope(num_blocks, block_size), history, v, seed,
+                                          Options(timeout=timeout, out_of_blocks=out_of_blocks),
+                                          do_shrink, budget, progress)
+    return trace
 
 
-def make_state_machine(factory, num_blocks: int = 8, block_size: int = 4, out_of_blocks=None,
+def make_state_machine(factory: TargetSpec, num_blocks: int = 8, block_size: int = 4,
+                       out_of_blocks: type[BaseException] | None = None,
                        mode: str = "full", max_tokens: int | None = None,
-                       timeout: float | None = 10.0, model: str = "blocks"):
+                       timeout: float | None = 10.0,
+                       model: str = "blocks") -> type[RuleBasedStateMachine]:
     """A Hypothesis ``RuleBasedStateMachine`` class driving ``factory(num_blocks, block_size)``.
 
     ``factory`` is anything ``kvcheck verify`` accepts as TARGET (a callable, a registered
@@ -162,9 +181,9 @@ def make_state_machine(factory, num_blocks: int = 8, block_size: int = 4, out_of
         probe = m.build(fac, scope, options)  # fails early on bad input
     bounds = {"n_tokens": max_tokens or 3 * block_size, "tokens": max_tokens or 3 * block_size}
 
-    shrunk: dict = {}  # violation key -> kvcheck's shrunk trace (once per broken rule)
+    shrunk: dict[Any, Trace] = {}  # violation key -> kvcheck's shrunk trace (once per broken rule)
 
-    def explain(history, v: Violation) -> str:
+    def explain(history: list[Any], v: Violation) -> str:
         head = f"{v.kind} violation at step {v.step}: {v.name}"
         if v.element is not None:
             head += f" (element {v.element})"
@@ -188,15 +207,16 @@ class Op:
     (``replay_ops`` turns it into the model's own operation)."""
 
     kind: str
-    args: dict
+    args: dict[str, Any]
 
-    def __init__(self, kind: str, **args):
+    def __init__(self, kind: str, **args: Any) -> None:
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "args", args)
 
 
-def replay_ops(model, target, scope: dict, ops: list, timeout: float | None = 10.0,
-               out_of_blocks=None, extra: dict | None = None):
+def replay_ops(model: str | Model, target: TargetSpec, scope: dict[str, Any], ops: list[Any],
+               timeout: float | None = 10.0, out_of_blocks: type[BaseException] | None = None,
+               extra: dict[str, Any] | None = None) -> Replay:
     """Replay the requests ``ops`` of ``model`` (a model or its name; each an operation of
     the model or an ``Op``) on ``target`` (a TARGET string or a factory) at ``scope`` (the
     trace's scope as JSON), in full mode: the ``kvcheck.check.run.Replay`` (its
@@ -214,8 +234,9 @@ def replay_ops(model, target, scope: dict, ops: list, timeout: float | None = 10
     return replay(m, factory, m.scope_from_json(scope), ops, options, record=True)
 
 
-def replay_trace(trace: Trace, target=None, timeout: float | None = 10.0, out_of_blocks=None,
-                 extra: dict | None = None):
+def replay_trace(trace: Trace, target: TargetSpec | None = None, timeout: float | None = 10.0,
+                 out_of_blocks: type[BaseException] | None = None,
+                 extra: dict[str, Any] | None = None) -> Replay:
     """Replay a loaded trace's operations on ``target`` (default: the recorded one)."""
     return replay_ops(trace.model, target or trace.loadable_target(), trace.scope_json(),
                       trace.ops, timeout, out_of_blocks, {**trace.settings, **(extra or {})})

@@ -123,7 +123,7 @@ def renumber(model: Model, ops: list) -> list:
 
 
 def shrink(model: Model, factory, scope, ops: list, key: tuple, options: Options,
-           budget: float | Budget = Budget(), progress: Callable[[int, int], None] | None = None,
+           budget: float | Budget | None = Budget(), progress: Callable[[int, int], None] | None = None,
            replayer: Callable | None = None) -> Shrunk | None:
     """The smallest run failing with the same ``key``; None if ``ops`` does not fail so.
 
@@ -218,7 +218,7 @@ HANG_SHRINK_TIMEOUT = 1.0
 
 
 def counterexample(model: Model, label: str, factory, scope, history: list, v, seed,
-                   options: Options, do_shrink: bool = True, budget: float | Budget = Budget(),
+                   options: Options, do_shrink: bool = True, budget: float | Budget | None = Budget(),
                    progress: Callable[[int, int], None] | None = None, unit: str = "operation",
                    replayer: Callable | None = None):
     """A replayable trace (``kvcheck.check.trace.Trace``) for violation ``v`` found after

@@ -17,7 +17,7 @@ collection of free ids).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from kvcheck.spec.contracts import CONTRACTS
 
@@ -154,7 +154,7 @@ class SeedAdapter:
             raise NotSeedShaped(
                 f"{type(impl).__name__} is not seed-shaped: missing attribute(s) {', '.join(missing)}"
             )
-        self.impl = impl
+        self.impl: Any = impl  # seed-shaped (see the module docstring): read by duck typing
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.capabilities = frozenset(op for op in OPERATIONS if callable(getattr(impl, op, None)))
@@ -164,19 +164,23 @@ class SeedAdapter:
         window = getattr(impl, "cyclic_window", None)
         if window is not None:  # (a declaration the oracle reads: see Target)
             self.cyclic_window = window
-        if callable(getattr(impl, "hidden_table", None)):  # (exploration's key: see Target)
-            self.hidden_table = impl.hidden_table
+        hidden = getattr(impl, "hidden_table", None)
+        if callable(hidden):  # (exploration's key: see Target)
+            self.hidden_table = hidden
 
     def block_table(self, seq: int) -> Sequence[int]:
-        return self.impl.tables[seq]
+        table: Sequence[int] = self.impl.tables[seq]
+        return table
 
     def refcount(self, block: int) -> int:
         """``ref[block]``; of a mapping (a dict, a defaultdict), a block it omits
         has refcount 0 (read with ``get``, so observing never inserts one)."""
         ref = self.impl.ref
         if type(ref) is list or not isinstance(ref, Mapping):
-            return ref[block]
-        return ref.get(block, 0)
+            count: int = ref[block]
+        else:
+            count = ref.get(block, 0)
+        return count
 
     def refcounts(self) -> Sequence[int]:
         """Every block's refcount, in block order (one call for the whole pool)."""
@@ -193,7 +197,8 @@ class SeedAdapter:
         return _SPELLING.get(method, method + "()").format(arg)
 
     def free_blocks(self) -> Iterable[int]:
-        return self.impl.free
+        free: Iterable[int] = self.impl.free
+        return free
 
     def num_free(self) -> int:
         return len(self.impl.free)
