@@ -56,7 +56,9 @@ block sizes coexist. nano-vllm's ``Config`` requires ``kvcache_block_size %
 
 Observation: ``block_table`` = ``seq.block_table``; ``refcount`` =
 ``Block.ref_count``; ``free_blocks`` = ``free_block_ids`` (a deque);
-``table_identity`` = the ``block_table`` list; ``seq_len`` = ``len(seq)``.
+``table_identity`` = the ``block_table`` list; ``seq_len`` = ``len(seq)``; the prefix
+cache: ``cache_entries`` = ``hash_to_block_id``, ``free_list_blocks`` = ``free_block_ids``,
+no evictable blocks.
 """
 
 from __future__ import annotations
@@ -217,6 +219,17 @@ class NanoVllmTarget:
 
     def token_ids(self, seq: int) -> list[int]:
         return list(self._observed(seq).token_ids)
+
+    # the prefix cache, as the prefix model reads any target (``kvcheck.engines``): the
+    # manager's ``hash_to_block_id``; no evictable list (a freed block's entry is dropped)
+    def cache_entries(self) -> list[tuple[int, int]]:
+        return list(self.manager.hash_to_block_id.items())
+
+    def evictable_blocks(self) -> list[int]:
+        return []
+
+    def free_list_blocks(self) -> list[int]:
+        return list(self.manager.free_block_ids)
 
 
 def make(num_blocks: int, block_size: int) -> NanoVllmTarget:

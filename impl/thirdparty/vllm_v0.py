@@ -122,7 +122,9 @@ Observation: ``block_table`` = ``BlockTable.physical_block_ids``; ``refcount`` =
 the allocator's ``RefCounter``; ``free_blocks`` = the naive free deque plus, with
 prefix caching, the evictor's cached-but-unreferenced blocks (both are what
 ``get_num_free_blocks`` counts); ``table_identity`` = the ``BlockTable``;
-``seq_len`` = ``BlockTable.num_full_slots``.
+``seq_len`` = ``BlockTable.num_full_slots``; the prefix cache (prefix caching only):
+``cache_entries`` = the allocator's ``_cached_blocks``, ``evictable_blocks`` = its
+evictor's ``free_table``, ``free_list_blocks`` = the hashless allocator's free deque.
 """
 
 from __future__ import annotations
@@ -383,6 +385,10 @@ class VllmV0Target:
         self.preempted: dict[int, list[int]] = {}  # preempted seq -> its token ids
         self._tokens = itertools.count(1)
         self._caching = allocator_type == "prefix_caching"
+        if not (hasattr(self.gpu, "_cached_blocks") and hasattr(self.gpu, "evictor")):
+            # no prefix cache to observe (a naive allocator): the prefix model refuses it
+            self.cache_entries = self.evictable_blocks = self.free_list_blocks = None
+            self.num_evictable = None
         # the engine's skip-prefill state (prefix caching only): SelfAttnBlockSpaceManager's
         # ComputedBlocksTracker, whose shape moved between releases (see _cached_count)
         tracker = getattr(mods["vllm.core.block.prefix_caching_block"], "ComputedBlocksTracker",
@@ -632,6 +638,21 @@ class VllmV0Target:
     def is_refusal(self, exc: BaseException) -> bool:
         """The engine guard's refusal (``guard="engine"`` only raises it)."""
         return isinstance(exc, EngineGuardRefused)
+
+    # the prefix cache, as the prefix model reads any target (``kvcheck.engines``): the
+    # prefix-caching allocator's hash map, its evictor and its hashless allocator's free
+    # deque; a naive allocator has no cache (``__init__`` leaves these methods out)
+    def cache_entries(self) -> list[tuple[Any, int]]:
+        return [(key, int(b)) for key, b in self.gpu._cached_blocks.items()]
+
+    def evictable_blocks(self) -> list[int]:
+        return [int(b) for b in self.gpu.evictor.free_table]
+
+    def num_evictable(self) -> int:
+        return int(self.gpu.evictor.num_blocks)
+
+    def free_list_blocks(self) -> list[int]:
+        return [int(b) for b in self.gpu._hashless_allocator._free_block_indices]
 
 
 class VllmV0WaitingTarget(VllmV0Target):

@@ -157,7 +157,10 @@ Observation: ``block_table`` = the request's block ids (minus one);
 ``FreeKVCacheBlockQueue`` (which also holds cached, evictable blocks: they have
 ``ref_cnt == 0``); ``num_free`` = ``BlockPool.get_num_free_blocks()``;
 ``table_identity`` = the manager's per-request block list; ``seq_len`` =
-``num_computed_tokens``.
+``num_computed_tokens``. The prefix cache (the public observation every prefix-model
+target offers): ``cache_entries`` = ``BlockPool.cached_block_hash_to_block``;
+``evictable_blocks`` / ``free_list_blocks`` = the free queue's blocks with / without a
+block hash.
 """
 
 from __future__ import annotations
@@ -638,6 +641,20 @@ class VllmV1Target:
             raise MisuseError(f"unknown sequence {seq!r}")
         return req
 
+    # -- for a subclass adding a plugin's operations (``kvcheck.engines.vllm_v1``) -------
+    def running(self, seq: int) -> Request:
+        """The running request ``seq`` (``MisuseError`` if none), its last step's pending
+        drafts first verified as all accepted, as every operation but a rollback does."""
+        req = self._live(seq)
+        self._verify(seq, req, 0)
+        return req
+
+    @property
+    def block_hasher(self):
+        """vLLM's request block hasher the manager was built with (``None`` without
+        prefix caching): the one to give each new ``Request``."""
+        return self._hasher
+
     def _observed(self, seq: int):
         """Observation of an unknown sequence raises ``KeyError`` (the oracle's "no table")."""
         return self.requests[seq]
@@ -673,6 +690,31 @@ class VllmV1Target:
     # -- extra observation for prefix-cache oracles ----------------------------
     def token_ids(self, seq: int) -> list[int]:
         return list(self._observed(seq).all_token_ids)
+
+    # the prefix cache, as the prefix model reads any target (``kvcheck.engines``: the public
+    # observation methods): BlockPool's hash map and its one free queue, which holds both the
+    # evictable blocks (a hash) and the free ones (none); vLLM's null block is left out
+    def cache_entries(self) -> list[tuple[Any, int]]:
+        """``(key, block)`` for every block of the pool's hash map (a ``BlockHashToBlockMap``
+        from 0.11, a dict of dicts before)."""
+        out = []
+        cached = self.pool.cached_block_hash_to_block
+        for key, val in getattr(cached, "_cache", cached).items():
+            for blk in (val.values() if isinstance(val, dict) else (val,)):
+                if blk.block_id != 0:
+                    out.append((key, blk.block_id - 1))
+        return out
+
+    def _queued(self) -> list:
+        return [b for b in self.pool.free_block_queue.get_all_free_blocks() if b.block_id != 0]
+
+    def evictable_blocks(self) -> list[int]:
+        """The free queue's blocks that keep a hash: cached, unreferenced, evictable."""
+        return [b.block_id - 1 for b in self._queued() if b.block_hash is not None]
+
+    def free_list_blocks(self) -> list[int]:
+        """The free queue's blocks without a hash."""
+        return [b.block_id - 1 for b in self._queued() if b.block_hash is None]
 
     def cached_blocks(self) -> set[int]:
         """Oracle ids of blocks that currently carry a prefix-cache hash."""

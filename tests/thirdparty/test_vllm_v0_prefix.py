@@ -1,6 +1,7 @@
 """``kvcheck verify-prefix`` on vLLM v0's prefix-caching allocator (vllm 0.8.5).
 
-The prefix oracle reads v0's cache through ``VllmV0View`` (its ``_cached_blocks``
+The prefix oracle reads v0's cache through the adapter's public observation methods
+(``cache_entries`` / ``evictable_blocks`` / ``free_list_blocks``: its ``_cached_blocks``
 map, its evictor, its hashless free deque). What it shows besides the core
 findings: F5, block de-duplication on completion. A sequence that fills its
 last block with content already cached is moved onto the cached block, so the
@@ -23,7 +24,8 @@ from kvcheck.cli import main as kvcheck
 from kvcheck.impl.thirdparty import vllm_v0
 from kvcheck.models.blocks import BlockScope
 from kvcheck.models.prefix import MODEL
-from kvcheck.models.prefix.oracle import PrefixOp, VllmV0View
+from kvcheck.models.prefix.oracle import PrefixOp, view_for
+from kvcheck.targets.loading import TargetError
 
 GUARDED = vllm_v0.make_prefix_guarded
 
@@ -41,7 +43,7 @@ def _op(kind, seq, tokens=(), child=0):
 def test_the_view_reads_v0s_cache():
     t = vllm_v0.make_prefix(4, 2)
     t.allocate(0, 4, token_ids=[5, 6, 7, 8])
-    view = VllmV0View(t)
+    view = view_for(t)
     blocks = t.block_table(0)
     assert sorted(b for _, b in view.entries()) == sorted(blocks)
     assert view.evictable() == [] and sorted(view.free_list()) == [b for b in range(4)
@@ -49,6 +51,11 @@ def test_the_view_reads_v0s_cache():
     t.free_seq(0)
     assert sorted(view.evictable()) == sorted(blocks) and view.evictable_len() == 2
     assert view.free_list_len() == 2
+
+
+def test_the_naive_allocator_has_no_cache_to_read():
+    with pytest.raises(TargetError, match="does not expose a prefix cache"):
+        view_for(vllm_v0.make(4, 2))
 
 
 def test_verify_prefix_drives_vllm_v0_prefix():

@@ -45,10 +45,11 @@ that were cached under a key before the call and are still cached under that
 key after it. (A block taken for new content must lose its key first, so a
 block evicted but left in the hash map counts as a hit and is caught by 2.)
 
-Targets expose their cache either through methods (``cache_entries()`` ->
+Every target exposes its cache through public methods (``cache_entries()`` ->
 (key, block) pairs, ``evictable_blocks()``, ``free_list_blocks()``, optional
-``num_evictable()``; the bundled ``prefix`` target has them) or are one of the
-third-party adapters read by ``view_for`` (vLLM v1, vLLM v0, nano-vllm).
+``num_evictable()`` / ``num_free_list()``; ``kvcheck.engines`` documents them): the
+bundled ``prefix`` target and every third-party adapter (vLLM v1, vLLM v0, nano-vllm,
+SGLang...) implement them; nothing is recognised by its private attributes.
 """
 
 from __future__ import annotations
@@ -76,10 +77,15 @@ from kvcheck.spec.contracts import OK, OOB, REFUSED
 from kvcheck.spec.logic import PY
 from kvcheck.targets.loading import TargetError
 
-
 # -- reading a target's cache --------------------------------------------------------
+OBSERVATION = ("cache_entries", "evictable_blocks", "free_list_blocks")
+"""The public methods through which the prefix model reads any target's cache (the built-in
+engine adapters implement them too: nothing is recognised by its private attributes)."""
+
+
 class MethodView:
-    """A target that reports its cache itself."""
+    """A target's cache, read through its public observation methods (``OBSERVATION``;
+    optional ``num_evictable``/``num_free_list`` counts and the incremental reads)."""
 
     def __init__(self, obj):
         self.obj = obj
@@ -136,83 +142,6 @@ class MethodView:
         return (a, b, c) if type(a) is type(b) is type(c) is int else (int(a), int(b), int(c))
 
 
-class VllmV1View:
-    """vLLM v1: the BlockPool's hash map; its one free queue holds both parts."""
-
-    def __init__(self, target):
-        self.pool = target.pool
-
-    def entries(self):
-        out = []
-        cached = self.pool.cached_block_hash_to_block  # a BlockHashToBlockMap (0.11 on)
-        for key, val in getattr(cached, "_cache", cached).items():  # or a dict of dicts
-            for blk in (val.values() if isinstance(val, dict) else (val,)):
-                if blk.block_id != 0:
-                    out.append((key, blk.block_id - 1))
-        return out
-
-    def _queue(self):
-        return [b for b in self.pool.free_block_queue.get_all_free_blocks() if b.block_id != 0]
-
-    def evictable(self):
-        return [b.block_id - 1 for b in self._queue() if b.block_hash is not None]
-
-    def free_list(self):
-        return [b.block_id - 1 for b in self._queue() if b.block_hash is None]
-
-    def evictable_len(self):
-        return len(self.evictable())
-
-    def free_list_len(self):
-        return len(self.free_list())
-
-
-class NanoView:
-    """nano-vllm: ``hash_to_block_id``; no evictable list (a freed block's entry is dropped)."""
-
-    def __init__(self, target):
-        self.m = target.manager
-
-    def entries(self):
-        return list(self.m.hash_to_block_id.items())
-
-    def evictable(self):
-        return []
-
-    def free_list(self):
-        return list(self.m.free_block_ids)
-
-    def evictable_len(self):
-        return 0
-
-    def free_list_len(self):
-        return len(self.m.free_block_ids)
-
-
-class VllmV0View:
-    """vLLM v0: the prefix-caching allocator's ``_cached_blocks`` (hash -> block),
-    its evictor's ``free_table`` (cached, unreferenced blocks) and the hashless
-    allocator's free deque."""
-
-    def __init__(self, target):
-        self.gpu = target.gpu
-
-    def entries(self):
-        return [(key, int(b)) for key, b in self.gpu._cached_blocks.items()]
-
-    def evictable(self):
-        return [int(b) for b in self.gpu.evictor.free_table]
-
-    def free_list(self):
-        return [int(b) for b in self.gpu._hashless_allocator._free_block_indices]
-
-    def evictable_len(self):
-        return int(self.gpu.evictor.num_blocks)
-
-    def free_list_len(self):
-        return len(self.gpu._hashless_allocator._free_block_indices)
-
-
 def view_for(target):
     """How to read ``target``'s cache; ``TargetError`` if it shows none kvcheck can read."""
     try:
@@ -225,19 +154,9 @@ def view_for(target):
 
 
 def _view_for(target):
-    obj = getattr(target, "impl", target)
-    if all(callable(getattr(obj, m, None))
-           for m in ("cache_entries", "evictable_blocks", "free_list_blocks")):
+    obj = getattr(target, "impl", target)  # (a SeedAdapter: the allocator it wraps)
+    if all(callable(getattr(obj, m, None)) for m in OBSERVATION):
         return MethodView(obj)
-    pool = getattr(obj, "pool", None)
-    if pool is not None and hasattr(pool, "cached_block_hash_to_block"):
-        return VllmV1View(obj)
-    manager = getattr(obj, "manager", None)
-    if manager is not None and hasattr(manager, "hash_to_block_id"):
-        return NanoView(obj)
-    gpu = getattr(obj, "gpu", None)
-    if gpu is not None and hasattr(gpu, "_cached_blocks") and hasattr(gpu, "evictor"):
-        return VllmV0View(obj)
     raise TargetError(f"{type(obj).__name__} does not expose a prefix cache "
                       "(cache_entries/evictable_blocks/free_list_blocks)")
 
