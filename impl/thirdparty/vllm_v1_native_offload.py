@@ -2,14 +2,20 @@
 offloading manager, over the release's own ``KVCacheManager``, as a target of the tiers
 model (``kvcheck verify-tiers vllm-v1-native-offload``; protocol: docs/tiers.md).
 
-Releases: vLLM 0.23.0, 0.24.0 and 0.33.0 (``vllm-v1-native-offload@0.33.0``, the default;
-the connector's scheduler lives in
-``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`` in all three).
-0.20.2 ships the connector in another layout (``kv_offload/abstract.py``, ``spec.py``,
-``mediums.py``; jobs keyed by request, ``reqs_to_store`` / ``finished_sending``): refused in
-words, not adapted.
+Releases: vLLM 0.21.0, 0.22.0, 0.22.1, 0.23.0, 0.24.0 and 0.33.0
+(``vllm-v1-native-offload@0.33.0``, the default; the connector's scheduler lives in
+``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`` in all of them,
+its jobs keyed by job id: ``store_jobs``, ``OffloadingWorkerMetadata``). The connector
+first ships in 0.11.0; 0.11.0 .. 0.18.1 (one file, ``offloading_connector.py``, with
+``kv_offload/lru_manager.py``) and 0.19.0 .. 0.20.2 (the ``offloading/`` package with
+``kv_offload/abstract.py``, ``spec.py``, ``mediums.py`` and ``cpu/manager.py``) key their
+jobs by request (``reqs_to_store``; the worker reports ``finished_sending`` for a request
+only once it has finished and all its stores landed, and the scheduler keeps its blocks
+until then): refused in words, not adapted -- a store started while its request runs
+completes, for the scheduler, only with the request's end, and the tiers model's driver
+completes any pending job whenever it chooses (docs/tiers.md says what is missing).
 
-0.23.0 / 0.24.0 (``LEGACY_FILES``, ``_legacy_connector``; ``self.legacy``): the same
+0.21.0 .. 0.24.0 (``LEGACY_FILES``, ``_legacy_connector``; ``self.legacy``): the same
 scheduler calls, with ``OffloadingSpec(vllm_config, kv_cache_config)`` (the connector's
 ``extra_config`` read from ``_settings``' ``kv_transfer_config``; no ``kv_offload/config.py``
 and no policy factory: the CPU manager imports its LRU / ARC policies itself), the CPU
@@ -17,9 +23,14 @@ manager's ``BlockStatus`` records (``block_id``, the policy's ``blocks``), ``Tra
 ``transfer_spec`` pair and ``KVCacheTensor``'s ``shared_by``. Every hit there is an
 asynchronous load (no ``sync_load_budget_bytes``): a partial hit waits with blocks for its
 hit tokens alone, which kvcheck's load (a request holding all its blocks) does not model,
-so only misses and whole hits are issued (``admits``). 0.23.0's lookup ignores
+so only misses and whole hits are issued (``admits``). 0.21.0 .. 0.23.0's lookup ignores
 ``skip_reading_prefix_cache`` (0.24.0 answers 0 for it): an ``allocate`` whose lookup
-would hit, or defer, is not issued there either.
+would hit, or defer, is not issued there either. 0.21.0 / 0.22.x, read from their files:
+no ``on_new_request`` (the lookup records a new request), a CPU manager without a store
+threshold (it stores every key it is asked to: threshold 0's behaviour), and a store scan
+that walks every request a step names (``yield_req_data``) reading each one's
+``num_scheduled_tokens`` (``_scan_names_all``; 0.23.0's walks the scheduled requests
+alone): ``_build_naming_all`` below.
 
 What runs is the release's own code, loaded from its installed files by ``_loader`` (never
 imported as ``vllm``): the KV-cache manager's files (``vllm_v1.FILES``), the connector's
@@ -95,7 +106,10 @@ How the scheduler drives it, one tiers operation per engine step:
 ``append(seq, token)``
     ``allocate_slots(req, 1)``; the step's build names the request's new block ids (its
     token to the next ``store``), so a block a finished request's store still reads is
-    flushed when re-allocated.
+    flushed when re-allocated. (0.21.0 / 0.22.x, whose scan reads every named request:
+    such a request is given no scheduled token and, for that build, the tokens its scan
+    already covered as computed, so the scan finds nothing new, as 0.23.0's, which does
+    not scan it; the same for ``allocate`` and ``load``'s step.)
 ``store(seq)``
     the step that schedules ``seq``'s tokens since its last store: the build's store scan
     (``_build_store_jobs``, ``prepare_store``: the CPU manager evicts for room) may start
@@ -152,7 +166,7 @@ NATIVE_FILES = (
     "vllm.v1.metrics.cache_hit_source",
 )
 
-# 0.23.0 / 0.24.0 (``LEGACY``): ``offloading/common.py`` imports ``TransferSpec`` (a type
+# 0.21.0 .. 0.24.0 (``LEGACY``): ``offloading/common.py`` imports ``TransferSpec`` (a type
 # alias of two ``LoadStoreSpec``) from the worker's ``worker.py``, the release's own file.
 LEGACY_FILES = ("vllm.v1.kv_offload.worker.worker",)
 
@@ -217,11 +231,13 @@ def load(version: str | None = None) -> Loaded:
     legacy = all((root / f"vllm/v1/kv_offload/{f}.py").is_file()
                  for f in ("worker/worker", "base", "cpu/policies/base"))
     if not sched.is_file() or not (factory.is_file() or legacy):
+        keyed = " (its jobs keyed by request: reqs_to_store, finished_sending)" if (
+            root / "vllm/v1/kv_offload/abstract.py").is_file() else ""
         raise MisuseError(f"{dist.dist} {dist.version}: the native offloading connector is "
                           f"adapted in 0.33.0's layout ({CONNECTOR}.scheduler with "
-                          f"kv_offload/cpu/policies/factory.py) and 0.23.0 / 0.24.0's "
-                          f"({CONNECTOR}.scheduler with kv_offload/worker/worker.py); "
-                          f"this release has neither")
+                          f"kv_offload/cpu/policies/factory.py) and 0.21.0 .. 0.24.0's "
+                          f"({CONNECTOR}.scheduler with kv_offload/worker/worker.py and "
+                          f"base.py); this release has neither{keyed}")
     extra = LEGACY_FILES if legacy and not factory.is_file() else ()
     files = tuple(f for f in vllm_v1.FILES + NATIVE_FILES + extra
                   if (root / (f.replace(".", "/") + ".py")).is_file())
@@ -229,7 +245,7 @@ def load(version: str | None = None) -> Loaded:
     loaded = _loader.load(dist, files, stubs,
                           entry=("vllm.v1.core.kv_cache_manager", CONNECTOR + ".scheduler",
                                  "vllm.v1.kv_offload.cpu.manager"))
-    if extra:  # (0.23.0 / 0.24.0: the manager imports its policies itself)
+    if extra:  # (0.21.0 .. 0.24.0: the manager imports its policies itself)
         return loaded
     # The policy factory imports its built-in policies by name (``importlib.import_module``,
     # which the loader's import table does not see): that module's ``importlib`` answers
@@ -253,7 +269,7 @@ class _Request(Request):
 
 
 def _settings(block_size: int, extra_config: dict | None = None) -> Any:
-    """The ``VllmConfig`` fields the connector reads (module docstring); 0.23.0 / 0.24.0's
+    """The ``VllmConfig`` fields the connector reads (module docstring); 0.21.0 .. 0.24.0's
     ``OffloadingSpec`` reads the connector's ``extra_config`` from it too (and no KV
     events config: events off)."""
     ns = types.SimpleNamespace
@@ -267,7 +283,7 @@ def _settings(block_size: int, extra_config: dict | None = None) -> Any:
 
 def _kv_tensor(iface, size: int, page: int) -> Any:
     """The pool's one ``KVCacheTensor``: 0.33.0 names its ``layers`` (with strides),
-    0.23.0 / 0.24.0 the layers it is ``shared_by``."""
+    0.21.0 .. 0.24.0 the layers it is ``shared_by``."""
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(iface.KVCacheTensor)}
@@ -280,7 +296,7 @@ def _kv_tensor(iface, size: int, page: int) -> Any:
 
 def _specs(transfer) -> tuple:
     """A ``TransferJob``'s (source, destination) specs: 0.33.0's ``src_spec`` and
-    ``dst_spec``, 0.23.0 / 0.24.0's ``transfer_spec`` pair."""
+    ``dst_spec``, 0.21.0 .. 0.24.0's ``transfer_spec`` pair."""
     if hasattr(transfer, "transfer_spec"):
         return tuple(transfer.transfer_spec)
     return transfer.src_spec, transfer.dst_spec
@@ -368,22 +384,29 @@ class NativeOffloadTarget:
 
     def _legacy_connector(self, mods, base, config, block_size: int, host_blocks: int,
                           policy: str, extra: dict) -> None:
-        """0.23.0 / 0.24.0: ``OffloadingSpec(vllm_config, kv_cache_config)`` reads the
+        """0.21.0 .. 0.24.0: ``OffloadingSpec(vllm_config, kv_cache_config)`` reads the
         connector's ``extra_config`` from the config (``_settings``), the scheduler takes
         the spec alone, the CPU manager counts ``num_blocks`` (``BlockStatus`` records,
         the policy's ``blocks``), and every hit is an asynchronous load (no
         ``sync_load_budget_bytes``: ``TransferJob`` has no ``sync``)."""
+        import inspect
+
         cpu = mods["vllm.v1.kv_offload.cpu.manager"]
+        # (0.21.0 / 0.22.x's manager has no store threshold: it stores every key it is
+        # asked to)
+        params = inspect.signature(cpu.CPUOffloadingManager.__init__).parameters
+        threshold = {"store_threshold": 0} if "store_threshold" in params else {}
 
         class CPUSpec(base.OffloadingSpec):
             """``CPUOffloadingSpec``'s scheduler half (as above, the release's
-            ``CPUOffloadingManager`` with store threshold 0, no events)."""
+            ``CPUOffloadingManager`` with store threshold 0 where it has one, no
+            events)."""
 
             def get_manager(spec_self):
                 if getattr(spec_self, "_manager", None) is None:
                     spec_self._manager = cpu.CPUOffloadingManager(
                         num_blocks=host_blocks, cache_policy=policy, enable_events=False,
-                        store_threshold=0)
+                        **threshold)
                 return spec_self._manager
 
             def get_handlers(spec_self, *_args):
@@ -391,12 +414,17 @@ class NativeOffloadTarget:
 
         sched = mods[CONNECTOR + ".scheduler"].OffloadingConnectorScheduler
         self.connector = sched(CPUSpec(_settings(block_size, extra), config))
-        # 0.23.0's lookup ignores ``skip_reading_prefix_cache`` (0.24.0 answers 0 for it)
+        # 0.21.0 .. 0.23.0's lookup ignores ``skip_reading_prefix_cache`` (0.24.0 answers 0)
         source = _loader.require(mods.dist) / (CONNECTOR.replace(".", "/") + "/scheduler.py")
-        self._lookup_skips = "skip_reading_prefix_cache" in source.read_text()
+        text = source.read_text()
+        self._lookup_skips = "skip_reading_prefix_cache" in text
+        # 0.21.0 / 0.22.x's store scan walks every request a step names (yield_req_data)
+        # and reads each one's ``num_scheduled_tokens``; 0.23.0's the scheduled ones
+        self._scan_names_all = "for req_id in scheduler_output.num_scheduled_tokens" not in text
         self._init_state()
 
     _lookup_skips = True
+    _scan_names_all = False
 
     def _init_state(self) -> None:
         self.cpu = self.connector.manager
@@ -420,7 +448,9 @@ class NativeOffloadTarget:
             raise MisuseError("a prompt has at least one token")
         req = _Request(f"{seq}.{next(self._ids)}", tokens, self._hasher)
         req.num_output_placeholders = 0
-        self.connector.on_new_request(req)
+        on_new = getattr(self.connector, "on_new_request", None)
+        if on_new is not None:  # (0.21.0 / 0.22.x: none; the lookup records it)
+            on_new(req)
         return req
 
     def _admit(self, seq: int, req, lookup: bool) -> int:
@@ -501,10 +531,37 @@ class NativeOffloadTarget:
         """The step's ``build_connector_meta``; the worker flushes what it names
         (``jobs_to_flush``: it waits for those copies before the step's forward pass,
         reported later, when kvcheck's driver completes them)."""
-        meta = self.connector.build_connector_meta(out)
+        if self._scan_names_all:
+            meta = self._build_naming_all(out)
+        else:
+            meta = self.connector.build_connector_meta(out)
         for event in meta.jobs_to_flush or ():
             self._flushed.add(event)
         return meta
+
+    def _build_naming_all(self, out) -> Any:
+        """0.21.0 / 0.22.x's ``build_connector_meta``, whose store scan reads the scheduled tokens
+        of every request the step names. A request named only for its new block ids (an
+        admission, an append: kvcheck leaves their tokens to the next ``store``) is
+        given none, and the tokens the scan already covered (its next block to store):
+        the scan finds nothing new, as 0.23.0's, which skips it."""
+        reqs = {r.req_id for r in out.scheduled_new_reqs}
+        reqs.update(out.scheduled_cached_reqs.req_ids or ())
+        kept = {}
+        for rid in reqs - set(out.num_scheduled_tokens):
+            status = self.connector._req_status.get(rid)
+            if status is None:
+                continue
+            req = status.req
+            kept[rid] = req.num_computed_tokens
+            req.num_computed_tokens = (status.group_states[0].next_stored_block_idx
+                                       * self.block_size)
+            out.num_scheduled_tokens[rid] = 0
+        try:
+            return self.connector.build_connector_meta(out)
+        finally:
+            for rid, n in kept.items():
+                self.connector._req_status[rid].req.num_computed_tokens = n
 
     def allocate(self, seq: int, tokens: Sequence[int]) -> None:
         req = self._new_request(seq, tokens)
@@ -611,7 +668,7 @@ class NativeOffloadTarget:
             return not loading or op.seq in self._waiting
         if op.kind == "load":
             hits, wait = self._probe(op.tokens)
-            # 0.23.0 / 0.24.0: every hit loads asynchronously, a partial one with blocks
+            # 0.21.0 .. 0.24.0: every hit loads asynchronously, a partial one with blocks
             # for its hit tokens alone while it waits (kvcheck's load holds them all)
             return not wait and (not self.legacy or not hits
                                  or hits * self.block_size == len(op.tokens))
@@ -624,7 +681,7 @@ class NativeOffloadTarget:
     def _probe(self, tokens) -> tuple[int, bool]:
         """The connector's lookup of a request of ``tokens``, read-only: its leading
         ready chunks, and whether it could defer (a chunk among them still being
-        stored: ``HIT_PENDING``, 0.23.0 / 0.24.0's ``None``). The request's keys (the
+        stored: ``HIT_PENDING``, 0.21.0 .. 0.24.0's ``None``). The request's keys (the
         release's block hasher, ``make_offload_key``) against the CPU manager's policy,
         up to its first miss (where ``_maximal_prefix_lookup`` stops)."""
         if not tokens:
@@ -684,7 +741,7 @@ class NativeOffloadTarget:
         policy = self.cpu._policy
         held = (policy.chunks if hasattr(policy, "chunks") else policy.blocks
                 if hasattr(policy, "blocks") else {**policy.t1, **policy.t2})
-        # (LRU: chunks, 0.23.0 / 0.24.0: blocks; ARC: T1, T2)
+        # (LRU: chunks, 0.21.0 .. 0.24.0: blocks; ARC: T1, T2)
         return {(c.block_id if self.legacy else c.chunk_id): (k, c) for k, c in held.items()}
 
     def refcount(self, pool: str, b: int) -> int:

@@ -2,8 +2,9 @@
 over the release's own ``KVCacheManager`` (``vllm-v1-native-offload@0.33.0``, the tiers
 model): 0.33.0 passes with stores, loads (sync and async), flushes, final stores and CPU
 evictions exercised; the same engine with its flushes ignored is caught
-(``unheld_sources_kept``, #46951's family); 0.24.0 and 0.23.0 (their own layout) pass a
-short run each, 0.20.2's layout is refused in words."""
+(``unheld_sources_kept``, #46951's family, on 0.33.0 and 0.21.0); 0.24.0, 0.23.0, 0.22.0
+and 0.21.0 (their own layout) pass a short run each, 0.20.2's layout (jobs keyed by
+request) is refused in words."""
 
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ class Counting(native.NativeOffloadTarget):
     def _end_step(self, out):
         meta = super()._end_step(out)
         self.seen["flushes"] += len(meta.jobs_to_flush or ())
-        self.seen["sync loads"] += sum(j.sync for j in meta.load_jobs.values())
-        self.seen["async loads"] += sum(not j.sync for j in meta.load_jobs.values())
+        sync = [getattr(j, "sync", False) for j in meta.load_jobs.values()]  # (0.33.0's)
+        self.seen["sync loads"] += sum(sync)
+        self.seen["async loads"] += len(sync) - sum(sync)
         return meta
 
 
@@ -49,7 +51,9 @@ class NoFlush(native.NativeOffloadTarget):
     engine re-allocated stays unflushed."""
 
     def _end_step(self, out):
-        return self.connector.build_connector_meta(out)
+        meta = super()._end_step(out)
+        self._flushed.clear()  # (the worker never waited: nothing is ever flushed)
+        return meta
 
 
 def test_0_33_0_passes_with_stores_loads_flushes_and_evictions():
@@ -72,11 +76,13 @@ def test_arc_policy_passes():
     assert r.state.stats["store"] > 20 and r.state.stats["load"] > 3, r.state.stats
 
 
-def test_ignoring_a_flush_is_caught():
+@pytest.mark.parametrize(("version", "seed"), [("0.33.0", 0), ("0.21.0", 3)])
+def test_ignoring_a_flush_is_caught(version, seed):
     """Without the worker's flush, a finished request's final store still reads a block
-    another request was given: ``unheld_sources_kept``, shrunk to a handful of steps."""
-    r = verify(lambda n, b, h: NoFlush(n, b, h, version="0.33.0"), SCOPE.num_blocks,
-               SCOPE.block_size, 300, 0, model="tiers", scope=SCOPE)
+    another request was given: ``unheld_sources_kept``, shrunk to a handful of steps.
+    (0.21.0 fences a block when a step names it: its scan reads every named request.)"""
+    r = verify(lambda n, b, h: NoFlush(n, b, h, version=version), SCOPE.num_blocks,
+               SCOPE.block_size, 300, seed, model="tiers", scope=SCOPE)
     assert r.verdict == "fail", r.verdict
     assert (r.violation.kind, r.violation.name) == ("invariant", "unheld_sources_kept")
     ops = [MODEL.describe(op) for op in r.trace.ops]
@@ -114,10 +120,12 @@ def test_final_store_whole_hit_async_load_and_no_gpu_reference():
     assert t.refcount("device", t.pending_jobs()[store]["src"][1][0]) == 1  # the request's
 
 
-@pytest.mark.parametrize("version", ["0.24.0", "0.23.0"])
+@pytest.mark.parametrize("version", ["0.24.0", "0.23.0", "0.22.0", "0.21.0"])
 def test_earlier_releases_pass_with_stores_and_async_loads(version):
-    """0.23.0 / 0.24.0's own scheduler and CPU manager (``OffloadingSpec(vllm_config,
-    kv_cache_config)``, ``BlockStatus`` records, every hit an asynchronous load)."""
+    """0.21.0 .. 0.24.0's own scheduler and CPU manager (``OffloadingSpec(vllm_config,
+    kv_cache_config)``, ``BlockStatus`` records, every hit an asynchronous load; 0.21.0 /
+    0.22.x: no ``on_new_request``, no store threshold, a scan of every named request).
+    (0.22.1's connector, CPU manager and KV-cache manager files are 0.22.0's.)"""
     t = native.make(8, 1, 4, version=version)
     assert t.legacy and t.version == version
     r = verify(f"vllm-v1-native-offload@{version}", SCOPE.num_blocks, SCOPE.block_size,
@@ -136,8 +144,8 @@ def test_arc_policy_passes_on_0_24_0():
 
 def test_a_release_without_the_adapted_layout_is_refused_in_words():
     """0.20.2 ships the connector in another layout (``kv_offload/abstract.py``,
-    ``spec.py``): the target says so instead of failing an import."""
-    with pytest.raises(MisuseError, match="this release has neither"):
+    ``spec.py``; jobs keyed by request): the target says so instead of failing an import."""
+    with pytest.raises(MisuseError, match="this release has neither .its jobs keyed by request"):
         native.make(8, 1, 4, version="0.20.2")
 
 
