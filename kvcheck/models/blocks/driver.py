@@ -23,6 +23,21 @@ from kvcheck.spec.contracts import Op
 _EXTRA = ("append_slots", "rollback", "rebase", "preempt", "drop_behind_window")
 
 
+def weighted_cuts(plain: tuple[float, ...], widths: tuple[float, ...],
+                  weights: list[float]) -> tuple[float, ...]:
+    """Where a draw in [0, 1) falls for each of a few operations (``--mix``): the
+    intervals' ends, each interval ``widths[i]`` wide times its weight. Without weights
+    (all 1) the ends are ``plain``, the constants the drivers always used, so a seed's
+    stream is the one it always was."""
+    if all(k == 1.0 for k in weights):
+        return plain
+    out, edge = [], 0.0
+    for width, k in zip(widths, weights, strict=True):
+        edge += width * k
+        out.append(edge)
+    return tuple(out)
+
+
 class RandomDriver:
     # ``weights`` (optional): multipliers of the chances of allocate, fork, free_seq and of
     # the operations beyond the seed's four the target offers (append_slot takes the rest),
@@ -49,15 +64,8 @@ class RandomDriver:
         # rollback, rebase, preempt: 0.12, 0.05, 0.03, 0.02 wide; the constants themselves
         # when no weight is given, so the stream is the one it always was) and the drop's
         # chance multiplier
-        wx = [float(w.get(k, 1.0)) for k in ("append_slots", "rollback", "rebase", "preempt")]
-        if wx == [1.0] * 4:
-            self._cuts = (0.12, 0.17, 0.20, 0.22)
-        else:
-            cuts, edge = [], 0.0
-            for width, k in zip((0.12, 0.05, 0.03, 0.02), wx, strict=True):
-                edge += width * k
-                cuts.append(edge)
-            self._cuts = tuple(cuts)
+        self._cuts = weighted_cuts((0.12, 0.17, 0.20, 0.22), (0.12, 0.05, 0.03, 0.02), [
+            float(w.get(k, 1.0)) for k in ("append_slots", "rollback", "rebase", "preempt")])
         self._w_drop = float(w.get("drop_behind_window", 1.0))
         self.preempted: dict[int, int] = {}  # preempted seq -> its length, to re-admit
 

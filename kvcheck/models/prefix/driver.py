@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 
+from kvcheck.models.blocks.driver import weighted_cuts
 from kvcheck.models.prefix.model import EXTRA_OPS, PrefixOp
 from kvcheck.spec.outcomes import REFUSED
 
@@ -47,15 +48,8 @@ class PrefixDriver:
         self._extra = any(k in capabilities for k in EXTRA_OPS)
         # where a draw in [0, 1) falls for rollback, rebase and preempt (0.14, 0.04, 0.04
         # wide; the constants themselves without weights: the stream it always was)
-        wx = [float((weights or {}).get(k, 1.0)) for k in ("rollback", "rebase", "preempt")]
-        if wx == [1.0] * 3:
-            self._cuts = (0.14, 0.18, 0.22)
-        else:
-            edge, cuts = 0.0, []
-            for width, k in zip((0.14, 0.04, 0.04), wx, strict=True):
-                edge += width * k
-                cuts.append(edge)
-            self._cuts = tuple(cuts)
+        self._cuts = weighted_cuts((0.14, 0.18, 0.22), (0.14, 0.04, 0.04), [
+            float((weights or {}).get(k, 1.0)) for k in ("rollback", "rebase", "preempt")])
         self.preempted: dict[int, tuple] = {}  # preempted seq -> its tokens, to re-admit
         self._retry = retry_refused
         self._last: PrefixOp | None = None  # the operation drawn last (its outcome filled in)
