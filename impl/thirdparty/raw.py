@@ -25,11 +25,11 @@ from typing import Any
 Op = tuple
 
 
-def _record(op: Op, result: Any, state: dict) -> dict:
+def record(op: Op, result: Any, state: dict) -> dict:
     return {"op": op, "result": result, **state}
 
 
-def _raised(exc: BaseException) -> str:
+def raised(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {exc}".rstrip(": ")
 
 
@@ -103,8 +103,8 @@ def replay_vllm_v1(ops: list[Op], num_gpu_blocks: int, block_size: int,
             else:
                 result = "unsupported: vLLM v1 has no fork"
         except Exception as exc:  # noqa: BLE001 - a raw replay records everything
-            result = _raised(exc)
-        out.append(_record(op, result, state()))
+            result = raised(exc)
+        out.append(record(op, result, state()))
     return out
 
 
@@ -163,10 +163,10 @@ def replay_vllm_v0(ops: list[Op], num_blocks: int, block_size: int,
                 tables.pop(op[1]).free()
                 result = None
         except Exception as exc:  # noqa: BLE001
-            result = _raised(exc)
+            result = raised(exc)
             if op[0] == "allocate" and not tables[op[1]].physical_block_ids:
                 del tables[op[1]]
-        out.append(_record(op, result, state()))
+        out.append(record(op, result, state()))
     return out
 
 
@@ -216,8 +216,8 @@ def replay_nano_vllm(ops: list[Op], num_blocks: int, block_size: int,
             else:
                 result = "unsupported: nano-vllm has no fork"
         except Exception as exc:  # noqa: BLE001
-            result = _raised(exc)
-        out.append(_record(op, result, state()))
+            result = raised(exc)
+        out.append(record(op, result, state()))
     return out
 
 

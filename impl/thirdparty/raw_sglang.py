@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from .raw import _raised, _record
+from .raw import raised, record
 
 
 def replay_sglang_allocator(ops: list[tuple], num_pages: int, page_size: int,
@@ -80,8 +80,8 @@ def replay_sglang_allocator(ops: list[tuple], num_pages: int, page_size: int,
             else:
                 result = f"raised ValueError: SGLang has no {op[0]}"
         except Exception as exc:  # noqa: BLE001 - recorded, like raw.py
-            result = _raised(exc)
-        out.append(_record(op, result, state()))
+            result = raised(exc)
+        out.append(record(op, result, state()))
     return out
 
 
@@ -201,6 +201,6 @@ def replay_sglang_radix(ops: list[tuple], num_pages: int, page_size: int) -> lis
             else:
                 result = f"raised ValueError: SGLang has no {op[0]}"
         except Exception as exc:  # noqa: BLE001 - recorded, like raw.py
-            result = _raised(exc)
-        out.append(_record(op, result, state()))
+            result = raised(exc)
+        out.append(record(op, result, state()))
     return out

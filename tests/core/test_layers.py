@@ -1,7 +1,22 @@
 """The layers import one way: spec, then the checker, then targets (reaching the code under
-test), models and proof engines, then the front door (reports, the Python API, the command
-line). Checked on every import statement of
-every module, at any depth (a function-level import counts too)."""
+test; the public adapter kit ``kvcheck.engines`` is there), models and proof engines, then the
+front door (reports, the Python API, the command line). Checked on every import statement of
+every module, at any depth (a function-level import counts too).
+
+And adapters reach kvcheck through public names only (issue 35 §1), two rules:
+
+* **docs examples** (every ``python`` code block of ``docs/*.md`` and ``README.md``, the
+  adapter walkthroughs of ``docs/ADAPTERS.md`` among them) import from kvcheck no private
+  name (a module path with a part, or an imported name, starting with ``_``) and nothing of
+  ``kvcheck.impl`` (an adapter reaches the implementations through ``kvcheck.engines``), and
+  read no attribute starting with a single ``_`` on any object (an engine's or kvcheck's
+  privates: an example shows what a developer may rely on);
+* **engine adapters** (every module of ``impl/thirdparty/`` whose name does not start with
+  ``_``) import no private name of kvcheck, with one exception: the package's own private
+  loader, ``kvcheck.impl.thirdparty._loader`` (``from . import _loader``, ``from ._loader
+  import Loaded``), whose public face for adapters outside kvcheck is ``kvcheck.engines``.
+  Not checked (yet): an adapter reading another adapter module's private attribute after a
+  public import (``vllm_v1._stub_envs``: several adapters reuse vLLM v1's stand-ins so)."""
 
 from __future__ import annotations
 
@@ -20,6 +35,7 @@ PACKAGES = {
     "kvcheck.check": ("kvcheck/check", 1),
     "kvcheck.compile": ("kvcheck/compile", 1),
     "kvcheck.targets": ("kvcheck/targets", 2),
+    "kvcheck.engines": ("kvcheck/engines", 2),
     "kvcheck.impl": ("impl", 0),
     "kvcheck.models": ("kvcheck/models", 3),
     "kvcheck.proofs": ("proofs", 3),
@@ -86,3 +102,93 @@ def test_every_module_is_in_a_layer():
              if p.stem not in ("__init__", "__main__", "errors", "defaults", "verify", "prove", "target",
                                "shrink", "pytest_plugin")]
     assert not stray, f"modules at the top of kvcheck/ outside any layer: {stray}"
+
+
+# -- adapters reach kvcheck through public names ------------------------------------------
+LOADER = "kvcheck.impl.thirdparty._loader"  # the adapters' own package's private helper
+
+
+def _private(dotted: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
+
+
+def absolute_imports(tree: ast.AST, package: str):
+    """``(module, name or None, line)`` of every import in ``tree``, relative ones resolved
+    against ``package`` (the importing module's package)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for a in node.names:
+                yield base, a.name, node.lineno
+
+
+def private_imports(tree: ast.AST, package: str, allowed: tuple = ()) -> list[str]:
+    """Each import of a private kvcheck name in ``tree`` (but those under ``allowed``)."""
+    bad = []
+    for module, name, line in absolute_imports(tree, package):
+        if not module.startswith("kvcheck"):
+            continue
+        full = module if name is None else f"{module}.{name}"
+        if _private(full) and not any(full == a or full.startswith(a + ".") for a in allowed):
+            bad.append(f"line {line}: {full}")
+    return bad
+
+
+ADAPTERS = sorted(p for p in (ROOT / "impl" / "thirdparty").glob("*.py") if not p.name.startswith("_"))
+
+
+@pytest.mark.parametrize("path", ADAPTERS, ids=lambda p: p.name)
+def test_engine_adapters_import_no_private_names(path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    bad = private_imports(tree, "kvcheck.impl.thirdparty", allowed=(LOADER,))
+    assert not bad, f"{path.relative_to(ROOT)} imports private names of kvcheck: {bad}"
+
+
+def docs_examples():
+    """``(where, code)`` of every python code block in the docs and the README."""
+    import re
+
+    for f in [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]:
+        text = f.read_text(encoding="utf-8")
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+            yield f"{f.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}", m.group(1)
+
+
+EXAMPLES = list(docs_examples())
+
+
+def test_the_walkthroughs_are_among_the_docs_examples():
+    """(So the rule below cannot pass by finding nothing.)"""
+    assert sum(where.startswith("docs/ADAPTERS.md") for where, _ in EXAMPLES) >= 2
+
+
+@pytest.mark.parametrize("where,code", EXAMPLES, ids=[w for w, _ in EXAMPLES])
+def test_docs_examples_use_public_names_only(where, code):
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return  # an excerpt, not a program (its imports, if any, are not Python to check)
+    bad = private_imports(tree, "")
+    bad += [f"line {line}: {module}" for module, name, line in absolute_imports(tree, "")
+            if module == "kvcheck.impl" or module.startswith("kvcheck.impl.")]
+    bad += [f"line {node.lineno}: .{node.attr}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and _private(node.attr)]
+    assert not bad, f"the example at {where} reaches private names: {bad}"
+
+
+def test_the_rules_catch_what_they_forbid():
+    """The checks above, on code that breaks them (each rule can fail)."""
+    tree = ast.parse("from ._loader import Loaded\nfrom .raw import _raised\n"
+                     "from kvcheck.models.prefix import oracle\nfrom kvcheck.check import _x\n"
+                     "import kvcheck.impl.thirdparty.vllm_v1\n")
+    assert private_imports(tree, "kvcheck.impl.thirdparty", allowed=(LOADER,)) == [
+        "line 2: kvcheck.impl.thirdparty.raw._raised", "line 4: kvcheck.check._x"]
+    assert private_imports(tree, "kvcheck.impl.thirdparty")[0] == \
+        "line 1: kvcheck.impl.thirdparty._loader.Loaded"
