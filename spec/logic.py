@@ -179,3 +179,18 @@ class Z3Logic:
         solver = self.z3.Solver()
         solver.add(self.z3.Not(self._b(x)))
         return solver.check() == self.z3.unsat
+
+
+def frame(L, pre, post, a, terms: tuple[str, ...], read, changed: tuple[str, ...]):
+    """The frame condition of a step that changes block ``a`` alone: every other block's
+    ``terms`` are unchanged, and so are ``a``'s terms not in ``changed``. ``read(state,
+    term, b)`` reads a term of a block; a generator of the step rules' ``(kind, name,
+    formula)`` clauses (``prefix_steps``, ``tier_steps``)."""
+    def same(b, ts):
+        return L.and_(*[read(post, t, b) == read(pre, t, b) for t in ts])
+
+    for b in pre.blocks():
+        yield "ensures", "other blocks unchanged", L.implies(L.not_(a == b), same(b, terms))
+    keep = [t for t in terms if t not in changed]
+    yield "ensures", "the block's other terms unchanged", same(a, keep)
+

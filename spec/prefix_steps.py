@@ -46,24 +46,26 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from . import logic
+
 Clause = tuple[str, str, Any]
 
 BLOCK_TERMS = ("ref", "on_free", "on_evictable", "cache_entries", "partial", "filled", "content",
                "meaning")
 
 
+def _read(state, t: str, b):
+    return getattr(state, t)(b)
+
+
 def same(L, pre, post, b, *terms: str):
     """Block ``b``'s ``terms`` are unchanged."""
-    return L.and_(*[getattr(post, t)(b) == getattr(pre, t)(b) for t in terms])
+    return L.and_(*[_read(post, t, b) == _read(pre, t, b) for t in terms])
 
 
 def frame(L, pre, post, a, *changed: str) -> Iterator[Clause]:
     """Every block other than ``a`` is unchanged; so are ``a``'s terms not in ``changed``."""
-    for b in pre.blocks():
-        yield "ensures", "other blocks unchanged", L.implies(
-            L.not_(a == b), same(L, pre, post, b, *BLOCK_TERMS))
-    keep = [t for t in BLOCK_TERMS if t not in changed]
-    yield "ensures", "the block's other terms unchanged", same(L, pre, post, a, *keep)
+    yield from logic.frame(L, pre, post, a, BLOCK_TERMS, _read, changed)
 
 
 def _fresh(L, pre, post, a) -> Iterator[Clause]:
