@@ -2,12 +2,18 @@
 offloading manager, over the release's own ``KVCacheManager``, as a target of the tiers
 model (``kvcheck verify-tiers vllm-v1-native-offload``; protocol: docs/tiers.md).
 
-Releases: vLLM 0.21.0, 0.22.0, 0.22.1, 0.23.0, 0.24.0 and 0.33.0
-(``vllm-v1-native-offload@0.33.0``, the default; the connector's scheduler lives in
-``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`` in all of them,
-its jobs keyed by job id: ``store_jobs``, ``OffloadingWorkerMetadata``). The connector
-first ships in 0.11.0; 0.11.0 .. 0.18.1 (one file, ``offloading_connector.py``, with
-``kv_offload/lru_manager.py``) and 0.19.0 .. 0.20.2 (the ``offloading/`` package with
+Releases: vLLM 0.21.0 .. 0.33.0 (``vllm-v1-native-offload@0.33.0``, the default; run on
+every release of the range: 0.21.0, 0.22.0, 0.22.1, 0.23.0, 0.24.0, 0.25.0, 0.25.1, 0.26.0,
+0.27.0, 0.27.1, 0.28.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0, 0.33.0). The connector's scheduler
+lives in ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`` in all of
+them, its jobs keyed by job id (``store_jobs``, ``OffloadingWorkerMetadata``). 0.26.0
+fails, in one operation: an admission refused for room, then the request aborted (a
+queued request, never scheduled), and the next step's store scan trips the release's
+``assert len(offload_keys) == len(offload_block_ids)`` (vLLM #49118, fixed in 0.27.0 by
+PRs #49146 / #49285: an aborted request's scan stops at its computed tokens).
+
+The connector first ships in 0.11.0; 0.11.0 .. 0.18.1 (one file, ``offloading_connector.py``,
+with ``kv_offload/lru_manager.py``) and 0.19.0 .. 0.20.2 (the ``offloading/`` package with
 ``kv_offload/abstract.py``, ``spec.py``, ``mediums.py`` and ``cpu/manager.py``) key their
 jobs by request (``reqs_to_store``; the worker reports ``finished_sending`` for a request
 only once it has finished and all its stores landed, and the scheduler keeps its blocks
@@ -15,22 +21,44 @@ until then): refused in words, not adapted -- a store started while its request 
 completes, for the scheduler, only with the request's end, and the tiers model's driver
 completes any pending job whenever it chooses (docs/tiers.md says what is missing).
 
-0.21.0 .. 0.24.0 (``LEGACY_FILES``, ``_legacy_connector``; ``self.legacy``): the same
-scheduler calls, with ``OffloadingSpec(vllm_config, kv_cache_config)`` (the connector's
-``extra_config`` read from ``_settings``' ``kv_transfer_config``; no ``kv_offload/config.py``
-and no policy factory: the CPU manager imports its LRU / ARC policies itself), the CPU
-manager's ``BlockStatus`` records (``block_id``, the policy's ``blocks``), ``TransferJob``'s
-``transfer_spec`` pair and ``KVCacheTensor``'s ``shared_by``. Every hit there is an
-asynchronous load (no ``sync_load_budget_bytes``): a partial hit waits with blocks for its
-hit tokens alone, which kvcheck's load (a request holding all its blocks) does not model,
-so only misses and whole hits are issued (``admits``). 0.21.0 .. 0.23.0's lookup ignores
-``skip_reading_prefix_cache`` (0.24.0 answers 0 for it): an ``allocate`` whose lookup
-would hit, or defer, is not issued there either. 0.21.0 / 0.22.x, read from their files:
-no ``on_new_request`` (the lookup records a new request), a CPU manager without a store
-threshold (it stores every key it is asked to: threshold 0's behaviour), and a store scan
-that walks every request a step names (``yield_req_data``) reading each one's
-``num_scheduled_tokens`` (``_scan_names_all``; 0.23.0's walks the scheduled requests
-alone): ``_build_naming_all`` below.
+The releases differ by feature, each read from the release's files, never from its
+version number:
+
+``kv_offload/config.py`` (0.26.0 on)
+    the spec is built from an ``OffloadingConfig`` whose records (``_record``: by field
+    name; 0.26.0 .. 0.29.0's have no group id, 0.33.0's model record a length) the
+    adapter fills, and the scheduler takes ``(spec, vllm_config, kv_cache_config)``.
+    Without it (0.21.0 .. 0.25.1, ``_legacy_connector``; ``self.legacy``):
+    ``OffloadingSpec(vllm_config, kv_cache_config)`` reads the connector's
+    ``extra_config`` from ``_settings``' ``kv_transfer_config`` and the scheduler takes the
+    spec alone.
+``kv_offload/worker/worker.py`` (0.21.0 .. 0.24.0, ``LEGACY_FILES``)
+    ``offloading/common.py`` imports ``TransferSpec`` from it.
+``kv_offload/cpu/policies/factory.py`` (0.27.0 on)
+    the CPU manager asks the factory for its policy (``load``); before, it imports its
+    LRU / ARC policies itself.
+the CPU manager's keywords and records
+    ``num_blocks`` and ``BlockStatus`` records (``block_id``, the policy's ``blocks``,
+    ``_num_allocated_blocks``) to 0.29.0, ``num_chunks`` and ``ChunkStatus`` from 0.30.0;
+    a ``store_threshold`` (passed as 0) from 0.23.0 -- 0.21.0 / 0.22.x store every key
+    they are asked to, threshold 0's behaviour.
+``TransferJob.sync`` (0.33.0; ``self._sync_loads``)
+    a load with a token left to compute is synchronous. Without it every hit is an
+    asynchronous load: a partial hit waits with blocks for its hit tokens alone, which
+    kvcheck's load (a request holding all its blocks) does not model, so only misses and
+    whole hits are issued there (``admits``).
+``TransferJob``'s ``transfer_spec`` pair (to 0.24.0, ``_specs``), ``KVCacheTensor``'s
+``shared_by`` (to 0.28.0, ``_kv_tensor``)
+    the same records in their earlier shape.
+``skip_reading_prefix_cache`` in the scheduler (0.24.0 on)
+    0.21.0 .. 0.23.0's lookup ignores it: an ``allocate`` whose lookup would hit, or
+    defer, is not issued there.
+``on_new_request`` (0.23.0 on)
+    0.21.0 / 0.22.x have none: the lookup records a new request.
+the store scan's loop (``_scan_names_all``)
+    0.21.0 / 0.22.x's walks every request a step names (``yield_req_data``) reading each
+    one's ``num_scheduled_tokens``; later ones the scheduled requests (and, from 0.26.0,
+    the finished ones): ``_build_naming_all`` below.
 
 What runs is the release's own code, loaded from its installed files by ``_loader`` (never
 imported as ``vllm``): the KV-cache manager's files (``vllm_v1.FILES``), the connector's
@@ -166,7 +194,7 @@ NATIVE_FILES = (
     "vllm.v1.metrics.cache_hit_source",
 )
 
-# 0.21.0 .. 0.24.0 (``LEGACY``): ``offloading/common.py`` imports ``TransferSpec`` (a type
+# 0.21.0 .. 0.24.0 (``LEGACY_FILES``): ``offloading/common.py`` imports ``TransferSpec`` (a type
 # alias of two ``LoadStoreSpec``) from the worker's ``worker.py``, the release's own file.
 LEGACY_FILES = ("vllm.v1.kv_offload.worker.worker",)
 
@@ -228,24 +256,22 @@ def load(version: str | None = None) -> Loaded:
     root = _loader.require(dist)
     sched = root / (CONNECTOR.replace(".", "/") + "/scheduler.py")
     factory = root / "vllm/v1/kv_offload/cpu/policies/factory.py"
-    legacy = all((root / f"vllm/v1/kv_offload/{f}.py").is_file()
-                 for f in ("worker/worker", "base", "cpu/policies/base"))
-    if not sched.is_file() or not (factory.is_file() or legacy):
+    keyed_by_job = all((root / f"vllm/v1/kv_offload/{f}.py").is_file()
+                       for f in ("base", "cpu/manager", "cpu/policies/base"))
+    if not sched.is_file() or not keyed_by_job:
         keyed = " (its jobs keyed by request: reqs_to_store, finished_sending)" if (
             root / "vllm/v1/kv_offload/abstract.py").is_file() else ""
         raise MisuseError(f"{dist.dist} {dist.version}: the native offloading connector is "
-                          f"adapted in 0.33.0's layout ({CONNECTOR}.scheduler with "
-                          f"kv_offload/cpu/policies/factory.py) and 0.21.0 .. 0.24.0's "
-                          f"({CONNECTOR}.scheduler with kv_offload/worker/worker.py and "
-                          f"base.py); this release has neither{keyed}")
-    extra = LEGACY_FILES if legacy and not factory.is_file() else ()
-    files = tuple(f for f in vllm_v1.FILES + NATIVE_FILES + extra
+                          f"adapted in the layout of 0.21.0 .. 0.33.0 ({CONNECTOR}.scheduler "
+                          f"with kv_offload/base.py and cpu/manager.py); this release has "
+                          f"neither{keyed}")
+    files = tuple(f for f in vllm_v1.FILES + NATIVE_FILES + LEGACY_FILES
                   if (root / (f.replace(".", "/") + ".py")).is_file())
     stubs = {**vllm_v1.STUBS, **simple.OFFLOAD_STUBS, **NATIVE_STUBS}
     loaded = _loader.load(dist, files, stubs,
                           entry=("vllm.v1.core.kv_cache_manager", CONNECTOR + ".scheduler",
                                  "vllm.v1.kv_offload.cpu.manager"))
-    if extra:  # (0.21.0 .. 0.24.0: the manager imports its policies itself)
+    if not factory.is_file():  # (to 0.26.0: the manager imports its policies itself)
         return loaded
     # The policy factory imports its built-in policies by name (``importlib.import_module``,
     # which the loader's import table does not see): that module's ``importlib`` answers
@@ -269,7 +295,7 @@ class _Request(Request):
 
 
 def _settings(block_size: int, extra_config: dict | None = None) -> Any:
-    """The ``VllmConfig`` fields the connector reads (module docstring); 0.21.0 .. 0.24.0's
+    """The ``VllmConfig`` fields the connector reads (module docstring); 0.21.0 .. 0.25.1's
     ``OffloadingSpec`` reads the connector's ``extra_config`` from it too (and no KV
     events config: events off)."""
     ns = types.SimpleNamespace
@@ -283,7 +309,7 @@ def _settings(block_size: int, extra_config: dict | None = None) -> Any:
 
 def _kv_tensor(iface, size: int, page: int) -> Any:
     """The pool's one ``KVCacheTensor``: 0.33.0 names its ``layers`` (with strides),
-    0.21.0 .. 0.24.0 the layers it is ``shared_by``."""
+    0.21.0 .. 0.28.0 the layers it is ``shared_by``."""
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(iface.KVCacheTensor)}
@@ -292,6 +318,36 @@ def _kv_tensor(iface, size: int, page: int) -> Any:
         return iface.KVCacheTensor(size=size, shared_by=["layer.0"], **stride)
     return iface.KVCacheTensor(size=size, layers=["layer.0"], layer_stride=0,
                                block_stride=page)
+
+
+def _record(cls, **values) -> Any:
+    """One of ``kv_offload/config.py``'s records, given the values of the fields it has
+    (0.26.0 .. 0.32.0's have fewer than 0.33.0's: no group id before 0.30.0, no model
+    length before 0.33.0; a field left out keeps its default)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def _cpu_spec(base, cpu, args: dict) -> type:
+    """``CPUOffloadingSpec``'s scheduler half, a subclass of the release's
+    ``OffloadingSpec``: its ``get_manager`` builds the release's ``CPUOffloadingManager``
+    with ``args`` (store threshold 0 where it has one, no events); the real class imports
+    the platform and the GPU worker."""
+
+    class CPUSpec(base.OffloadingSpec):
+        def get_manager(spec_self):
+            if getattr(spec_self, "_manager", None) is None:
+                spec_self._manager = cpu.CPUOffloadingManager(**args)
+            return spec_self._manager
+
+        def get_worker(spec_self, *_args):
+            raise NotImplementedError("kvcheck's driver is the worker")
+
+        get_handlers = get_worker  # (its name to 0.24.0)
+
+    return CPUSpec
 
 
 def _specs(transfer) -> tuple:
@@ -347,84 +403,63 @@ class NativeOffloadTarget:
         self.pool = self.manager.block_pool
 
         extra = {"offload_prompt_only": prompt_only, "sync_load_budget_bytes": 1 << 40}
-        self.legacy = "vllm.v1.kv_offload.worker.worker" in mods.files
+        # each difference read from the release's files: ``kv_offload/config.py`` (the
+        # spec built from an ``OffloadingConfig``: 0.26.0 on), sync loads (a
+        # ``TransferJob`` with ``sync``: 0.33.0), the CPU manager's keywords and records
+        self.legacy = "vllm.v1.kv_offload.config" not in mods.files
+        fields = getattr(self._common.TransferJob, "__dataclass_fields__", {})
+        self._sync_loads = "sync" in fields
+        cpu = mods["vllm.v1.kv_offload.cpu.manager"]
+        params = inspect.signature(cpu.CPUOffloadingManager.__init__).parameters
+        size = "num_chunks" if "num_chunks" in params else "num_blocks"  # (to 0.29.0)
+        self._cpu_args = {size: host_blocks, "cache_policy": policy, "enable_events": False,
+                          **({"store_threshold": 0} if "store_threshold" in params else {})}
+        source = _loader.require(mods.dist) / (CONNECTOR.replace(".", "/") + "/scheduler.py")
+        text = source.read_text()
+        # 0.21.0 .. 0.23.0's lookup ignores ``skip_reading_prefix_cache`` (0.24.0 answers 0)
+        self._lookup_skips = "skip_reading_prefix_cache" in text
+        # 0.21.0 / 0.22.x's store scan walks every request a step names (yield_req_data)
+        # and reads each one's ``num_scheduled_tokens``; later ones the scheduled ones
+        scan = text[text.find("def _build_store_jobs"):]
+        scan = scan[:scan.find("\n    def ", 1)]
+        self._scan_names_all = "yield_req_data(" in scan
         if self.legacy:
-            self._legacy_connector(mods, base, config, block_size, host_blocks, policy,
-                                   extra)
+            self._legacy_connector(mods, base, config, block_size, extra)
             return
         cfg = mods["vllm.v1.kv_offload.config"]
-        cpu = mods["vllm.v1.kv_offload.cpu.manager"]
-        offload_config = cfg.OffloadingConfig(
-            groups=(cfg.OffloadingGroupConfig(block_size, ("layer.0",), 0),),
+        offload_config = _record(
+            cfg.OffloadingConfig,
+            groups=(_record(cfg.OffloadingGroupConfig, tokens_per_block=block_size,
+                            layer_names=("layer.0",), group_id=0),),
             worker_kv_bytes_per_block=page, enable_kv_cache_events=False,
             extra_config={"offload_prompt_only": prompt_only,
                           "sync_load_budget_bytes": 1 << 40},
-            engine_id="kvcheck", model=cfg.OffloadingModelConfig("kvcheck", "float16", 1 << 20),
+            engine_id="kvcheck", model=_record(cfg.OffloadingModelConfig, name="kvcheck",
+                                               dtype="float16", max_model_len=1 << 20),
             cache=cfg.OffloadingCacheConfig(tokens_per_hash=block_size, blocks_per_chunk=1),
-            parallel=cfg.OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, 0, False))
-
-        class CPUSpec(base.OffloadingSpec):
-            """``CPUOffloadingSpec``'s scheduler half: its ``get_manager`` builds the
-            release's ``CPUOffloadingManager`` with the same arguments (store threshold 0,
-            no events); the real class imports the platform and the GPU worker."""
-
-            def get_manager(spec_self):
-                if getattr(spec_self, "_manager", None) is None:
-                    spec_self._manager = cpu.CPUOffloadingManager(
-                        num_chunks=host_blocks, cache_policy=policy, enable_events=False,
-                        store_threshold=0)
-                return spec_self._manager
-
-            def get_worker(spec_self, kv_caches):
-                raise NotImplementedError("kvcheck's driver is the worker")
+            parallel=_record(cfg.OffloadingParallelConfig, rank=0, world_size=1, tp_size=1,
+                             pp_size=1, pcp_size=1, dcp_size=1, data_parallel_index=0,
+                             data_parallel_size=1, data_parallel_rank_local=0,
+                             is_parallelism_agnostic=False))
 
         sched = mods[CONNECTOR + ".scheduler"].OffloadingConnectorScheduler
-        self.connector = sched(CPUSpec(offload_config), _settings(block_size), config)
+        self.connector = sched(_cpu_spec(base, cpu, self._cpu_args)(offload_config),
+                               _settings(block_size), config)
         self._init_state()
 
-    def _legacy_connector(self, mods, base, config, block_size: int, host_blocks: int,
-                          policy: str, extra: dict) -> None:
-        """0.21.0 .. 0.24.0: ``OffloadingSpec(vllm_config, kv_cache_config)`` reads the
-        connector's ``extra_config`` from the config (``_settings``), the scheduler takes
-        the spec alone, the CPU manager counts ``num_blocks`` (``BlockStatus`` records,
-        the policy's ``blocks``), and every hit is an asynchronous load (no
-        ``sync_load_budget_bytes``: ``TransferJob`` has no ``sync``)."""
-        import inspect
-
+    def _legacy_connector(self, mods, base, config, block_size: int, extra: dict) -> None:
+        """0.21.0 .. 0.25.1 (no ``kv_offload/config.py``): ``OffloadingSpec(vllm_config,
+        kv_cache_config)`` reads the connector's ``extra_config`` from the config
+        (``_settings``) and the scheduler takes the spec alone."""
         cpu = mods["vllm.v1.kv_offload.cpu.manager"]
-        # (0.21.0 / 0.22.x's manager has no store threshold: it stores every key it is
-        # asked to)
-        params = inspect.signature(cpu.CPUOffloadingManager.__init__).parameters
-        threshold = {"store_threshold": 0} if "store_threshold" in params else {}
-
-        class CPUSpec(base.OffloadingSpec):
-            """``CPUOffloadingSpec``'s scheduler half (as above, the release's
-            ``CPUOffloadingManager`` with store threshold 0 where it has one, no
-            events)."""
-
-            def get_manager(spec_self):
-                if getattr(spec_self, "_manager", None) is None:
-                    spec_self._manager = cpu.CPUOffloadingManager(
-                        num_blocks=host_blocks, cache_policy=policy, enable_events=False,
-                        **threshold)
-                return spec_self._manager
-
-            def get_handlers(spec_self, *_args):
-                raise NotImplementedError("kvcheck's driver is the worker")
-
         sched = mods[CONNECTOR + ".scheduler"].OffloadingConnectorScheduler
-        self.connector = sched(CPUSpec(_settings(block_size, extra), config))
-        # 0.21.0 .. 0.23.0's lookup ignores ``skip_reading_prefix_cache`` (0.24.0 answers 0)
-        source = _loader.require(mods.dist) / (CONNECTOR.replace(".", "/") + "/scheduler.py")
-        text = source.read_text()
-        self._lookup_skips = "skip_reading_prefix_cache" in text
-        # 0.21.0 / 0.22.x's store scan walks every request a step names (yield_req_data)
-        # and reads each one's ``num_scheduled_tokens``; 0.23.0's the scheduled ones
-        self._scan_names_all = "for req_id in scheduler_output.num_scheduled_tokens" not in text
+        self.connector = sched(_cpu_spec(base, cpu, self._cpu_args)(
+            _settings(block_size, extra), config))
         self._init_state()
 
     _lookup_skips = True
     _scan_names_all = False
+    _sync_loads = True
 
     def _init_state(self) -> None:
         self.cpu = self.connector.manager
@@ -668,9 +703,9 @@ class NativeOffloadTarget:
             return not loading or op.seq in self._waiting
         if op.kind == "load":
             hits, wait = self._probe(op.tokens)
-            # 0.21.0 .. 0.24.0: every hit loads asynchronously, a partial one with blocks
+            # before 0.33.0: every hit loads asynchronously, a partial one with blocks
             # for its hit tokens alone while it waits (kvcheck's load holds them all)
-            return not wait and (not self.legacy or not hits
+            return not wait and (self._sync_loads or not hits
                                  or hits * self.block_size == len(op.tokens))
         if op.kind == "allocate" and not self._lookup_skips:
             # 0.23.0 looks up even a request that skips the prefix cache: kvcheck's
@@ -742,7 +777,8 @@ class NativeOffloadTarget:
         held = (policy.chunks if hasattr(policy, "chunks") else policy.blocks
                 if hasattr(policy, "blocks") else {**policy.t1, **policy.t2})
         # (LRU: chunks, 0.21.0 .. 0.24.0: blocks; ARC: T1, T2)
-        return {(c.block_id if self.legacy else c.chunk_id): (k, c) for k, c in held.items()}
+        return {(c.chunk_id if hasattr(c, "chunk_id") else c.block_id): (k, c)
+                for k, c in held.items()}  # (to 0.29.0: BlockStatus records)
 
     def refcount(self, pool: str, b: int) -> int:
         if pool == "device":
@@ -758,8 +794,9 @@ class NativeOffloadTarget:
     def free_blocks(self, pool: str) -> list[int]:
         if pool == "device":
             return [b.block_id - 1 for b in self.pool.free_block_queue.get_all_free_blocks()]
-        fresh = range(self.cpu._num_allocated_blocks if self.legacy
-                      else self.cpu._num_allocated_chunks, self.host_blocks)
+        cpu = self.cpu
+        fresh = range(cpu._num_allocated_chunks if hasattr(cpu, "_num_allocated_chunks")
+                      else cpu._num_allocated_blocks, self.host_blocks)
         return list(self.cpu._free_list) + list(fresh)
 
     def num_free(self, pool: str) -> int | None:

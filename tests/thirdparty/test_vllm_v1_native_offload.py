@@ -2,9 +2,10 @@
 over the release's own ``KVCacheManager`` (``vllm-v1-native-offload@0.33.0``, the tiers
 model): 0.33.0 passes with stores, loads (sync and async), flushes, final stores and CPU
 evictions exercised; the same engine with its flushes ignored is caught
-(``unheld_sources_kept``, #46951's family, on 0.33.0 and 0.21.0); 0.24.0, 0.23.0, 0.22.0
-and 0.21.0 (their own layout) pass a short run each, 0.20.2's layout (jobs keyed by
-request) is refused in words."""
+(``unheld_sources_kept``, #46951's family, on 0.33.0 and 0.21.0); each earlier layout
+(0.32.0, 0.27.0, 0.25.1, 0.24.0, 0.23.0, 0.22.0, 0.21.0) passes a short run, 0.26.0 dies
+aborting a queued request (#49118), 0.20.2's layout (jobs keyed by request) is refused
+in words."""
 
 from __future__ import annotations
 
@@ -120,19 +121,43 @@ def test_final_store_whole_hit_async_load_and_no_gpu_reference():
     assert t.refcount("device", t.pending_jobs()[store]["src"][1][0]) == 1  # the request's
 
 
-@pytest.mark.parametrize("version", ["0.24.0", "0.23.0", "0.22.0", "0.21.0"])
+@pytest.mark.parametrize("version", ["0.32.0", "0.27.0", "0.25.1", "0.24.0", "0.23.0",
+                                     "0.22.0", "0.21.0"])
 def test_earlier_releases_pass_with_stores_and_async_loads(version):
-    """0.21.0 .. 0.24.0's own scheduler and CPU manager (``OffloadingSpec(vllm_config,
-    kv_cache_config)``, ``BlockStatus`` records, every hit an asynchronous load; 0.21.0 /
-    0.22.x: no ``on_new_request``, no store threshold, a scan of every named request).
-    (0.22.1's connector, CPU manager and KV-cache manager files are 0.22.0's.)"""
+    """Each layout before 0.33.0, its own scheduler and CPU manager, every hit an
+    asynchronous load: 0.30.0 .. 0.32.0 (``ChunkStatus`` records), 0.27.0 .. 0.29.0
+    (``BlockStatus`` records, the policy factory), 0.25.x (no ``kv_offload/config.py``:
+    ``OffloadingSpec(vllm_config, kv_cache_config)``), 0.23.0 / 0.24.0 (``transfer_spec``
+    pairs), 0.21.0 / 0.22.x (no ``on_new_request``, no store threshold, a scan of every
+    named request). (0.22.1's connector, CPU manager and KV-cache manager files are
+    0.22.0's.)"""
     t = native.make(8, 1, 4, version=version)
-    assert t.legacy and t.version == version
+    assert t.version == version and not t._sync_loads
+    assert t.legacy == (version < "0.26.0")
     r = verify(f"vllm-v1-native-offload@{version}", SCOPE.num_blocks, SCOPE.block_size,
                300, 0, model="tiers", scope=SCOPE)
     assert r.ok, r.violation
     st = r.state.stats
     assert st["store"] > 20 and st["load"] > 5 and st["complete"] > 15, st
+
+
+def test_0_26_0_dies_aborting_a_queued_request():
+    """vLLM #49118 on 0.26.0: a request whose admission found no room waits, unscheduled;
+    aborted there, the next step's store scan (finished requests are scanned to their
+    last token from 0.26.0) meets keys without blocks and trips the release's own
+    ``assert len(offload_keys) == len(offload_block_ids)``: a crash, shrunk to that one
+    operation. 0.27.0 (PRs #49146 / #49285: an aborted request's scan stops at its
+    computed tokens) refuses the same admission cleanly."""
+    r = verify("vllm-v1-native-offload@0.26.0", SCOPE.num_blocks, SCOPE.block_size, 300, 0,
+               model="tiers", scope=SCOPE)
+    assert r.verdict == "fail" and r.violation.kind == "crash", r.violation
+    assert "AssertionError" in r.violation.witness, r.violation.witness
+    ops = [MODEL.describe(op) for op in r.trace.ops]
+    assert len(ops) == 1 and ops[0].startswith("allocate("), ops
+    fixed = native.make(1, 1, 1, version="0.27.0")
+    with pytest.raises(native.OutOfBlocks):
+        fixed.allocate(0, [0, 1])
+    assert fixed.free_blocks("device") == [0] and not fixed.connector._req_status
 
 
 def test_arc_policy_passes_on_0_24_0():
