@@ -97,12 +97,15 @@ def test_a_shrink_cut_by_its_budget_is_the_same_beside_a_cpu_hog():
 
 def _tiers_traces(tmp: Path, tag: str) -> dict[str, bytes]:
     """A few buggy tiered stores through ``verify-tiers`` (stores, completions chosen by the
-    driver, evictions, swaps), each trace as written."""
-    corpus = HERE.parent / "corpus" / "tiers.py"
+    driver, evictions, swaps; one whose K/V copies are wrong, caught by reading every block
+    back), each trace as written."""
+    corpus = HERE.parent / "corpus"
     out = {}
-    for name in ("FreesPinnedBlock", "CancelsJobOnAbort", "EvictsPastN", "PublishesAtStoreStart"):
+    for name in ("FreesPinnedBlock", "CancelsJobOnAbort", "EvictsPastN", "PublishesAtStoreStart",
+                 "SwapInReversed"):  # (the last: K/V read back, the data level)
         path = tmp / f"{tag}-{name}.json"
-        r = kvcheck("verify-tiers", f"{corpus}:{name}", "--trace-out", str(path))
+        module = corpus / ("tiers_data.py" if name == "SwapInReversed" else "tiers.py")
+        r = kvcheck("verify-tiers", f"{module}:{name}", "--trace-out", str(path))
         assert r.returncode == 1, r.stdout + r.stderr
         out[name] = path.read_bytes()
     return out
