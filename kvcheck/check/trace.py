@@ -26,9 +26,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from functools import cache
 from importlib import resources
 from pathlib import Path
+
+import fastjsonschema
 
 from kvcheck import __version__
 from kvcheck.check.model import BLOCK, COUNT, NEW_SEQ, SEQ, SEQS, TOKENS, model_named
@@ -52,7 +55,7 @@ class TraceError(Exception):
     """The file is not a valid kvcheck trace (bad input, exit 2)."""
 
 
-# -- the schema, and a validator for the part of JSON Schema it uses ---------------------------
+# -- the schema ---------------------------------------------------------------------------------
 @cache
 def _envelope() -> dict:
     return json.loads(resources.files("kvcheck.check").joinpath("trace_schema.json")
@@ -124,151 +127,265 @@ def schema() -> dict:
     return json.loads(json.dumps(_schema()))
 
 
-_TYPES = {
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: type(v) is int,
-    "number": lambda v: type(v) in (int, float),
-    "boolean": lambda v: type(v) is bool,
-    "null": lambda v: v is None,
-}
-
-
 def _show(v) -> str:
     if isinstance(v, (dict, list)):
         return "an object" if isinstance(v, dict) else "a list"
-    text = repr(v)
+    text = repr(float(v) if isinstance(v, Decimal) else v)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _validate(v, s: dict, where: str) -> None:
-    """Check ``v`` against schema ``s``; raise ``TraceError`` at the first problem.
-
-    Supports what the schema uses: $ref (local), type, const, enum,
-    minimum/maximum, minLength/maxLength, pattern, items/maxItems, required,
-    properties, additionalProperties, propertyNames, maxProperties, oneOf, allOf,
-    anyOf, not, if/then.
-    Recursion follows the schema, whose nesting is bounded, never the data.
-    """
-    if "$ref" in s:
-        ref = s["$ref"]
-        node = _ROOT[-1] if _ROOT else _schema()
-        for part in ref.removeprefix("#/").split("/"):
-            node = node[part]
-        _validate(v, node, where)
-    if "oneOf" in s:
-        _one_of(v, s["oneOf"], where)
-    for sub in s.get("allOf", ()):
-        _validate(v, sub, where)
-    if "anyOf" in s and not any(_valid(v, sub) for sub in s["anyOf"]):
-        raise TraceError(f"{where}: unexpected value {_show(v)}")
-    if "not" in s and _valid(v, s["not"]):
-        raise TraceError(f"{where}: unexpected value {_show(v)}")
-    if "if" in s and _valid(v, s["if"]) and "then" in s:
-        _validate(v, s["then"], where)
-    if "const" in s and not (v == s["const"] and type(v) is type(s["const"])):
-        raise TraceError(f"{where}: expected {s['const']!r}, got {_show(v)}")
-    if "enum" in s and not any(v == e and type(v) is type(e) for e in s["enum"]):
-        allowed = ", ".join(map(repr, s["enum"]))
-        raise TraceError(f"{where}: expected one of {allowed}, got {_show(v)}")
-    if "type" in s:
-        types = s["type"] if isinstance(s["type"], list) else [s["type"]]
-        if not any(_TYPES[t](v) for t in types):
-            raise TraceError(f"{where}: expected {' or '.join(types)}, got {_show(v)}")
-    if type(v) in (int, float):
-        if "minimum" in s and v < s["minimum"]:
-            raise TraceError(f"{where}: must be >= {s['minimum']}, got {_show(v)}")
-        if "maximum" in s and v > s["maximum"]:
-            raise TraceError(f"{where}: must be <= {s['maximum']}, got {_show(v)}")
-    elif isinstance(v, str):
-        if len(v) < s.get("minLength", 0):
-            raise TraceError(f"{where}: must not be empty")
-        if "maxLength" in s and len(v) > s["maxLength"]:
-            raise TraceError(f"{where}: longer than {s['maxLength']} characters")
-        if "pattern" in s and not re.search(s["pattern"], v):
-            raise TraceError(f"{where}: {_show(v)} does not match {s['pattern']}")
-    elif isinstance(v, list):
-        if "maxItems" in s and len(v) > s["maxItems"]:
-            raise TraceError(f"{where}: more than {s['maxItems']} items")
-        if "items" in s:
-            for i, item in enumerate(v):
-                _validate(item, s["items"], f"{where}[{i}]")
-    elif isinstance(v, dict):
-        _validate_object(v, s, where)
+# -- validation: fastjsonschema, with the schema's tagged choices dispatched here -----------------
+# fastjsonschema compiles a JSON Schema into Python code (its semantics kept by its authors and
+# tested against the JSON-Schema-Test-Suite). What no library does is kept here, on a copy of
+# the schema that accepts exactly the same traces:
+#  * a ``oneOf`` whose alternatives are told apart by a constant (each operation by its
+#    ``"op"``) is a dispatch: the one meant alternative is validated and its first problem
+#    named (not "valid under none of 9 definitions"), and an operation is not tried against
+#    every other kind first (each try that fails builds an exception);
+#  * ``oneOf: [null, X]`` is X's own type plus null (where X says nothing to other types);
+#  * every ``$ref`` is inlined (fastjsonschema formats a name for every item it hands to a
+#    referenced definition: 40% of the time on a big trace);
+#  * the first problem is said in one line naming the field, in kvcheck's words (``_message``);
+#  * JSON Schema counts 2.0 as an integer, a trace does not (an id or a count is never a
+#    float): ``parse`` reads such a number as a ``Decimal``, which no "integer" accepts, and it
+#    is a float again once the trace is valid (where a value may be anything).
+_TAG = "kvcheck: an operation's name"  # marks a dispatch's tag (an unknown one is said so)
+_SCHEMA_IN = ("items", "additionalProperties", "propertyNames", "not", "if", "then", "else")
+_SCHEMAS_IN = ("properties", "$defs")
+_LISTS_IN = ("oneOf", "anyOf", "allOf")
+_TYPE_ONLY = {"type", "description", "properties", "required", "additionalProperties",
+              "maxProperties", "propertyNames", "items", "maxItems", "minimum", "maximum",
+              "minLength", "maxLength", "pattern"}  # keywords saying nothing about other types
 
 
-_ROOT: list[dict] = []  # the schema whose $defs a $ref names (the one being validated)
+def _resolve_in(root: dict, node):
+    while isinstance(node, dict) and "$ref" in node:
+        target = root
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
 
 
-def validate(data, s: dict, where: str = "trace") -> None:
-    """``data`` against the schema ``s`` (raises ``TraceError``)."""
-    _ROOT.append(s)
+def _inline(root: dict, node):
+    """``node`` with every ``$ref`` replaced by the schema it names (the schema has no cycle)."""
+    node = _resolve_in(root, node)
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k, v in node.items():
+        if k == "$defs":
+            continue
+        if k in _SCHEMA_IN:
+            out[k] = _inline(root, v)
+        elif k in _SCHEMAS_IN:
+            out[k] = {name: _inline(root, x) for name, x in v.items()}
+        elif k in _LISTS_IN:
+            out[k] = [_inline(root, x) for x in v]
+        else:
+            out[k] = v
+    return out
+
+
+def _tag_of(alt) -> tuple[str, str] | None:
+    """(key, name) telling this alternative apart: one required property with a string const."""
+    if not isinstance(alt, dict) or alt.get("type") != "object":
+        return None
+    consts = [(k, p["const"]) for k, p in alt.get("properties", {}).items()
+              if isinstance(p, dict) and isinstance(p.get("const"), str) and k in alt.get("required", ())]
+    return consts[0] if len(consts) == 1 else None
+
+
+def _or_null(alts: list) -> dict | None:
+    """``oneOf: [null, X]`` as one schema: X's type (or enum) with null added; None if X's
+    keywords are not all about its own type (or null is one of X's values)."""
+    if len(alts) != 2 or {"type": "null"} not in alts:
+        return None
+    other = alts[1] if alts[0] == {"type": "null"} else alts[0]
+    types = other.get("type")
+    if types is not None and set(other) <= _TYPE_ONLY:
+        types = types if isinstance(types, list) else [types]
+        return None if "null" in types else {**other, "type": [*types, "null"]}
+    if set(other) <= {"enum", "description"} and None not in other.get("enum", [None]):
+        return {**other, "enum": [*other["enum"], None]}
+    return None
+
+
+@dataclass
+class _Dispatch:
+    """Where a tagged ``oneOf`` stood: the path to its values (property names, ``*`` for each
+    item), the ``if`` schemas it applies under, the tag's key, and each alternative."""
+
+    path: tuple
+    conditions: list
+    key: str
+    kinds: dict
+
+
+def _rewritten(node, path: tuple, conditions: list, found: list, here: bool = True):
+    """The inlined ``node`` as compiled (see above); its tagged choices at a known place in the
+    data (``here``) appended to ``found`` as ``_Dispatch``es (their alternatives rewritten)."""
+    if isinstance(node, list):
+        return [_rewritten(x, path, conditions, found, False) for x in node]
+    if not isinstance(node, dict):
+        return node
+    alts = node.get("oneOf")
+    if isinstance(alts, list):
+        tags = [_tag_of(a) for a in alts]
+        names = [t[1] for t in tags if t is not None]
+        if (here and None not in tags and len({t[0] for t in tags if t}) == 1
+                and len(set(names)) == len(names) and not set(node) - {"oneOf", "description"}):
+            key = tags[0][0]
+            found.append(_Dispatch(path, conditions, key, {
+                name: _rewritten(alt, (), [], [], False) for name, alt in zip(names, alts, strict=True)}))
+            return {"type": "object", "required": [key],
+                    "properties": {key: {"enum": names, "description": _TAG}}}
+        merged = _or_null(alts) if not set(node) - {"oneOf", "description"} else None
+        if merged is not None:
+            return _rewritten(merged, path, conditions, found, here)
+    out = {}
+    for k, v in node.items():
+        if k == "properties":
+            out[k] = {name: _rewritten(x, (*path, name), conditions, found, here)
+                      for name, x in v.items()}
+        elif k == "items":
+            out[k] = _rewritten(v, (*path, "*"), conditions, found, here)
+        elif k == "allOf":
+            out[k] = [_rewritten(x, path, conditions, found, here) for x in v]
+        elif k == "then":
+            out[k] = _rewritten(v, path, [*conditions, node.get("if", True)], found, here)
+        elif k in _SCHEMA_IN:
+            out[k] = _rewritten(v, path, conditions, found, False)
+        elif k in _LISTS_IN:
+            out[k] = [_rewritten(x, path, conditions, found, False) for x in v]
+        else:
+            out[k] = v
+    return out
+
+
+class _Compiled:
+    """The schema as fastjsonschema validators: the whole, with each dispatch's values left to
+    the validator of the alternative their tag names."""
+
+    def __init__(self, s: dict):
+        found: list[_Dispatch] = []
+        whole = _rewritten(_inline(s, s), (), [], found)
+        self.whole = fastjsonschema.compile(whole, use_default=False)
+        self.dispatches = [(d.path, [fastjsonschema.compile(c, use_default=False) for c in d.conditions],
+                            d.key, {k: fastjsonschema.compile(a, use_default=False) for k, a in d.kinds.items()})
+                           for d in found]
+
+    def __call__(self, data, where: str) -> None:
+        _run(self.whole, data, where)
+        for path, conditions, key, kinds in self.dispatches:
+            if all(_holds(c, data) for c in conditions):
+                for name, value in _at(data, path, where):
+                    _run(kinds[value[key]], value, name)
+
+
+def _run(f, value, where: str) -> None:
     try:
-        _validate(data, s, where)
-    finally:
-        _ROOT.pop()
+        f(value)
+    except fastjsonschema.JsonSchemaValueException:
+        try:  # (again, naming where: formatting names only when something is wrong)
+            f(value, name_prefix=where)
+        except fastjsonschema.JsonSchemaValueException as e:
+            raise TraceError(_message(e)) from None
+        raise AssertionError("fastjsonschema: a value failed once, then passed") from None
 
 
-def _valid(v, s: dict) -> bool:
+def _holds(f, value) -> bool:
     try:
-        _validate(v, s, "")
-    except TraceError:
+        f(value)
+    except fastjsonschema.JsonSchemaValueException:
         return False
     return True
 
 
-def _validate_object(v: dict, s: dict, where: str) -> None:
-    if "maxProperties" in s and len(v) > s["maxProperties"]:
-        raise TraceError(f"{where}: more than {s['maxProperties']} entries")
-    for key in s.get("required", ()):
-        if key not in v:
-            raise TraceError(f"{where}: missing '{key}'")
-    props = s.get("properties", {})
-    extra = s.get("additionalProperties", True)
-    names = s.get("propertyNames")
-    for key, item in v.items():
-        if names is not None:
-            _validate(key, names, f"{where}: key")
-        if key in props:
-            _validate(item, props[key], f"{where}.{key}")
-        elif extra is False:
-            raise TraceError(f"{where}: unexpected key {_show(key)}")
-        elif isinstance(extra, dict):
-            _validate(item, extra, f"{where}[{key}]")
-
-
-def _one_of(v, alternatives: list, where: str) -> None:
-    # Alternatives told apart by a constant (the "op" name, or null) are chosen by it, so the
-    # error names what is wrong inside the one that was meant.
-    def tag_matches(alt: dict) -> bool:
-        alt = _resolve(alt)
-        if alt.get("type") == "null":
-            return v is None
-        consts = {k: p["const"] for k, p in alt.get("properties", {}).items() if "const" in p}
-        if consts:
-            return isinstance(v, dict) and all(v.get(k) == c for k, c in consts.items())
-        return v is not None
-
-    meant = [a for a in alternatives if tag_matches(a)]
-    if len(meant) == 1:
-        _validate(v, meant[0], where)
+def _at(data, path: tuple, where: str):
+    """(name, value) of every value at ``path`` in ``data`` (valid: the types are known)."""
+    if not path:
+        yield where, data
         return
-    tags = [p["const"] for a in alternatives
-            for k, p in _resolve(a).get("properties", {}).items() if "const" in p]
-    if isinstance(v, dict) and tags:
-        raise TraceError(f"{where}: unknown operation {_show(v.get('op'))} "
-                         f"(expected one of {', '.join(tags)})")
-    raise TraceError(f"{where}: unexpected value {_show(v)}")
+    step, rest = path[0], path[1:]
+    if step == "*":
+        for i, item in enumerate(data):
+            yield from _at(item, rest, f"{where}[{i}]")
+    elif isinstance(data, dict) and step in data:
+        yield from _at(data[step], rest, f"{where}.{step}")
 
 
-def _resolve(s: dict) -> dict:
-    while "$ref" in s:
-        node = _ROOT[-1] if _ROOT else _schema()
-        for part in s["$ref"].removeprefix("#/").split("/"):
-            node = node[part]
-        s = node
-    return s
+_COMPILED: dict[int, tuple[dict, _Compiled]] = {}  # id(schema) -> (schema, its validators)
+
+
+def _validator(s: dict) -> _Compiled:
+    known = _COMPILED.get(id(s))
+    if known is None or known[0] is not s:
+        known = _COMPILED[id(s)] = (s, _Compiled(s))
+    return known[1]
+
+
+def _message(e: fastjsonschema.JsonSchemaValueException) -> str:
+    """The first problem fastjsonschema found, in one line naming the field."""
+    where, rule, d, v = e.name, e.rule, e.definition or {}, e.value
+    if len(where) > 200:
+        where = where[:197] + "..."
+    if rule == "type":
+        types = d["type"] if isinstance(d["type"], list) else [d["type"]]
+        return f"{where}: expected {' or '.join(types)}, got {_show(v)}"
+    if rule == "const":
+        return f"{where}: expected {d['const']!r}, got {_show(v)}"
+    if rule == "enum" and d.get("description") == _TAG:
+        head = where.rpartition(".")[0] or where
+        return f"{head}: unknown operation {_show(v)} (expected one of {', '.join(d['enum'])})"
+    if rule == "enum":
+        return f"{where}: expected one of {', '.join(map(repr, d['enum']))}, got {_show(v)}"
+    if rule in ("minimum", "maximum"):
+        return f"{where}: must be {'>=' if rule == 'minimum' else '<='} {d[rule]}, got {_show(v)}"
+    if rule == "minLength":
+        return f"{where}: must not be empty"
+    if rule == "maxLength":
+        return f"{where}: longer than {d['maxLength']} characters"
+    if rule == "pattern":
+        return f"{where}: {_show(v)} does not match {d['pattern']}"
+    if rule == "maxItems":
+        return f"{where}: more than {d['maxItems']} items"
+    if rule == "maxProperties":
+        return f"{where}: more than {d['maxProperties']} entries"
+    if rule == "required" and isinstance(v, dict):
+        missing = next((k for k in d["required"] if k not in v), "?")
+        return f"{where}: missing '{missing}'"
+    if rule == "additionalProperties" and isinstance(v, dict):
+        known = d.get("properties", {})
+        extra = next((k for k in v if k not in known), "?")
+        return f"{where}: unexpected key {_show(extra)}"
+    if rule == "propertyNames" and isinstance(v, dict):
+        names = d["propertyNames"]
+        for key in v:
+            if "maxLength" in names and len(key) > names["maxLength"]:
+                return f"{where}: key: longer than {names['maxLength']} characters"
+            if "pattern" in names and not re.search(names["pattern"], key):
+                return f"{where}: key: {_show(key)} does not match {names['pattern']}"
+    return f"{where}: unexpected value {_show(v)}"
+
+
+def validate(data, s: dict, where: str = "trace") -> None:
+    """``data`` against the schema ``s`` (raises ``TraceError`` naming the first problem)."""
+    _validator(s)(data, where)
+
+
+def _as_floats(data):
+    """``data`` (parsed here: changed in place) with every ``Decimal`` of ``parse`` a float
+    again (where a trace may hold any value); iterative, whatever the data's nesting."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        for k, v in list(node.items() if isinstance(node, dict) else enumerate(node)):
+            if isinstance(v, Decimal):
+                node[k] = float(v)
+            elif isinstance(v, (dict, list)):
+                stack.append(v)
+    return data
 
 
 def _no_constant(name: str):
@@ -284,10 +401,21 @@ def _unique_keys(pairs: list) -> dict:
     return d
 
 
-def parse(text: str) -> dict:
-    """Strict JSON: no NaN/Infinity, no duplicate keys; one-line ``TraceError`` otherwise."""
+def parse(text: str, decimals: list | None = None) -> dict:
+    """Strict JSON: no NaN/Infinity, no duplicate keys; one-line ``TraceError`` otherwise.
+    An integral number written as a float (``2.0``, ``1e3``) is a ``Decimal``, which no
+    schema "integer" accepts (``validate`` names the field); each is added to ``decimals``."""
+    def number(text: str) -> float | Decimal:
+        value = float(text)
+        if not value.is_integer():
+            return value
+        if decimals is not None:
+            decimals.append(text)
+        return Decimal(text)
+
     try:
-        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys,
+                          parse_float=number)
     except RecursionError:
         raise TraceError("not valid JSON for a trace: nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, and ints longer than Python will convert
@@ -388,7 +516,9 @@ class Trace:
         Path(path).write_text(self.dumps_for(path) + "\n", encoding="utf-8")
 
     @classmethod
-    def from_json(cls, data) -> Trace:
+    def from_json(cls, data, decimals: bool = False) -> Trace:
+        """The trace ``data`` holds (parsed JSON); ``decimals``: it may hold ``Decimal``s from
+        ``parse``, made floats again once it is valid (where any value is allowed)."""
         data = _upgraded(data)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise TraceError(f"not a kvcheck trace (expected \"format\": \"{FORMAT}\")")
@@ -405,6 +535,8 @@ class Trace:
         except KeyError:
             raise TraceError(f"trace.model: unknown model {name!r}") from None
         validate(data, _schema((name,)), "trace")
+        if decimals:
+            data = _as_floats(data)
         scope_data = data["scope"]
         try:
             scope = m.scope_from_json(scope_data)
@@ -447,8 +579,9 @@ class Trace:
                 raise TraceError(f"{name} is not UTF-8 text (byte {exc.start})") from None
         if len(raw) > MAX_BYTES:
             raise TraceError(f"{name} is larger than {MAX_BYTES // 2**20} MiB")
+        decimals: list = []
         try:
-            return cls.from_json(parse(raw))
+            return cls.from_json(parse(raw, decimals), bool(decimals))
         except TraceError as exc:
             raise TraceError(f"{name}: {exc}") from None
 
