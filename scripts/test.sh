@@ -15,7 +15,10 @@ bash scripts/install_thirdparty.sh vllm-v0==0.4.3 vllm-v0==0.5.4 vllm-v0==0.5.5 
 bash scripts/install_thirdparty.sh vllm-v1==0.20.2 vllm-v1==0.21.0 vllm-v1==0.22.0 vllm-v1==0.23.0 vllm-v1==0.24.0 vllm-v1==0.25.1 vllm-v1==0.26.0 vllm-v1==0.27.0 vllm-v1==0.32.0 aphrodite==0.21.0 aphrodite==0.22.0
 # vLLM v1's engine core through its own scheduler, the #19459 pair (tests/thirdparty/test_vllm_v1_engine.py)
 bash scripts/install_thirdparty.sh vllm-v1-early==0.8.4 vllm-v1-early==0.8.5 vllm-v1-early==0.9.0 vllm-v1-early==0.9.1 vllm-v1==0.10.2  # and docs/traces/engine's releases
-bash scripts/install_chromium.sh
+# a headless browser for the HTML report test: one line says which, what it installed, or why
+# none can run (not root, no passwordless sudo, no apt-get); the suite goes on, and that test
+# then fails with the line (nothing is skipped)
+bash scripts/install_chromium.sh || true
 # Bounded proofs of the reference, as a CI gate (a few minutes at this scope).
 kvcheck prove reference --blocks 6 --block-size 2 --seqs 3 --depth 5 --budget 900 --junit prove-junit.xml
 # The suite, one pytest process per test directory (a process running all ~3,000 tests
