@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 # saying why (tests/no_skips.py).
 export KVCHECK_NO_SKIPS=1
 python3 -m pip install -q -e '.[test]'
-bash scripts/install_thirdparty.sh vllm-v1 vllm-v0 nano-vllm sglang aphrodite vllm-v0-legacy==0.3.3 vllm-v0-legacy==0.4.0 sglang==0.4.8 sglang==0.5.2 sglang==0.5.3 sglang==0.5.13 sglang==0.5.14 sglang==0.5.21 sglang==0.5.22 sglang==0.4.4.post3 sglang==0.4.5 sglang==0.4.5.post2 sglang==0.4.5.post3 sglang==0.4.6  # every adapted engine, the #1556 pair, the SGLang range's ends, the #34399, #27779, S1 and HiCache #4989, #5499 pairs and #27631's release
+bash scripts/install_thirdparty.sh vllm-v1 vllm-v0 nano-vllm sglang aphrodite vllm-v0-legacy==0.3.3 vllm-v0-legacy==0.4.0 sglang==0.4.8 sglang==0.5.2 sglang==0.5.3 sglang==0.5.13 sglang==0.5.14 sglang==0.5.21 sglang==0.5.22 sglang==0.4.4.post3 sglang==0.4.5 sglang==0.4.5.post2 sglang==0.4.5.post3 sglang==0.4.6 sglang==0.4.10.post2 sglang==0.5.5.post3  # every adapted engine, the #1556 pair, the SGLang range's ends, the #34399, #27779, S1 and HiCache #4989, #5499 pairs, #27631's releases and HiCache's later code paths
 # BlockSpaceManager v1's later releases and aphrodite's copy of it (tests/thirdparty/test_vllm_v0_legacy.py)
 bash scripts/install_thirdparty.sh vllm-v0-legacy==0.4.1 vllm-v0-legacy==0.4.2 vllm-v0-legacy==0.4.3 vllm-v0-legacy==0.5.0.post1 vllm-v0-legacy==0.5.1 vllm-v0-legacy==0.5.2 vllm-v0-legacy==0.5.3.post1 vllm-v0-legacy==0.5.4 vllm-v0-legacy==0.5.5 vllm-v0-legacy==0.6.0 vllm-v0-legacy==0.6.1.post2 vllm-v0-legacy==0.6.2 aphrodite-legacy==0.5.1 aphrodite-legacy==0.6.0
 # vLLM v0's swapping under the tiers model, the #6849 and #8824 pairs (tests/thirdparty/test_vllm_v0_swap.py)

@@ -847,33 +847,21 @@ def replay_vllm_8824(version: str) -> tuple[bool, str]:
 
 
 def _hicache_write_back(version: str, device: int, host: int):
-    """The release's HiRadixCache under the write_back policy (``sglang_hicache.load``'s
-    stand-ins; the write thread's acks given when an eviction waits for them)."""
-    import types
-
-    import torch
-
+    """The release's HiRadixCache under the write_back policy, as
+    ``sglang_hicache.make_write_back`` builds it (its stand-ins: the write thread's acks,
+    or from 0.5.2 the write's event, given when an eviction waits for them)."""
     from kvcheck.impl.thirdparty import sglang_hicache as hc
 
-    mods = hc.load(version)
-    pool, hiradix = mods[f"{hc.MEM}.memory_pool"], mods[hc.HIRADIX]
-    allocators = pool if hasattr(pool, "TokenToKVPoolAllocator") else mods[hc.sglang.ALLOCATOR]
-    alloc = allocators.TokenToKVPoolAllocator(device, torch.float16, "cpu",
-                                              hc._DevicePool(device))
-    rows = pool.ReqToTokenPool(4, 8, "cpu", False)
-    kw = {"req_to_token_pool": rows, "token_to_kv_pool_allocator": alloc,
-          "tp_cache_group": None, "page_size": 1}
-    init = hiradix.HiRadixCache.__init__
-    for name, value in (("hicache_ratio", host / device), ("hicache_size", 0),
-                        ("hicache_write_policy", "write_back"), ("hicache_io_backend", "direct")):
-        if hc.takes(init, name):
-            kw[name] = value
-    tree = hiradix.HiRadixCache(**kw)
-    ctl = tree.cache_controller
-    ctl.write_policy = "write_back"  # (0.4.5 takes no policy argument)
-    ctl.ack_write_queue = hc._SyncAcks(types.SimpleNamespace(
-        ctl=ctl, host=tree.token_to_kv_pool_host))
-    return tree, alloc, tree.token_to_kv_pool_host
+    target = hc.make_write_back(device, 1, host, version=version)
+    return target.tree, target.alloc, target.host
+
+
+def _hicache_key(tree, tokens: list):
+    """A radix key of ``tree``'s release: the token list, or (0.5.3 on) a ``RadixKey``."""
+    import sys
+
+    radix_key = getattr(sys.modules[type(tree).__mro__[1].__module__], "RadixKey", None)
+    return tokens if radix_key is None else radix_key(tokens, None)
 
 
 def replay_sglang_5499(version: str) -> tuple[bool, str]:
@@ -888,8 +876,8 @@ def replay_sglang_5499(version: str) -> tuple[bool, str]:
     import torch
 
     a = alloc.alloc(2)
-    tree.insert([5, 6], a)
-    tree.insert([5, 6, 7], torch.cat([a, alloc.alloc(1)]))  # (the prefix matches A)
+    tree.insert(_hicache_key(tree, [5, 6]), a)
+    tree.insert(_hicache_key(tree, [5, 6, 7]), torch.cat([a, alloc.alloc(1)]))  # (A's prefix)
     before = int(alloc.available_size())
     tree.evict(2)
     freed = int(alloc.available_size()) - before
@@ -906,18 +894,20 @@ def replay_sglang_27631(version: str) -> tuple[bool, str]:
     to the host, node B (12 tokens) filling the device, then a request matching A loads it
     back."""
     tree, alloc, host = _hicache_write_back(version, 12, 14)
-    tree.insert(list(range(100, 110)), alloc.alloc(10))
+    tree.insert(_hicache_key(tree, list(range(100, 110))), alloc.alloc(10))
     tree.evict(10)  # A written back, then evicted from the device: host-only
     a = tree.root_node.children[100]
-    tree.insert(list(range(200, 212)), alloc.alloc(12))  # B, unbacked, fills the device
-    match = tree.match_prefix(key=list(range(100, 110)), include_evicted=True)
+    tree.insert(_hicache_key(tree, list(range(200, 212))), alloc.alloc(12))  # B fills it
+    match = tree.match_prefix(key=_hicache_key(tree, list(range(100, 110))),
+                              include_evicted=True)
     last = match.last_host_node if hasattr(match, "last_host_node") else match[2]
     src = [int(x) for x in a.host_value.tolist()]
     if hasattr(match, "host_hit_length"):
         tree.init_load_back(last, match.host_hit_length)
     else:
         tree.init_load_back(last, match[0].as_subclass(_cuda_tensor()))
-    ops = list(tree.cache_controller.load_queue.queue)
+    queue = tree.cache_controller.load_queue  # (0.5.2 on: a list, issued with the batch)
+    ops = list(queue if isinstance(queue, list) else queue.queue)
     loading = [int(x) for op in ops for x in op.host_indices.tolist()]
     free = set(int(x) for x in host.free_slots.tolist())
     b = tree.root_node.children.get(200)

@@ -1,14 +1,25 @@
 """Adapter: SGLang's HiCache -- ``HiRadixCache`` with its host pool and ``HiCacheController``
 -- as a tiers target (docs/tiers.md; ``kvcheck verify-tiers sglang-hicache@VERSION``, 0.4.5
-pinned, 0.4.4.post2 .. 0.4.9.post2: ``kvcheck install sglang==VERSION``). What differs
+pinned, 0.4.4.post2 .. 0.5.5.post3: ``kvcheck install sglang==VERSION``). What differs
 between those releases is read from each one's files: the constructor's arguments
 (``hicache_ratio`` from 0.4.4.post2, ``hicache_size`` and ``hicache_write_policy`` from
-0.4.6, ``hicache_io_backend`` from 0.4.9.post1: ``direct``), the host pool's module
-(``memory_pool_host.py`` from 0.4.7.post1), KV events (0.4.7), ``match_prefix``'s
-``MatchResult`` and ``init_load_back(node, host_hit_length)`` (0.4.8), the allocator in
+0.4.6, ``hicache_io_backend`` from 0.4.9.post1: ``direct``, ``hicache_storage_backend``
+from 0.4.9.post3: None, ``hicache_mem_layout`` from 0.4.10.post1: ``layer_first``,
+``enable_metrics`` from 0.5.2: False), the host pool's module (``memory_pool_host.py`` from
+0.4.7.post1), KV events (0.4.7), ``match_prefix``'s ``MatchResult`` and
+``init_load_back(node, host_hit_length)`` (0.4.8), the allocator in
 ``mem_cache/allocator.py`` (0.4.8: loaded as ``sglang.py`` loads it, its Triton kernels
-under Triton's interpreter, never launched at page size 1). 0.4.9.post3 adds the storage
-tier (``hicache_storage.py``): not driven.
+under Triton's interpreter, never launched at page size 1; ``need_sort`` from 0.5.1:
+False, the scheduler's value outside disaggregation), the controller's copies (0.5.2:
+issued at once on its streams, acked by CUDA events, no threads: ``_Event``), ``RadixKey``
+(0.5.3: ``RadixKey(tokens, extra_key=None)``), the radix cache's ``evict_policy.py``
+(0.5.3: LRU, its default), the host pool aligned up a page (0.5.5.post3: one slot more
+than asked at page size 1, so one less is asked) and ``Req.pop_committed_kv_cache``
+(0.5.5.post3). The storage tier (``hicache_storage.py``, 0.4.9.post3 on: an L3 behind the
+host pool, prefetch and backup threads) is loaded but off, as by default
+(``hicache_storage_backend=None``): no backend is built, no prefetch or storage backup
+starts, and its modules (the backends, metrics) are stand-ins that raise if built. 0.5.6
+builds HiRadixCache from ``CacheInitParams`` and the server's arguments: not driven yet.
 
 What runs, from the installed wheel: ``mem_cache/hiradix_cache.py`` (``HiRadixCache``:
 ``match_prefix(include_evicted=True)``, ``init_load_back`` / ``load_back``,
@@ -17,7 +28,9 @@ What runs, from the installed wheel: ``mem_cache/hiradix_cache.py`` (``HiRadixCa
 insert, ``cache_unfinished_req``, ``cache_finished_req``, ``inc_lock_ref`` /
 ``dec_lock_ref``), ``base_prefix_cache.py``, ``managers/cache_controller.py``
 (``HiCacheController.write`` / ``load`` / ``evict_device`` / ``evict_host``,
-``CacheOperation``), and of ``mem_cache/memory_pool.py`` the classes the cache uses,
+``CacheOperation``; 0.5.2 on ``start_writing`` / ``start_loading``, ``move_indices``,
+``LayerDoneCounter``), ``hicache_storage.py`` and ``evict_policy.py`` where the release
+has them, and of ``mem_cache/memory_pool.py`` the classes the cache uses,
 compiled from the installed file one by one (``sglang.real_functions``):
 ``ReqToTokenPool``, ``TokenToKVPoolAllocator``, ``MemoryStateInt``, ``synchronized``,
 ``HostKVCache`` and ``MHATokenToKVPoolHost`` (the host pool: its free list, its slot
@@ -25,16 +38,19 @@ states). Token-level: these releases' HiRadixCache keys one token per slot, so
 ``block_size`` is 1 (a kvcheck block is a slot: device block b is SGLang's slot b + 1,
 slot 0 being the padding slot; host block b is host slot b). Their host pool is
 ``hicache_ratio`` times the device pool, at least 1: ``host_blocks >= num_blocks``
-(0.4.6 on: more than the device's, the release's own assert).
+(0.4.6 on: more than the device's, the release's own assert). The later releases keep
+page size 1 (the server's default): their keys stay token-level (``RadixKey`` holds the
+token list), so ``block_size`` stays 1 there too.
 
 Stand-ins, all here (every other ``sglang.*`` import raises, ``_loader``):
 
 ``_DevicePool`` (``memory_pool.MHATokenToKVPool``)
     the device KV buffers: one layer, one head of width 1, never read (the copy kernels
     are stood in too); what the host pool and the controller read of it is its size,
-    dtype, shape and ``register_layer_transfer_counter``. ``MLATokenToKVPool`` is a
+    dtype, shape, device, layer buffers (0.5.2 on: named by the stood-in copies) and
+    ``register_layer_transfer_counter``. ``MLATokenToKVPool`` is a
     class no pool here is an instance of.
-the controller's threads and CUDA streams
+the controller's threads and CUDA streams (before 0.5.2)
     ``HiCacheController`` builds two ``torch.cuda.Stream`` s and starts a write and a load
     thread (``threading.Thread``) that take operations off ``write_queue`` /
     ``load_queue``, copy, mark the host slots ``complete_io`` and put the node id on
@@ -49,18 +65,55 @@ the controller's threads and CUDA streams
 the write thread under the write_back policy (``make_write_back``)
     a device eviction writes unbacked nodes back and waits for them (0.4.5: a loop of
     ``writing_check`` and ``time.sleep(0.1)``; 0.4.5.post3 on: ``ack_write_queue.get()``):
-    the controller's ``ack_write_queue`` is ``_SyncAcks``, which, read, first lets the
-    write thread take every queued write (``complete_io``, the ack), and hiradix_cache.py's
-    ``time.sleep`` returns at once. Those writes complete inside the operation that
+    before 0.5.2 the controller's ``ack_write_queue`` is ``_SyncAcks``, which, read, first
+    lets the write thread take every queued write (``complete_io``, the ack), and
+    hiradix_cache.py's ``time.sleep`` returns at once; from 0.5.2 the eviction synchronizes
+    each write's event (``_Event.synchronize``). Those writes complete inside the operation that
     evicts; ``store`` is not offered (write_back backs nothing up before an eviction).
-``torch.distributed`` in hiradix_cache.py
+the controller's streams and events (0.5.2 on)
+    the copies are issued on the scheduler's thread: ``write`` runs ``start_writing`` at
+    once, a load is issued with its batch (``ready_to_load_host_cache``, called here after
+    the request is admitted, as ``get_new_batch_prefill`` does), each marks its host slots
+    ``complete_io`` and queues a ``HiCacheAck`` whose ``finish_event`` the stream records.
+    ``writing_check`` / ``loading_check`` ack the head of each queue while its event has
+    ended (``query()``). Here the copy kernels (sgl_kernel's ``transfer_kv_*``) do nothing
+    (``_no_copy``: the copy is kvcheck's ghost) and an event (``_Event``) ends when the
+    driver completes its job; its ack is moved to the head of its queue, so copies end in
+    the driver's order, as above (the acks' handling reads no order: each unlocks its own
+    nodes). ``synchronize()`` ends an event: the write_back eviction's wait. The load
+    ring (``LayerDoneCounter``: 3 events, asserting the reused one ended) gets one more
+    slot per device block: on the GPU the forward pass waits for its layers' loads, so a
+    load's copy has ended when its ring slot comes round; here a load stays pending until
+    the driver completes it, and a load holds a device slot, so no more than the device's
+    slots are pending at once.
+``torch.distributed`` in hiradix_cache.py, the tensor-parallel and attention ranks
     ``writing_check`` all-reduces its queue size over the tensor-parallel group: one
-    worker here (``get_world_size`` 1).
+    worker here (``get_world_size`` 1); ``sglang.srt.distributed`` and
+    ``layers.dp_attention`` (0.4.9.post4 on, read by the storage tier's configuration and
+    the controller's) say rank 0 of 1, no data-parallel attention.
+the storage tier's modules, metrics (0.4.9.post3 on)
+    the storage backends (file, Mooncake, NIXL, 3FS: ``_stub_off``) and the metrics
+    collectors (``metrics.collector``): classes that raise if built. With
+    ``hicache_storage_backend=None`` and metrics off the release builds none of them, and
+    the tree's storage paths (``prefetch_from_storage``, ``write_backup_storage``,
+    ``check_prefetch_progress``, their queues) are behind ``enable_storage``: nothing the
+    cache decides here reads them.
+``sglang.srt.utils``
+    the few functions the allocator reads, compiled from the release's file
+    (``sglang._stub_utils``), its upper-case constants (0.5.3.post3: the radix cache's
+    deterministic split size, used only in deterministic inference), no NPU or XPU, and
+    ``get_device_module()`` the stand-in streams and events above.
+``Req``
+    the fields the radix cache reads (``_Req``), and 0.5.5.post3's
+    ``pop_committed_kv_cache`` without speculative decoding (the committed length: every
+    token with a KV slot).
 device tensors
     ``init_load_back`` asserts that the matched prefix's indices are CUDA tensors: the
     prefix is passed as a CPU tensor that says ``is_cuda`` (``_DeviceTensor``).
 pinned memory, ``psutil``, ``debug_timing``, ``global_server_args_dict``, KV events
-    the host buffer is allocated unpinned (no GPU to pin for); the host-memory check reads
+    the host buffer is allocated unpinned (no GPU to pin for; 0.5.4.post3 .. 0.5.5's
+    ``cudaHostRegister`` does nothing, 0.5.5.post3's ``SUPPORT_PIN_MEMORY`` is False); the
+    host-memory check reads
     a ``virtual_memory()`` with room for the few bytes asked; ``debug_timing`` only times
     (identity); the radix cache reads no server argument on these paths; its KV cache
     events (0.4.7: ``disaggregation.kv_events``) are off, as by default (stand-ins that
@@ -130,6 +183,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import re
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -142,6 +196,8 @@ MEM = "sglang.srt.mem_cache"
 HIRADIX, RADIX = f"{MEM}.hiradix_cache", f"{MEM}.radix_cache"
 CONTROLLER = "sglang.srt.managers.cache_controller"
 FILES = (HIRADIX, RADIX, f"{MEM}.base_prefix_cache", CONTROLLER)
+OPTIONAL = (f"{MEM}.hicache_storage",  # (0.4.9.post3 on: loaded where the release has them)
+            f"{MEM}.evict_policy")  # (0.5.3 on: the radix cache's eviction order)
 POOL_CLASSES = ("ReqToTokenPool", "KVCache", "TokenToKVPoolAllocator", "MemoryStateInt",
                 "synchronized", "HostKVCache", "MHATokenToKVPoolHost")
 ENGINE_KEY = "sglang-hicache"
@@ -192,6 +248,12 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
         def zeros(*args, pin_memory=False, **kwargs):
             return torch.zeros(*args, **kwargs)
 
+        class cuda:  # noqa: N801 - torch.cuda: 0.5.4.post3 .. 0.5.5 pin the host buffer by
+            @staticmethod  # cudaHostRegister (no GPU to pin for)
+            def cudart():
+                return types.SimpleNamespace(cudaHostRegister=lambda *_a: 0,
+                                             cudaHostUnregister=lambda *_a: 0)
+
     psutil = types.SimpleNamespace(virtual_memory=lambda: types.SimpleNamespace(
         available=1 << 50))
 
@@ -219,8 +281,15 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
                "kvcheck.thirdparty.sglang.memory_pool"),
            "MHATokenToKVPool": _DevicePool, "MLATokenToKVPool": MLATokenToKVPool,
            "SWAKVPool": type("SWAKVPool", (), {}),  # (0.4.9's allocator: isinstance only)
-           "MLATokenToKVPoolHost": MLATokenToKVPool}
+           "MLATokenToKVPoolHost": MLATokenToKVPool,
+           "_is_npu": False, "_is_xpu": False, "SUPPORT_PIN_MEMORY": False,  # (0.5.2 on)
+           **{n: _no_copy for n in set(re.findall(r"\b(transfer_kv_\w+)", text))}}
     sglang.real_functions(mod, loaded, rel, names, env)
+
+
+def _no_copy(*_a, **_k) -> None:
+    """sgl_kernel's KV copy kernels (``transfer_kv_*``, 0.5.2 on: the copies run on the
+    scheduler's thread, on the controller's streams): the copy is kvcheck's ghost."""
 
 
 def _stub_schedule_batch(mod: types.ModuleType, _: Loaded) -> None:
@@ -235,9 +304,70 @@ def _stub_kv_events(mod: types.ModuleType, _: Loaded) -> None:
         setattr(mod, name, off)
 
 
+def _stub_distributed(mod: types.ModuleType, _: Loaded) -> None:
+    """One worker: tensor-parallel rank 0 of 1 (the storage tier's key suffix, its backend
+    config; a storage backend is never built here)."""
+    mod.get_tensor_model_parallel_rank = lambda: 0
+    mod.get_tensor_model_parallel_world_size = lambda: 1
+
+
+def _stub_off(mod: types.ModuleType, _: Loaded) -> None:
+    """A module of what the storage tier builds (its backends: file, Mooncake, NIXL, 3FS):
+    every name it is asked for is a class that raises if built, that no object here is an
+    instance of (``hicache_storage_backend`` is None: no backend is built)."""
+    where = mod.__kvcheck_real_name__
+
+    def off(name: str):
+        def refuse(*_a, **_k):
+            raise NotImplementedError(f"kvcheck stand-in: {where}.{name} (the storage tier "
+                                      f"is off)")
+
+        return type(name, (), {"__init__": refuse, "__call__": refuse})
+
+    def attr(name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return off(name)
+
+    mod.__getattr__ = attr
+
+
+def _stub_dp_attention(mod: types.ModuleType, _: Loaded) -> None:
+    """No data-parallel attention: attention rank 0 of 1."""
+    mod.get_attention_tp_rank = mod.get_attention_dp_rank = lambda: 0
+    mod.get_attention_tp_size = lambda: 1
+    mod.is_dp_attention_enabled = lambda: False
+
+
+def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:
+    """sglang's own utility functions (``sglang._stub_utils``), CUDA's device module the
+    stand-in one (``_Cuda``), on no NPU or XPU."""
+    import ast
+
+    sglang.STUBS["sglang.srt.utils"](mod, loaded)
+    mod.get_device_module = lambda: _Cuda
+    mod.is_npu = mod.is_xpu = lambda: False
+    rel = next(r for r in ("sglang/srt/utils/common.py", "sglang/srt/utils.py")
+               if (loaded.root / r).is_file())
+    for node in ast.parse((loaded.root / rel).read_text()).body:  # its constants (0.5.3.post3:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(  # the
+                node.targets[0], ast.Name) and node.targets[0].id.isupper():  # radix cache's
+            try:  # deterministic-inference split size)
+                setattr(mod, node.targets[0].id, ast.literal_eval(node.value))
+            except ValueError:
+                pass
+
+
 STUBS = {f"{MEM}.memory_pool": _stub_memory_pool, f"{MEM}.memory_pool_host": _stub_memory_pool,
          "sglang.srt.managers.schedule_batch": _stub_schedule_batch,
-         "sglang.srt.disaggregation.kv_events": _stub_kv_events}
+         "sglang.srt.disaggregation.kv_events": _stub_kv_events,
+         "sglang.srt.distributed": _stub_distributed, "sglang.srt.utils": _stub_utils,
+         "sglang.srt.layers.dp_attention": _stub_dp_attention,
+         "sglang.srt.metrics.collector": _stub_off,  # (metrics: off, 0.5.2 on)
+         **{f"{MEM}.{name}": _stub_off for name in (  # the storage backends (0.4.10 on)
+             "mooncake_store.mooncake_store", "nixl.hicache_nixl", "storage",
+             "storage.hf3fs.storage_hf3fs", "storage.mooncake_store.mooncake_store",
+             "storage.nixl.hicache_nixl")}}
 
 
 class _DevicePool:
@@ -252,9 +382,35 @@ class _DevicePool:
         self.head_num = self.head_dim = self.layer_num = 1
         self.start_layer, self.end_layer = 0, 1  # (pipeline parallelism: one stage)
         self.layer_transfer_counter = None
+        self.device = "cpu"  # (0.4.10.post1's host pool puts its layer pointers there)
+        # (0.5.2 on: the copies name the layers' buffers; the kernels are stood in)
+        self.k_buffer = [torch.zeros((size + 1, 1, 1), dtype=torch.float16)]
+        self.v_buffer = [torch.zeros((size + 1, 1, 1), dtype=torch.float16)]
 
     def register_layer_transfer_counter(self, counter) -> None:
         self.layer_transfer_counter = counter
+
+
+class _Event:
+    """A CUDA event (0.5.2 on: a copy issued on the controller's stream records one when it
+    ends; ``writing_check`` / ``loading_check`` ack what ``query()`` says ended). Here it
+    ends when the driver completes its job (``complete``), or when the release waits for
+    it (``synchronize``: the write_back eviction); never recorded, it has ended, as CUDA's."""
+
+    def __init__(self, *_a, **_k):
+        self.done = True
+
+    def record(self, *_a) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+    def wait(self, *_a) -> None:
+        pass
 
 
 class _Inert:
@@ -269,8 +425,29 @@ class _Inert:
     def join(self, *_a) -> None:
         pass
 
+    def wait_event(self, *_a) -> None:
+        pass
+
     def synchronize(self) -> None:
         pass
+
+
+class _Cuda:
+    """``torch.cuda`` (and 0.5.5's ``device_module``) as the controller sees it: inert
+    streams, events that end when the driver says (``_Event``)."""
+
+    Stream = _Inert
+    Event = _Event
+
+    @staticmethod
+    def current_stream():
+        return _Inert()
+
+    @staticmethod
+    def stream(_s):
+        import contextlib
+
+        return contextlib.nullcontext()
 
 
 def _patch_modules(mods: Loaded) -> None:
@@ -288,19 +465,6 @@ def _patch_modules(mods: Loaded) -> None:
         def __getattr__(self, name):
             return getattr(torch, name)
 
-    class _Cuda:
-        Stream = _Inert
-
-        @staticmethod
-        def current_stream():
-            return _Inert()
-
-        @staticmethod
-        def stream(_s):
-            import contextlib
-
-            return contextlib.nullcontext()
-
     class _Threading(types.ModuleType):
         Thread = _Inert
 
@@ -310,6 +474,8 @@ def _patch_modules(mods: Loaded) -> None:
     ctl_torch = _CtlTorch("torch")
     ctl_torch.cuda = _Cuda
     ctl.torch = ctl_torch
+    if hasattr(ctl, "device_module"):  # (0.5.5 on: get_device_module(), read at import)
+        ctl.device_module = _Cuda
     ctl.threading = _Threading("threading")
 
     class _OneRank(types.ModuleType):
@@ -380,11 +546,13 @@ def load(version: str | None = None) -> Loaded:
     from . import _loader
 
     dist = install.select(ENGINE_KEY, version)
-    if sglang.single_file(_loader.require(dist)):  # 0.4.8 on: mem_cache/allocator.py
-        loaded = sglang.load_dist(dist, (*FILES, sglang.ALLOCATOR), {**sglang.STUBS, **STUBS},
+    root = _loader.require(dist)
+    files = FILES + tuple(f for f in OPTIONAL if (root / f"{f.replace('.', '/')}.py").is_file())
+    if sglang.single_file(root):  # 0.4.8 on: mem_cache/allocator.py
+        loaded = sglang.load_dist(dist, (*files, sglang.ALLOCATOR), {**sglang.STUBS, **STUBS},
                                   (sglang.ALLOCATOR, HIRADIX))
     else:
-        loaded = _loader.load(dist, FILES, STUBS, (HIRADIX,))
+        loaded = _loader.load(dist, files, STUBS, (HIRADIX,))
     _patch_modules(loaded)
     return loaded
 
@@ -400,6 +568,17 @@ class _Req:
         self.prefix_indices = None
         self.last_node = None
         self.last_node_global = None
+        self.extra_key = None  # (0.5.3 on: no LoRA, no cache salt)
+        self.kv_committed_len = len(tokens)  # (0.5.5.post3 on: the tokens with a KV slot)
+        self.kv_committed_freed = False
+
+    def pop_committed_kv_cache(self) -> int:
+        """``Req.pop_committed_kv_cache`` (0.5.5.post3 on) without speculative decoding: the
+        committed length, once."""
+        assert not self.kv_committed_freed, "Committed KV cache already freed"
+        self.kv_committed_freed = True
+        return self.kv_committed_len
+        self.last_matched_prefix_len = 0  # (0.5.3 on: set by cache_unfinished_req)
 
 
 class SglangHiCacheTarget:
@@ -427,32 +606,32 @@ class SglangHiCacheTarget:
         pool = mods[f"{MEM}.memory_pool"]
         hiradix = mods[HIRADIX]
         allocators = pool if hasattr(pool, "TokenToKVPoolAllocator") else mods[sglang.ALLOCATOR]
-        self.alloc = allocators.TokenToKVPoolAllocator(num_blocks, torch.float16, "cpu",
-                                                 _DevicePool(num_blocks))
+        cls = allocators.TokenToKVPoolAllocator
+        extra = (False,) if takes(cls.__init__, "need_sort") else ()  # 0.5.1 on (the
+        self.alloc = cls(num_blocks, torch.float16, "cpu", _DevicePool(num_blocks), *extra)
+        # scheduler's need_sort is for disaggregated prefill / decode only: off)
         context = 8 * num_blocks + 16
         self.rows = pool.ReqToTokenPool(2 * num_blocks + 2, context, "cpu", False)
-        ratio = host_blocks / num_blocks
-        if int(num_blocks * ratio) != host_blocks:
-            raise MisuseError(f"host_blocks {host_blocks} is no ratio of {num_blocks}")
-        kw: dict[str, Any] = {"req_to_token_pool": self.rows,
-                              "token_to_kv_pool_allocator": self.alloc,
-                              "tp_cache_group": None, "page_size": 1}
-        if takes(hiradix.HiRadixCache.__init__, "hicache_ratio"):
-            kw["hicache_ratio"] = ratio
-        if takes(hiradix.HiRadixCache.__init__, "hicache_size"):  # 0.4.6 on: 0 = by ratio
-            kw["hicache_size"] = 0
-        if takes(hiradix.HiRadixCache.__init__, "hicache_write_policy"):
-            kw["hicache_write_policy"] = write_policy
-        if takes(hiradix.HiRadixCache.__init__, "hicache_io_backend"):  # 0.4.9.post1 on
-            kw["hicache_io_backend"] = "direct"  # (torch copies; never run: stood in)
-        self.tree = hiradix.HiRadixCache(**kw)
+        self.tree = self._build(hiradix, host_blocks, write_policy)
+        if int(self.tree.token_to_kv_pool_host.size) > host_blocks:  # 0.5.5.post3 on: the
+            extra = int(self.tree.token_to_kv_pool_host.size) - host_blocks  # pool aligned
+            self.tree = self._build(hiradix, host_blocks - extra, write_policy)  # up a page
         self.tree.write_through_threshold = float("inf")  # store(seq) starts backups
+        # 0.5.2 on: copies issued at once on the controller's streams, acked by their events
+        self._events = isinstance(self.tree.cache_controller.ack_write_queue, list)
+        counter = getattr(self.tree.cache_controller, "layer_done_counter", None)
+        if self._events and hasattr(counter, "events"):  # a ring of one load per batch in
+            more = [type(counter.events[0])(counter.num_layers) for _ in range(num_blocks)]
+            counter.events += more  # flight: as many as loads may be pending here
+            counter.num_counters = len(counter.events)
         if write_policy == "write_back":  # (0.4.5 takes no policy argument: its attribute)
             self.tree.cache_controller.write_policy = "write_back"
-            self.tree.cache_controller.ack_write_queue = _SyncAcks(self)
+            if not self._events:  # (0.5.2 on: the eviction synchronizes the write's event)
+                self.tree.cache_controller.ack_write_queue = _SyncAcks(self)
             self.capabilities = self.capabilities - {"store"}  # (backups only on eviction)
         self.tree.load_back_threshold = 1
         self.ctl = self.tree.cache_controller
+        self._radix_key = getattr(mods[RADIX], "RadixKey", None)
         self.host = self.tree.token_to_kv_pool_host
         if int(self.host.size) != host_blocks:
             raise MisuseError(f"the host pool has {self.host.size} slots, not {host_blocks}")
@@ -463,7 +642,37 @@ class SglangHiCacheTarget:
         self._epoch = 0  # bumped by every operation (refcount's memo)
         self._memo: tuple = (None, [])
 
+    def _build(self, hiradix, host_slots: int, write_policy: str):
+        """The release's HiRadixCache over the device pool, its host pool of ``host_slots``
+        (``hicache_ratio`` x the device's) built by the release itself."""
+        ratio = host_slots / self.nb
+        if int(self.nb * ratio) != host_slots:
+            raise MisuseError(f"host_blocks {host_slots} is no ratio of {self.nb}")
+        init = hiradix.HiRadixCache.__init__
+        kw: dict[str, Any] = {"req_to_token_pool": self.rows,
+                              "token_to_kv_pool_allocator": self.alloc,
+                              "tp_cache_group": None, "page_size": 1}
+        if takes(init, "hicache_ratio"):
+            kw["hicache_ratio"] = ratio
+        if takes(init, "hicache_size"):  # 0.4.6 on: 0 = by ratio
+            kw["hicache_size"] = 0
+        if takes(init, "hicache_write_policy"):
+            kw["hicache_write_policy"] = write_policy
+        if takes(init, "hicache_io_backend"):  # 0.4.9.post1 on
+            kw["hicache_io_backend"] = "direct"  # (torch copies; never run: stood in)
+        if takes(init, "hicache_mem_layout"):  # 0.4.10.post1 on
+            kw["hicache_mem_layout"] = "layer_first"  # (what "direct" asks for)
+        if takes(init, "enable_metrics"):  # 0.5.2 on
+            kw["enable_metrics"] = False  # (its default: no metrics collector built)
+        if takes(init, "hicache_storage_backend"):  # 0.4.9.post3 on
+            kw["hicache_storage_backend"] = None  # (the storage tier off: its default)
+        return hiradix.HiRadixCache(**kw)
+
     # -- helpers ---------------------------------------------------------------------
+    def _key(self, tokens: list):
+        """A radix key: the token list, or (0.5.3 on) ``RadixKey(tokens, extra_key=None)``."""
+        return tokens if self._radix_key is None else self._radix_key(tokens, None)
+
     def _t(self, values, dtype=None):
         return self.torch.tensor(list(values), dtype=dtype or self.torch.int64)
 
@@ -490,10 +699,29 @@ class SglangHiCacheTarget:
         return out
 
     def _find_op(self, queue, node_id: int):
-        for op in list(queue.queue):
+        for op in list(queue if self._events else queue.queue):
             if node_id in op.node_ids:
                 return op
         return None
+
+    def _started(self, queue, node_id: int, load: bool = False, node=None) -> dict:
+        """The job's record: its operation (the controller's queue entry: a
+        ``CacheOperation``), and from 0.5.2 the ack its copy's issue queued with its event.
+        A write is issued as ``write`` queues it (its op: the node's values); a load once
+        the batch is formed: the scheduler's ``ready_to_load_host_cache()``."""
+        if not self._events:
+            return {"op": self._find_op(queue, node_id)}
+        if load:
+            op = self._find_op(queue, node_id)
+            self.tree.ready_to_load_host_cache()  # (start_loading: the batch's load)
+            acks = self.ctl.ack_load_queue
+        else:
+            op = types.SimpleNamespace(host_indices=node.host_value.clone(),
+                                       device_indices=node.value.clone(),
+                                       node_ids=[node_id])
+            acks = self.ctl.ack_write_queue
+        ack = next(a for a in reversed(acks) if node_id in a.node_ids)
+        return {"op": op, "ack": ack}
 
     # -- operations ------------------------------------------------------------------
     def _admit(self, seq: int, tokens, load_back: bool):
@@ -508,7 +736,7 @@ class SglangHiCacheTarget:
         if rows is None:
             raise MisuseError("no req_to_token row left")
         req = _Req(toks, rows[0])
-        found = tree.match_prefix(key=toks[: n - 1], include_evicted=True)
+        found = tree.match_prefix(key=self._key(toks[: n - 1]), include_evicted=True)
         if hasattr(found, "device_indices"):  # 0.4.8 on: a MatchResult
             value, last, last_global = (found.device_indices, found.last_device_node,
                                         found.last_host_node)
@@ -539,9 +767,9 @@ class SglangHiCacheTarget:
                          loaded]).as_subclass(self.Dev)
                 new = [k for k in tree.ongoing_load_back if k not in before]
                 if new:
-                    op = self._find_op(self.ctl.load_queue, new[0])
                     job = ("l", new[0])
-                    self.jobs[job] = {"op": op, "seq": seq, "kind": "load"}
+                    self.jobs[job] = {"seq": seq, "kind": "load",
+                                      **self._started(self.ctl.load_queue, new[0], load=True)}
             tree.inc_lock_ref(req.last_node)
         finally:
             tree.dec_lock_ref(last)
@@ -573,6 +801,7 @@ class SglangHiCacheTarget:
         self.rows.write((req.req_pool_idx, slice(n, n + 1)), out.to(self.torch.int32))
         req.output_ids.append(token)
         req.fill_ids = req.origin_input_ids + req.output_ids
+        req.kv_committed_len += 1
         return int(out[0]) - 1, 0
 
     def free(self, seq: int) -> None:
@@ -596,9 +825,9 @@ class SglangHiCacheTarget:
             if node.host_value is None and not node.evicted:
                 if self.tree.write_backup(node) is None:
                     continue  # (no host room for it: its hit count starts again)
-                op = self._find_op(self.ctl.write_queue, node.id)
                 job = ("w", node.id)
-                self.jobs[job] = {"op": op, "seq": seq, "kind": "store"}
+                self.jobs[job] = {"seq": seq, "kind": "store",
+                                  **self._started(self.ctl.write_queue, node.id, node=node)}
                 return job
         return None
 
@@ -610,12 +839,17 @@ class SglangHiCacheTarget:
         op = rec["op"]
         queue, acks = ((self.ctl.write_queue, self.ctl.ack_write_queue) if job[0] == "w"
                        else (self.ctl.load_queue, self.ctl.ack_load_queue))
-        queue.queue.remove(op)  # the controller thread takes it off its queue
-        heapq.heapify(queue.queue)
-        self.host.complete_io(op.host_indices)
-        for node_id in op.node_ids:
-            if node_id != 0:
-                acks.put(node_id)
+        if self._events:  # the copy's stream reaches its event; acks are read in order:
+            ack = rec["ack"]  # the copies end in the driver's order (its ack goes first)
+            ack.finish_event.done = True
+            acks[:] = [ack] + [a for a in acks if a is not ack]
+        else:
+            queue.queue.remove(op)  # the controller thread takes it off its queue
+            heapq.heapify(queue.queue)
+            self.host.complete_io(op.host_indices)
+            for node_id in op.node_ids:
+                if node_id != 0:
+                    acks.put(node_id)
         self.tree.writing_check()  # the scheduler's step
         self.tree.loading_check()
 
@@ -666,7 +900,8 @@ class SglangHiCacheTarget:
             if job[0] == "w":
                 node = self.tree.ongoing_write_through.get(job[1])
             else:
-                node = self.tree.ongoing_load_back.get(job[1], (None, None))[1]
+                node = self.tree.ongoing_load_back.get(job[1])
+                node = node[1] if isinstance(node, tuple) else node  # (0.5.2 on: the node)
             held = []
             for n in self._path(node):
                 if n.value is not None:

@@ -3,8 +3,10 @@ HiCacheController under the tiers model): sglang PR #4989 (``evict_host`` evicti
 host-only node) caught on 0.4.4.post3, gone on 0.4.5; under the write_back policy
 (``make_write_back``) #5499 (an eviction freeing less than it counts) caught on
 0.4.5.post2, gone on 0.4.5.post3, and PR #27631's bug (a load's nested ``evict_host``
-freeing the host pages it copies from: no fixed release) caught on 0.4.6 (the releases
-scripts/test.sh installs); the target's view of the release's tree on small cases."""
+freeing the host pages it copies from: no fixed release) caught on 0.4.6 and 0.5.5.post3
+(the releases scripts/test.sh installs); the target's view of the release's tree on small
+cases; the later releases' code paths, one release each (``NEWER``), pass short runs under
+both policies."""
 
 from __future__ import annotations
 
@@ -23,7 +25,11 @@ from kvcheck.verify import replay_trace, verify
 HIST = Path(__file__).resolve().parents[2] / "benchmarks" / "historical"
 BUGGY, FIXED = "0.4.4.post3", "0.4.5"
 WRITE_BACK = "kvcheck.impl.thirdparty.sglang_hicache:make_write_back"
-missing = [v for v in (BUGGY, FIXED, "0.4.5.post2", "0.4.5.post3", "0.4.6")
+# the storage tier present but off, its controller's threads (0.4.9.post3 .. 0.4.10.post2);
+# copies issued on the controller's streams and acked by their events, RadixKey, the host
+# pool aligned up a page, Req.pop_committed_kv_cache (0.5.2 .. 0.5.5.post3)
+NEWER = ("0.4.10.post2", "0.5.5.post3")
+missing = [v for v in (BUGGY, FIXED, "0.4.5.post2", "0.4.5.post3", "0.4.6", *NEWER)
            if not _loader.is_installed(install.select("sglang-hicache", v))]
 needs = pytest.mark.skipif(bool(missing), reason=f"SGLang {', '.join(missing)} not installed "
                            f"(kvcheck install sglang==VERSION)")
@@ -48,12 +54,30 @@ def test_4989_caught_on_the_buggy_release_and_gone_on_the_fixed_one():
 
 
 @needs
-def test_the_target_reads_the_release_tree():
+@pytest.mark.parametrize("version", NEWER)
+def test_later_releases_pass_under_both_policies(version):
+    """No false alarm on the later releases, and every operation kind ran: stores, loads,
+    their completions and host evictions (write_back: no store, its writes inside the
+    evictions, the loads completed by the driver)."""
+    through = run(version, 300)
+    assert through.ok, through.violation
+    stats = through.state.stats
+    assert stats["store"] and stats["load"] and stats["complete"] and stats["evict"], stats
+    back = verify(f"{WRITE_BACK}@{version}", SCOPE.num_blocks, 1, 300, 0, model="tiers",
+                  scope=SCOPE)
+    assert back.ok, back.violation
+    stats = back.state.stats
+    assert not stats.get("store") and stats["load"] and stats["complete"] and stats["evict"], stats
+
+
+@needs
+@pytest.mark.parametrize("version", (FIXED, NEWER[-1]))
+def test_the_target_reads_the_release_tree(version):
     """One prompt stored and completed: its host copy is findable under the device's keys
     but not evictable while the device holds the node (an inclusive cache); a request that
     evicts the node from the device makes the host copy evictable; a load of the prompt
     copies it back, its device slots findable at once, the host slots pinned by the job."""
-    t = make(4, 1, 8, version=FIXED)
+    t = make(4, 1, 8, version=version)
     t.allocate(0, [1, 2, 3])
     job = t.store(0)
     jobs = t.pending_jobs()
@@ -117,9 +141,10 @@ def test_5499_write_back_eviction_short_of_what_it_counts():
 
 
 @needs
-def test_27631_a_load_copies_from_host_pages_its_own_eviction_freed():
+@pytest.mark.parametrize("version", ("0.4.6", NEWER[-1]))
+def test_27631_a_load_copies_from_host_pages_its_own_eviction_freed(version):
     scope = TierScope(5, 1, 6)
-    bug = verify(f"{WRITE_BACK}@0.4.6", 5, 1, 150, 4, model="tiers", scope=scope)
+    bug = verify(f"{WRITE_BACK}@{version}", 5, 1, 150, 4, model="tiers", scope=scope)
     assert not bug.ok
     assert bug.violation.name == "load: a hit gains the job's reference and nothing else"
     assert len(bug.trace.ops) <= 10 and bug.trace.ops[-1].kind == "load"
