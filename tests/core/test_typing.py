@@ -2,7 +2,8 @@
 
 pyproject.toml's ``[tool.mypy]`` names the public modules (``kvcheck``, ``kvcheck.verify``,
 ``kvcheck.prove``, the ``Target`` protocol and ``SeedAdapter``, ``kvcheck.target``,
-``kvcheck.errors``); the internal modules they import are analysed silently. A user's
+``kvcheck.errors``, the adapter kit ``kvcheck.engines``); the internal modules they import
+are analysed silently. A user's
 module typed against the API is checked too: a correct one passes, and misuses are caught
 (the hints say something: they are not ``Any``). The runs share one cache, empty at the
 start, under pytest's tmp path (about 5 s of CPU in all)."""
