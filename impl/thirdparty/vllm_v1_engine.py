@@ -1,10 +1,36 @@
 """Adapter: vLLM v1's engine core -- the release's real ``Scheduler`` with its real
 ``KVCacheManager`` and real ``Request`` objects -- driven step by step with no model.
 
-Issue 34 §1. Releases 0.8.4 .. 0.33.0 (``vllm-v1-engine@VERSION``; 0.33.0 by default; to
-0.8.4 the manager preallocates blocks beyond a request's need: ``preallocate_blocks``, the
-bound the engine model checks a table by). The early scheduler (``vllm/v1/core/
-scheduler.py``, to 0.8.2) is refused in words: not driven yet.
+Issue 34 §1. Releases 0.6.4.post1 .. 0.33.0 (``vllm-v1-engine@VERSION``; 0.33.0 by default;
+run on 0.6.4.post1, 0.6.5, 0.6.6.post1, 0.7.0, 0.7.2, 0.8.0, 0.8.2, 0.8.4 .. 0.33.0). To 0.8.4
+the manager preallocates blocks beyond a request's need (``num_preallocate_tokens``, 64,
+as the release's scheduler leaves it): ``preallocate_blocks``, the bound the engine model
+checks a table by; every release's table is also bounded by its block-table row,
+``cdiv(max_model_len, block_size)`` (``max_model_len``, 65,536 unless the run sets it).
+
+The early releases (to 0.8.2: the scheduler in ``vllm/v1/core/scheduler.py`` to 0.8.0, in
+``vllm/v1/core/sched/`` in 0.8.2) are driven the same way; what differs is read from the
+release's files, never from its version number:
+
+* the scheduler's module (``scheduler_module``) and its constructor's parameters (the
+  configs one by one to 0.8.2, a ``kv_cache_config`` in 0.8.4 on);
+* where the pool lives (``BlockPool`` from 0.8.0, else the manager's own block list, free
+  queue and hash map) and whether vLLM's block 0 is a null block outside it (0.8.3 on,
+  ``_has_null_block``: ``block_offset``, the oracle's ids being vLLM's less it);
+* who advances ``num_computed_tokens``: ``update_from_output`` to 0.8.2 (what the forward
+  pass writes then starts at the request's computed tokens), ``schedule()`` later (read
+  from the release's ``update_from_output``);
+* the running branch's KV call: ``append_slots`` to 0.7.1 (recorded as ``allocate_slots``
+  is), ``allocate_slots`` later;
+* the model runner's output record (``ModelRunnerOutput``'s fields): one sampled token per
+  scheduled request to 0.7.2 (a tensor, ``sampled_token_ids_cpu``, in 0.6.4.post1), a list
+  per request from 0.8.0, drafts in it (``spec_token_ids``) from 0.8.0; a release without
+  them refuses ``spec`` in words;
+* the request: ``inputs`` (the release's ``token_inputs`` record, ``vllm/inputs/data.py``)
+  to 0.7.0, the prompt's token ids later; its block hashes: the request's own (0.10.1 on),
+  the manager's ``req_to_block_hashes`` (0.7.3 .. 0.10.0), ``kv_block_hashes`` (0.6.6.post1
+  .. 0.7.2), else the release's ``hash_request_tokens`` over its tokens (``_hashes``).
+
 What runs is the release's own code, executed from the installed wheel's
 files (``_loader``): the scheduler (``vllm/v1/core/sched/{scheduler, request_queue,
 output, utils, interface}.py``), the KV-cache manager and block pool (the files
@@ -50,7 +76,10 @@ without on a CPU-only machine without vLLM's dependencies, or one that only repo
 ``vllm.logger``, ``vllm.platforms``, ``vllm.utils.torch_utils``, ``vllm.v1.utils``, ...
     logging, platform queries, torch helpers, ZMQ helpers (see ``_stub_*``).
 ``vllm.utils`` (to 0.10.x, one module behind torch, psutil, zmq, cachetools), ``vllm.inputs``
-(to 0.8), ``vllm.model_executor.layers.fused_moe`` (0.20 on: routed experts, off),
+(to 0.8: the package file builds the input registry and processors; its ``data.py`` is the
+release's own, loaded where the request reads its prompt through it),
+``vllm.spec_decode`` (v0's metrics, a name ``vllm/sequence.py`` imports, to 0.7),
+``vllm.model_executor.layers.fused_moe`` (0.20 on: routed experts, off),
 ``vllm._bc_linter``'s names on the ``vllm`` package (0.10.2 on: ``vllm/__init__.py``'s lazy
 names, the file itself is loaded).
 
@@ -113,6 +142,7 @@ FILES = (
     "vllm.v1.core.specialized_manager",  # 0.8.3 .. 0.8.5
     "vllm.v1.core.scheduler_output",  # 0.8.0 .. 0.8.2
     "vllm.v1.structured_output.grammar",  # 0.8.0 .. 0.8.2
+    "vllm.inputs.data",  # to 0.7.0: the Request reads its prompt through token_inputs
 )
 
 
@@ -259,6 +289,8 @@ OFF = {
                            "kvcheck's generated model output)",
     "vllm.usage": "usage reporting",
     "vllm.inputs": "the processed prompt inputs (requests carry token ids), to 0.8",
+    "vllm.spec_decode": "v0's speculative-decoding metrics (a name vllm/sequence.py imports, "
+                        "to 0.7)",
     "vllm.model_executor.layers.fused_moe": "returning routed experts (MoE; "
                                             "enable_return_routed_experts off)",
     "prometheus_client": "metrics export",
@@ -517,6 +549,24 @@ def _stub_utils_module(mod: types.ModuleType, loaded: Loaded) -> None:
         isinstance(v, typ) for v in value)
     mod.length_from_prompt_token_ids_or_embeds = (
         lambda ids, embeds=None: len(ids) if ids is not None else len(embeds))
+
+
+def _stub_inputs(mod: types.ModuleType, loaded: Loaded) -> None:
+    """``vllm.inputs`` (its package file imports the input registry and processors: a
+    tokenizer and HF configs): the release's own ``vllm/inputs/data.py`` (``token_inputs``,
+    ``SingletonInputsAdapter``: how a request to 0.7.0 reads its prompt token ids) under
+    the package's names; any other name is a placeholder (the processed-inputs pipeline is
+    off, requests carry token ids)."""
+    _any_name(OFF["vllm.inputs"])(mod, loaded)
+    request = loaded.root / "vllm/v1/request.py"
+    if "vllm.inputs.data" in loaded.files and "token_inputs" in request.read_text():
+        data = loaded.get("vllm.inputs.data")
+        for name, value in vars(data).items():
+            if not name.startswith("_"):
+                setattr(mod, name, value)
+
+
+STUBS["vllm.inputs"] = _stub_inputs
 STUBS["vllm.v1.structured_output.utils"] = _names(
     "structured output", strip_speculative_padding=_unreachable("structured output"))
 OFF["vllm.config"] = "vllm's config classes (settings come from EngineConfig)"
@@ -529,7 +579,7 @@ class _EngineLoaded(Loaded):
         return super()._ours(name) or _off(name) is not None
 
     def get(self, name: str) -> types.ModuleType:
-        if name not in self.modules and name not in self.stubs:
+        if name not in self.modules and name not in self.stubs and name not in self.files:
             off = _off(name)
             if off is not None:
                 self.stubs[name] = _any_name(OFF[off])
@@ -579,6 +629,19 @@ def load(version: str | None = None) -> Loaded:
     return loaded
 
 
+def _has_null_block(root) -> bool:
+    """Whether the release's block pool keeps a null block (vLLM's block 0) outside the
+    usable blocks (0.8.3 on), read from its ``vllm/v1/core/block_pool.py``."""
+    path = root / "vllm/v1/core/block_pool.py"
+    return path.is_file() and "null_block" in path.read_text()
+
+
+def _source(function: Any) -> str:
+    import inspect
+
+    return inspect.getsource(function)
+
+
 def scheduler_module(root) -> str:
     """``vllm.v1.core.sched.scheduler`` (0.7.3 on), ``vllm.v1.core.scheduler`` before."""
     if (root / "vllm/v1/core/sched/scheduler.py").is_file():
@@ -618,7 +681,7 @@ class EngineSettings:
     max_model_len: int = 1 << 16
 
 
-def engine_config(s: EngineSettings) -> Settings:
+def engine_config(s: EngineSettings, null: int = 1) -> Settings:
     """``VllmConfig``'s stand-in: the settings of 0.33.0's config classes (and the names
     earlier releases read) at their defaults, but for ``s``. A speculative config is the
     n-gram method's (drafts proposed without a forward pass, no lookahead slots)."""
@@ -644,7 +707,7 @@ def engine_config(s: EngineSettings) -> Settings:
         num_lookahead_slots=0, delay_factor=0.0, preemption_mode=None,
         max_num_partial_prefills=1, max_long_partial_prefills=1, is_multimodal_model=False)
     cache = Settings(
-        "cache_config", block_size=s.block_size, num_gpu_blocks=s.num_blocks + 1,
+        "cache_config", block_size=s.block_size, num_gpu_blocks=s.num_blocks + null,
         enable_prefix_caching=s.enable_prefix_caching, enable_mamba_shared_prefix_checkpoint=False,
         mamba_cache_mode="none", num_preallocate_tokens=None, sliding_window=None,
         prefix_caching_hash_algo="sha256", cpu_offload_gb=0, num_cpu_blocks=None)
@@ -690,15 +753,22 @@ class _Recorder:
         self.method = getattr(type(manager), name)
 
     def __call__(self, request: Any, *args: Any, **kwargs: Any):
-        pool = self.manager.block_pool
-        free_before = pool.get_num_free_blocks()
+        free_before = _num_free(self.manager)
         before = _block_ids(self.manager, request)
         result = self.method(self.manager, request, *args, **kwargs)
         self.calls.append(KVCall(self.name, request.request_id, args, dict(kwargs), result,
                                  before, _block_ids(self.manager, request), free_before,
-                                 pool.get_num_free_blocks(), _hashes(self.manager, request),
+                                 _num_free(self.manager), _hashes(self.manager, request),
                                  list(request.all_token_ids)))
         return result
+
+
+def _num_free(manager: Any) -> int:
+    """The free queue's length: the ``BlockPool``'s (0.8.0 on) or the manager's own."""
+    pool = manager.block_pool
+    if hasattr(pool, "get_num_free_blocks"):
+        return pool.get_num_free_blocks()
+    return manager.free_block_queue.num_free_blocks
 
 
 @dataclasses.dataclass
@@ -719,11 +789,25 @@ class KVCall:
 
 
 def _hashes(manager: Any, request: Any) -> list:
-    """The request's block hashes: its own (0.10.1 on), else the manager's
-    ``req_to_block_hashes`` entry (dropped when the request is freed)."""
+    """The request's block hashes: its own (0.10.1 on), the manager's
+    ``req_to_block_hashes`` entry (0.7.3 .. 0.10.0, dropped when the request is freed), the
+    request's ``kv_block_hashes`` (0.6.6.post1 .. 0.7.2), else (0.6.4.post1, 0.6.5: no hashes
+    kept per request) the chain the release's own ``hash_request_tokens`` gives its tokens,
+    the chain its lookup computes."""
+    import inspect
+    import sys
+
     got = getattr(request, "block_hashes", None)
+    if got is None and hasattr(manager, "req_to_block_hashes"):
+        got = manager.req_to_block_hashes.get(request.request_id, [])
     if got is None:
-        got = getattr(manager, "req_to_block_hashes", {}).get(request.request_id, [])
+        got = getattr(request, "kv_block_hashes", None)
+    if got is None:
+        fn = getattr(sys.modules[type(manager).__module__], "hash_request_tokens", None)
+        if fn is None or not manager.enable_caching:
+            return []
+        whole = "request" in inspect.signature(fn).parameters
+        got = fn(manager.block_size, request if whole else request.all_token_ids)
     return list(got or [])
 
 
@@ -772,27 +856,42 @@ class EngineTarget:
             raise MisuseError("num_blocks and block_size must be positive")
         self.settings = settings
         self.num_blocks, self.block_size = settings.num_blocks, settings.block_size
+        self.max_model_len = settings.max_model_len  # a request's block-table row, in tokens
         mods = load(version)
         self.version = mods.dist.version
-        if scheduler_module(mods.root) != "vllm.v1.core.sched.scheduler":
-            raise MisuseError(f"vLLM {self.version}'s early v1 scheduler "
-                              f"(vllm/v1/core/scheduler.py, to 0.8.2) is not driven yet: the "
-                              f"engine target reads 0.8.4 .. 0.33.0")
         self._mods = mods
-        self.config = engine_config(settings)
+        # vLLM's block 0 is a null block outside the pool from 0.8.3 (the oracle's ids are
+        # then vLLM's less one); before, every block is the pool's (read from block_pool.py)
+        self.block_offset = int(_has_null_block(mods.root))
+        self.config = engine_config(settings, self.block_offset)
+        if settings.num_speculative_tokens and "spec_token_ids" not in {
+                f.name for f in dataclasses.fields(mods["vllm.v1.outputs"].ModelRunnerOutput)} \
+                and not hasattr(mods["vllm.v1.outputs"], "DraftTokenIds"):
+            raise MisuseError(f"vLLM {self.version}'s v1 scheduler has no speculative decoding "
+                              f"(its ModelRunnerOutput carries no drafts; 0.8.0 on)")
         if settings.policy != "fcfs" and not hasattr(mods[scheduler_module(mods.root)],
                                                       "SchedulingPolicy"):
             raise MisuseError(f"vLLM {self.version}'s v1 scheduler has no {settings.policy} "
                               f"scheduling (it reads no policy; priority scheduling is 0.9.2's)")
-        self.scheduler = _build_scheduler(mods, self.config, settings)
+        self.scheduler = _build_scheduler(mods, self.config, settings, self.block_offset)
         self.manager = self.scheduler.kv_cache_manager
         # to 0.8.4 the manager preallocates up to this many blocks beyond a request's need
         # whenever it takes new ones (the engine model bounds a table by it)
         self.preallocate_blocks = getattr(self.manager, "num_preallocate_blocks", 0) or 0
-        self.pool = self.manager.block_pool
+        # the block list, free queue and hash map: the BlockPool's (0.8.0 on), else the
+        # manager's own
+        m = self.manager
+        self._owner = m.block_pool if hasattr(m.block_pool, "free_block_queue") else m
+        self._blocks = m.block_pool.blocks if self._owner is not m else m.block_pool
+        # to 0.8.0 update_from_output advances num_computed_tokens (read from the release's
+        # scheduler), later schedule() does
+        self._advances_at_output = "num_computed_tokens +=" in _source(
+            type(self.scheduler).update_from_output)
         self.kv_calls: list[KVCall] = []
-        for name in ("get_computed_blocks", "allocate_slots", "free"):
-            setattr(self.manager, name, _Recorder(self.manager, name, self.kv_calls))
+        # append_slots: a running request's slots, 0.6.4.post1 .. 0.7.1
+        for name in ("get_computed_blocks", "allocate_slots", "append_slots", "free"):
+            if hasattr(m, name):
+                setattr(m, name, _Recorder(m, name, self.kv_calls))
         self.requests: dict[int, Any] = {}  # every request added (finished ones kept)
         self.arrivals = 0
         self._hasher = None  # as EngineCore makes it: with prefix caching only
@@ -832,13 +931,19 @@ class EngineTarget:
                                           or {}).items()}
         # what the forward pass writes: each scheduled token at its position
         writes = {}
+        after = {}  # each scheduled request's computed tokens once the step's are written
         for rid, n in scheduled.items():
             req = sched.requests[rid]
-            end = req.num_computed_tokens  # advanced by the scheduler for this step
-            start = end - n
+            if self._advances_at_output:
+                start = req.num_computed_tokens
+                end = start + n
+            else:
+                end = req.num_computed_tokens  # advanced by the scheduler for this step
+                start = end - n
+            after[rid] = end
             toks = list(req.all_token_ids) + list(spec.get(rid, []))
             writes[rid] = (start, toks[start:end], _block_ids(self.manager, req))
-        sampled, drafts = _generate(self, gen, scheduled, spec, recorded)
+        sampled, drafts = _generate(self, gen, scheduled, spec, recorded, after)
         runner_out = _runner_output(self._mods, list(scheduled), sampled, drafts, self.settings)
         calls_in_schedule = list(self.kv_calls)
         sched.update_from_output(out, runner_out)
@@ -862,9 +967,10 @@ class EngineTarget:
         return self.requests[seq].num_computed_tokens
 
     def blocks(self, seq: int) -> list[int]:
-        """The request's blocks, as oracle ids (vLLM's id less one: block 0 is vLLM's null
-        block)."""
-        return [b - 1 for b in _block_ids(self.manager, self.requests[seq])]
+        """The request's blocks, as oracle ids (vLLM's id less ``block_offset``: 1 where
+        block 0 is vLLM's null block)."""
+        off = self.block_offset
+        return [b - off for b in _block_ids(self.manager, self.requests[seq])]
 
     def running(self) -> list[int]:
         return [int(r.request_id) for r in self.scheduler.running]
@@ -879,13 +985,14 @@ class EngineTarget:
         return out
 
     def refcount(self, block: int) -> int:
-        return self.pool.blocks[block + 1].ref_cnt
+        return self._blocks[block + self.block_offset].ref_cnt
 
     def free_blocks(self) -> list[int]:
-        return [b.block_id - 1 for b in self.pool.free_block_queue.get_all_free_blocks()]
+        off = self.block_offset
+        return [b.block_id - off for b in self._owner.free_block_queue.get_all_free_blocks()]
 
     def num_free(self) -> int:
-        return self.pool.get_num_free_blocks()
+        return _num_free(self.manager)
 
     def token_ids(self, seq: int) -> list[int]:
         return list(self.requests[seq].all_token_ids)
@@ -902,15 +1009,16 @@ class EngineTarget:
             def strip(key):
                 return key.block_hash if hasattr(key, "group_id") else key
         out = []
-        cached = self.pool.cached_block_hash_to_block
+        off = self.block_offset
+        cached = self._owner.cached_block_hash_to_block
         for key, val in getattr(cached, "_cache", cached).items():
             for blk in (val.values() if isinstance(val, dict) else (val,)):
-                if blk.block_id != 0:
-                    out.append((strip(key) if strip else key, blk.block_id - 1))
+                if blk.block_id >= off:
+                    out.append((strip(key) if strip else key, blk.block_id - off))
         return out
 
     def block_hash(self, block: int):
-        return self.pool.blocks[block + 1].block_hash
+        return self._blocks[block + self.block_offset].block_hash
 
     def is_finished(self, seq: int) -> bool:
         req = self.requests[seq]
@@ -934,7 +1042,7 @@ class StepResult:
 
 
 def _generate(target: EngineTarget, gen: int, scheduled: dict, spec: dict,
-              recorded: dict | None):
+              recorded: dict | None, after: dict):
     """The model runner's output for the scheduled requests, from ``gen`` (or a trace's
     ``recorded`` outputs where they fit): a request whose prefill is complete after this
     step samples its accepted drafts' prefix and one token; a prefill chunk samples
@@ -951,7 +1059,7 @@ def _generate(target: EngineTarget, gen: int, scheduled: dict, spec: dict,
         req = sched.requests[rid]
         rng = random.Random(gen * 1_000_003 + int(rid))
         d = spec.get(rid, [])
-        if req.num_computed_tokens < req.num_tokens:  # a prefill chunk: nothing sampled
+        if after[rid] < req.num_tokens:  # a prefill chunk: nothing sampled
             sampled[rid] = []
             continue
         # a padding draft (-1: 0.33's uniform spec-decode size) is never accepted, as the
@@ -986,9 +1094,18 @@ def _runner_output(mods: Loaded, req_ids: list, sampled: dict, drafts: dict,
                    settings: EngineSettings):
     """The release's own ``ModelRunnerOutput`` record for the generated output."""
     cls = mods["vllm.v1.outputs"].ModelRunnerOutput
-    names = {f.name for f in dataclasses.fields(cls)}
+    fields = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    names = set(fields)
+    tokens = [sampled.get(r, []) for r in req_ids]
+    if "list[list" not in fields.get("sampled_token_ids", "list[list").lower():
+        # to 0.7.2 one token per scheduled request (a prefill chunk's is ignored): a list
+        # (0.6.5 on) or a tensor (0.6.4.post1's sampled_token_ids_cpu)
+        tokens = [t[-1] if t else 0 for t in tokens]
     values = {"req_ids": req_ids, "req_id_to_index": {r: i for i, r in enumerate(req_ids)},
-              "sampled_token_ids": [sampled.get(r, []) for r in req_ids],
+              "sampled_token_ids": tokens,
+              "sampled_token_ids_cpu": (__import__("torch").tensor(tokens)
+                                        if "sampled_token_ids_cpu" in names else None),
+              "logprob_token_ids_cpu": None, "logprobs_cpu": None,
               "spec_token_ids": ([drafts.get(r, []) for r in req_ids]
                                  if settings.num_speculative_tokens else None),
               "logprobs": None, "prompt_logprobs_dict": {}, "pooler_output": [],
@@ -1011,10 +1128,12 @@ def _make_request(mods: Loaded, target: EngineTarget, rid: str, tokens: list[int
               "multi_modal_inputs": None, "multi_modal_hashes": None, "multi_modal_kwargs": None,
               "multi_modal_placeholders": None, "mm_features": None, "lora_request": None,
               "prompt": None, "cache_salt": None, "structured_output_request": None}
+    if "inputs" in params:  # to 0.7.0: the prompt as the release's processed inputs
+        values["inputs"] = mods["vllm.inputs"].token_inputs(prompt_token_ids=tokens)
     return cls(**{k: v for k, v in values.items() if k in params})
 
 
-def _build_scheduler(mods: Loaded, config: Settings, s: EngineSettings):
+def _build_scheduler(mods: Loaded, config: Settings, s: EngineSettings, null: int):
     """The release's ``Scheduler`` over one full-attention KV-cache group of
     ``num_blocks + 1`` blocks (vLLM's null block on top)."""
     import inspect
@@ -1030,12 +1149,12 @@ def _build_scheduler(mods: Loaded, config: Settings, s: EngineSettings):
               "scheduler_config": config.scheduler_config, "model_config": config.model_config,
               "cache_config": config.cache_config, "lora_config": None,
               "speculative_config": config.speculative_config}
-    if "kv_cache_config" in params:  # 0.8.0 on: the scheduler builds the manager from it
-        values["kv_cache_config"] = _kv_cache_config(mods, s, torch)
+    if "kv_cache_config" in params:  # 0.8.4 on: the scheduler builds the manager from it
+        values["kv_cache_config"] = _kv_cache_config(mods, s, torch, null)
     return cls(**{k: v for k, v in values.items() if k in params})
 
 
-def _kv_cache_config(mods: Loaded, s: EngineSettings, torch: Any):
+def _kv_cache_config(mods: Loaded, s: EngineSettings, torch: Any, null: int):
     """One full-attention KV-cache group of ``num_blocks + 1`` blocks (vLLM's null block on
     top), in the release's ``KVCacheConfig`` shape."""
     iface = mods["vllm.v1.kv_cache_interface"]
@@ -1046,21 +1165,23 @@ def _kv_cache_config(mods: Loaded, s: EngineSettings, torch: Any):
     spec = iface.FullAttentionSpec(**{k: v for k, v in values.items() if k in fields})
     group = iface.KVCacheGroupSpec(["layer.0"], spec)
     cfg_fields = {f.name for f in dataclasses.fields(iface.KVCacheConfig)}
-    cfg = {"num_blocks": s.num_blocks + 1, "tensors": {}, "kv_cache_tensors": [],
+    cfg = {"num_blocks": s.num_blocks + null, "tensors": {}, "kv_cache_tensors": [],
            "kv_cache_groups": [group]}
     return iface.KVCacheConfig(**{k: v for k, v in cfg.items() if k in cfg_fields})
 
 
 def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
          policy: str = "fcfs", caching: bool = True, spec: int = 0,
-         version: str | None = None) -> EngineTarget:
+         version: str | None = None, max_model_len: int | None = None) -> EngineTarget:
     """The engine target: the release's scheduler over ``num_blocks`` usable blocks of
     ``block_size``, a step's token budget ``budget``, ``max_seqs``, the scheduling
-    ``policy``, prefix caching on or off, ``spec`` speculative tokens per step."""
+    ``policy``, prefix caching on or off, ``spec`` speculative tokens per step, and
+    ``max_model_len`` (the model's context length; 65,536 unless given)."""
+    more = {} if not max_model_len else {"max_model_len": max_model_len}
     return EngineTarget(EngineSettings(num_blocks, block_size, max_num_batched_tokens=budget,
                                        max_num_seqs=max_seqs, policy=policy,
                                        enable_prefix_caching=caching,
-                                       num_speculative_tokens=spec), version)
+                                       num_speculative_tokens=spec, **more), version)
 
 
 make.loads_family = True  # TARGET@VERSION reaches every vllm-v1 release (0.6.4.post1 on)

@@ -131,6 +131,6 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
 ENGINE_TARGETS: dict[str, tuple[str, str]] = {
     "vllm-v1-engine": ("kvcheck.impl.thirdparty.vllm_v1_engine:make",
                        "vLLM v1's real Scheduler, KVCacheManager and Request (0.33.0; "
-                       "@0.8.4..0.33.0), no model: add_request, schedule, a generated "
+                       "@0.6.4.post1..0.33.0), no model: add_request, schedule, a generated "
                        "ModelRunnerOutput, update_from_output"),
 }

@@ -49,6 +49,11 @@ def add_parser(sub) -> None:
                             "%(default)s, none)")
         q.add_argument("--no-prefix-caching", action="store_true",
                        help="run with prefix caching off (default: on)")
+        q.add_argument("--max-model-len", type=positive_int, default=None, metavar="TOKENS",
+                       help="max_model_len, in tokens: the most a request may reach (longer "
+                            "prompts are not drawn) and so its block-table row, "
+                            "cdiv(TOKENS, block size) blocks, which no request's table may "
+                            "exceed (default: the engine's, 65,536 tokens, never reached)")
         q.add_argument("--requests", type=positive_int, default=d["requests"], metavar="N",
                        help="requests in the seeded workload (default: %(default)s)")
 
@@ -61,7 +66,7 @@ def run(args) -> int:
     from kvcheck.models.engine.model import EngineScope
 
     scope = EngineScope(args.blocks, args.block_size, args.budget, args.max_seqs, args.policy,
-                        not args.no_prefix_caching, args.spec_tokens)
+                        not args.no_prefix_caching, args.spec_tokens, args.max_model_len or 0)
     result = checking.run(args, "verify-engine", "engine", scope=scope,
                           extra={"requests": args.requests})
     return checking.report(args, result, "verify-engine", _passed, _json)

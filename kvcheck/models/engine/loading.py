@@ -1,6 +1,7 @@
 """Engine TARGETs: ``vllm-v1-engine[@VERSION]`` (``kvcheck.targets.registry.ENGINE_TARGETS``),
 ``module:attr`` or ``file.py:attr``; a factory is called as ``factory(num_blocks,
-block_size, budget=, max_seqs=, policy=, caching=, spec=)`` (the scope's settings)."""
+block_size, budget=, max_seqs=, policy=, caching=, spec=)`` (the scope's settings), with
+``max_model_len=`` where the run sets it."""
 
 from __future__ import annotations
 
@@ -42,9 +43,10 @@ def build(factory, scope):
     try:
         with guarded(None):
             try:
+                more = {"max_model_len": scope.max_model_len} if scope.max_model_len else {}
                 target = factory(scope.num_blocks, scope.block_size, budget=scope.budget,
                                  max_seqs=scope.max_seqs, policy=scope.policy,
-                                 caching=scope.caching, spec=scope.spec)
+                                 caching=scope.caching, spec=scope.spec, **more)
             except (OperationTimeout, Interrupted):
                 raise
             except BaseException as exc:  # noqa: BLE001 - the engine refused: bad input

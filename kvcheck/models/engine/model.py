@@ -22,8 +22,10 @@ Operations:
 
 The scope: the KV pool (``num_blocks`` usable blocks of ``block_size`` tokens), the step's
 token budget (``budget``: chunked prefill), ``max_seqs``, the scheduling ``policy``
-(``fcfs`` or ``priority``), prefix caching (``caching``) and the speculative tokens per
-step (``spec``: n-gram style drafts, 0 = none). What the run checks lives in ``oracle``.
+(``fcfs`` or ``priority``), prefix caching (``caching``), the speculative tokens per
+step (``spec``: n-gram style drafts, 0 = none) and ``max_model_len`` (the tokens a request
+may reach, hence its block-table row: ``cdiv(max_model_len, block_size)`` blocks; 0 = the
+engine's default, which no request of the pool reaches). What the run checks lives in ``oracle``.
 Shrinking works on requests and steps (the generic shrinker drops operations, truncates
 prompts, lowers counts; here: an abort dropped with its request, steps cut from the end).
 """
@@ -62,12 +64,14 @@ class EngineScope:
     policy: str = "fcfs"
     caching: bool = True
     spec: int = 0
+    max_model_len: int = 0  # tokens a request may reach (0: the engine's default, unbounded)
 
     def describe(self) -> str:
         return (f"{self.num_blocks} blocks x {self.block_size} slots, budget {self.budget} "
                 f"tokens, {self.max_seqs} seqs, {self.policy}, prefix caching "
                 f"{'on' if self.caching else 'off'}"
-                + (f", {self.spec} speculative tokens" if self.spec else ""))
+                + (f", {self.spec} speculative tokens" if self.spec else "")
+                + (f", max_model_len {self.max_model_len}" if self.max_model_len else ""))
 
 
 @dataclass
@@ -210,26 +214,32 @@ class EngineModel(Model):
 
     def scope_words(self, scope: EngineScope) -> str:
         return (f", budget {scope.budget}, {scope.max_seqs} seqs, {scope.policy}, caching "
-                f"{'on' if scope.caching else 'off'}, spec {scope.spec}")
+                f"{'on' if scope.caching else 'off'}, spec {scope.spec}"
+                + (f", max_model_len {scope.max_model_len}" if scope.max_model_len else ""))
 
     def scope_json(self, scope: EngineScope) -> dict:
         """A trace's scope holds integers: ``priority`` 1 for priority scheduling (0: fcfs),
-        ``caching`` 1 for prefix caching on."""
-        return {"num_blocks": scope.num_blocks, "block_size": scope.block_size,
-                "budget": scope.budget, "max_seqs": scope.max_seqs,
-                "priority": int(scope.policy == "priority"), "caching": int(scope.caching),
-                "spec": scope.spec}
+        ``caching`` 1 for prefix caching on; ``max_model_len`` only when the run set it."""
+        out = {"num_blocks": scope.num_blocks, "block_size": scope.block_size,
+               "budget": scope.budget, "max_seqs": scope.max_seqs,
+               "priority": int(scope.policy == "priority"), "caching": int(scope.caching),
+               "spec": scope.spec}
+        if scope.max_model_len:
+            out["max_model_len"] = scope.max_model_len
+        return out
 
     def scope_from_json(self, data: dict) -> EngineScope:
-        known = {"num_blocks", "block_size", "budget", "max_seqs", "priority", "caching", "spec"}
+        known = {"num_blocks", "block_size", "budget", "max_seqs", "priority", "caching", "spec",
+                 "max_model_len"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown field {unknown[0]!r}")
-        values = {k: data[k] for k in ("budget", "max_seqs", "spec") if k in data}
+        values = {k: data[k] for k in ("budget", "max_seqs", "spec", "max_model_len")
+                  if k in data}
         if any(type(v) is not int or v < 0 for v in (*values.values(), data["num_blocks"],
                                                         data["block_size"])):
-            raise ValueError("num_blocks, block_size, budget, max_seqs and spec must be "
-                             "non-negative integers")
+            raise ValueError("num_blocks, block_size, budget, max_seqs, spec and max_model_len "
+                             "must be non-negative integers")
         if data.get("priority", 0) not in (0, 1) or data.get("caching", 1) not in (0, 1):
             raise ValueError("priority and caching must be 0 or 1")
         return EngineScope(data["num_blocks"], data["block_size"], **values,
@@ -246,8 +256,14 @@ def step_gen(seed: int, k: int) -> int:
 
 def fits(scope: EngineScope, prompt: int, max_new: int) -> bool:
     """Whether the pool can hold the request whole: its prompt, every token it may
-    generate and a step's drafts."""
-    need = -(-(prompt + max_new + scope.spec) // scope.block_size)
+    generate (up to ``max_model_len`` where the run sets it: the engine stops a request
+    there, and refuses a longer prompt) and a step's drafts."""
+    total = prompt + max_new
+    if scope.max_model_len:
+        if prompt > scope.max_model_len:
+            return False
+        total = min(total, scope.max_model_len)
+    need = -(-(total + scope.spec) // scope.block_size)
     return prompt >= 1 and max_new >= 1 and need <= scope.num_blocks
 
 

@@ -20,10 +20,13 @@ refcounts, free queue and hash map) and checks, with the spec's text:
    waiting, preempted) holds no block; a running request's blocks hold exactly what its
    computed tokens need (``spec.invariants.table_length``, with the slots up to the
    furthest one a step scheduled for it counted as reserved: a rejected draft's slots stay
-   allocated); the engine never raises (a crash is a violation naming
-   the step); every request finishes within a bound when the pool can hold it
-   (liveness: the bound is generous -- every request's whole work redone once per other
-   request -- so only a starved or stuck request reaches it);
+   allocated), or on a preallocating release (to 0.8.4) at most its preallocation more;
+   a request never holds more blocks than its block-table row, ``cdiv(max_model_len,
+   block_size)`` (``ROW``: the run's ``max_model_len``, else the target's); the engine
+   never raises (a crash is a violation naming the step); every request finishes within
+   a bound when the pool can hold it (liveness: the bound is generous -- every request's
+   whole work redone once per other request -- so only a starved or stuck request
+   reaches it);
 4. **every block-manager invariant** (``spec.invariants``) over the running requests'
    tables, the refcounts and the free queue, and, with prefix caching, **every
    prefix-cache invariant** (``spec.prefix``) over the pool's hash map: a key's meaning is
@@ -69,6 +72,11 @@ PREALLOC_DOC = ("A release that preallocates (to 0.8.4, num_preallocate_tokens) 
                 "request the blocks its computed tokens (and the furthest slot a step reached) "
                 "need, plus at most its preallocation; table_length then counts the rest as "
                 "reserved.")
+ROW = "a request's blocks fit its block-table row: at most cdiv(max_model_len, block_size)"
+ROW_DOC = ("The model runner's block table has cdiv(max_model_len, block_size) columns per "
+           "request: whatever the manager preallocates, a request never holds more blocks "
+           "than that (vLLM PR #10730: 0.6.4.post1's preallocation took up to "
+           "needed + 64 / block_size blocks, past the row).")
 HITS = "get_computed_blocks: every block a cache hit returns holds the requested prefix"
 REFUSED = "allocate_slots: a refused allocation changes nothing"
 APPENDS = "allocate_slots: the request's blocks grow by its hits and the new blocks returned"
@@ -84,6 +92,9 @@ class EngineOracle:
     def __init__(self, target, scope, mode: str = "fast", seed: int = 0):
         self.target, self.scope, self.mode, self.seed = target, scope, mode, seed
         self.nb, self.bs = scope.num_blocks, scope.block_size
+        # the engine's id of the oracle's block 0 (the KV calls and writes name engine ids):
+        # 1 where the engine's block 0 is a null block outside the pool (vLLM 0.8.3 on)
+        self.off = getattr(target, "block_offset", 1)
         self.steps = 0  # operations checked
         self.engine_steps = 0
         self.violation: Violation | None = None
@@ -284,7 +295,7 @@ class EngineOracle:
             if c.name == "get_computed_blocks":
                 v = None
                 hits.append((q, c))
-            elif c.name == "allocate_slots":
+            elif c.name in ("allocate_slots", "append_slots"):  # append_slots: to 0.7.1
                 v = self._allocated(n, q, c)
             else:
                 v = None
@@ -310,8 +321,9 @@ class EngineOracle:
             want = chain[i] if i < len(chain) else -1
             have = self._content(b)
             if have != want:
-                return Violation(n, "contract", HITS, b - 1, subject="block", witness=(
-                    f"request {q}'s lookup returned block {b - 1} as its block {i}, which holds "
+                return Violation(n, "contract", HITS, b - self.off, subject="block", witness=(
+                    f"request {q}'s lookup returned block {b - self.off} as its block {i}, "
+                    f"which holds "
                     f"{self.ghost.show(have)} ({self._filled(b)} of {self.bs} slots written), "
                     f"not the requested {self.ghost.show(want)}"),
                     doc=prefix_spec.cache_hits.__doc__ or "")
@@ -324,14 +336,14 @@ class EngineOracle:
         if c.result is None:
             if after != before or c.free_after != c.free_before:
                 return Violation(n, "contract", REFUSED, q, subject="seq", witness=(
-                    f"allocate_slots for request {q} returned None, yet its blocks went "
+                    f"{c.name} for request {q} returned None, yet its blocks went "
                     f"from {before} to {after} and the free count from {c.free_before} to "
                     f"{c.free_after}"))
             return None
         new = result_blocks(c.result)
         if after[:len(before)] != before or (new and after[len(after) - len(new):] != new):
             return Violation(n, "contract", APPENDS, q, subject="seq", witness=(
-                f"allocate_slots for request {q}: its blocks went from {before} to {after}, "
+                f"{c.name} for request {q}: its blocks went from {before} to {after}, "
                 f"returning new blocks {new}"))
         for b in new:
             self.slots[b] = [None, {}]
@@ -353,10 +365,10 @@ class EngineOracle:
                         f"{len(blocks)} block(s) of {bs}"), doc=SLOTS_DOC)
                 b = blocks[i]
                 if b not in fresh:
-                    return Violation(n, "contract", WRITE_FRESH, b - 1, subject="block",
+                    return Violation(n, "contract", WRITE_FRESH, b - self.off, subject="block",
                                      doc=WRITE_FRESH_DOC, witness=(
                         f"step {self.engine_steps} writes request {q}'s token {p} into block "
-                        f"{b - 1} (its block {i}), which it reached through a cache hit: "
+                        f"{b - self.off} (its block {i}), which it reached through a cache hit: "
                         f"holding {self.ghost.show(self._content(b))}"))
                 parent = chain[i - 1] if 0 < i <= len(chain) else -1
                 slot = self.slots.setdefault(b, [None, {}])
@@ -421,6 +433,17 @@ class EngineOracle:
         # a rejected draft's slots stay allocated (update_from_output rolls back
         # num_computed_tokens, not the blocks): reserved up to the furthest slot reached
         reserved = {q: max(0, self.reached.get(q, 0) - live[q]) for q in tables}
+        # the block-table row: the run's max_model_len, else the engine's (if it says)
+        cap_len = self.scope.max_model_len or getattr(t, "max_model_len", 0)
+        if cap_len:
+            row = -(-cap_len // self.bs)
+            for q, blocks in tables.items():
+                if len(blocks) > row:
+                    return Violation(n, "invariant", ROW, q, subject="seq", doc=ROW_DOC,
+                                     witness=(
+                        f"after {what}, request {q} holds {len(blocks)} block(s), past its "
+                        f"block-table row of {row} (max_model_len {cap_len}, {self.bs} slots a "
+                        f"block)"))
         extra = getattr(t, "preallocate_blocks", 0)
         if extra:  # a preallocating release: the table is bounded, not exact
             for q, blocks in tables.items():
@@ -461,8 +484,8 @@ class EngineOracle:
         partial = set()
         for q, blocks in tables.items():
             partial.update(blocks[computed[q] // bs:])
-        filled = {b - 1: self._filled(b) for b in self.slots}
-        content = {b - 1: self._content(b) for b in self.slots}
+        filled = {b - self.off: self._filled(b) for b in self.slots}
+        content = {b - self.off: self._content(b) for b in self.slots}
         hashed = {b for b in range(self.nb) if t.block_hash(b) is not None}
         snap = prefix_spec.PrefixSnapshot(
             self.nb, bs, refs, [b for b in queue if b not in hashed],
