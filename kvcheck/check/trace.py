@@ -388,6 +388,38 @@ def _as_floats(data):
     return data
 
 
+def _integral_float(data) -> bool:
+    """Whether ``data`` (Python values, not from ``parse``) holds a float such as 2.0."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif type(node) is float and node.is_integer():
+            return True
+    return False
+
+
+def _with_decimals(data):
+    """A copy of ``data`` whose floats such as 2.0 are ``Decimal``s, as ``parse`` reads them."""
+    root = [data]
+    stack = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        v = parent[key]
+        if isinstance(v, dict):
+            parent[key] = v = dict(v)
+            stack.extend((v, k) for k in v)
+        elif isinstance(v, list):
+            parent[key] = v = list(v)
+            stack.extend((v, i) for i in range(len(v)))
+        elif type(v) is float and v.is_integer():
+            parent[key] = Decimal(repr(v))
+    return root[0]
+
+
 def _no_constant(name: str):
     raise TraceError(f"not valid JSON: {name} is not a number")
 
@@ -516,9 +548,10 @@ class Trace:
         Path(path).write_text(self.dumps_for(path) + "\n", encoding="utf-8")
 
     @classmethod
-    def from_json(cls, data, decimals: bool = False) -> Trace:
-        """The trace ``data`` holds (parsed JSON); ``decimals``: it may hold ``Decimal``s from
-        ``parse``, made floats again once it is valid (where any value is allowed)."""
+    def from_json(cls, data, decimals: bool | None = None) -> Trace:
+        """The trace ``data`` holds. ``decimals``: whether it may hold ``Decimal``s from
+        ``parse`` (made floats again once it is valid, where any value is allowed); None:
+        ``data`` is Python's own, whose floats such as 2.0 are read as ``parse`` reads them."""
         data = _upgraded(data)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise TraceError(f"not a kvcheck trace (expected \"format\": \"{FORMAT}\")")
@@ -534,6 +567,8 @@ class Trace:
             m = model_named(name)
         except KeyError:
             raise TraceError(f"trace.model: unknown model {name!r}") from None
+        if decimals is None and _integral_float(data):
+            data, decimals = _with_decimals(data), True
         validate(data, _schema((name,)), "trace")
         if decimals:
             data = _as_floats(data)

@@ -95,6 +95,8 @@ def test_an_integral_float_is_not_an_integer():
         raw = json.dumps(good).replace('"n_tokens": 1', f'"n_tokens": {text}')
         with pytest.raises(TraceError, match=re.escape(f"trace.ops[0].n_tokens: expected integer, got {shown}")):
             Trace.loads(raw, "t")
+        with pytest.raises(TraceError, match=re.escape(f"trace.ops[0].n_tokens: expected integer, got {shown}")):
+            Trace.from_json(json.loads(raw))  # Python's own values: the same
 
 
 def test_an_unknown_operation_and_a_bad_field_of_the_meant_one_are_named():
