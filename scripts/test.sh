@@ -13,8 +13,8 @@ bash scripts/install_thirdparty.sh vllm-v0-legacy==0.4.1 vllm-v0-legacy==0.4.2 v
 bash scripts/install_thirdparty.sh vllm-v0==0.4.3 vllm-v0==0.5.4 vllm-v0==0.5.5 vllm-v0==0.6.2 vllm-v0==0.6.3.post1
 # the SimpleCPUOffload connector under the tiers model, the #42571 pairs (tests/thirdparty/test_vllm_v1_offload.py), and the native OffloadingConnector's 0.21.0 .. 0.32.0 and #49118's pair (test_vllm_v1_native_offload.py)
 bash scripts/install_thirdparty.sh vllm-v1==0.20.2 vllm-v1==0.21.0 vllm-v1==0.22.0 vllm-v1==0.23.0 vllm-v1==0.24.0 vllm-v1==0.25.1 vllm-v1==0.26.0 vllm-v1==0.27.0 vllm-v1==0.32.0 aphrodite==0.21.0 aphrodite==0.22.0
-# vLLM v1's engine core through its own scheduler, the #19459 pair (tests/thirdparty/test_vllm_v1_engine.py)
-bash scripts/install_thirdparty.sh vllm-v1-early==0.8.4 vllm-v1-early==0.8.5 vllm-v1-early==0.9.0 vllm-v1-early==0.9.1 vllm-v1==0.10.2  # and docs/traces/engine's releases
+# vLLM v1's engine core through its own scheduler, the #19459 pair, the early scheduler's code paths and the #10730 / #11186 pair (tests/thirdparty/test_vllm_v1_engine.py)
+bash scripts/install_thirdparty.sh vllm-v1-early==0.6.4.post1 vllm-v1-early==0.6.5 vllm-v1-early==0.7.0 vllm-v1-early==0.7.2 vllm-v1-early==0.8.0 vllm-v1-early==0.8.4 vllm-v1-early==0.8.5 vllm-v1-early==0.9.0 vllm-v1-early==0.9.1 vllm-v1==0.10.2  # and docs/traces/engine's releases
 # a headless browser for the HTML report test: one line says which, what it installed, or why
 # none can run (not root, no passwordless sudo, no apt-get); the suite goes on, and that test
 # then fails with the line (nothing is skipped)

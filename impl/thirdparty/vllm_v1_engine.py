@@ -51,10 +51,11 @@ engine core's loop (``EngineCore.step``, ``vllm/v1/engine/core.py``) and the mod
    ``EngineCore.abort_requests``).
 
 Stand-ins, in one place: ``STUBS`` (a module each, its builder's docstring says what it
-replaces and why) and ``OFF`` (features that are off: only their names are imported, any
-use raises); every other ``vllm.*`` import is the release's own file, and a name neither
-loaded nor stood in raises (``_loader``). Each replaces an object the engine cannot run
-without on a CPU-only machine without vLLM's dependencies, or one that only reports:
+replaces and why; ``STUBS_TO_0_10`` on top of it where ``vllm.utils`` is one module) and
+``OFF`` (features that are off: only their names are imported, any use raises); every other
+``vllm.*`` import is the release's own file, and a name neither loaded nor stood in raises
+(``_loader``). Each replaces an object the engine cannot run without on a CPU-only machine
+without vLLM's dependencies, or one that only reports:
 
 ``vllm.config`` (``VllmConfig``, ``SchedulerConfig``, ``CacheConfig``, ``ModelConfig``...)
     the real config classes import ``transformers`` and read a model's HF config; the
@@ -567,6 +568,8 @@ def _stub_inputs(mod: types.ModuleType, loaded: Loaded) -> None:
 
 
 STUBS["vllm.inputs"] = _stub_inputs
+# the stand-ins of releases whose vllm.utils is one module (to 0.10.x), on top of STUBS
+STUBS_TO_0_10 = {"vllm.utils": _stub_utils_module}
 STUBS["vllm.v1.structured_output.utils"] = _names(
     "structured output", strip_speculative_padding=_unreachable("structured output"))
 OFF["vllm.config"] = "vllm's config classes (settings come from EngineConfig)"
@@ -615,7 +618,7 @@ def load(version: str | None = None) -> Loaded:
                       or (root / f.replace(".", "/") / "__init__.py").is_file())
         stubs = dict(STUBS)
         if not (root / "vllm/utils/math_utils.py").is_file():  # to 0.10.x: one vllm.utils
-            stubs["vllm.utils"] = _stub_utils_module
+            stubs.update(STUBS_TO_0_10)
         loaded = _EngineLoaded(dist, root, files, stubs)
         loaded.prefix += "_engine"
         if "vllm._bc_linter" in loaded.files:  # vllm/__init__.py's lazy names (not run)

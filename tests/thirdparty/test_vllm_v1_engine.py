@@ -2,7 +2,11 @@
 ``KVCacheManager``, ``Request`` and ``SamplingParams``, driven step by step by the engine
 model with a generated model output (issue 34).
 
-A fixed release passes with every rule exercised; #19459 (0.9.0: resuming a preempted
+A fixed release passes with every rule exercised, the early releases (0.6.4.post1 .. 0.8.2,
+their own scheduler with its preallocating manager) included; #10730 (0.6.4.post1: a
+preallocation past the request's block-table row) and #11186 (0.6.4.post1: a prompt wholly
+cached recomputes one token into a block keyed by other tokens) are caught, 0.6.5 passes
+their traces; #19459 (0.9.0: resuming a preempted
 request whose drafts were accepted crashes the engine step) and #43569 (0.33.0 with priority
 scheduling: a block cached by ``allocate_slots`` for a request preempted in the same
 ``schedule()`` is never written) are caught through the real scheduler, and the releases
@@ -11,6 +15,7 @@ around them pass; a manager that does not free is caught; every stand-in is decl
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -18,15 +23,16 @@ import pytest
 from kvcheck.check.shrink import Budget
 from kvcheck.cli import main as kvcheck
 from kvcheck.impl.thirdparty import install, vllm_v1_engine
-from kvcheck.models.engine.model import EngineScope
-from kvcheck.verify import verify
+from kvcheck.models.engine.model import EngineOp, EngineScope
+from kvcheck.verify import replay_ops, verify
 
 TRACES = sorted((Path(__file__).resolve().parents[2] / "docs" / "traces" / "engine").glob("*.json"))
 
 
 def _engine(target, blocks=6, spec=3, policy="fcfs", seed=0, requests=30, shrink=False,
-            caching=True):
-    scope = EngineScope(blocks, 4, spec=spec, policy=policy, caching=caching)
+            caching=True, max_model_len=0):
+    scope = EngineScope(blocks, 4, spec=spec, policy=policy, caching=caching,
+                        max_model_len=max_model_len)
     return verify(target, blocks, 4, 2000, seed, model="engine", scope=scope,
                   do_shrink=shrink, shrink_budget=Budget(20_000),
                   extra={"requests": requests})
@@ -59,6 +65,64 @@ def test_a_preallocating_release_passes_within_its_preallocation():
         r = _engine("vllm-v1-engine@0.8.4", spec=spec, seed=1)
         assert r.verdict == "pass", r.violation
         assert r.state.target.preallocate_blocks == 16, r.state.target.preallocate_blocks
+
+
+def test_the_early_scheduler_passes_on_each_of_its_code_paths():
+    """0.7.0 (append_slots, the manager's own pool, the request built from token_inputs, one
+    sampled token a request), 0.7.2 (one allocate_slots), 0.8.0 (BlockPool without a null
+    block, drafts in the runner's output): the release's own Scheduler and preallocating
+    KVCacheManager pass, with preemptions and cache hits, and with speculation on 0.8.0."""
+    _ensure("0.7.0", "0.7.2", "0.8.0")
+    # (0.8.0 .. 0.8.4 with drafts past max_model_len crash in allocate_slots, fixed in 0.8.5:
+    # the run with speculation keeps the engine's max_model_len)
+    for version, spec, row in (("0.7.0", 0, 16), ("0.7.2", 0, 16), ("0.8.0", 0, 16),
+                               ("0.8.0", 3, 0)):
+        r = _engine(f"vllm-v1-engine@{version}", blocks=8, spec=spec, seed=1, requests=12,
+                    max_model_len=row)
+        assert r.verdict == "pass", (version, spec, r.violation)
+        t, st = r.state.target, r.state.stats
+        assert (t.version, t.block_offset, t.preallocate_blocks) == (version, 0, 16)
+        assert st["finished"] + st["aborted"] == st["requests"] == 12, st
+        assert st["hits"] > 0 and st["kv_calls"] > 30, st
+        mods = vllm_v1_engine.load(version)
+        for name in mods.stood_in:  # every stand-in of the early load is declared
+            declared = {**vllm_v1_engine.STUBS, **vllm_v1_engine.STUBS_TO_0_10}.get(name)
+            assert (declared and declared.__doc__) or vllm_v1_engine._off(name), name
+        assert "vllm.v1.core.scheduler" in mods.files and "vllm.v1.request" in mods.files
+
+
+def test_10730_a_preallocation_past_the_block_table_row_is_caught_on_0_6_4_post1():
+    """0.6.4.post1's manager takes min(needed + 64 / block_size, free) blocks: past the
+    row of cdiv(max_model_len, block_size) at once; 0.6.5 caps it there and passes."""
+    _ensure("0.6.4.post1", "0.6.5")
+    r = _engine("vllm-v1-engine@0.6.4.post1", blocks=8, spec=0, max_model_len=8, shrink=True)
+    assert r.verdict == "fail" and r.violation.name.startswith(
+        "a request's blocks fit its block-table row"), r.violation
+    assert len(r.trace.ops) == 2, r.trace.ops  # add, step
+    r = _engine("vllm-v1-engine@0.6.5", blocks=8, spec=0, max_model_len=8)
+    assert r.verdict == "pass", r.violation
+    assert r.state.stats["finished"] > 0 and r.state.target.preallocate_blocks == 16
+
+
+def test_11186_is_caught_on_0_6_4_post1_and_its_trace_passes_on_0_6_5():
+    """A prompt wholly in the cache: 0.6.4.post1's scheduler computes its last token only,
+    into a fresh block the manager keys by other tokens (key_after_write); 0.6.5 recomputes
+    the block. The run finds it; its shrunk trace (seed 2, 7 operations) fails on 0.6.4.post1
+    and passes on 0.6.5 (whose own #11565 shows on runs of its own, not on this trace)."""
+    _ensure("0.6.4.post1", "0.6.5")
+    r = _engine("vllm-v1-engine@0.6.4.post1", blocks=8, spec=0, seed=2)
+    assert r.verdict == "fail" and r.violation.name == "key_after_write", r.violation
+    prompt = [2, 2, 2, 4]  # one block, wholly cached once request 3 has run
+    ops = [EngineOp("add", seq=3, tokens=prompt, max_new=1, priority=0),
+           EngineOp("add", seq=4, tokens=prompt, max_new=4, priority=1),
+           *[EngineOp("step", gen=1667407602) for _ in range(5)]]
+    scope = {"num_blocks": 2, "block_size": 4, "budget": 4, "max_seqs": 8, "priority": 0,
+             "caching": 1, "spec": 0}
+    bad = replay_ops("engine", "vllm-v1-engine@0.6.4.post1", scope, copy.deepcopy(ops))
+    assert bad.violation is not None and bad.violation.name == "key_after_write", bad.violation
+    assert "block 1" in bad.violation.witness and "1 of 4 slots" in bad.violation.witness
+    good = replay_ops("engine", "vllm-v1-engine@0.6.5", scope, copy.deepcopy(ops))
+    assert good.violation is None, good.violation
 
 
 def test_19459_is_caught_on_0_9_0_through_the_real_scheduler_and_0_9_1_passes():
