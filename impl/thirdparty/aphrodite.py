@@ -55,7 +55,7 @@ def _stub_envs(mod: types.ModuleType, loaded: Loaded) -> None:
     """``vllm_v1``'s ``envs`` stand-in under aphrodite's names: every ``VLLM_*`` setting
     it holds also as ``APHRODITE_*`` (the coordinator of 0.22.0 / 0.23.0 reads
     ``APHRODITE_PREFIX_CACHE_RETENTION_INTERVAL``: unset, None)."""
-    vllm_v1._stub_envs(mod, loaded)
+    vllm_v1.STUBS["vllm.envs"](mod, loaded)
     for name in [n for n in vars(mod) if n.startswith("VLLM_")]:
         setattr(mod, "APHRODITE_" + name[len("VLLM_"):], getattr(mod, name))
 

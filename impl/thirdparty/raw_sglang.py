@@ -149,7 +149,7 @@ def replay_sglang_radix(ops: list[tuple], num_pages: int, page_size: int) -> lis
             if op[0] == "allocate":
                 seq, n = op[1], op[2]
                 tokens = list(op[3]) if len(op) > 3 else [next(fresh) for _ in range(n)]
-                req = sglang_radix._Req(tokens)  # the Req fields the tree reads (stand-in)
+                req = sglang_radix.Req(tokens)  # the Req fields the tree reads (stand-in)
                 req.kv.req_pool_idx = pool.alloc_rows(1)[0]
                 m = tree.match_prefix(Match(key=RadixKey(req.full_untruncated_fill_ids, None,
                                                          limit=n - 1)))

@@ -238,7 +238,7 @@ class _Kv:
         return 0
 
 
-class _Req:
+class Req:
     """The fields of ``Req`` that ``RadixCache.checkpoint`` reads."""
 
     def __init__(self, tokens: Sequence[int]):
@@ -301,7 +301,7 @@ class SglangRadixTarget:
         self._base = mods[f"{MEM}.base_prefix_cache"]
         self._common = mods[f"{MEM}.common"]
         self.check_first = check_first
-        self.reqs: dict[int, _Req] = {}
+        self.reqs: dict[int, Req] = {}
         self._tokens = itertools.count(1 << 20)  # fresh ids, apart from a driver's small ones
 
     def _t(self, values):
@@ -312,7 +312,7 @@ class SglangRadixTarget:
         return (int(self.alloc.available_size()) + int(self.tree.evictable_size())) \
             // self.block_size
 
-    def _row(self, req: _Req):
+    def _row(self, req: Req):
         return self.pool.req_to_token[req.kv.req_pool_idx, : len(req)].to(self.torch.int64)
 
     def admits(self, op) -> bool:
@@ -336,7 +336,7 @@ class SglangRadixTarget:
             next(self._tokens) for _ in range(n_tokens)]
         if len(tokens) != n_tokens:
             raise MisuseError("len(token_ids) != n_tokens")
-        req = _Req(tokens)
+        req = Req(tokens)
         rows = self.pool.alloc_rows(1)
         if rows is None:
             raise MisuseError("no req_to_token row left")
@@ -410,7 +410,7 @@ class SglangRadixTarget:
         self.pool.free(req)
         del self.reqs[seq]
 
-    def _live(self, seq: int) -> _Req:
+    def _live(self, seq: int) -> Req:
         req = self.reqs.get(seq)
         if req is None:
             raise MisuseError(f"unknown sequence {seq!r}")

@@ -83,6 +83,7 @@ from typing import Any
 from kvcheck.spec.tiers import CONTRACTS
 
 from ..errors import MisuseError, OutOfBlocks
+from . import _loader
 from . import sglang as S
 from ._loader import Loaded
 
@@ -129,7 +130,7 @@ def _stub_platforms(mod: types.ModuleType, _: Loaded) -> None:
 
 
 def _stub_kernels(mod: types.ModuleType, loaded: Loaded) -> None:
-    S._stub_kernels(mod, loaded)
+    S.STUBS["sglang.kernels.ops.memory.allocator"](mod, loaded)
 
     def get_and_clear_swa_pages(*_a, **_k):
         raise RuntimeError("get_and_clear_swa_pages is the CUDA path; kvcheck runs the CPU one")
@@ -186,7 +187,7 @@ def load(version: str | None = None) -> Loaded:
     from . import install
 
     dist = install.select(ENGINE_KEY, version)
-    root = S._loader.require(dist)
+    root = _loader.require(dist)
     if S.single_file(root):
         raise MisuseError(f"SGLang {dist.version}: the allocators are one module "
                           "(mem_cache/allocator.py); sglang-swa loads the allocator/ package "

@@ -145,7 +145,7 @@ def _stub_sequence(mod: types.ModuleType, _: _loader.Loaded) -> None:
 
 
 def _stub_utils(mod: types.ModuleType, loaded: _loader.Loaded) -> None:
-    vllm_v0._stub_utils(mod, loaded)  # Device, cdiv, chunk_list
+    vllm_v0.STUBS["vllm.utils"](mod, loaded)  # Device, cdiv, chunk_list
     mod.STR_NOT_IMPL_ENC_DEC_PREFIX_CACHE = "prefix caching: not for encoder/decoder models"
     mod.STR_NOT_IMPL_ENC_DEC_SWA = "sliding window: not for encoder/decoder models"
 

@@ -298,19 +298,22 @@ def _stub_kv_events(mod: types.ModuleType, _: Loaded) -> None:
     mod.MEDIUM_CPU = "CPU"
 
 
-def _unreachable(what: str):
+def unreachable(what: str):
     def fail(*_a: Any, **_k: Any):
         raise NotImplementedError(f"kvcheck stand-in: {what} is not supported by the adapter")
 
     return fail
 
 
+_unreachable = unreachable  # (the name vllm_v1_early / vllm_v1_engine still use)
+
+
 def _stub_mm_utils(mod: types.ModuleType, _: Loaded) -> None:
-    mod.get_mm_features_in_window = _unreachable("multimodal features")
+    mod.get_mm_features_in_window = unreachable("multimodal features")
 
 
 def _stub_v1_utils(mod: types.ModuleType, _: Loaded) -> None:
-    mod.tensor_data = _unreachable("prompt embeddings")
+    mod.tensor_data = unreachable("prompt embeddings")
 
 
 def _stub_stats(mod: types.ModuleType, _: Loaded) -> None:
@@ -353,7 +356,7 @@ def _stub_torch(mod: types.ModuleType, _: Loaded) -> None:
 def _stub_torch_utils(mod: types.ModuleType, _: Loaded) -> None:
     mod.get_dtype_size = lambda _dtype: 2
     # 0.20.x: the page size of an NVFP4 KV cache (a dtype we never build)
-    mod.nvfp4_kv_cache_full_dim = _unreachable("NVFP4 KV-cache sizing")
+    mod.nvfp4_kv_cache_full_dim = unreachable("NVFP4 KV-cache sizing")
 
 
 def _stub_utils_module(mod: types.ModuleType, _: Loaded) -> None:
@@ -370,7 +373,7 @@ def _stub_utils_module(mod: types.ModuleType, _: Loaded) -> None:
     mod.GiB_bytes = 1 << 30
     mod.sha256 = lambda value: hashlib.sha256(
         pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
-    mod.sha256_cbor = _unreachable("cbor hashing")
+    mod.sha256_cbor = unreachable("cbor hashing")
     mod.get_dtype_size = lambda _dtype: 2
 
 
@@ -391,7 +394,7 @@ def _stub_hisparse_layout(mod: types.ModuleType, _: Loaded) -> None:
     ``VllmConfig`` with HiSparse is turned into a KV-cache config (never here)."""
     for name in ("get_hisparse_gpu_memory_usage", "get_hisparse_host_pool_bytes",
                  "get_hisparse_kv_cache_config", "get_hisparse_kv_cache_groups"):
-        setattr(mod, name, _unreachable("HiSparse KV-cache sizing"))
+        setattr(mod, name, unreachable("HiSparse KV-cache sizing"))
 
 
 def _stub_mem_utils(mod: types.ModuleType, _: Loaded) -> None:
@@ -407,7 +410,7 @@ def _stub_backend_registry(mod: types.ModuleType, _: Loaded) -> None:
 
 
 def _stub_cbor2(mod: types.ModuleType, _: Loaded) -> None:
-    mod.dumps = _unreachable("cbor2 hashing")
+    mod.dumps = unreachable("cbor2 hashing")
 
 
 STUBS = {

@@ -39,7 +39,7 @@ why it cannot change what the connector decides:
 ``vllm.distributed.kv_transfer.kv_connector.utils``
     The real module imports torch, the model executor and the platform. The one function
     the manager imports from it, ``yield_req_data``, is the release's own: its definition
-    is read from that file and executed alone (``_release_function``), not copied.
+    is read from that file and executed alone (``release_function``), not copied.
 ``vllm.distributed.kv_transfer.kv_connector.v1.base``
     ``KVConnectorMetadata`` / ``KVConnectorWorkerMetadata``: the base classes of the
     connector's metadata records (abstract, no state); the real module imports the
@@ -156,7 +156,7 @@ OFFLOAD_FILES = ("vllm.v1.simple_kv_offload.manager", "vllm.v1.simple_kv_offload
 UTILS = "vllm.distributed.kv_transfer.kv_connector.utils"
 
 
-def _release_function(loaded: Loaded, module: str, name: str, namespace: dict) -> Any:
+def release_function(loaded: Loaded, module: str, name: str, namespace: dict) -> Any:
     """The release's own ``name`` from ``module``'s file: its ``def`` alone, parsed from the
     installed file and executed in ``namespace`` (the rest of that module is not run)."""
     path = loaded.root / (module.replace(".", "/") + ".py")
@@ -175,7 +175,7 @@ def _stub_connector_utils(mod: types.ModuleType, loaded: Loaded) -> None:
     real = mod.__kvcheck_real_name__
     ns = {"__builtins__": mod.__dict__["__builtins__"], "Iterator": Iterator, "Any": Any,
           "__name__": mod.__name__}
-    mod.yield_req_data = _release_function(loaded, real, "yield_req_data", ns)
+    mod.yield_req_data = release_function(loaded, real, "yield_req_data", ns)
 
 
 def _stub_connector_base(mod: types.ModuleType, _: Loaded) -> None:
@@ -212,7 +212,7 @@ def _stub_offload_metrics(mod: types.ModuleType, _: Loaded) -> None:
 
     mod.MetricName = MetricName
     mod.OUTCOME_TO_FIELD = {}
-    mod.SimpleCPUOffloadStats = vllm_v1._unreachable("the connector's metrics")
+    mod.SimpleCPUOffloadStats = vllm_v1.unreachable("the connector's metrics")
 
 
 def _stub_offload_sizing(mod: types.ModuleType, loaded: Loaded) -> None:
@@ -221,7 +221,7 @@ def _stub_offload_sizing(mod: types.ModuleType, loaded: Loaded) -> None:
     file and executed alone, as ``yield_req_data``)."""
     ns = {"__builtins__": mod.__dict__["__builtins__"], "__name__": mod.__name__,
           "KVCacheConfig": Any}
-    mod.gpu_total_bytes = _release_function(loaded, mod.__kvcheck_real_name__,
+    mod.gpu_total_bytes = release_function(loaded, mod.__kvcheck_real_name__,
                                             "gpu_total_bytes", ns)
 
 
@@ -237,15 +237,15 @@ def _stub_ec_manager_config(mod: types.ModuleType, _: Loaded) -> None:
 def _stub_kv_events(mod: types.ModuleType, loaded: Loaded) -> None:
     """``vllm_v1``'s stand-in, and 0.33.0's ``MEDIUM_STORAGE`` (a KV event's medium name;
     events are off)."""
-    vllm_v1._stub_kv_events(mod, loaded)
+    vllm_v1.STUBS["vllm.distributed.kv_events"](mod, loaded)
     mod.MEDIUM_STORAGE = "STORAGE"
 
 
 def _stub_mm_utils(mod: types.ModuleType, loaded: Loaded) -> None:
     """``vllm_v1``'s stand-in, and 0.33.0's ``strip_covered_mm_data``: reached only for a
     multimodal request, which kvcheck never makes (it raises)."""
-    vllm_v1._stub_mm_utils(mod, loaded)
-    mod.strip_covered_mm_data = vllm_v1._unreachable("multimodal data")
+    vllm_v1.STUBS["vllm.multimodal.utils"](mod, loaded)
+    mod.strip_covered_mm_data = vllm_v1.unreachable("multimodal data")
 
 
 OFFLOAD_STUBS = {

@@ -134,34 +134,34 @@ def _unreachable_module(what: str):
         def __getattr__(name: str):
             if name.startswith("__"):
                 raise AttributeError(name)
-            return vllm_v1._unreachable(f"{what} ({name})")
+            return vllm_v1.unreachable(f"{what} ({name})")
 
         mod.__getattr__ = __getattr__
     return build
 
 
 def _stub_envs(mod: types.ModuleType, loaded: Loaded) -> None:
-    vllm_v1._stub_envs(mod, loaded)
+    vllm_v1.STUBS["vllm.envs"](mod, loaded)
     mod.VLLM_NIXL_SIDE_CHANNEL_HOST = "localhost"
     mod.VLLM_NIXL_SIDE_CHANNEL_PORT = 5600
 
 
 def _stub_platforms(mod: types.ModuleType, loaded: Loaded) -> None:
-    vllm_v1._stub_platforms(mod, loaded)
+    vllm_v1.STUBS["vllm.platforms"](mod, loaded)
     mod.current_platform.device_type = "cuda"
 
 
 def _stub_connector_utils(mod: types.ModuleType, loaded: Loaded) -> None:
-    simple._stub_connector_utils(mod, loaded)
+    simple.OFFLOAD_STUBS[simple.UTILS](mod, loaded)
     mod.EngineId = str
     mod.BlockIds = tuple[list[int], ...] | list[list[int]]
     ns = {"__builtins__": mod.__dict__["__builtins__"], "__name__": mod.__name__}
-    mod.clip_ssm_state_blocks = simple._release_function(
+    mod.clip_ssm_state_blocks = simple.release_function(
         loaded, mod.__kvcheck_real_name__, "clip_ssm_state_blocks", ns)
 
 
 def _stub_connector_base(mod: types.ModuleType, loaded: Loaded) -> None:
-    simple._stub_connector_base(mod, loaded)
+    simple.OFFLOAD_STUBS["vllm.distributed.kv_transfer.kv_connector.v1.base"](mod, loaded)
 
     class KVConnectorHandshakeMetadata:  # a base class of the handshake record
         pass
