@@ -202,7 +202,7 @@ LEGACY_FILES = ("vllm.v1.kv_offload.worker.worker",)
 def _stub_torch(mod: types.ModuleType, loaded: Loaded) -> None:
     """``vllm_v1``'s stand-in, and ``Tensor`` (an annotation of ``kv_offload/base.py``'s
     worker-side records, never built here)."""
-    vllm_v1._stub_torch(mod, loaded)
+    vllm_v1.STUBS["torch"](mod, loaded)
 
     class Tensor:  # annotation only
         pass
