@@ -612,7 +612,10 @@ def free(L, pre, post, op):
     delayed free: vLLM's NIXL connector with the scheduler keeping the blocks until the
     worker reports ``finished_sending``): a new ``send`` job whose sources are blocks of
     the request's table, each keeping a reference (the job's, or the scheduler's pin) until
-    it completes -- the request's reference passes to it, nothing is freed."""
+    it completes -- the request's reference passes to it, nothing is freed. A final store
+    that holds its sources takes the request's references over the same way (vLLM 0.11.0 ..
+    0.20.2's OffloadingConnector: the scheduler keeps a finished request's blocks until
+    the worker reports its stores, ``finished_sending``)."""
     q = op.seq
     p = pre.pool_of(q)
     yield "free: the request holds nothing", q, L.and_(
@@ -631,8 +634,10 @@ def free(L, pre, post, op):
         elif job is not None:
             yield from _store_job(L, pre, post, op, job)
     sent = post.jobs.get((q, op.job)) if op.job is not None else None
-    sent = Counter(sent.src if sent is not None and sent.kind == SEND and sent.holds_src
-                   else ())  # (the references the send takes over from the request)
+    sent = Counter(sent.src if sent is not None and sent.holds_src
+                   else ())  # (the references the job it starts takes over from the
+    # request: a send's, or a final store's the scheduler keeps the request's blocks for
+    # until the worker reports it -- vLLM 0.11.0 .. 0.20.2's OffloadingConnector)
     for pool, held in [(p, pre.table(q) + pre.windows.get(q, ()))] + [
             (m, pre.mapped_table(m, q)) for m in pre.mapped_pools()]:
         mine = Counter(held)

@@ -435,6 +435,11 @@ STUBS = {
 ENGINE_KEY = "vllm-v1"  # its row in install.ENGINES: the releases this adapter loads
 
 
+# The stand-ins of a release whose ``vllm.utils`` is one module (no ``utils/math_utils.py``:
+# 0.10.x, 0.11.x): its utilities and the multimodal package it imports.
+ONE_UTILS_STUBS = {"vllm.utils": _stub_utils_module, "vllm.multimodal": _stub_multimodal}
+
+
 def load(version: str | None = None) -> Loaded:
     """vLLM's v1 KV-cache modules at ``version`` (see ``install.select``: default the vLLM
     installed in this environment if it is in range, else 0.33.0); ``ThirdPartyMissing``
@@ -446,7 +451,7 @@ def load(version: str | None = None) -> Loaded:
     files = tuple(f for f in FILES if (root / (f.replace(".", "/") + ".py")).is_file())
     stubs = STUBS
     if not (root / "vllm/utils/math_utils.py").is_file():  # 0.10.x: one vllm.utils module
-        stubs = {**STUBS, "vllm.utils": _stub_utils_module, "vllm.multimodal": _stub_multimodal}
+        stubs = {**STUBS, **ONE_UTILS_STUBS}
     return _loader.load(dist, files, stubs, entry=("vllm.v1.core.kv_cache_manager",))
 
 

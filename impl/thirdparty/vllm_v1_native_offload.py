@@ -17,9 +17,13 @@ with ``kv_offload/lru_manager.py``) and 0.19.0 .. 0.20.2 (the ``offloading/`` pa
 ``kv_offload/abstract.py``, ``spec.py``, ``mediums.py`` and ``cpu/manager.py``) key their
 jobs by request (``reqs_to_store``; the worker reports ``finished_sending`` for a request
 only once it has finished and all its stores landed, and the scheduler keeps its blocks
-until then): refused in words, not adapted -- a store started while its request runs
-completes, for the scheduler, only with the request's end, and the tiers model's driver
-completes any pending job whenever it chooses (docs/tiers.md says what is missing).
+until then). They run as ``RequestKeyedTarget`` (below: every store is the one a
+request's end starts). 0.11.0 .. 0.19.1 key a block by its hash alone and keep their scan
+state in ``_requests`` / ``_next_stored_block_idx`` (``_scan_position``); 0.11.0 .. 0.18.1
+load the scheduler class from the one file, whose worker-side imports are
+annotation-only stand-ins (``WORKER_SIDE``, ``_stub_names``; the config's
+``get_layers_from_vllm_config``, the worker's), with the release's LRU / ARC manager
+over its ``CPUBackend`` (``ONE_FILE_FILES``).
 
 The releases differ by feature, each read from the release's files, never from its
 version number:
@@ -194,6 +198,69 @@ NATIVE_FILES = (
     "vllm.v1.metrics.cache_hit_source",
 )
 
+# 0.19.0 .. 0.20.2 (``RequestKeyedTarget``): the connector keyed by request, its CPU manager
+# with the policy records of ``cpu/policies/abstract.py``; ``offloading/common.py``
+# imports ``TransferSpec`` from ``worker.py``, ``kv_offload/spec.py`` the worker's handler.
+KEYED_BY_REQUEST_FILES = (
+    "vllm.v1.core.sched.output",
+    CONNECTOR + ".scheduler", CONNECTOR + ".common",
+    "vllm.v1.kv_offload.abstract", "vllm.v1.kv_offload.mediums", "vllm.v1.kv_offload.spec",
+    "vllm.v1.kv_offload.worker.worker", "vllm.v1.kv_offload.cpu.manager",
+    "vllm.v1.kv_offload.cpu.policies.abstract", "vllm.v1.kv_offload.cpu.policies.lru",
+    "vllm.v1.kv_offload.cpu.policies.arc",
+)
+
+# 0.11.0 .. 0.18.1 (``RequestKeyedTarget``, ``ONE_FILE``): the connector in one file, its
+# scheduler class beside the worker's and the connector's; the LRU / ARC managers over a
+# CPU backend (``backend.py``, ``backends/cpu.py``).
+ONE_FILE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector"
+ONE_FILE_FILES = (
+    "vllm.v1.core.sched.output", ONE_FILE,
+    "vllm.v1.kv_offload.abstract", "vllm.v1.kv_offload.mediums", "vllm.v1.kv_offload.spec",
+    "vllm.v1.kv_offload.worker.worker", "vllm.v1.kv_offload.factory",
+    "vllm.v1.kv_offload.backend", "vllm.v1.kv_offload.backends.cpu",
+    "vllm.v1.kv_offload.lru_manager", "vllm.v1.kv_offload.arc_manager",
+)
+# What the one file imports for its worker and connector classes alone (names kvcheck
+# never calls: the scheduler class uses none of them): annotation-only stand-ins.
+WORKER_SIDE = (
+    "vllm.distributed.kv_transfer.kv_connector.v1",
+    "vllm.distributed.kv_transfer.kv_connector.v1.metrics",
+    "vllm.forward_context", "vllm.attention", "vllm.attention.backends.abstract",
+    "vllm.attention.layer", "vllm.model_executor.layers.attention",
+    "vllm.model_executor.layers.attention_layer_base", "vllm.v1.attention.backend",
+)
+
+
+def _stub_names(mod: types.ModuleType, _: Loaded) -> None:
+    """A module of the worker's and the connector's imports (``WORKER_SIDE``): every name
+    is a class of its own, a base or an annotation; nothing the scheduler class calls."""
+    made: dict[str, type] = {}
+
+    def __getattr__(name: str) -> type:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return made.setdefault(name, type(name, (), {}))
+
+    mod.__getattr__ = __getattr__
+
+
+def _stub_bc_linter(mod: types.ModuleType, _: Loaded) -> None:
+    """0.11.x .. 0.14.x: ``sched/output.py``'s records are marked for vLLM's
+    backward-compatibility linter (a decorator that returns its class unchanged)."""
+    def mark(obj=None, **_kw):
+        return obj if obj is not None else (lambda o: o)
+
+    mod.bc_linter_include = mod.bc_linter_skip = mark
+
+
+def _stub_config_one_file(mod: types.ModuleType, loaded: Loaded) -> None:
+    """``vllm_v1``'s config stand-in, and ``get_layers_from_vllm_config`` (the worker's, to
+    find attention layers; never called here)."""
+    vllm_v1.STUBS["vllm.config"](mod, loaded)
+    mod.get_layers_from_vllm_config = vllm_v1.unreachable("the worker's layer lookup")
+
+
 # 0.21.0 .. 0.24.0 (``LEGACY_FILES``): ``offloading/common.py`` imports ``TransferSpec`` (a type
 # alias of two ``LoadStoreSpec``) from the worker's ``worker.py``, the release's own file.
 LEGACY_FILES = ("vllm.v1.kv_offload.worker.worker",)
@@ -251,9 +318,41 @@ NATIVE_STUBS = {
 }
 
 
+def keyed_by_request(root) -> bool:
+    """0.19.0 .. 0.20.2's layout (the ``offloading/`` package over
+    ``kv_offload/abstract.py`` and ``cpu/manager.py``) or 0.11.0 .. 0.18.1's (one file over
+    ``abstract.py``, ``lru_manager.py`` and ``backends/cpu.py``)."""
+    kv = root / "vllm/v1/kv_offload"
+    return (kv / "abstract.py").is_file() and (all((root / f).is_file() for f in (
+        CONNECTOR.replace(".", "/") + "/scheduler.py", "vllm/v1/kv_offload/cpu/manager.py"))
+        or _one_file(root))
+
+
+def _one_file(root) -> bool:
+    kv = root / "vllm/v1/kv_offload"
+    return ((root / (ONE_FILE.replace(".", "/") + ".py")).is_file()
+            and (kv / "lru_manager.py").is_file() and (kv / "backends/cpu.py").is_file())
+
+
 def load(version: str | None = None) -> Loaded:
     dist = install.select(simple.ENGINE_KEY, version)
     root = _loader.require(dist)
+    if keyed_by_request(root):
+        one = _one_file(root)
+        files = tuple(f for f in vllm_v1.FILES + (ONE_FILE_FILES if one else
+                                                  KEYED_BY_REQUEST_FILES)
+                      if (root / (f.replace(".", "/") + ".py")).is_file())
+        stubs = {**vllm_v1.STUBS, **simple.OFFLOAD_STUBS, **NATIVE_STUBS}
+        if one:
+            stubs.update({name: _stub_names for name in WORKER_SIDE},
+                         **{"vllm.config": _stub_config_one_file,
+                            "vllm._bc_linter": _stub_bc_linter})
+        if not (root / "vllm/utils/math_utils.py").is_file():  # (as vllm_v1.load: 0.11.x)
+            stubs.update(vllm_v1.ONE_UTILS_STUBS)
+        entry = (ONE_FILE, "vllm.v1.kv_offload.lru_manager") if one else (
+            CONNECTOR + ".scheduler", "vllm.v1.kv_offload.cpu.manager")
+        return _loader.load(dist, files, stubs,
+                            entry=("vllm.v1.core.kv_cache_manager",) + entry)
     sched = root / (CONNECTOR.replace(".", "/") + "/scheduler.py")
     factory = root / "vllm/v1/kv_offload/cpu/policies/factory.py"
     keyed_by_job = all((root / f"vllm/v1/kv_offload/{f}.py").is_file()
@@ -262,8 +361,9 @@ def load(version: str | None = None) -> Loaded:
         keyed = " (its jobs keyed by request: reqs_to_store, finished_sending)" if (
             root / "vllm/v1/kv_offload/abstract.py").is_file() else ""
         raise MisuseError(f"{dist.dist} {dist.version}: the native offloading connector is "
-                          f"adapted in the layout of 0.21.0 .. 0.33.0 ({CONNECTOR}.scheduler "
-                          f"with kv_offload/base.py and cpu/manager.py); this release has "
+                          f"adapted in the layouts of 0.11.0 .. 0.33.0 ({CONNECTOR}.scheduler "
+                          f"with kv_offload/base.py, or abstract.py, and cpu/manager.py; "
+                          f"offloading_connector.py with lru_manager.py); this release has "
                           f"neither{keyed}")
     files = tuple(f for f in vllm_v1.FILES + NATIVE_FILES + LEGACY_FILES
                   if (root / (f.replace(".", "/") + ".py")).is_file())
@@ -503,9 +603,14 @@ class NativeOffloadTarget:
                 raise MisuseError("the connector deferred its lookup (it has no async one)")
             # an asynchronous load (a whole hit: no token left to compute with it) waits
             # for its copy with blocks for its hit tokens, nothing scheduled
-            got = self.manager.allocate_slots(
-                req, 0 if is_async else n - num_local - hit, num_local, computed,
-                num_external_computed_tokens=hit, delay_cache_blocks=is_async)
+            new = 0 if is_async else n - num_local - hit
+            if _loader.takes(type(self.manager).allocate_slots, "num_external_computed_tokens"):
+                got = self.manager.allocate_slots(
+                    req, new, num_local, computed, num_external_computed_tokens=hit,
+                    delay_cache_blocks=is_async)
+            else:  # (to 0.13.x the scheduler adds the external tokens to the new ones)
+                got = self.manager.allocate_slots(req, new + hit, num_local, computed,
+                                                  delay_cache_blocks=is_async)
             if got is None:
                 raise OutOfBlocks(f"vLLM allocate_slots returned None for {n} tokens")
         except OutOfBlocks:
@@ -513,11 +618,11 @@ class NativeOffloadTarget:
             # kvcheck's request is gone (nothing changed), as when the client aborts a
             # queued request: finish_requests (request_finished, free), and the next step
             # names it finished.
-            self._end_step(self._sched.SchedulerOutput.make_empty())
+            self._end_step(self._empty_output())
             req.status = RequestStatus.FINISHED_ABORTED
             self.connector.request_finished(req)
             self.manager.free(req)
-            out = self._sched.SchedulerOutput.make_empty()
+            out = self._empty_output()
             out.finished_req_ids = {req.request_id}
             if self._end_step(out).store_jobs:
                 raise MisuseError("the end of a request that was never scheduled started a "
@@ -529,18 +634,37 @@ class NativeOffloadTarget:
         self.finished.pop(seq, None)
         if is_async:
             req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-            self._step_meta = self._end_step(self._sched.SchedulerOutput.make_empty())
+            self._step_meta = self._end_step(self._empty_output())
             self._waiting[seq] = hit
             return hit
         req.status = RequestStatus.RUNNING
         self._step_meta = self._schedule_new(seq, req, n)
         return hit
 
+    def _empty_output(self) -> Any:
+        """A step's ``SchedulerOutput`` with nothing scheduled (``make_empty``; 0.11.x has
+        none: its fields empty, as the scheduler builds an idle step's)."""
+        cls = self._sched.SchedulerOutput
+        if hasattr(cls, "make_empty"):
+            return cls.make_empty()
+        import dataclasses
+
+        empty = {"scheduled_cached_reqs": self._sched.CachedRequestData.make_empty(),
+                 "total_num_scheduled_tokens": 0, "finished_req_ids": set()}
+        args = {}
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                continue
+            kind = str(f.type)
+            args[f.name] = empty.get(f.name, {} if kind.startswith("dict") else
+                                     [] if kind.startswith("list") else None)
+        return cls(**args)
+
     def _schedule_new(self, seq: int, req, n: int) -> Any:
         """The step that schedules ``req`` (its prefill, or its remaining token once an
         asynchronous load landed): the build names it a new request with all its block
         ids; its tokens reach the store scan at the next ``store``."""
-        out = self._sched.SchedulerOutput.make_empty()
+        out = self._empty_output()
         ids = self.manager.get_blocks(req.request_id).get_block_ids()
         out.scheduled_new_reqs = [simple.SimpleOffloadTarget._new_request_data(
             self, req, tuple(list(g) for g in ids))]
@@ -584,19 +708,30 @@ class NativeOffloadTarget:
         reqs.update(out.scheduled_cached_reqs.req_ids or ())
         kept = {}
         for rid in reqs - set(out.num_scheduled_tokens):
-            status = self.connector._req_status.get(rid)
-            if status is None:
+            req, stored = self._scan_position(rid)
+            if req is None:
                 continue
-            req = status.req
-            kept[rid] = req.num_computed_tokens
-            req.num_computed_tokens = (status.group_states[0].next_stored_block_idx
-                                       * self.block_size)
+            kept[rid] = (req, req.num_computed_tokens)
+            req.num_computed_tokens = stored * self.block_size
             out.num_scheduled_tokens[rid] = 0
         try:
             return self.connector.build_connector_meta(out)
         finally:
-            for rid, n in kept.items():
-                self.connector._req_status[rid].req.num_computed_tokens = n
+            for req, n in kept.values():
+                req.num_computed_tokens = n
+
+    def _scan_position(self, rid: str) -> tuple:
+        """The connector's request ``rid`` and the next block its scan would store (None,
+        0 for one it does not track): its offloading state's (0.20.0 on), or 0.19.x's
+        ``_requests`` / ``_next_stored_block_idx``."""
+        statuses = getattr(self.connector, "_req_status", None)
+        if statuses is None:
+            return (self.connector._requests.get(rid),
+                    self.connector._next_stored_block_idx.get(rid, 0))
+        status = statuses.get(rid)
+        if status is None:
+            return None, 0
+        return status.req, status.group_states[0].next_stored_block_idx
 
     def allocate(self, seq: int, tokens: Sequence[int]) -> None:
         req = self._new_request(seq, tokens)
@@ -630,7 +765,7 @@ class NativeOffloadTarget:
             del req.block_hashes[hashes_before:]
             raise OutOfBlocks("vLLM allocate_slots returned None for one decode token")
         ids = tuple(list(g) for g in new.get_block_ids())
-        out = self._sched.SchedulerOutput.make_empty()
+        out = self._empty_output()
         if any(ids):  # (the step's new block ids; its token to the next store)
             cached = out.scheduled_cached_reqs
             cached.req_ids = [req.request_id]
@@ -639,6 +774,8 @@ class NativeOffloadTarget:
             cached.num_computed_tokens = [length - self._unsent[seq]]
             if hasattr(cached, "num_output_tokens"):
                 cached.num_output_tokens = [len(req._output_token_ids)]
+            if hasattr(cached, "resumed_from_preemption"):  # (0.11.x: a flag per request)
+                cached.resumed_from_preemption = [False]
         self._end_step(out)
         req.num_computed_tokens = length + 1
         self._unsent[seq] += 1
@@ -652,7 +789,7 @@ class NativeOffloadTarget:
         tokens = self._unsent[seq]
         if not tokens:
             return None
-        out = self._sched.SchedulerOutput.make_empty()
+        out = self._empty_output()
         rid = req.request_id
         req.num_computed_tokens -= tokens  # (the scheduler's view before the step)
         cached = out.scheduled_cached_reqs
@@ -662,6 +799,8 @@ class NativeOffloadTarget:
         cached.num_computed_tokens = [req.num_computed_tokens]
         if hasattr(cached, "num_output_tokens"):
             cached.num_output_tokens = [len(req._output_token_ids)]
+        if hasattr(cached, "resumed_from_preemption"):  # (0.11.x)
+            cached.resumed_from_preemption = [False]
         out.num_scheduled_tokens = {rid: tokens}
         out.total_num_scheduled_tokens = tokens
         try:
@@ -746,7 +885,7 @@ class NativeOffloadTarget:
         self._unsent.pop(seq, None)
         self.finished[seq] = req
         # The next step (nothing scheduled) names it finished: its final store scan.
-        out = self._sched.SchedulerOutput.make_empty()
+        out = self._empty_output()
         out.finished_req_ids = {req.request_id}
         return self._take_store(self._end_step(out), seq)
 
@@ -850,13 +989,238 @@ class NativeOffloadTarget:
         return isinstance(exc, OutOfBlocks)
 
 
+class RequestKeyedTarget(NativeOffloadTarget):
+    """0.11.0 .. 0.20.2: the connector keyed by request (module doc). The worker names a
+    request in ``finished_sending`` only once the request has finished and all its stores
+    landed, and only then does the scheduler publish the request's chunks and free the
+    blocks it kept for them (``request_finished`` answers True: a delayed free). A store
+    started while its request runs could not complete before the request's end, while
+    kvcheck's driver completes a pending job whenever it chooses: ``store(seq)`` is never
+    issued (``admits``), and every store is the scan of a request's last step, which
+    ``free`` starts and returns -- one per request, which ``finished_sending`` completes
+    exactly. Its job holds its sources (the request's references pass to it: the
+    scheduler's delayed free); the request's other blocks (a partial last block, hits
+    already cached) are the delayed free's pin (``pins``) until the same report. A load is
+    one job per request (``reqs_to_load``), completed by ``finished_recving``; every hit is
+    asynchronous. The lookup answers False for a chunk still being stored (a miss)."""
+    capabilities = frozenset({"allocate", "append", "free", "store", "load", "complete"})
+
+    def __init__(self, num_blocks: int, block_size: int, host_blocks: int,
+                 version: str | None = None, policy: str = "lru"):
+        if num_blocks < 1 or block_size < 1 or host_blocks < 1:
+            raise MisuseError("num_blocks, block_size and host_blocks must be positive")
+        import inspect
+
+        self.num_blocks, self.block_size, self.host_blocks = num_blocks, block_size, host_blocks
+        mods = load(version)
+        self.version = mods.dist.version
+        iface = mods["vllm.v1.kv_cache_interface"]
+        utils = mods["vllm.v1.core.kv_cache_utils"]
+        self._sched = mods["vllm.v1.core.sched.output"]
+        self._outputs = mods["vllm.v1.outputs"]
+        abstract = mods["vllm.v1.kv_offload.abstract"]
+        # (0.19.x: a block's key is its hash; 0.20.x: its hash and group, make_offload_key)
+        self._make_key = getattr(abstract, "make_offload_key", lambda block_hash, _g: block_hash)
+        sha256 = vllm_v1.hash_fn(mods)  # (0.11.0: the vllm.utils module's)
+        torch = mods["torch"]
+        full = iface.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
+                                       dtype=torch.float16)
+        page = 2 * block_size * 2
+        config = iface.KVCacheConfig(
+            num_blocks=num_blocks + 1,
+            kv_cache_tensors=[_kv_tensor(iface, (num_blocks + 1) * page, page)],
+            kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], full)])
+        utils.init_none_hash(sha256)
+        cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
+        kwargs = {"max_model_len": 1 << 20, "scheduler_block_size": block_size,
+                  "hash_block_size": block_size, "enable_caching": False}
+        params = inspect.signature(cls.__init__).parameters
+        self.manager = cls(config, **{k: v for k, v in kwargs.items() if k in params})
+        self._hasher = utils.get_request_block_hasher(block_size, sha256)
+        self.pool = self.manager.block_pool
+        self.legacy = True  # (the spec from vllm_config; BlockStatus records)
+        self._lookup_skips = False  # (the lookup ignores skip_reading_prefix_cache)
+        self._scan_names_all = True  # (the scan walks yield_req_data)
+        self._sync_loads = False  # (every hit is an asynchronous load)
+        if ONE_FILE in mods.files:  # (0.11.0 .. 0.18.1: a manager over a CPU backend)
+            if policy != "lru" and "vllm.v1.kv_offload.arc_manager" not in mods.files:
+                raise MisuseError(f"vllm {self.version} has no ARC offloading manager "
+                                  f"(kv_offload/arc_manager.py, from 0.11.1)")
+            backend = mods["vllm.v1.kv_offload.backends.cpu"].CPUBackend
+            kind = ("vllm.v1.kv_offload.lru_manager", "LRUOffloadingManager") if (
+                policy == "lru") else ("vllm.v1.kv_offload.arc_manager", "ARCOffloadingManager")
+            cpu = types.SimpleNamespace(CPUOffloadingManager=lambda **a: getattr(
+                mods[kind[0]], kind[1])(backend=backend(block_size=block_size,
+                                                        num_blocks=host_blocks),
+                                        enable_events=False))
+            self._cpu_args = {}
+            sched = mods[ONE_FILE].OffloadingConnectorScheduler
+        else:
+            cpu = mods["vllm.v1.kv_offload.cpu.manager"]
+            params = inspect.signature(cpu.CPUOffloadingManager.__init__).parameters
+            self._cpu_args = {"num_blocks": host_blocks, "cache_policy": policy,
+                              "enable_events": False,  # (0.19.x: its offloaded block size)
+                              **({"block_size": block_size} if "block_size" in params else {})}
+            sched = mods[CONNECTOR + ".scheduler"].OffloadingConnectorScheduler
+        spec = _cpu_spec(mods["vllm.v1.kv_offload.spec"], cpu, self._cpu_args)
+        # (to 0.12.x the spec takes the engine's config alone: its KV-cache config is the
+        # engine's, the block size the config's)
+        takes_kv = "kv_cache_config" in inspect.signature(spec.__init__).parameters
+        self.connector = sched(spec(_settings(block_size), *([config] if takes_kv else [])))
+        # (``request_finished(request, block_ids)``: the scheduler passes the request's
+        # block ids, ``_connector_finished``; the shared code below passes the request)
+        finished = self.connector.request_finished
+        self.connector.request_finished = lambda req, ids=None: finished(
+            req, self.manager.get_block_ids(req.request_id)[0] if ids is None else ids)
+        self._init_state()
+        self._stored_by: dict[int, Any] = {}  # seq -> finished request its store keeps
+
+    def _chunks(self) -> dict:
+        """CPU block id -> (key, BlockStatus): the policy's (0.19.0 on) or the manager's
+        own (0.11.0 .. 0.18.1: LRU ``blocks``, ARC ``t1`` / ``t2``)."""
+        policy = getattr(self.cpu, "_policy", self.cpu)
+        held = policy.blocks if hasattr(policy, "blocks") else {**policy.t1, **policy.t2}
+        return {c.block_id: (k, c) for k, c in held.items()}
+
+    def free_blocks(self, pool: str) -> list[int]:
+        if pool == "device" or hasattr(self.cpu, "_free_list"):
+            return super().free_blocks(pool)
+        backend = self.cpu.backend  # (0.11.0 .. 0.18.1)
+        return list(backend.allocated_blocks_free_list) + list(
+            range(backend.num_allocated_blocks, self.host_blocks))
+
+    def _end_step(self, out) -> Any:
+        meta = self._build_naming_all(out)  # (reqs_to_flush: preempted requests only)
+        meta.store_jobs, meta.load_jobs, meta.jobs_to_flush = (
+            meta.reqs_to_store, meta.reqs_to_load, None)  # (NativeOffloadTarget's names)
+        return meta
+
+    def load(self, seq, tokens):
+        req = self._new_request(seq, tokens)
+        hit = self._admit(seq, req, lookup=True)
+        if not hit:
+            return None
+        meta = self._step_meta
+        (rid,) = meta.reqs_to_load
+        src, dst = meta.reqs_to_load[rid]
+        job = f"load {rid}"
+        self._jobs[job] = (seq, rid, "load", [int(c) for c in src.block_ids],
+                           [int(b) - 1 for b in dst.block_ids])
+        return job
+
+    def _take_store(self, meta, seq):
+        got = None
+        for rid, (src, dst) in meta.reqs_to_store.items():
+            if got is not None:
+                raise MisuseError("one step's build started two stores")
+            got = f"store {rid}"
+            self._jobs[got] = (seq, rid, "store", [int(b) - 1 for b in src.block_ids],
+                               [int(c) for c in dst.block_ids])
+        return got
+
+    def free(self, seq):
+        """The request's last step (its scan of the tokens since its admission: the store
+        the job is), then ``request_finished`` (True while a store is pending: the
+        scheduler keeps its blocks until ``finished_sending``), then the finish step."""
+        req = self._live(seq)
+        job = None
+        if seq not in self._waiting:
+            job = NativeOffloadTarget.store(self, seq)
+        req.status = RequestStatus.FINISHED_ABORTED
+        block_ids = self.manager.get_block_ids(req.request_id)[0]
+        delay, _ = self.connector.request_finished(req, block_ids)
+        if self._waiting.pop(seq, None) is not None:
+            self._delayed[seq] = req
+        elif delay:
+            self._stored_by[seq] = req
+        else:
+            self.manager.free(req)
+        del self.requests[seq]
+        self._unsent.pop(seq, None)
+        self.finished[seq] = req
+        out = self._empty_output()
+        out.finished_req_ids = {req.request_id}
+        if self._end_step(out).reqs_to_store:
+            raise MisuseError("the finish step started a store")
+        return job
+
+    def complete(self, job, ok):
+        if job not in self._jobs:
+            raise MisuseError(f"unknown job {job!r}")
+        if not ok:
+            raise MisuseError("the offloading worker reports no failed job")
+        seq, rid, kind, _, dst = self._jobs.pop(job)
+        if kind == "store":  # the worker's finished_sending {req}; the scheduler frees
+            self.connector.update_connector_output(
+                self._outputs.KVConnectorOutput(finished_sending={rid}))
+            kept = self._stored_by.pop(seq, None)
+            if kept is not None:
+                self.manager.free(kept)
+            for c in dst:
+                self._published[c] = rid
+            return
+        self.connector.update_connector_output(
+            self._outputs.KVConnectorOutput(finished_recving={rid}))
+        if seq in self._waiting:
+            self._resume(seq, self._waiting.pop(seq))
+        elif seq in self._delayed:
+            self.manager.free(self._delayed.pop(seq))
+
+    def admits(self, op) -> bool:
+        if op.kind == "store":
+            return False  # (every store is the last step's, started by free: module doc)
+        return super().admits(op)
+
+    def _probe(self, tokens):
+        """The lookup, read-only: leading ready chunks (a chunk still being stored is a
+        miss here: ``lookup`` answers False, never None)."""
+        if not tokens:
+            return 0, False
+        probe = _Request("probe", list(tokens), self._hasher)
+        chunks = dict(self._chunks().values())
+        for hits, block_hash in enumerate(probe.block_hashes):
+            chunk = chunks.get(self._make_key(block_hash, 0))
+            if chunk is None or chunk.ref_cnt < 0:
+                return hits, False
+        return len(probe.block_hashes), False
+
+    def pending_jobs(self):
+        out = super().pending_jobs()
+        for d in out.values():
+            if d["kind"] == "store":  # (the request's references, kept by the delayed free)
+                d["holds_src"] = d["seq"] in self._stored_by
+                d.pop("flushed", None)
+        return out
+
+    def pins(self, pool):
+        out = super().pins(pool)
+        if pool != "device":
+            return out
+        coord = self.manager.coordinator.single_type_managers[0].req_to_blocks
+        srcs = {s: src for s, _e, kind, src, _d in self._jobs.values() if kind == "store"}
+        for seq, req in self._stored_by.items():
+            rest = [b.block_id - 1 for b in coord.get(req.request_id, [])]
+            for b in srcs.get(seq, ()):
+                rest.remove(b)
+            if rest:
+                out[f"delayed free {req.request_id}"] = rest
+        return out
+
+
 def make(num_blocks: int, block_size: int, host_blocks: int,
          version: str | None = None) -> NativeOffloadTarget:
     """vLLM's OffloadingConnector (scheduler side) with its CPU manager (LRU)."""
-    return NativeOffloadTarget(num_blocks, block_size, host_blocks, version)
+    return _target(version)(num_blocks, block_size, host_blocks, version)
 
 
 def make_arc(num_blocks: int, block_size: int, host_blocks: int,
              version: str | None = None) -> NativeOffloadTarget:
     """The same with the CPU manager's ARC policy (``eviction_policy: arc``)."""
-    return NativeOffloadTarget(num_blocks, block_size, host_blocks, version, policy="arc")
+    return _target(version)(num_blocks, block_size, host_blocks, version, policy="arc")
+
+
+def _target(version: str | None) -> type:
+    """``RequestKeyedTarget`` for 0.11.0 .. 0.20.2's layouts, ``NativeOffloadTarget``
+    otherwise (which refuses a release it does not adapt)."""
+    root = _loader.require(install.select(simple.ENGINE_KEY, version))
+    return RequestKeyedTarget if keyed_by_request(root) else NativeOffloadTarget

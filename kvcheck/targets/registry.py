@@ -111,8 +111,8 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
                                  "0.24.1; @0.20.0..0.24.1), as vllm-v1-simple-offload"),
     "vllm-v1-native-offload": ("kvcheck.impl.thirdparty.vllm_v1_native_offload:make",
                                "vLLM v1 OffloadingConnector, scheduler side, with its "
-                               "CPUOffloadingManager (LRU; 0.33.0; @0.21.0..0.33.0; 0.11.0..0.20.2, "
-                               "jobs keyed by request, refused) over the release's "
+                               "CPUOffloadingManager (LRU; 0.33.0; @0.11.0..0.33.0; to 0.20.2 jobs "
+                               "keyed by request, stored at a request's end) over the release's "
                                "KVCacheManager: stores, final stores, loads, flushes; completions by the "
                                "driver"),
     "vllm-v1-native-offload-arc": ("kvcheck.impl.thirdparty.vllm_v1_native_offload:make_arc",

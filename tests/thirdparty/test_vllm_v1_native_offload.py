@@ -167,18 +167,67 @@ def test_arc_policy_passes_on_0_24_0():
     assert r.state.stats["store"] > 20 and r.state.stats["load"] > 3, r.state.stats
 
 
-def test_a_release_without_the_adapted_layout_is_refused_in_words():
-    """0.20.2 ships the connector in another layout (``kv_offload/abstract.py``,
-    ``spec.py``; jobs keyed by request): the target says so instead of failing an import."""
-    with pytest.raises(MisuseError, match="this release has neither .its jobs keyed by request"):
-        native.make(8, 1, 4, version="0.20.2")
+def test_a_release_without_the_connector_is_refused_in_words():
+    """0.10.2 ships no OffloadingConnector: the target says so instead of failing an
+    import."""
+    with pytest.raises(MisuseError, match="this release has neither"):
+        native.make(8, 1, 4, version="0.10.2")
 
 
-def test_an_abort_mid_load_keeps_the_blocks_until_the_load_reports():
+class EarlyFree(native.RequestKeyedTarget):
+    """A scheduler that frees a finished request's blocks at once, as if
+    ``request_finished`` had answered False: its store then holds nothing."""
+
+    def free(self, seq):
+        finished = self.connector.request_finished  # (the release's, its answer ignored)
+        self.connector.request_finished = lambda req, ids=None: (
+            finished(req, ids)[0] and False, None)
+        try:
+            return super().free(seq)
+        finally:
+            self.connector.request_finished = finished
+
+
+@pytest.mark.parametrize(("version", "policy"), [
+    ("0.20.2", "lru"), ("0.20.2", "arc"), ("0.17.0", "arc"), ("0.11.0", "lru")])
+def test_keyed_by_request_passes_with_final_stores_and_async_loads(version, policy):
+    """0.11.0 .. 0.20.2's connector keyed by request (0.19.x / 0.20.x the ``offloading/``
+    package, 0.11.0 .. 0.18.1 one file over the LRU / ARC manager and CPU backend): every
+    store is the one a request's end starts (a delayed free keeps its blocks), completed
+    by ``finished_sending``; loads by ``finished_recving``. (0.18.1 and 0.19.1 pass the same
+    at the defaults; left out here to keep the suite's downloads few.)"""
+    seen = collections.Counter()
+
+    class Counted(native.RequestKeyedTarget):
+        def free(self, seq):
+            job = super().free(seq)
+            seen["final stores"] += job is not None
+            return job
+
+    r = verify(lambda n, b, h: Counted(n, b, h, version=version, policy=policy),
+               SCOPE.num_blocks, SCOPE.block_size, 300, 0, model="tiers", scope=SCOPE)
+    assert r.ok, r.violation
+    st = r.state.stats
+    assert "store" not in st and st["load"] > 5 and st["complete"] > 15, st
+    assert seen["final stores"] > 5, seen
+
+
+def test_0_20_2_freeing_at_request_finished_is_caught():
+    """Without the scheduler's delayed free, a finished request's pending store reads a
+    block another request is given: ``unheld_sources_kept``."""
+    r = verify(lambda n, b, h: EarlyFree(n, b, h, version="0.20.2"), SCOPE.num_blocks,
+               SCOPE.block_size, 300, 0, model="tiers", scope=SCOPE)
+    assert r.verdict == "fail", r.verdict
+    assert (r.violation.kind, r.violation.name) == ("invariant", "unheld_sources_kept")
+    assert len(r.trace.ops) <= 6, r.trace.ops
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.20.2"])
+def test_an_abort_mid_load_keeps_the_blocks_until_the_load_reports(version):
     """The #49889 scenario: a request waiting for its asynchronous load is aborted. The
     scheduler frees its blocks only once the load reports (``delay_free_blocks``): a pin
     until then, free after; the connector neither crashes nor starts a store."""
-    t = native.make(4, 1, 4, version="0.33.0")
+    t = native.make(4, 1, 4, version=version)
     t.allocate(0, [5, 6])
     t.complete(t.free(0), True)
     load = t.load(1, [5, 6])
@@ -192,3 +241,16 @@ def test_an_abort_mid_load_keeps_the_blocks_until_the_load_reports():
     assert not t.pins("device") and not t.pending_jobs()
     assert sorted(t.free_blocks("device")) == [0, 1, 2, 3]
     assert not t.connector._req_status and len(t.cache_entries("host")) == 2
+
+
+def test_arc_0_16_0_dies_touching_a_block_it_is_storing():
+    """vLLM PR #34576 on 0.11.1 .. 0.16.0: ``ARCOffloadingManager.touch`` pops a block
+    from T1 and, the block being one the store scan just prepared (not ready), moves the
+    popped key to T1's end: KeyError, the first store of every request. Shrunk to a
+    request and its end; 0.17.0 keeps the block in T1 (the test above passes it)."""
+    r = verify("vllm-v1-native-offload-arc@0.16.0", SCOPE.num_blocks, SCOPE.block_size, 300,
+               0, model="tiers", scope=SCOPE)
+    assert r.verdict == "fail" and r.violation.kind == "crash", r.violation
+    assert "KeyError" in r.violation.witness, r.violation.witness
+    ops = [MODEL.describe(op) for op in r.trace.ops]
+    assert len(ops) == 2 and ops[1].startswith("free("), ops
