@@ -925,6 +925,128 @@ def _cuda_tensor():
     return hc._device_tensor_class()
 
 
+def _native_offload(version: str, num_blocks: int, block_size: int, host_blocks: int):
+    """The release's own ``KVCacheManager`` (one full-attention group, GPU prefix caching
+    off, ``num_blocks`` + the null block) and the native ``OffloadingConnector``'s scheduler
+    half, ``OffloadingConnectorScheduler``, over its ``CPUOffloadingManager`` (LRU,
+    ``host_blocks`` chunks of one block), loaded by ``vllm_v1_native_offload.load``; the
+    ``VllmConfig`` and ``CPUOffloadingSpec`` are that module's stand-ins (``_settings``,
+    ``_cpu_spec``: named in its doc), its ``_record`` / ``_kv_tensor`` fill the release's
+    own config records. Layouts keyed by job (0.21.0 .. 0.33.0). Returns (modules,
+    manager, connector, block hasher)."""
+    import inspect
+
+    from kvcheck.impl.thirdparty import vllm_v1_native_offload as native
+
+    mods = native.load(version)
+    iface, utils = mods["vllm.v1.kv_cache_interface"], mods["vllm.v1.core.kv_cache_utils"]
+    sha256 = mods["vllm.utils.hashing"].sha256
+    full = iface.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
+                                   dtype=mods["torch"].float16)
+    page = 2 * block_size * 2  # K and V, one head of size 1, float16
+    config = iface.KVCacheConfig(
+        num_blocks=num_blocks + 1,
+        kv_cache_tensors=[native._kv_tensor(iface, (num_blocks + 1) * page, page)],
+        kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], full)])
+    utils.init_none_hash(sha256)
+    cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
+    kw = {"max_model_len": 1 << 20, "scheduler_block_size": block_size,
+          "hash_block_size": block_size, "enable_caching": False}
+    params = inspect.signature(cls.__init__).parameters
+    manager = cls(config, **{k: v for k, v in kw.items() if k in params})
+    cpu = mods["vllm.v1.kv_offload.cpu.manager"]
+    params = inspect.signature(cpu.CPUOffloadingManager.__init__).parameters
+    args = {("num_chunks" if "num_chunks" in params else "num_blocks"): host_blocks,
+            "cache_policy": "lru", "enable_events": False,
+            **({"store_threshold": 0} if "store_threshold" in params else {})}
+    spec = native._cpu_spec(mods["vllm.v1.kv_offload.base"], cpu, args)
+    sched = mods[native.CONNECTOR + ".scheduler"].OffloadingConnectorScheduler
+    extra = {"offload_prompt_only": False}
+    if "vllm.v1.kv_offload.config" not in mods.files:  # (0.21.0 .. 0.25.1)
+        connector = sched(spec(native._settings(block_size, extra), config))
+    else:
+        cfg, rec = mods["vllm.v1.kv_offload.config"], native._record
+        offload = rec(
+            cfg.OffloadingConfig, extra_config=extra, engine_id="replay",
+            groups=(rec(cfg.OffloadingGroupConfig, tokens_per_block=block_size,
+                        layer_names=("layer.0",), group_id=0),),
+            worker_kv_bytes_per_block=page, enable_kv_cache_events=False,
+            model=rec(cfg.OffloadingModelConfig, name="replay", dtype="float16",
+                      max_model_len=1 << 20),
+            cache=cfg.OffloadingCacheConfig(tokens_per_hash=block_size, blocks_per_chunk=1),
+            parallel=rec(cfg.OffloadingParallelConfig, rank=0, world_size=1, tp_size=1,
+                         pp_size=1, pcp_size=1, dcp_size=1, data_parallel_index=0,
+                         data_parallel_size=1, data_parallel_rank_local=0,
+                         is_parallelism_agnostic=False))
+        connector = sched(spec(offload), native._settings(block_size), config)
+    return mods, manager, connector, utils.get_request_block_hasher(block_size, sha256)
+
+
+def replay_vllm_49118(version: str) -> tuple[bool, str]:
+    """#49118 (PRs #49146, #49285): a request aborted while queued -- admitted, but
+    ``allocate_slots`` found no room, so it never ran -- is named in the next step's
+    ``finished_req_ids``; 0.26.0's store scan (``_build_store_jobs``, which walks finished
+    requests too since PR #48596) takes a finished request as computed up to
+    ``num_tokens``: two offload keys (the prompt's block hashes) and no block id, and
+    ``assert len(offload_keys) == len(offload_block_ids)`` kills the engine. 0.27.0 scans
+    an aborted request to its computed tokens and bounds the chunks by its blocks.
+    The scheduler's calls, one block of 1 slot, a 2-token prompt: ``on_new_request``, the
+    lookup (a miss), ``allocate_slots`` -> None, the step's ``build_connector_meta``; the
+    abort (``finish_requests``: ``request_finished``, ``free``); the next step's build."""
+    from kvcheck.impl.thirdparty import vllm_v1_native_offload as native
+
+    mods, manager, connector, hasher = _native_offload(version, 1, 1, 4)
+    empty = mods["vllm.v1.core.sched.output"].SchedulerOutput.make_empty
+    req = native._Request("0", [0, 0], hasher)
+    connector.on_new_request(req)
+    computed, num_local = manager.get_computed_blocks(req)[:2]
+    hit, _ = connector.get_num_new_matched_tokens(req, num_local)
+    got = manager.allocate_slots(req, 2 - num_local - hit, num_local, computed)
+    connector.build_connector_meta(empty())  # the step: nothing scheduled, req waits
+    req.status = mods["vllm.v1.request"].RequestStatus.FINISHED_ABORTED
+    connector.request_finished(req)
+    manager.free(req)
+    status = connector._req_status.get(req.request_id)
+    seen = f"allocate_slots -> {got}; after the abort " + (
+        "the connector no longer tracks the request" if status is None else
+        f"its offload keys: {len(status.group_states[0].offload_keys)}, its block ids: "
+        f"{status.group_states[0].block_ids}")
+    step = empty()
+    step.finished_req_ids = {req.request_id}
+    try:
+        meta = connector.build_connector_meta(step)
+    except AssertionError as exc:
+        import traceback
+
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        return True, (f"{seen}; the next step's build_connector_meta: AssertionError in "
+                      f"{frame.name} (line {frame.lineno}: {frame.line})")
+    return False, f"{seen}; the next step's build_connector_meta: store jobs {meta.store_jobs}"
+
+
+def replay_vllm_34576(version: str) -> tuple[bool, str]:
+    """PR #34576: ``ARCOffloadingManager.touch`` pops a key from T1, then, for a block
+    not yet ready (just prepared for a store), ``self.t1.move_to_end`` of the popped key:
+    ``KeyError``. The connector's store scan (``offloading_connector.py``
+    ``_get_reqs_to_store``) calls ``prepare_store(new hashes)`` then ``touch`` of the
+    request's hashes, new ones included: every first store of a block raises (0.11.1 ..
+    0.16.0). 0.17.0 keeps the block in T1 (``self.t1[key] = block``). The release's own
+    ARC manager over its ``CPUBackend``, 4 blocks of 1 slot; one block stored, touched."""
+    from kvcheck.impl.thirdparty import vllm_v1_native_offload as native
+
+    mods = native.load(version)
+    backend = mods["vllm.v1.kv_offload.backends.cpu"].CPUBackend(block_size=1, num_blocks=4)
+    arc = mods["vllm.v1.kv_offload.arc_manager"].ARCOffloadingManager(backend)
+    key = b"block-0"
+    out = arc.prepare_store([key])
+    stored = f"prepare_store stores {out.block_hashes_to_store}, T1 {list(arc.t1)}"
+    try:
+        arc.touch([key])
+    except KeyError as exc:
+        return True, f"{stored}; touch raises KeyError {exc}"
+    return False, f"{stored}; touch: T1 {list(arc.t1)}, T2 {list(arc.t2)}"
+
+
 REPLAYS = {
     "sglang-4989": replay_sglang_4989,
     "sglang-5499": replay_sglang_5499,
@@ -951,4 +1073,6 @@ REPLAYS = {
     "sglang-27779": replay_sglang_27779,
     "vllm-6849": replay_vllm_6849,
     "vllm-8824": replay_vllm_8824,
+    "vllm-49118": replay_vllm_49118,
+    "vllm-34576": replay_vllm_34576,
 }

@@ -273,6 +273,25 @@ def test_the_early_v1_replays_separate_buggy_from_fixed(entry, buggy, fixed):
         assert reproduced == (version in buggy), (entry, version, detail)
 
 
+
+@pytest.mark.parametrize("entry, buggy, fixed", [
+    ("vllm-49118", ("0.26.0",), ("0.25.1", "0.27.0")),
+    ("vllm-34576", ("0.11.1", "0.16.0"), ("0.17.0",)),
+])
+def test_the_native_offload_replays_separate_buggy_from_fixed(entry, buggy, fixed):
+    """The raw replays of the native OffloadingConnector's bugs (the release's own
+    ``OffloadingConnectorScheduler`` over its KVCacheManager; its ARC manager over its
+    CPUBackend) reproduce on every buggy release they name and on none of the others:
+    0.25.1's store scan never reaches an aborted request (#49118 is 0.26.0's), and the
+    ARC manager's first release, 0.11.1, already has #34576's touch."""
+    from kvcheck.impl.thirdparty import install
+
+    fn = replays.REPLAYS[entry]
+    for version in buggy + fixed:
+        install.ensure(install.ENGINES["vllm-v1"], version)
+        reproduced, detail = fn(version)
+        assert reproduced == (version in buggy), (entry, version, detail)
+
 def test_the_early_v1_entries_end_to_end():
     """kvcheck on v1's first releases: PR #11565 under the prefix model (vllm-v1@VERSION ->
     vllm_v1_early), PR #11186 (0.6.4.post1's full-hit branch) and #19459 (0.9.0's crash on
