@@ -257,10 +257,11 @@ def step_gen(seed: int, k: int) -> int:
 def fits(scope: EngineScope, prompt: int, max_new: int) -> bool:
     """Whether the pool can hold the request whole: its prompt, every token it may
     generate (up to ``max_model_len`` where the run sets it: the engine stops a request
-    there, and refuses a longer prompt) and a step's drafts."""
+    there, and its input processor refuses a prompt that leaves no room for an output
+    token, vLLM #27099) and a step's drafts."""
     total = prompt + max_new
     if scope.max_model_len:
-        if prompt > scope.max_model_len:
+        if prompt >= scope.max_model_len:
             return False
         total = min(total, scope.max_model_len)
     need = -(-(total + scope.spec) // scope.block_size)
