@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import builtins
 import importlib.util
+import logging
 import os
 import sys
 import threading
@@ -274,13 +275,19 @@ def load(dist: Dist, files: Sequence[str], stubs: Mapping[str, StubBuilder],
         return loaded
 
 
+# The engines' own log lines (a release's ``logger.warning("cannot store ...")``, hundreds
+# a run) go to the ``kvcheck.thirdparty`` loggers; like any library's, they print only
+# where the application configures logging (a NullHandler keeps Python's last-resort
+# handler from writing every warning to stderr): ``logging.basicConfig()`` shows them.
+logging.getLogger("kvcheck.thirdparty").addHandler(logging.NullHandler())
+
+
 def stub_logger(mod: types.ModuleType, _loaded: Loaded) -> None:
-    """Stand-in for ``<pkg>.logger``: ``init_logger`` returns a stdlib logger.
+    """Stand-in for ``<pkg>.logger``: ``init_logger`` returns a stdlib logger under
+    ``kvcheck.thirdparty`` (quiet unless the application configures logging).
 
     Logging only reports; no allocator decision reads it.
     """
-    import logging
-
     def init_logger(name: str) -> logging.Logger:
         return logging.getLogger(f"kvcheck.thirdparty.{name}")
 
