@@ -856,12 +856,54 @@ def _hicache_write_back(version: str, device: int, host: int):
     return target.tree, target.alloc, target.host
 
 
-def _hicache_key(tree, tokens: list):
-    """A radix key of ``tree``'s release: the token list, or (0.5.3 on) a ``RadixKey``."""
-    import sys
+def _hicache_calls(version: str):
+    """(insert, match) of the release's tree for a token list: a ``RadixKey`` from 0.5.3,
+    ``MatchPrefixParams`` from 0.5.8, ``InsertParams`` from 0.5.9, as the release takes
+    them (``match`` includes host-only nodes)."""
+    import types
 
-    radix_key = getattr(sys.modules[type(tree).__mro__[1].__module__], "RadixKey", None)
-    return tokens if radix_key is None else radix_key(tokens, None)
+    from kvcheck.impl.thirdparty import sglang_hicache as hc
+
+    mods = hc.load(version)
+    radix_key = getattr(mods[hc.RADIX], "RadixKey", None)
+    base = mods[f"{hc.MEM}.base_prefix_cache"]
+    tree_cls = mods[hc.HIRADIX].HiRadixCache
+
+    def key(tokens):
+        return tokens if radix_key is None else radix_key(tokens, None)
+
+    def insert(tree, tokens, value):
+        if hc.takes(tree_cls.insert, "params"):
+            return tree.insert(base.InsertParams(key=key(tokens), value=value))
+        return tree.insert(key(tokens), value)
+
+    def match(tree, tokens):
+        if hc.takes(tree_cls.match_prefix, "params"):
+            return tree.match_prefix(base.MatchPrefixParams(key=key(tokens)))
+        return tree.match_prefix(key=key(tokens), include_evicted=True)
+
+    def evict(tree, n):
+        if hc.takes(tree_cls.evict, "params"):
+            return tree.evict(base.EvictParams(num_tokens=n))
+        return tree.evict(n)
+
+    def load_back(tree, match):
+        last = match.last_host_node if hasattr(match, "last_host_node") else match[2]
+        if hc.takes(tree_cls.init_load_back, "params"):
+            return tree.init_load_back(base.InitLoadBackParams(
+                last_host_node=last, host_hit_length=match.host_hit_length))
+        if hasattr(match, "host_hit_length"):
+            return tree.init_load_back(last, match.host_hit_length)
+        return tree.init_load_back(last, match[0].as_subclass(_cuda_tensor()))
+
+    return types.SimpleNamespace(insert=insert, match=match, evict=evict,
+                                 load_back=load_back)
+
+
+def _child(tree, token: int):
+    """The root's child whose key starts with ``token`` (None if none)."""
+    return next((c for c in tree.root_node.children.values() if list(c.key)[0] == token),
+                None)
 
 
 def replay_sglang_5499(version: str) -> tuple[bool, str]:
@@ -873,13 +915,14 @@ def replay_sglang_5499(version: str) -> tuple[bool, str]:
     device and 4 host slots: node A = [5, 6] and its child B = [7], unlocked, then
     ``evict(2)``."""
     tree, alloc, host = _hicache_write_back(version, 3, 4)
+    do = _hicache_calls(version)
     import torch
 
     a = alloc.alloc(2)
-    tree.insert(_hicache_key(tree, [5, 6]), a)
-    tree.insert(_hicache_key(tree, [5, 6, 7]), torch.cat([a, alloc.alloc(1)]))  # (A's prefix)
+    do.insert(tree, [5, 6], a)
+    do.insert(tree, [5, 6, 7], torch.cat([a, alloc.alloc(1)]))  # (the prefix matches A)
     before = int(alloc.available_size())
-    tree.evict(2)
+    do.evict(tree, 2)
     freed = int(alloc.available_size()) - before
     return freed < 2, (f"evict(2) of A = [5, 6] with child B = [7] under write_back: {freed} "
                        f"device slot(s) freed")
@@ -894,23 +937,19 @@ def replay_sglang_27631(version: str) -> tuple[bool, str]:
     to the host, node B (12 tokens) filling the device, then a request matching A loads it
     back."""
     tree, alloc, host = _hicache_write_back(version, 12, 14)
-    tree.insert(_hicache_key(tree, list(range(100, 110))), alloc.alloc(10))
-    tree.evict(10)  # A written back, then evicted from the device: host-only
-    a = tree.root_node.children[100]
-    tree.insert(_hicache_key(tree, list(range(200, 212))), alloc.alloc(12))  # B fills it
-    match = tree.match_prefix(key=_hicache_key(tree, list(range(100, 110))),
-                              include_evicted=True)
-    last = match.last_host_node if hasattr(match, "last_host_node") else match[2]
+    do = _hicache_calls(version)
+    do.insert(tree, list(range(100, 110)), alloc.alloc(10))
+    do.evict(tree, 10)  # A written back, then evicted from the device: host-only
+    a = _child(tree, 100)
+    do.insert(tree, list(range(200, 212)), alloc.alloc(12))  # B, unbacked, fills the device
+    match = do.match(tree, list(range(100, 110)))
     src = [int(x) for x in a.host_value.tolist()]
-    if hasattr(match, "host_hit_length"):
-        tree.init_load_back(last, match.host_hit_length)
-    else:
-        tree.init_load_back(last, match[0].as_subclass(_cuda_tensor()))
+    do.load_back(tree, match)
     queue = tree.cache_controller.load_queue  # (0.5.2 on: a list, issued with the batch)
     ops = list(queue if isinstance(queue, list) else queue.queue)
     loading = [int(x) for op in ops for x in op.host_indices.tolist()]
     free = set(int(x) for x in host.free_slots.tolist())
-    b = tree.root_node.children.get(200)
+    b = _child(tree, 200)
     reused = set(int(x) for x in b.host_value.tolist()) if b is not None and \
         b.host_value is not None else set()
     hit = sorted(set(loading) & (free | reused))

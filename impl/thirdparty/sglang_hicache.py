@@ -1,6 +1,6 @@
 """Adapter: SGLang's HiCache -- ``HiRadixCache`` with its host pool and ``HiCacheController``
 -- as a tiers target (docs/tiers.md; ``kvcheck verify-tiers sglang-hicache@VERSION``, 0.4.5
-pinned, 0.4.4.post2 .. 0.5.5.post3: ``kvcheck install sglang==VERSION``). What differs
+pinned, 0.4.4.post2 .. 0.5.10: ``kvcheck install sglang==VERSION``). What differs
 between those releases is read from each one's files: the constructor's arguments
 (``hicache_ratio`` from 0.4.4.post2, ``hicache_size`` and ``hicache_write_policy`` from
 0.4.6, ``hicache_io_backend`` from 0.4.9.post1: ``direct``, ``hicache_storage_backend``
@@ -14,12 +14,19 @@ False, the scheduler's value outside disaggregation), the controller's copies (0
 issued at once on its streams, acked by CUDA events, no threads: ``_Event``), ``RadixKey``
 (0.5.3: ``RadixKey(tokens, extra_key=None)``), the radix cache's ``evict_policy.py``
 (0.5.3: LRU, its default), the host pool aligned up a page (0.5.5.post3: one slot more
-than asked at page size 1, so one less is asked) and ``Req.pop_committed_kv_cache``
-(0.5.5.post3). The storage tier (``hicache_storage.py``, 0.4.9.post3 on: an L3 behind the
+than asked at page size 1, so one less is asked), ``Req.pop_committed_kv_cache``
+(0.5.5.post3), the constructor's ``CacheInitParams`` and ``ServerArgs`` (0.5.6: the
+dataclass from ``cache_init_params.py``, the server's arguments at the release's own
+defaults read from its ``server_args.py``, with the ones above), the host buffer's
+allocator table (0.5.6.post2: ``ALLOC_MEMORY_FUNCS``), ``MatchPrefixParams`` (0.5.8),
+``ReqToTokenPool.alloc(reqs)`` / ``free(req)`` with the row freed after
+``cache_finished_req`` as ``release_kv_cache`` does, ``EvictParams`` (0.5.9) and
+``InitLoadBackParams`` (0.5.10). The storage tier (``hicache_storage.py``, 0.4.9.post3 on: an L3 behind the
 host pool, prefetch and backup threads) is loaded but off, as by default
 (``hicache_storage_backend=None``): no backend is built, no prefetch or storage backup
-starts, and its modules (the backends, metrics) are stand-ins that raise if built. 0.5.6
-builds HiRadixCache from ``CacheInitParams`` and the server's arguments: not driven yet.
+starts, and its modules (the backends, metrics) are stand-ins that raise if built. 0.5.11
+imports the hybrid cache controller (``hybrid_cache/``): not driven yet; 0.5.20 is the last
+release with ``hiradix_cache.py`` (0.5.21: ``UnifiedRadixCache``).
 
 What runs, from the installed wheel: ``mem_cache/hiradix_cache.py`` (``HiRadixCache``:
 ``match_prefix(include_evicted=True)``, ``init_load_back`` / ``load_back``,
@@ -104,9 +111,20 @@ the storage tier's modules, metrics (0.4.9.post3 on)
     deterministic split size, used only in deterministic inference), no NPU or XPU, and
     ``get_device_module()`` the stand-in streams and events above.
 ``Req``
-    the fields the radix cache reads (``_Req``), and 0.5.5.post3's
+    the fields the radix cache reads (``_Req``), 0.5.5.post3's
     ``pop_committed_kv_cache`` without speculative decoding (the committed length: every
-    token with a KV slot).
+    token with a KV slot), 0.5.6's ``cache_protected_len`` (set as ``init_next_round_input``
+    and ``PrefillAdder`` set it), 0.5.9's ``is_chunked`` and ``is_dllm()`` (no chunked
+    prefill, no diffusion model).
+``ServerArgs`` (0.5.6 on)
+    a namespace of the release's own defaults (every field of its ``ServerArgs`` with a
+    literal default) and the HiCache arguments above; ``disable_hicache_numa_detect``
+    (0.5.8) True: the process is not bound to a NUMA node (placement, nothing the cache
+    decides), ``bind_to_closest_numa_node_cuda`` a stand-in that raises.
+``mem_cache/utils.py`` (0.5.6 on), ``sglang.srt.environ`` (0.5.9 on)
+    of the first, the radix cache's key and hash helpers compiled from the file (its MLA
+    Triton kernels are not loaded); the second, read by the file storage backend only, a
+    stand-in that raises if read.
 device tensors
     ``init_load_back`` asserts that the matched prefix's indices are CUDA tensors: the
     prefix is passed as a CPU tensor that says ``is_cuda`` (``_DeviceTensor``).
@@ -197,9 +215,15 @@ HIRADIX, RADIX = f"{MEM}.hiradix_cache", f"{MEM}.radix_cache"
 CONTROLLER = "sglang.srt.managers.cache_controller"
 FILES = (HIRADIX, RADIX, f"{MEM}.base_prefix_cache", CONTROLLER)
 OPTIONAL = (f"{MEM}.hicache_storage",  # (0.4.9.post3 on: loaded where the release has them)
-            f"{MEM}.evict_policy")  # (0.5.3 on: the radix cache's eviction order)
+            f"{MEM}.evict_policy",  # (0.5.3 on: the radix cache's eviction order)
+            f"{MEM}.cache_init_params")  # (0.5.6 on: the cache's constructor arguments)
 POOL_CLASSES = ("ReqToTokenPool", "KVCache", "TokenToKVPoolAllocator", "MemoryStateInt",
-                "synchronized", "HostKVCache", "MHATokenToKVPoolHost")
+                "synchronized", "HostTensorAllocator", "get_allocator_from_storage",
+                "alloc_with_host_register", "alloc_with_pin_memory",  # (0.5.6.post2 on)
+                "HostKVCache", "MHATokenToKVPoolHost")
+OTHER_POOLS = ("NSATokenToKVPool", "NSATokenToKVPoolHost", "DSATokenToKVPool",
+               "HybridLinearKVPool", "MiniMaxSparseKVPool")
+POOL_TABLES = ("ALLOC_MEMORY_FUNCS",)  # (0.5.6.post2 on: the host buffer's allocator by device)
 ENGINE_KEY = "sglang-hicache"
 DEVICE, HOST = "device", "host"
 
@@ -282,9 +306,18 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
            "MHATokenToKVPool": _DevicePool, "MLATokenToKVPool": MLATokenToKVPool,
            "SWAKVPool": type("SWAKVPool", (), {}),  # (0.4.9's allocator: isinstance only)
            "MLATokenToKVPoolHost": MLATokenToKVPool,
-           "_is_npu": False, "_is_xpu": False, "SUPPORT_PIN_MEMORY": False,  # (0.5.2 on)
+           **{n: type(n, (), {}) for n in OTHER_POOLS},  # (later releases: no pool here is one)
+           "_is_npu": False, "_is_xpu": False, "_is_cuda": False,  # (0.5.2 on; 0.5.6: no
+           "SUPPORT_PIN_MEMORY": False,  # JIT copy kernel)
            **{n: _no_copy for n in set(re.findall(r"\b(transfer_kv_\w+)", text))}}
     sglang.real_functions(mod, loaded, rel, names, env)
+    import ast
+
+    tables = [node for node in ast.parse(text).body if isinstance(node, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id in POOL_TABLES for t in node.targets)]
+    mod.__dict__.setdefault("defaultdict", __import__("collections").defaultdict)
+    exec(compile(ast.Module(body=tables, type_ignores=[]), str(loaded.root / rel), "exec"),
+         mod.__dict__)  # noqa: S102 - the release's own tables, as its file has them
 
 
 def _no_copy(*_a, **_k) -> None:
@@ -296,12 +329,26 @@ def _stub_schedule_batch(mod: types.ModuleType, _: Loaded) -> None:
     mod.global_server_args_dict = {}
 
 
-def _stub_kv_events(mod: types.ModuleType, _: Loaded) -> None:
+def _stub_kv_events(mod: types.ModuleType, loaded: Loaded) -> None:
+    """KV cache events are off (``enable_kv_cache_events`` False): the event classes raise
+    if built; the storage media they name (0.5.9: ``MEDIUM_*``, 0.5.14: ``StorageMedium``)
+    are the release's own."""
+    import ast
+    import enum
+
     def off(*_a, **_k):
         raise NotImplementedError("kvcheck stand-in: KV cache events are off")
 
     for name in ("AllBlocksCleared", "BlockRemoved", "BlockStored", "KVCacheEvent"):
         setattr(mod, name, off)
+    rel = "sglang/srt/disaggregation/kv_events.py"
+    text = (loaded.root / rel).read_text() if (loaded.root / rel).is_file() else ""
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and \
+                node.targets[0].id.startswith("MEDIUM_"):
+            setattr(mod, node.targets[0].id, ast.literal_eval(node.value))
+    if "\nclass StorageMedium(" in text:
+        sglang.real_functions(mod, loaded, rel, ["StorageMedium"], {"enum": enum})
 
 
 def _stub_distributed(mod: types.ModuleType, _: Loaded) -> None:
@@ -347,6 +394,11 @@ def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:
     sglang.STUBS["sglang.srt.utils"](mod, loaded)
     mod.get_device_module = lambda: _Cuda
     mod.is_npu = mod.is_xpu = lambda: False
+
+    def bind_to_closest_numa_node_cuda():  # (0.5.8 on: off by disable_hicache_numa_detect)
+        raise NotImplementedError("kvcheck stand-in: no NUMA binding here")
+
+    mod.bind_to_closest_numa_node_cuda = bind_to_closest_numa_node_cuda
     rel = next(r for r in ("sglang/srt/utils/common.py", "sglang/srt/utils.py")
                if (loaded.root / r).is_file())
     for node in ast.parse((loaded.root / rel).read_text()).body:  # its constants (0.5.3.post3:
@@ -358,12 +410,35 @@ def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:
                 pass
 
 
+MEM_UTILS = ("convert_to_bigram_key", "compute_node_hash_values", "split_node_hash_value",
+             "get_hash_str", "hash_str_to_int64")
+
+
+def _stub_mem_utils(mod: types.ModuleType, loaded: Loaded) -> None:
+    """``mem_cache/utils.py`` (0.5.6 on): of it, the radix cache's key and hash helpers,
+    compiled from the installed file (its Triton kernels for MLA buffers are not)."""
+    import hashlib
+    import typing
+
+    import torch
+
+    rel = "sglang/srt/mem_cache/utils.py"
+    text = (loaded.root / rel).read_text()
+    names = [n for n in MEM_UTILS if f"\ndef {n}(" in text]
+    sglang.real_functions(mod, loaded, rel, names, {
+        "torch": torch, "hashlib": hashlib,
+        **{n: getattr(typing, n) for n in ("Any", "Callable", "List", "Optional", "Tuple")}})
+
+
 STUBS = {f"{MEM}.memory_pool": _stub_memory_pool, f"{MEM}.memory_pool_host": _stub_memory_pool,
          "sglang.srt.managers.schedule_batch": _stub_schedule_batch,
          "sglang.srt.disaggregation.kv_events": _stub_kv_events,
          "sglang.srt.distributed": _stub_distributed, "sglang.srt.utils": _stub_utils,
          "sglang.srt.layers.dp_attention": _stub_dp_attention,
          "sglang.srt.metrics.collector": _stub_off,  # (metrics: off, 0.5.2 on)
+         "sglang.srt.observability.metrics_collector": _stub_off,  # (0.5.10 on)
+         f"{MEM}.utils": _stub_mem_utils,
+         "sglang.srt.environ": _stub_off,  # (0.5.9 on: read by the file storage backend)
          **{f"{MEM}.{name}": _stub_off for name in (  # the storage backends (0.4.10 on)
              "mooncake_store.mooncake_store", "nixl.hicache_nixl", "storage",
              "storage.hf3fs.storage_hf3fs", "storage.mooncake_store.mooncake_store",
@@ -557,10 +632,35 @@ def load(version: str | None = None) -> Loaded:
     return loaded
 
 
+_SERVER_DEFAULTS: dict[str, dict] = {}
+
+
+def _server_defaults(root) -> dict:
+    """Every ``ServerArgs`` field of the release in ``root`` with a literal default, read
+    once from its ``server_args.py``."""
+    import ast
+
+    path = root / "sglang/srt/server_args.py"
+    found = _SERVER_DEFAULTS.get(str(path))
+    if found is None:
+        cls = next(n for n in ast.parse(path.read_text()).body
+                   if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
+        found = {}
+        for node in cls.body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                    and node.value is not None:
+                try:
+                    found[node.target.id] = ast.literal_eval(node.value)
+                except ValueError:
+                    pass
+        _SERVER_DEFAULTS[str(path)] = found
+    return found
+
+
 class _Req:
     """The fields of ``Req`` the radix cache reads."""
 
-    def __init__(self, tokens: Sequence[int], row: int):
+    def __init__(self, tokens: Sequence[int], row: int | None):
         self.origin_input_ids = list(tokens)
         self.output_ids: list = []
         self.fill_ids = list(tokens)
@@ -571,6 +671,11 @@ class _Req:
         self.extra_key = None  # (0.5.3 on: no LoRA, no cache salt)
         self.kv_committed_len = len(tokens)  # (0.5.5.post3 on: the tokens with a KV slot)
         self.kv_committed_freed = False
+        self.is_chunked = 0  # (0.5.9 on: what ReqToTokenPool.alloc reads)
+
+    @staticmethod
+    def is_dllm() -> bool:  # (0.5.9 on: no diffusion language model)
+        return False
 
     def pop_committed_kv_cache(self) -> int:
         """``Req.pop_committed_kv_cache`` (0.5.5.post3 on) without speculative decoding: the
@@ -601,7 +706,7 @@ class SglangHiCacheTarget:
                               f"num_blocks {num_blocks}")
         self.torch = torch
         self.nb, self.nh = num_blocks, host_blocks
-        mods = load(version)
+        mods = self.mods = load(version)
         self.version = mods.dist.version
         pool = mods[f"{MEM}.memory_pool"]
         hiradix = mods[HIRADIX]
@@ -649,6 +754,12 @@ class SglangHiCacheTarget:
         if int(self.nb * ratio) != host_slots:
             raise MisuseError(f"host_blocks {host_slots} is no ratio of {self.nb}")
         init = hiradix.HiRadixCache.__init__
+        if takes(init, "params"):  # 0.5.6 on: CacheInitParams and the server's arguments
+            return hiradix.HiRadixCache(self._params(), self._server_args(
+                hicache_ratio=ratio, hicache_size=0, hicache_write_policy=write_policy,
+                hicache_io_backend="direct", hicache_mem_layout="layer_first",
+                hicache_storage_backend=None,
+                disable_hicache_numa_detect=True))  # (0.5.8: no NUMA binding of the process)
         kw: dict[str, Any] = {"req_to_token_pool": self.rows,
                               "token_to_kv_pool_allocator": self.alloc,
                               "tp_cache_group": None, "page_size": 1}
@@ -668,10 +779,39 @@ class SglangHiCacheTarget:
             kw["hicache_storage_backend"] = None  # (the storage tier off: its default)
         return hiradix.HiRadixCache(**kw)
 
+    def _params(self):
+        """``CacheInitParams`` (0.5.6 on), its fields as the scheduler fills them for a
+        radix cache at page size 1, the rest at their defaults (no EAGLE, metrics and KV
+        events off, LRU)."""
+        cls = self.mods[f"{MEM}.cache_init_params"].CacheInitParams
+        import dataclasses
+
+        fields = {f.name for f in dataclasses.fields(cls)}
+        given = {"disable": False, "req_to_token_pool": self.rows,
+                 "token_to_kv_pool_allocator": self.alloc, "page_size": 1,
+                 "tp_cache_group": None, "enable_metrics": False,
+                 "enable_kv_cache_events": False}
+        return cls(**{k: v for k, v in given.items() if k in fields})
+
+    def _server_args(self, **given):
+        """The server's arguments (``ServerArgs``, 0.5.6 on) as HiRadixCache reads them:
+        the release's own defaults, read from its ``server_args.py`` (every field with a
+        literal default), and the ones given."""
+        return types.SimpleNamespace(**{**_server_defaults(self.mods.root), **given})
+
     # -- helpers ---------------------------------------------------------------------
     def _key(self, tokens: list):
         """A radix key: the token list, or (0.5.3 on) ``RadixKey(tokens, extra_key=None)``."""
         return tokens if self._radix_key is None else self._radix_key(tokens, None)
+
+    def _match(self, tokens: list):
+        """``match_prefix`` of the tree for ``tokens``, host-only nodes included (before
+        0.5: ``include_evicted=True``; 0.5.8 on: a ``MatchPrefixParams``)."""
+        match = self.tree.match_prefix
+        if takes(type(self.tree).match_prefix, "params"):
+            params = self.mods[f"{MEM}.base_prefix_cache"].MatchPrefixParams
+            return match(params(key=self._key(tokens)))
+        return match(key=self._key(tokens), include_evicted=True)
 
     def _t(self, values, dtype=None):
         return self.torch.tensor(list(values), dtype=dtype or self.torch.int64)
@@ -692,7 +832,10 @@ class SglangHiCacheTarget:
     def _alloc_token_slots(self, n: int):
         """``ScheduleBatch.alloc_token_slots``: evict when the free list is short."""
         if self.alloc.available_size() < n:
-            self.tree.evict(n)
+            if takes(type(self.tree).evict, "params"):  # 0.5.9 on: EvictParams
+                self.tree.evict(self.mods[f"{MEM}.base_prefix_cache"].EvictParams(num_tokens=n))
+            else:
+                self.tree.evict(n)
         out = self.alloc.alloc(n)
         if out is None:
             raise RuntimeError(f"out of memory allocating {n} tokens after eviction")
@@ -732,11 +875,13 @@ class SglangHiCacheTarget:
         if not toks:
             raise MisuseError("a prompt has at least one token")
         n, tree = len(toks), self.tree
-        rows = self.rows.alloc(1)
+        req = _Req(toks, None)
+        by_req = takes(type(self.rows).alloc, "reqs")  # (0.5.9 on: rows given to requests)
+        rows = self.rows.alloc([req] if by_req else 1)
         if rows is None:
             raise MisuseError("no req_to_token row left")
-        req = _Req(toks, rows[0])
-        found = tree.match_prefix(key=self._key(toks[: n - 1]), include_evicted=True)
+        req.req_pool_idx = rows[0]
+        found = self._match(toks[: n - 1])
         if hasattr(found, "device_indices"):  # 0.4.8 on: a MatchResult
             value, last, last_global = (found.device_indices, found.last_device_node,
                                         found.last_host_node)
@@ -745,12 +890,13 @@ class SglangHiCacheTarget:
             value, last, last_global = found
             host_hit = None
         req.prefix_indices = value.to(self.torch.int64).as_subclass(self.Dev)
+        req.cache_protected_len = len(value)  # (0.5.6 on: what the tree already holds)
         req.last_node, req.last_node_global = last, last_global
         job = None
         tree.inc_lock_ref(last)  # PrefillAdder._lock_node(req.last_node)
         if n - len(value) > self._reclaimable():  # (its budget check, under that lock)
             tree.dec_lock_ref(last)
-            self.rows.free(req.req_pool_idx)
+            self.rows.free(req if by_req else req.req_pool_idx)
             raise OutOfBlocks(f"{n - len(value)} device slots needed, "
                               f"{self.alloc.available_size()} free, "
                               f"{tree.evictable_size()} evictable")
@@ -761,10 +907,16 @@ class SglangHiCacheTarget:
                     req.last_node, req.prefix_indices = tree.init_load_back(
                         last_global, req.prefix_indices)
                 elif host_hit > 0:  # (0.4.8's PrefillAdder: the loaded indices appended)
-                    loaded, req.last_node = tree.init_load_back(last_global, host_hit)
+                    if takes(type(tree).init_load_back, "params"):  # 0.5.10 on
+                        params = self.mods[f"{MEM}.base_prefix_cache"].InitLoadBackParams(
+                            last_host_node=last_global, host_hit_length=host_hit)
+                        loaded, req.last_node = tree.init_load_back(params)
+                    else:
+                        loaded, req.last_node = tree.init_load_back(last_global, host_hit)
                     req.prefix_indices = self.torch.cat(
                         [self.torch.Tensor.as_subclass(req.prefix_indices, self.torch.Tensor),
                          loaded]).as_subclass(self.Dev)
+                    req.cache_protected_len = len(req.prefix_indices)
                 new = [k for k in tree.ongoing_load_back if k not in before]
                 if new:
                     job = ("l", new[0])
@@ -809,6 +961,8 @@ class SglangHiCacheTarget:
         req = self._live(seq)
         req.output_ids.append(next(self._sampled))  # sampled last: no KV slot
         self.tree.cache_finished_req(req)
+        if req.req_pool_idx is not None and takes(type(self.rows).free, "req"):  # 0.5.9
+            self.rows.free(req)  # on: release_kv_cache frees the row after the cache
         del self.reqs[seq]
 
     def _path(self, node):
