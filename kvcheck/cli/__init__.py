@@ -33,6 +33,7 @@ COMMANDS = [
     "report",
     "campaign",
     "install",
+    "attach",
 ]
 
 

@@ -1,0 +1,203 @@
+"""kvcheck's invariants on a vLLM v1 ``KVCacheManager`` that an engine's own test built.
+
+The state is read from the manager's own objects after each of its public methods returns
+(``plugin.py`` wraps them): the ``BlockPool``'s blocks (``ref_cnt``, ``block_hash``), its
+``FreeKVCacheBlockQueue`` walked link by link, its own count ``get_num_free_blocks()``, its
+hash map ``cached_block_hash_to_block``, and the block tables, one per (request, KV-cache
+group): every single-type manager's ``req_to_blocks``. The null block (vLLM's block 0, a
+placeholder for skipped sliding-window and Mamba slots) is outside the id space, as in
+``impl/thirdparty/vllm_v1.py``: a table entry naming it reads as ``NULL``; kvcheck's block
+``b`` is vLLM's ``b + 1``.
+
+What is evaluated is the spec's own text (``spec/invariants.py``, ``spec/prefix.py``) on a
+``Snapshot`` / ``PrefixSnapshot`` of that state, with the concrete logic:
+
+* block manager: ``refcount_conservation`` (a block's ``ref_cnt`` is the number of table
+  entries naming it), ``free_list`` (on the free queue exactly when its ``ref_cnt`` is 0,
+  at most once), ``free_list_in_pool``, ``num_free_agrees`` (the queue's own count is its
+  length), ``free_list_size``, ``valid_block_ids``, ``no_aliasing`` (no two tables are one
+  list object);
+* prefix cache (with caching on): ``pool_partition`` (each block exactly one of free
+  without a hash, evictable with one, or in use), ``evictable_keyed``, ``free_unkeyed``,
+  ``one_key_per_block``.
+
+Not evaluated, because a test driving the manager directly gives no token count for its
+requests (it calls ``allocate_slots`` without the scheduler's bookkeeping of
+``num_computed_tokens``): the per-sequence invariants on lengths (``table_length``,
+``waste_bound``, ``null_entries``, ``length_agrees``) and the prefix invariants on written
+slots and content (``no_partial_cached``, ``key_after_write``, ``cache_content``). Those are
+what ``kvcheck verify vllm-v1`` checks, driving the manager itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvcheck.spec import invariants as block_spec
+from kvcheck.spec import prefix as prefix_spec
+from kvcheck.spec.logic import PY
+from kvcheck.spec.state import NULL, Snapshot
+
+BLOCK_INVARIANTS = ("refcount_conservation", "free_list", "free_list_in_pool", "num_free_agrees",
+                    "free_list_size", "valid_block_ids", "no_aliasing")
+PREFIX_INVARIANTS = ("pool_partition", "evictable_keyed", "free_unkeyed", "one_key_per_block")
+
+
+@dataclass
+class Broken:
+    """The first invariant the state breaks: the clause, the element, what was read."""
+
+    clause: str
+    subject: str  # "block 7 (vLLM block 8)", "request 'a' group 0", or "the pool"
+    evidence: str
+    doc: str
+
+    def explain(self, call: str) -> str:
+        return (f"kvcheck: after {call}: {self.clause} is broken for {self.subject}: "
+                f"{self.evidence}. The rule: {self.doc}")
+
+
+@dataclass
+class State:
+    """One reading of a manager (kvcheck's block ids)."""
+
+    num_blocks: int
+    refs: list[int]
+    queue: list[int]  # the free queue, in order (kvcheck ids)
+    hashed: set[int]  # blocks with a block_hash
+    num_free: int
+    tables: dict[tuple[str, int], tuple[int, ...]]  # (request id, group) -> entries
+    identities: dict[tuple[str, int], int]
+    entries: list[tuple[object, int]]  # the hash map: (key, block)
+    caching: bool
+
+
+IN_SCOPE = ("FullAttentionManager", "SlidingWindowManager")
+
+
+def out_of_scope(manager) -> str | None:
+    """Why kvcheck does not judge this manager's states (None: it does).
+
+    kvcheck's block-manager spec reads a state as tables of references to one pool; it
+    judges a manager of one KV-cache group of full or sliding-window attention (the
+    configuration ``kvcheck verify vllm-v1`` drives). Several groups over one pool (hybrid
+    models, HiSparse), Mamba's state blocks and the other single-type managers keep
+    references and cache keys that no request table names (Mamba checkpoints, a block
+    cached once per group), which that reading would call leaks: those managers run
+    unobserved, counted apart, never judged."""
+    singles = list(manager.coordinator.single_type_managers)
+    if len(singles) != 1:
+        return f"{len(singles)} KV-cache groups"
+    kind = type(singles[0]).__name__
+    if kind not in IN_SCOPE:
+        return f"a {kind}"
+    return None
+
+
+def read(manager) -> State:
+    """The manager's state, read from its own objects (nothing of it is changed)."""
+    pool = manager.block_pool
+    blocks = pool.blocks
+    n = len(blocks) - 1
+    refs = [b.ref_cnt for b in blocks[1:]]
+    queue = [b.block_id - 1 for b in pool.free_block_queue.get_all_free_blocks()]
+    hashed = {b.block_id - 1 for b in blocks[1:] if b.block_hash is not None}
+    tables: dict[tuple[str, int], tuple[int, ...]] = {}
+    identities: dict[tuple[str, int], int] = {}
+    for group, single in enumerate(manager.coordinator.single_type_managers):
+        for req_id, req_blocks in single.req_to_blocks.items():
+            tables[(req_id, group)] = tuple(
+                NULL if (b.block_id == 0 or getattr(b, "is_null", False)) else b.block_id - 1
+                for b in req_blocks)
+            identities[(req_id, group)] = id(req_blocks)
+    entries = []
+    cached = pool.cached_block_hash_to_block
+    for key, val in getattr(cached, "_cache", cached).items():
+        for blk in (val.values() if isinstance(val, dict) else (val,)):
+            if blk.block_id != 0:
+                entries.append((key, blk.block_id - 1))
+    return State(n, refs, queue, hashed, pool.get_num_free_blocks(), tables, identities, entries,
+                 bool(getattr(pool, "enable_caching", False)))
+
+
+def _subject(kind: str, element, names: dict[int, tuple[str, int]]) -> str:
+    if kind == "block":
+        return f"block {element} (vLLM block {element + 1})"
+    if kind == "seq":
+        req, group = names[element]
+        return f"request {req!r} (KV-cache group {group})"
+    return "the pool"
+
+
+def check(state: State) -> Broken | None:
+    """The first broken invariant of ``state`` (block manager first, then the prefix cache),
+    or None."""
+    names = dict(enumerate(state.tables))
+    tables = {i: state.tables[key] for i, key in names.items()}
+    snap = Snapshot(state.num_blocks, 1, tables, {i: 1 for i in tables}, state.refs, state.queue,
+                    identities={i: state.identities[key] for i, key in names.items()},
+                    num_free=state.num_free)
+    for name in BLOCK_INVARIANTS:
+        inv = block_spec.by_name(name)
+        elements = ([None] if inv.domain == "global" else
+                    snap.blocks() if inv.domain == "block" else snap.seqs())
+        for x in elements:
+            if not inv.holds_for(PY, snap, x):
+                return Broken(name, _subject(inv.domain, x, names),
+                              _block_evidence(name, snap, x, state, names), inv.doc)
+    if not state.caching:
+        return None
+    free = [b for b in state.queue if b not in state.hashed]
+    evictable = [b for b in state.queue if b in state.hashed]
+    psnap = prefix_spec.PrefixSnapshot(state.num_blocks, 1, state.refs, free, evictable,
+                                       state.entries, {})
+    for name in PREFIX_INVARIANTS:
+        inv = prefix_spec.by_name(name)
+        elements = [None] if inv.domain == "global" else psnap.blocks()
+        for x in elements:
+            if not inv.holds_for(PY, psnap, x):
+                return Broken(name, _subject(inv.domain, x, names),
+                              _prefix_evidence(psnap, x, state), inv.doc)
+    return None
+
+
+def _holders(state: State, b: int) -> list[str]:
+    return [f"{req!r} (group {group})" for (req, group), t in state.tables.items()
+            for entry in t if entry == b]
+
+
+def _block_evidence(name: str, snap: Snapshot, x, state: State, names) -> str:
+    if name == "refcount_conservation":
+        held = _holders(state, x)
+        return (f"ref_cnt is {snap.ref(x)}, but {len(held)} table entr"
+                f"{'y names' if len(held) == 1 else 'ies name'} it"
+                f"{': ' + ', '.join(held) if held else ''}")
+    if name == "free_list":
+        return (f"ref_cnt is {snap.ref(x)} and it is on the free queue {snap.free_count(x)} "
+                f"time(s)")
+    if name in ("free_list_in_pool", "num_free_agrees", "free_list_size"):
+        zero = snap.zero_refs()
+        return (f"the free queue holds {len(state.queue)} entries "
+                f"({snap.free_entries()} of them pool blocks), get_num_free_blocks() is "
+                f"{state.num_free}, {zero} block(s) have ref_cnt 0")
+    if name == "valid_block_ids":
+        return f"its table is {list(snap.table_tuple(x))} (pool of {state.num_blocks} blocks)"
+    if name == "no_aliasing":
+        req, group = names[x]
+        others = [f"{r!r} (group {g})" for (r, g), ident in state.identities.items()
+                  if ident == state.identities[(req, group)] and (r, g) != (req, group)]
+        return f"its block list is the same object as {', '.join(others)}'s"
+    return "see the rule"
+
+
+def _prefix_evidence(psnap, x, state: State) -> str:
+    if x is None:
+        return "the free and evictable counts disagree with the queue"
+    where = []
+    if psnap.on_free(x):
+        where.append(f"on the free queue without a hash ({psnap.on_free(x)}x)")
+    if psnap.on_evictable(x):
+        where.append(f"on the free queue with a hash ({psnap.on_evictable(x)}x)")
+    return (f"ref_cnt is {psnap.ref(x)}, {psnap.cache_entries(x)} key(s) of the hash map name "
+            f"it, it has {'a' if x in state.hashed else 'no'} block_hash"
+            f"{', ' + ' and '.join(where) if where else ', not on the free queue'}")

@@ -1,0 +1,236 @@
+"""The pytest side of ``kvcheck attach``: an engine's own tests, with kvcheck's checks inside.
+
+    python -m pytest -p kvcheck.cli.attach.plugin --kvcheck-attach=RELEASE_DIR \\
+        [--kvcheck-attach-deps=DIR] [--kvcheck-attach-report=FILE] TEST_FILES...
+
+(``kvcheck attach`` runs exactly this, in a child process, from the folder where it put the
+release's sdist tests; the plugin composes with any other pytest option.)
+
+* ``--kvcheck-attach=DIR``: the folder holding the release's ``vllm`` package as
+  ``kvcheck install`` left it; ``import vllm.*`` is answered from there (``finder.py``).
+  ``--kvcheck-attach-deps=DIR``: a folder of the small dependencies kvcheck installed for it,
+  appended to ``sys.path`` (the environment's own packages come first).
+* Every public method of the release's ``KVCacheManager`` (``allocate_slots``, ``free``,
+  ``get_computed_blocks``, ``cache_blocks``, ``reset_prefix_cache`` ...: whatever the
+  release's class defines without a leading underscore) is wrapped on the class, so every
+  manager a test builds -- directly or through a ``Scheduler`` -- is observed: when the
+  outermost call returns normally, kvcheck reads the manager's state and evaluates its
+  invariants (``observe.py``). A broken one fails the test with the clause, the element, what
+  was read and the rule (``KvcheckViolation``, an ``AssertionError``); it is also recorded, so
+  a test whose own code swallows the exception still fails. A call that raises is not
+  checked (the test may expect the raise; vLLM gives no guarantee about the state then).
+* Each test's outcome is one of: ``passed``; ``engine`` (failed by the engine's own
+  assertion or error); ``kvcheck`` (failed by kvcheck, with the clause); ``not run`` (with
+  the reason: it reached a module that cannot be imported here, ``finder.NotRunHere``; it
+  was skipped, e.g. it needs CUDA; it needs a fixture of the sdist's top ``tests/conftest.py``,
+  which is not loaded). ``--kvcheck-attach-report=FILE`` writes them as JSON, with the
+  number of states checked per test.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+# errors by which a release says it cannot run on this machine (not an assertion of its tests)
+CANNOT_RUN = (
+    ("Failed to infer device type",
+     "needs a device platform (vLLM: 'Failed to infer device type': no CUDA, and the wheel's "
+     "Python files are no CPU build)"),
+)
+
+
+class KvcheckViolation(AssertionError):
+    """kvcheck found a broken invariant in the state of an engine's KV-cache manager."""
+
+
+_state = threading.local()
+RESULTS: dict[str, dict] = {}
+COLLECT: dict[str, str] = {}  # a file that could not be collected -> why
+_current: dict = {"checks": 0, "violations": [], "unobserved": None}
+TOTAL = {"checks": 0}
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("kvcheck-attach", "kvcheck attach: kvcheck's checks inside an "
+                                              "engine's own tests")
+    group.addoption("--kvcheck-attach", default=None, metavar="DIR",
+                    help="the installed release's folder (holding its vllm package)")
+    group.addoption("--kvcheck-attach-deps", default=None, metavar="DIR",
+                    help="a folder of dependencies to append to sys.path")
+    group.addoption("--kvcheck-attach-report", default=None, metavar="FILE",
+                    help="write each test's outcome as JSON")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config) -> None:
+    root = config.getoption("kvcheck_attach")
+    if not root:
+        return
+    deps = config.getoption("kvcheck_attach_deps")
+    if deps:
+        sys.path.append(str(deps))
+    from kvcheck.cli.attach import finder
+
+    finder.install(Path(root))
+    for marker in ("cpu_test", "slow_test", "skip_global_cleanup", "core_model", "hybrid_model",
+                   "cpu_model", "split", "distributed", "optional"):  # the sdist's markers
+        config.addinivalue_line("markers", f"{marker}: a marker of the engine's test suite")
+    import vllm.v1.core.kv_cache_manager as kvm  # the release's own file, through the finder
+
+    wrap(kvm.KVCacheManager)
+
+
+def wrap(cls) -> list[str]:
+    """Wrap every public method ``cls`` defines; the names wrapped."""
+    names = []
+    for name, value in list(vars(cls).items()):
+        if name.startswith("_") or not callable(value) or isinstance(value, (type, staticmethod,
+                                                                              classmethod)):
+            continue
+        setattr(cls, name, _observed(name, value))
+        names.append(name)
+    return names
+
+
+def _observed(name: str, method):
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        depth = getattr(_state, "depth", 0)
+        if depth == 0:
+            _before(self)
+        _state.depth = depth + 1
+        try:
+            result = method(self, *args, **kwargs)
+        finally:
+            _state.depth = depth
+        if depth == 0 and not getattr(self, "__kvcheck_broken__", False):
+            _check(self, f"KVCacheManager.{name}()")
+        return result
+
+    call.__kvcheck_wrapped__ = method
+    return call
+
+
+def _before(manager) -> None:
+    """A state changed since the manager's last call returned was changed by someone else
+    (a test that edits the pool or the hash map directly, as vLLM's own tests sometimes do
+    to stage a scenario): kvcheck judges the manager's methods, not those edits, so it stops
+    judging this manager (counted as unobserved, with the reason)."""
+    last = getattr(manager, "__kvcheck_last__", None)
+    if last is None or getattr(manager, "__kvcheck_scope__", None) is not None:
+        return
+    from kvcheck.cli.attach import observe
+
+    if observe.read(manager) != last:
+        manager.__kvcheck_scope__ = "its state was edited between its calls (not by its methods)"
+        _current["unobserved"] = manager.__kvcheck_scope__
+
+
+def _check(manager, call: str) -> None:
+    from kvcheck.cli.attach import observe
+
+    scope = getattr(manager, "__kvcheck_scope__", False)
+    if scope is False:
+        scope = manager.__kvcheck_scope__ = observe.out_of_scope(manager)
+    if scope is not None:
+        _current["unobserved"] = scope
+        return
+    state = observe.read(manager)
+    manager.__kvcheck_last__ = state
+    broken = observe.check(state)
+    _current["checks"] += 1
+    TOTAL["checks"] += 1
+    if broken is not None:
+        manager.__kvcheck_broken__ = True  # one report per manager
+        text = broken.explain(call)
+        _current["violations"].append({"clause": broken.clause, "message": text})
+        raise KvcheckViolation(text)
+
+
+def _not_run_reason(exc: BaseException | None) -> str | None:
+    from kvcheck.cli.attach import finder
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, finder.NotRunHere):
+            return str(exc)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _current["checks"] = 0
+    _current["violations"] = []
+    _current["unobserved"] = None
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if not item.config.getoption("kvcheck_attach"):
+        return
+    rep = outcome.get_result()
+    entry = RESULTS.setdefault(item.nodeid, {"outcome": "passed", "reason": "", "checks": 0})
+    entry["checks"] = _current["checks"]
+    if _current["unobserved"]:
+        entry["unobserved"] = _current["unobserved"]
+    if entry["outcome"] != "passed":
+        return  # the first phase that did not pass says what happened
+    violations = _current["violations"]
+    if violations:
+        entry["outcome"], entry["reason"] = "kvcheck", violations[0]["message"]
+        entry["clause"] = violations[0]["clause"]
+        if not rep.failed:  # the test's own code swallowed kvcheck's exception
+            rep.outcome = "failed"
+            rep.longrepr = violations[0]["message"]
+        return
+    if rep.skipped:
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        entry["outcome"], entry["reason"] = "not run", f"skipped: {reason.removeprefix('Skipped: ')}"
+    elif rep.failed:
+        exc = call.excinfo.value if call.excinfo is not None else None
+        why = _not_run_reason(exc)
+        if why is None and call.excinfo is not None and \
+                call.excinfo.typename == "FixtureLookupError":
+            why = (f"needs the fixture {getattr(exc, 'argname', '?')!r} of the sdist's "
+                   "tests/conftest.py, which attach does not load")
+        if why is None and exc is not None:
+            why = next((reason for words, reason in CANNOT_RUN if words in str(exc)), None)
+        if why is None and rep.when == "setup" and "fixture '" in str(rep.longrepr) and \
+                "not found" in str(rep.longrepr):
+            line = next((ln.strip() for ln in str(rep.longrepr).splitlines()
+                         if "fixture '" in ln and "not found" in ln), "")
+            why = f"needs a fixture the attached files do not define ({line.lstrip('E ')})"
+        if why is not None:
+            entry["outcome"], entry["reason"] = "not run", why
+        else:
+            text = " ".join(str(exc).split()) if exc is not None else str(rep.longrepr)[:200]
+            name = call.excinfo.typename if call.excinfo is not None else "error"
+            entry["outcome"], entry["reason"] = "engine", f"{name}: {text[:300]}"
+
+
+def pytest_collectreport(report) -> None:
+    if report.failed:
+        text = str(report.longrepr)
+        reason = next((ln[2:].strip() for ln in text.splitlines() if ln.startswith("E ")), "")
+        COLLECT[report.nodeid] = reason or text.strip().splitlines()[-1]
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    path = session.config.getoption("kvcheck_attach_report")
+    if not path:
+        return
+    from kvcheck.cli.attach import finder
+
+    Path(path).write_text(json.dumps({
+        "tests": RESULTS, "collection_errors": COLLECT, "checks": TOTAL["checks"],
+        "unavailable": finder.UNAVAILABLE}, indent=1))

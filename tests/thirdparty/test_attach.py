@@ -1,0 +1,90 @@
+"""``kvcheck attach`` on vLLM 0.33.0's own ``tests/v1/core/test_prefix_caching.py`` (issue 34 §3).
+
+The sdist is downloaded from the package index at test time (once, into kvcheck's cache,
+never into this repository); without a network and without ``$KVCHECK_SDIST_DIR`` the test
+fails with attach's one line. One pytest child runs two of the engine's own tests:
+``test_prefill`` as the release ships it (it passes, and kvcheck checked its manager's states)
+and ``test_evict`` with ``BlockPool.free_blocks`` patched to keep one reference (a leak):
+kvcheck fails it with ``refcount_conservation``, though the engine's own assertions would
+have passed the free (the leak only shows as a block that is neither free nor held).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kvcheck.cli import attach
+
+LEAK = '''
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_setup(item):
+    if item.name != "test_evict":
+        return
+    import vllm.v1.core.block_pool as bp
+    real = bp.BlockPool.free_blocks
+
+    def leaky(self, ordered_blocks, *args, **kwargs):  # the first block keeps its reference
+        return real(self, list(ordered_blocks)[1:], *args, **kwargs)
+
+    leaky.__kvcheck_real__ = real
+    bp.BlockPool.free_blocks = leaky
+
+
+def pytest_runtest_teardown(item):
+    import vllm.v1.core.block_pool as bp
+    real = getattr(bp.BlockPool.free_blocks, "__kvcheck_real__", None)
+    if real is not None:
+        bp.BlockPool.free_blocks = real
+'''
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("leak")
+    (folder / "kvcheck_leak_plugin.py").write_text(LEAK)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYTHONPATH", str(folder))
+    try:
+        return attach.run("vllm-v1==0.33.0", ["test_prefix_caching.py"],
+                          ["-p", "kvcheck_leak_plugin", "-k",
+                           "test_prefill and sha256 and not cbor or test_evict"],
+                          say=lambda _m: None)
+    finally:
+        mp.undo()
+
+
+def test_the_engines_own_test_passes_with_its_states_checked(outcome):
+    f = outcome.files["tests/v1/core/test_prefix_caching.py"]
+    assert f.passed == 1 and f.not_run == 0 and f.engine == 0
+    assert f.checks > 1 and f.judged == 2  # both tests' managers were judged
+
+
+def test_a_leaked_reference_fails_the_engines_test_by_kvcheck(outcome):
+    f = outcome.files["tests/v1/core/test_prefix_caching.py"]
+    assert f.kvcheck == 1
+    (test, why), = f.kvcheck_failures
+    assert test == "test_evict"
+    assert "refcount_conservation" in why and "KVCacheManager.free()" in why
+    assert "0 table entries" in why
+
+
+def test_the_report_says_each_kind_apart(outcome):
+    text = attach.render(outcome, "vllm-v1==0.33.0")
+    assert "1 passed, 0 failed by the engine's own assertions, 1 failed by kvcheck, 0 not run" \
+        in text
+    assert "FAILED by kvcheck: test_evict" in text
+
+
+def test_bad_input_is_one_line_and_exit_2():
+    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "attach", "vllm-v1==0.33.0",
+                        "test_no_such_file.py"], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and "has no test file test_no_such_file.py" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "attach", "nano-vllm",
+                        "test_x.py"], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "vllm-v1 only" in p.stderr
