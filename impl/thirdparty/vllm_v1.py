@@ -305,9 +305,6 @@ def unreachable(what: str):
     return fail
 
 
-_unreachable = unreachable  # (the name vllm_v1_early / vllm_v1_engine still use)
-
-
 def _stub_mm_utils(mod: types.ModuleType, _: Loaded) -> None:
     mod.get_mm_features_in_window = unreachable("multimodal features")
 

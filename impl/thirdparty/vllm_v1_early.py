@@ -123,19 +123,19 @@ def _stub_request(mod: types.ModuleType, _: Loaded) -> None:
 
 
 def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:
-    vllm_v1._stub_utils_module(mod, loaded)
-    mod.sha256_cbor_64bit = vllm_v1._unreachable("cbor hashing")
+    vllm_v1.ONE_UTILS_STUBS["vllm.utils"](mod, loaded)
+    mod.sha256_cbor_64bit = vllm_v1.unreachable("cbor hashing")
 
 
 STUBS = {
     "vllm.logger": _loader.stub_logger,
     "vllm.utils": _stub_utils,
-    "vllm.config": vllm_v1._stub_config,
-    "vllm.distributed.kv_events": vllm_v1._stub_kv_events,
-    "vllm.multimodal": vllm_v1._stub_multimodal,
-    "vllm.v1.metrics.stats": vllm_v1._stub_stats,
+    "vllm.config": vllm_v1.STUBS["vllm.config"],
+    "vllm.distributed.kv_events": vllm_v1.STUBS["vllm.distributed.kv_events"],
+    "vllm.multimodal": vllm_v1.ONE_UTILS_STUBS["vllm.multimodal"],
+    "vllm.v1.metrics.stats": vllm_v1.STUBS["vllm.v1.metrics.stats"],
     "vllm.v1.request": _stub_request,
-    "torch": vllm_v1._stub_torch,
+    "torch": vllm_v1.STUBS["torch"],
 }
 
 

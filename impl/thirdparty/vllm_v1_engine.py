@@ -324,7 +324,7 @@ def _stub_torch_utils(mod: types.ModuleType, loaded: Loaded) -> None:
     """The torch helpers the loaded files import: page sizing (2 bytes per element, as in
     ``vllm_v1``), pinned memory off (a CPU run), tensor padding for sampling penalties
     (never built: the engine target applies no penalties)."""
-    vllm_v1._stub_torch_utils(mod, loaded)
+    vllm_v1.STUBS["vllm.utils.torch_utils"](mod, loaded)
     mod.PIN_MEMORY = False
     mod.make_ndarray_with_pad = _unreachable("sampling-penalty tensors")
     mod.make_tensor_with_pad = _unreachable("sampling-penalty tensors")
@@ -414,13 +414,13 @@ def _stub_structured_output(mod: types.ModuleType, _: Loaded) -> None:
 def _stub_backend_registry(mod: types.ModuleType, loaded: Loaded) -> None:
     """``MambaAttentionBackendEnum`` for ``kv_cache_interface`` (as ``vllm_v1``): Mamba
     specs are never built; the real registry imports the attention backends (CUDA)."""
-    vllm_v1._stub_backend_registry(mod, loaded)
+    vllm_v1.STUBS["vllm.v1.attention.backends.registry"](mod, loaded)
 
 
 def _stub_cbor2(mod: types.ModuleType, loaded: Loaded) -> None:
     """``cbor2`` (not installed): only the ``*_cbor`` hash functions use it; the engine
     target hashes with ``sha256``, vLLM's default."""
-    vllm_v1._stub_cbor2(mod, loaded)
+    vllm_v1.STUBS["cbor2"](mod, loaded)
 
 
 STUBS = {
@@ -428,11 +428,11 @@ STUBS = {
     "vllm.platforms": _stub_platforms,
     "vllm.utils.torch_utils": _stub_torch_utils,
     "vllm.utils.mistral": _stub_mistral,
-    "vllm.utils.mem_utils": vllm_v1._stub_mem_utils,
+    "vllm.utils.mem_utils": vllm_v1.STUBS["vllm.utils.mem_utils"],
     "vllm.v1.serial_utils": _stub_serial_utils,
     "vllm.v1.utils": _stub_v1_utils,
     "vllm.v1.structured_output": _stub_structured_output,
-    "vllm.v1.hisparse.layout": vllm_v1._stub_hisparse_layout,
+    "vllm.v1.hisparse.layout": vllm_v1.STUBS["vllm.v1.hisparse.layout"],
     "vllm.v1.attention.backends.registry": _stub_backend_registry,
     "msgspec": _stub_msgspec,
     "cbor2": _stub_cbor2,
@@ -454,7 +454,7 @@ def _stub_kv_events(mod: types.ModuleType, loaded: Loaded) -> None:
     """KV events are off (no ``kv_events_config``): the event records the block pool names
     (as in ``vllm_v1``) and ``EventPublisherFactory.create`` giving vLLM's null
     publisher's behaviour (publishes nothing). The real module needs zmq and msgspec."""
-    vllm_v1._stub_kv_events(mod, loaded)
+    vllm_v1.STUBS["vllm.distributed.kv_events"](mod, loaded)
 
     class NullEventPublisher:
         def publish(self, events: Any) -> None:
@@ -530,7 +530,7 @@ def _stub_utils_module(mod: types.ModuleType, loaded: Loaded) -> None:
     other name a placeholder that raises when called."""
     _any_name("vllm.utils helpers the engine target does not call")(mod, loaded)
     del mod.__path__
-    vllm_v1._stub_utils_module(mod, loaded)
+    vllm_v1.ONE_UTILS_STUBS["vllm.utils"](mod, loaded)
     mod.sha256_cbor_64bit = _unreachable("cbor hashing")
 
     class LRUCache(dict):  # the encoder cache of old releases: never filled by text requests

@@ -106,7 +106,7 @@ the policy factory's ``importlib``
 ``VllmConfig`` (``_settings``)
     the fields the connector reads: block size, prefix caching off, no retention
     interval, no speculative decoding, world size 1.
-``Request`` (``_Request``)
+``Request`` (``OffloadRequest``)
     ``vllm_v1``'s stand-in, plus ``is_finished()`` (vLLM's) and no transfer params/hints.
 the worker
     not loaded: kvcheck's driver is the worker. A job's completion is
@@ -381,7 +381,7 @@ def load(version: str | None = None) -> Loaded:
     return loaded
 
 
-class _Request(Request):
+class OffloadRequest(Request):
     """``vllm_v1``'s stand-in for ``vllm.v1.request.Request``, with the fields and the
     method the connector reads too: ``is_finished()`` (vLLM's: its status is a finished
     one), ``kv_transfer_params`` and ``kv_hints`` (None: no per-request offload limits,
@@ -581,7 +581,7 @@ class NativeOffloadTarget:
         tokens = list(tokens)
         if not tokens:
             raise MisuseError("a prompt has at least one token")
-        req = _Request(f"{seq}.{next(self._ids)}", tokens, self._hasher)
+        req = OffloadRequest(f"{seq}.{next(self._ids)}", tokens, self._hasher)
         req.num_output_placeholders = 0
         on_new = getattr(self.connector, "on_new_request", None)
         if on_new is not None:  # (0.21.0 / 0.22.x: none; the lookup records it)
@@ -860,7 +860,7 @@ class NativeOffloadTarget:
         up to its first miss (where ``_maximal_prefix_lookup`` stops)."""
         if not tokens:
             return 0, False
-        probe = _Request("probe", list(tokens), self._hasher)
+        probe = OffloadRequest("probe", list(tokens), self._hasher)
         chunks = dict(self._chunks().values())  # key -> ChunkStatus
         for hits, block_hash in enumerate(probe.block_hashes):
             chunk = chunks.get(self._make_key(block_hash, 0))
@@ -1176,7 +1176,7 @@ class RequestKeyedTarget(NativeOffloadTarget):
         miss here: ``lookup`` answers False, never None)."""
         if not tokens:
             return 0, False
-        probe = _Request("probe", list(tokens), self._hasher)
+        probe = OffloadRequest("probe", list(tokens), self._hasher)
         chunks = dict(self._chunks().values())
         for hits, block_hash in enumerate(probe.block_hashes):
             chunk = chunks.get(self._make_key(block_hash, 0))

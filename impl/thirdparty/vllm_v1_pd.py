@@ -335,7 +335,7 @@ class PDTarget:
         tokens = list(tokens)
         if not tokens:
             raise MisuseError("a prompt has at least one token")
-        req = native._Request(f"{seq}.{next(self._ids)}", tokens, self._hasher)
+        req = native.OffloadRequest(f"{seq}.{next(self._ids)}", tokens, self._hasher)
         req.num_output_placeholders = 0
         req.kv_transfer_params = {"do_remote_decode": True}
         self.connector.on_new_request(req)

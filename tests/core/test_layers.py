@@ -15,8 +15,8 @@ And adapters reach kvcheck through public names only (issue 35 §1), two rules:
   ``_``) import no private name of kvcheck, with one exception: the package's own private
   loader, ``kvcheck.impl.thirdparty._loader`` (``from . import _loader``, ``from ._loader
   import Loaded``), whose public face for adapters outside kvcheck is ``kvcheck.engines``.
-  Not checked (yet): an adapter reading another adapter module's private attribute after a
-  public import (``vllm_v1._stub_envs``: several adapters reuse vLLM v1's stand-ins so)."""
+  Nor does it read another kvcheck module's private attribute after a public import
+  (``vllm_v1._stub_envs``): a stand-in it reuses is reached through a public name."""
 
 from __future__ import annotations
 
@@ -149,6 +149,50 @@ def test_engine_adapters_import_no_private_names(path):
     tree = ast.parse(path.read_text(encoding="utf-8"))
     bad = private_imports(tree, "kvcheck.impl.thirdparty", allowed=(LOADER,))
     assert not bad, f"{path.relative_to(ROOT)} imports private names of kvcheck: {bad}"
+
+
+def private_reads(tree: ast.AST, package: str) -> list[str]:
+    """Each ``module._name`` read of ``tree`` where ``module`` is a kvcheck module it
+    imported (``from . import vllm_v1``, ``import kvcheck.x as y``): another module's
+    private name, reached after a public import (the package's ``_loader`` aside)."""
+    modules = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            if base.startswith("kvcheck"):
+                for a in node.names:  # (a name that is a module: an attribute read on it)
+                    modules[a.asname or a.name] = f"{base}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("kvcheck") and a.asname:
+                    modules[a.asname] = a.name
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in modules and node.attr.startswith("_") \
+                and not node.attr.startswith("__") and modules[node.value.id] != LOADER:
+            bad.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+    return bad
+
+
+@pytest.mark.parametrize("path", ADAPTERS, ids=lambda p: p.name)
+def test_engine_adapters_read_no_private_names_of_other_modules(path):
+    """An adapter reuses another adapter's stand-ins through public names (its module's
+    ``STUBS`` table, ``vllm_v1.unreachable``, ``vllm_v1.ONE_UTILS_STUBS``...), never
+    ``vllm_v1._stub_envs``: what kvcheck's own adapters reach, a user's may."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    bad = private_reads(tree, "kvcheck.impl.thirdparty")
+    assert not bad, f"{path.relative_to(ROOT)} reads private names of other modules: {bad}"
+
+
+def test_a_private_read_after_a_public_import_is_seen():
+    tree = ast.parse("from . import vllm_v1, _loader\nx = vllm_v1._stub_envs\n"
+                     "y = _loader._private\nz = vllm_v1.STUBS\n")
+    assert private_reads(tree, "kvcheck.impl.thirdparty") == ["line 2: vllm_v1._stub_envs"]
 
 
 def docs_examples():
