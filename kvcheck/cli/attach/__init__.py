@@ -183,6 +183,7 @@ class FileResult:
     kvcheck_failures: list[tuple[str, str]] = field(default_factory=list)
     engine_failures: list[tuple[str, str]] = field(default_factory=list)
     reasons: Counter = field(default_factory=Counter)
+    unjudged: Counter = field(default_factory=Counter)  # why a test's manager was not judged
 
 
 @dataclass
@@ -240,6 +241,8 @@ def summarise(data: dict, returncode: int) -> Outcome:
         f.checks += t["checks"]
         f.judged += bool(t["checks"])
         f.unobserved += bool(t.get("unobserved"))
+        if t.get("unobserved"):
+            f.unjudged[t["unobserved"]] += 1
         if t["outcome"] == "passed":
             f.passed += 1
         elif t["outcome"] == "kvcheck":
@@ -274,6 +277,9 @@ def render(outcome: Outcome, release: str, verbose: bool = False) -> str:
                          "(--verbose lists them)")
         for why, n in f.reasons.most_common():
             lines.append(f"  not run ({n}): {why}")
+        if verbose:
+            for why, n in f.unjudged.most_common():
+                lines.append(f"  manager not judged ({n} tests): {why}")
     total = Counter()
     for f in outcome.files.values():
         total.update(passed=f.passed, engine=f.engine, kvcheck=f.kvcheck, not_run=f.not_run)
