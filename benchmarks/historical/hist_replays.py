@@ -889,9 +889,12 @@ def _hicache_calls(version: str):
 
     def load_back(tree, match):
         last = match.last_host_node if hasattr(match, "last_host_node") else match[2]
-        if hc.takes(tree_cls.init_load_back, "params"):
-            return tree.init_load_back(base.InitLoadBackParams(
-                last_host_node=last, host_hit_length=match.host_hit_length))
+        if hc.takes(tree_cls.init_load_back, "params"):  # (0.5.12: best_match_node)
+            name = ("best_match_node" if "best_match_node" in getattr(
+                base.InitLoadBackParams, "__dataclass_fields__", ()) else "last_host_node")
+            return tree.init_load_back(base.InitLoadBackParams(**{
+                name: getattr(match, "best_match_node", last),
+                "host_hit_length": match.host_hit_length}))
         if hasattr(match, "host_hit_length"):
             return tree.init_load_back(last, match.host_hit_length)
         return tree.init_load_back(last, match[0].as_subclass(_cuda_tensor()))

@@ -1,6 +1,6 @@
 """Adapter: SGLang's HiCache -- ``HiRadixCache`` with its host pool and ``HiCacheController``
 -- as a tiers target (docs/tiers.md; ``kvcheck verify-tiers sglang-hicache@VERSION``, 0.4.5
-pinned, 0.4.4.post2 .. 0.5.10: ``kvcheck install sglang==VERSION``). What differs
+pinned, 0.4.4.post2 .. 0.5.13.post1: ``kvcheck install sglang==VERSION``). What differs
 between those releases is read from each one's files: the constructor's arguments
 (``hicache_ratio`` from 0.4.4.post2, ``hicache_size`` and ``hicache_write_policy`` from
 0.4.6, ``hicache_io_backend`` from 0.4.9.post1: ``direct``, ``hicache_storage_backend``
@@ -20,13 +20,19 @@ dataclass from ``cache_init_params.py``, the server's arguments at the release's
 defaults read from its ``server_args.py``, with the ones above), the host buffer's
 allocator table (0.5.6.post2: ``ALLOC_MEMORY_FUNCS``), ``MatchPrefixParams`` (0.5.8),
 ``ReqToTokenPool.alloc(reqs)`` / ``free(req)`` with the row freed after
-``cache_finished_req`` as ``release_kv_cache`` does, ``EvictParams`` (0.5.9) and
-``InitLoadBackParams`` (0.5.10). The storage tier (``hicache_storage.py``, 0.4.9.post3 on: an L3 behind the
-host pool, prefetch and backup threads) is loaded but off, as by default
+``cache_finished_req`` as ``release_kv_cache`` does, ``EvictParams`` (0.5.9),
+``InitLoadBackParams`` (0.5.10; its ``best_match_node``, the match's, 0.5.12), the KV
+events mixin ``mem_cache/events.py`` (0.5.12, events off), the allocator package
+``mem_cache/allocator/`` loaded as ``sglang.py`` loads it, the eviction policy's factory in
+``mem_cache/utils.py``, ``Req.get_fill_ids`` and write backups published on their ack
+(``ongoing_write_through`` holding (lock node, length, nodes): 0.5.13). The storage tier
+(``hicache_storage.py``, 0.4.9.post3 on: an L3 behind the host pool, prefetch and backup
+threads) is loaded but off, as by default
 (``hicache_storage_backend=None``): no backend is built, no prefetch or storage backup
-starts, and its modules (the backends, metrics) are stand-ins that raise if built. 0.5.11
-imports the hybrid cache controller (``hybrid_cache/``): not driven yet; 0.5.20 is the last
-release with ``hiradix_cache.py`` (0.5.21: ``UnifiedRadixCache``).
+starts, and its modules (the backends, metrics, 0.5.11's hybrid-pool controller and
+assembler for NSA / Mamba models) are stand-ins that raise if built. 0.5.14 moves the host
+pool into a ``pool_host/`` package: not driven yet; 0.5.20 is the last release with
+``hiradix_cache.py`` (0.5.21: ``UnifiedRadixCache``).
 
 What runs, from the installed wheel: ``mem_cache/hiradix_cache.py`` (``HiRadixCache``:
 ``match_prefix(include_evicted=True)``, ``init_load_back`` / ``load_back``,
@@ -122,9 +128,13 @@ the storage tier's modules, metrics (0.4.9.post3 on)
     (0.5.8) True: the process is not bound to a NUMA node (placement, nothing the cache
     decides), ``bind_to_closest_numa_node_cuda`` a stand-in that raises.
 ``mem_cache/utils.py`` (0.5.6 on), ``sglang.srt.environ`` (0.5.9 on)
-    of the first, the radix cache's key and hash helpers compiled from the file (its MLA
-    Triton kernels are not loaded); the second, read by the file storage backend only, a
-    stand-in that raises if read.
+    of the first, the radix cache's key and hash helpers and (0.5.13) the eviction
+    policy's factory and table, compiled from the file (its MLA Triton kernels are not
+    loaded); the second, read by the file storage backend only, a stand-in that raises if
+    read.
+``alloc_mmap`` (0.5.13)
+    the host buffer is mmap-backed there (``mmap_allocator.py``); here plain heap memory:
+    the buffer's bytes are never read by a decision (the copies are stood in).
 device tensors
     ``init_load_back`` asserts that the matched prefix's indices are CUDA tensors: the
     prefix is passed as a CPU tensor that says ``is_cuda`` (``_DeviceTensor``).
@@ -216,14 +226,16 @@ CONTROLLER = "sglang.srt.managers.cache_controller"
 FILES = (HIRADIX, RADIX, f"{MEM}.base_prefix_cache", CONTROLLER)
 OPTIONAL = (f"{MEM}.hicache_storage",  # (0.4.9.post3 on: loaded where the release has them)
             f"{MEM}.evict_policy",  # (0.5.3 on: the radix cache's eviction order)
-            f"{MEM}.cache_init_params")  # (0.5.6 on: the cache's constructor arguments)
+            f"{MEM}.cache_init_params",  # (0.5.6 on: the cache's constructor arguments)
+            f"{MEM}.events")  # (0.5.12 on: the KV events mixin, events off)
 POOL_CLASSES = ("ReqToTokenPool", "KVCache", "TokenToKVPoolAllocator", "MemoryStateInt",
                 "synchronized", "HostTensorAllocator", "get_allocator_from_storage",
                 "alloc_with_host_register", "alloc_with_pin_memory",  # (0.5.6.post2 on)
                 "HostKVCache", "MHATokenToKVPoolHost")
 OTHER_POOLS = ("NSATokenToKVPool", "NSATokenToKVPoolHost", "DSATokenToKVPool",
                "HybridLinearKVPool", "MiniMaxSparseKVPool")
-POOL_TABLES = ("ALLOC_MEMORY_FUNCS",)  # (0.5.6.post2 on: the host buffer's allocator by device)
+POOL_TABLES = ("ALLOC_MEMORY_FUNCS",  # (0.5.6.post2 on: the host buffer's allocator by device)
+               "HICACHE_HOST_MEMORY_RESERVE_BYTES")  # (0.5.11 on: the host-memory check's)
 ENGINE_KEY = "sglang-hicache"
 DEVICE, HOST = "device", "host"
 
@@ -307,14 +319,19 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
            "SWAKVPool": type("SWAKVPool", (), {}),  # (0.4.9's allocator: isinstance only)
            "MLATokenToKVPoolHost": MLATokenToKVPool,
            **{n: type(n, (), {}) for n in OTHER_POOLS},  # (later releases: no pool here is one)
+           "alloc_mmap": lambda dims, dtype: torch.zeros(dims, dtype=dtype),  # (0.5.13:
+           # the host buffer mmap-backed; here heap memory, never read by a decision)
            "_is_npu": False, "_is_xpu": False, "_is_cuda": False,  # (0.5.2 on; 0.5.6: no
            "SUPPORT_PIN_MEMORY": False,  # JIT copy kernel)
            **{n: _no_copy for n in set(re.findall(r"\b(transfer_kv_\w+)", text))}}
     sglang.real_functions(mod, loaded, rel, names, env)
     import ast
 
-    tables = [node for node in ast.parse(text).body if isinstance(node, ast.Assign)
-              and any(isinstance(t, ast.Name) and t.id in POOL_TABLES for t in node.targets)]
+    tables = [node for node in ast.parse(text).body
+              if (isinstance(node, ast.Assign) and any(
+                  isinstance(t, ast.Name) and t.id in POOL_TABLES for t in node.targets))
+              or (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                  and node.target.id in POOL_TABLES)]
     mod.__dict__.setdefault("defaultdict", __import__("collections").defaultdict)
     exec(compile(ast.Module(body=tables, type_ignores=[]), str(loaded.root / rel), "exec"),
          mod.__dict__)  # noqa: S102 - the release's own tables, as its file has them
@@ -352,10 +369,11 @@ def _stub_kv_events(mod: types.ModuleType, loaded: Loaded) -> None:
 
 
 def _stub_distributed(mod: types.ModuleType, _: Loaded) -> None:
-    """One worker: tensor-parallel rank 0 of 1 (the storage tier's key suffix, its backend
-    config; a storage backend is never built here)."""
-    mod.get_tensor_model_parallel_rank = lambda: 0
+    """One worker: tensor- and pipeline-parallel rank 0 of 1 (the storage tier's key
+    suffix, its backend config; a storage backend is never built here)."""
+    mod.get_tensor_model_parallel_rank = mod.get_pipeline_model_parallel_rank = lambda: 0
     mod.get_tensor_model_parallel_world_size = lambda: 1
+    mod.get_pipeline_model_parallel_world_size = lambda: 1  # (0.5.13 on)
 
 
 def _stub_off(mod: types.ModuleType, _: Loaded) -> None:
@@ -411,12 +429,15 @@ def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:
 
 
 MEM_UTILS = ("convert_to_bigram_key", "compute_node_hash_values", "split_node_hash_value",
-             "get_hash_str", "hash_str_to_int64")
+             "get_hash_str", "hash_str_to_int64", "compute_node_event_hash_values",
+             "get_eviction_strategy")  # (0.5.13 on: the eviction policy's factory)
+MEM_UTILS_TABLES = ("_EVICTION_POLICY_FACTORIES",)
 
 
 def _stub_mem_utils(mod: types.ModuleType, loaded: Loaded) -> None:
     """``mem_cache/utils.py`` (0.5.6 on): of it, the radix cache's key and hash helpers,
     compiled from the installed file (its Triton kernels for MLA buffers are not)."""
+    import ast
     import hashlib
     import typing
 
@@ -425,9 +446,16 @@ def _stub_mem_utils(mod: types.ModuleType, loaded: Loaded) -> None:
     rel = "sglang/srt/mem_cache/utils.py"
     text = (loaded.root / rel).read_text()
     names = [n for n in MEM_UTILS if f"\ndef {n}(" in text]
+    policies = loaded.get(f"{MEM}.evict_policy") if "evict_policy import" in text else None
     sglang.real_functions(mod, loaded, rel, names, {
         "torch": torch, "hashlib": hashlib,
-        **{n: getattr(typing, n) for n in ("Any", "Callable", "List", "Optional", "Tuple")}})
+        **{n: getattr(typing, n) for n in ("Any", "Callable", "List", "Optional", "Tuple")},
+        **{n: v for n, v in vars(policies or types.ModuleType("none")).items()
+           if n.endswith("Strategy")}})
+    tables = [node for node in ast.parse(text).body if isinstance(node, ast.AnnAssign)
+              and isinstance(node.target, ast.Name) and node.target.id in MEM_UTILS_TABLES]
+    exec(compile(ast.Module(body=tables, type_ignores=[]), str(loaded.root / rel), "exec"),
+         mod.__dict__)  # noqa: S102 - the release's own table, as its file has it
 
 
 STUBS = {f"{MEM}.memory_pool": _stub_memory_pool, f"{MEM}.memory_pool_host": _stub_memory_pool,
@@ -442,7 +470,9 @@ STUBS = {f"{MEM}.memory_pool": _stub_memory_pool, f"{MEM}.memory_pool_host": _st
          **{f"{MEM}.{name}": _stub_off for name in (  # the storage backends (0.4.10 on)
              "mooncake_store.mooncake_store", "nixl.hicache_nixl", "storage",
              "storage.hf3fs.storage_hf3fs", "storage.mooncake_store.mooncake_store",
-             "storage.nixl.hicache_nixl")}}
+             "storage.nixl.hicache_nixl",
+             # the hybrid (NSA, Mamba) pools' controller and assembler (0.5.11 on)
+             "hybrid_cache.hybrid_cache_controller", "hybrid_cache.hybrid_pool_assembler")}}
 
 
 class _DevicePool:
@@ -626,6 +656,9 @@ def load(version: str | None = None) -> Loaded:
     if sglang.single_file(root):  # 0.4.8 on: mem_cache/allocator.py
         loaded = sglang.load_dist(dist, (*files, sglang.ALLOCATOR), {**sglang.STUBS, **STUBS},
                                   (sglang.ALLOCATOR, HIRADIX))
+    elif (root / "sglang/srt/mem_cache/allocator").is_dir():  # 0.5.13 on: the package
+        loaded = sglang.load_dist(dist, (*files, *sglang.FILES), {**sglang.STUBS, **STUBS},
+                                  (sglang.ALLOCATOR, HIRADIX))
     else:
         loaded = _loader.load(dist, files, STUBS, (HIRADIX,))
     _patch_modules(loaded)
@@ -676,6 +709,9 @@ class _Req:
     @staticmethod
     def is_dllm() -> bool:  # (0.5.9 on: no diffusion language model)
         return False
+
+    def get_fill_ids(self) -> list:  # (0.5.13 on: the tokens to fill, as fill_ids before)
+        return self.fill_ids
 
     def pop_committed_kv_cache(self) -> int:
         """``Req.pop_committed_kv_cache`` (0.5.5.post3 on) without speculative decoding: the
@@ -908,9 +944,12 @@ class SglangHiCacheTarget:
                         last_global, req.prefix_indices)
                 elif host_hit > 0:  # (0.4.8's PrefillAdder: the loaded indices appended)
                     if takes(type(tree).init_load_back, "params"):  # 0.5.10 on
-                        params = self.mods[f"{MEM}.base_prefix_cache"].InitLoadBackParams(
-                            last_host_node=last_global, host_hit_length=host_hit)
-                        loaded, req.last_node = tree.init_load_back(params)
+                        params = self.mods[f"{MEM}.base_prefix_cache"].InitLoadBackParams
+                        node = ("best_match_node" if "best_match_node" in getattr(
+                            params, "__dataclass_fields__", ()) else "last_host_node")
+                        loaded, req.last_node = tree.init_load_back(params(**{  # (0.5.12:
+                            node: getattr(found, "best_match_node", last_global),  # the
+                            "host_hit_length": host_hit}))  # match's best_match_node)
                     else:
                         loaded, req.last_node = tree.init_load_back(last_global, host_hit)
                     req.prefix_indices = self.torch.cat(
@@ -1053,6 +1092,8 @@ class SglangHiCacheTarget:
             own = {int(x) for x in rec["op"].device_indices.tolist()}
             if job[0] == "w":
                 node = self.tree.ongoing_write_through.get(job[1])
+                node = node[0] if isinstance(node, tuple) else node  # (0.5.13: the lock node,
+                # its backup length and the nodes the ack publishes)
             else:
                 node = self.tree.ongoing_load_back.get(job[1])
                 node = node[1] if isinstance(node, tuple) else node  # (0.5.2 on: the node)
