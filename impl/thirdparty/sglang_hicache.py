@@ -734,8 +734,8 @@ class SglangHiCacheTarget:
         import torch
 
         if block_size != 1:
-            raise MisuseError("SGLang's HiRadixCache of these releases is token-level: "
-                              "block_size must be 1")
+            raise MisuseError("sglang-hicache drives HiRadixCache at page size 1 (token-level "
+                              "keys; 0.4.4.post2 .. 0.4.5 know no other): block_size must be 1")
         if num_blocks < 1 or host_blocks < num_blocks:
             raise MisuseError(f"HiCache's host pool is at least the device pool "
                               f"(hicache_ratio >= 1): host_blocks {host_blocks} < "
