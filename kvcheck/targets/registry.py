@@ -133,4 +133,11 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
                        "vLLM v1's real Scheduler, KVCacheManager and Request (0.33.0; "
                        "@0.6.4.post1..0.33.0), no model: add_request, schedule, a generated "
                        "ModelRunnerOutput, update_from_output"),
+    "nano-vllm-engine": ("kvcheck.impl.thirdparty.nano_vllm_engine:make",
+                         "nano-vllm's real Scheduler, BlockManager and Sequence "
+                         "(nano-vllm-fork 20260210), no model: add, schedule, generated "
+                         "tokens, postprocess; no aborts, fcfs, prefix caching always on"),
+    "nano-vllm-npu-engine": ("kvcheck.impl.thirdparty.nano_vllm_npu_engine:make",
+                             "upstream nano-vllm's Scheduler as nano-vllm-npu carries it "
+                             "(0.0.2; @0.0.1.post1..0.0.2), driven as nano-vllm-engine"),
 }

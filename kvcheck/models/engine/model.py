@@ -154,7 +154,7 @@ class EngineModel(Model):
     def driver(self, seed: int, scope: EngineScope, target, options: Options):
         """Seeded requests over a few shared prompt stems (prefix-cache hits), arriving
         over the run, some aborted; ``Options.extra``: ``requests`` (default 10)."""
-        return EngineDriver(seed, scope, options.extra.get("requests", 10))
+        return EngineDriver(seed, scope, options.extra.get("requests", 10), target)
 
     # -- shrinking -----------------------------------------------------------------------
     def size(self, ops: list) -> int:
@@ -254,12 +254,16 @@ def step_gen(seed: int, k: int) -> int:
     return random.Random(seed * 1_000_003 + k).randrange(1 << 31)
 
 
-def fits(scope: EngineScope, prompt: int, max_new: int) -> bool:
+def fits(scope: EngineScope, prompt: int, max_new: int, longest: int = 0) -> bool:
     """Whether the pool can hold the request whole: its prompt, every token it may
     generate (up to ``max_model_len`` where the run sets it: the engine stops a request
     there, and its input processor refuses a prompt that leaves no room for an output
-    token, vLLM #27099) and a step's drafts."""
+    token, vLLM #27099) and a step's drafts; and, where the target declares
+    ``longest_request`` (``longest``: an engine that neither chunks a prefill nor stops a
+    request at a length, nano-vllm), whether prompt and output fit it."""
     total = prompt + max_new
+    if longest and total > longest:
+        return False
     if scope.max_model_len:
         if prompt >= scope.max_model_len:
             return False
@@ -272,11 +276,15 @@ class EngineDriver:
     """A seeded run: ``n`` requests (prompts drawn over two shared stems, so that prefix
     caching hits, some a whole number of blocks long), arriving one at a time with
     probability 0.4 before each step, a few aborted, steps until every request has
-    finished (the oracle's sweep drains what is left)."""
+    finished (the oracle's sweep drains what is left). A target may declare
+    ``longest_request`` (see ``fits``) and ``aborts = False`` (an engine without aborts:
+    none is drawn)."""
 
-    def __init__(self, seed: int, scope: EngineScope, n: int):
+    def __init__(self, seed: int, scope: EngineScope, n: int, target=None):
         self.rng = random.Random(seed)
         self.seed, self.scope, self.n = seed, scope, n
+        self.longest = getattr(target, "longest_request", 0)
+        self.aborts = getattr(target, "aborts", True)
         bs = scope.block_size
         self.stems = [[self.rng.randint(2, 6) for _ in range(3 * bs)] for _ in range(2)]
         self.added = 0
@@ -290,10 +298,10 @@ class EngineDriver:
             tail = [rng.randint(2, 6) for _ in range(rng.choice((0, 1, rng.randint(1, 6))))]
             tokens = stem[:cut] + tail
             max_new = rng.randint(1, 3 * s.block_size)
-            if fits(s, len(tokens), max_new):
+            if fits(s, len(tokens), max_new, self.longest):
                 q = self.added
                 self.added += 1
-                if rng.random() < 0.15:
+                if rng.random() < 0.15 and self.aborts:
                     self.pending_abort.append(q)
                 return EngineOp("add", seq=q, tokens=tokens, max_new=max_new,
                                 priority=rng.randint(0, 2))

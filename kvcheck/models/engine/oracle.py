@@ -22,11 +22,12 @@ refcounts, free queue and hash map) and checks, with the spec's text:
    furthest one a step scheduled for it counted as reserved: a rejected draft's slots stay
    allocated), or on a preallocating release (to 0.8.4) at most its preallocation more;
    a request never holds more blocks than its block-table row, ``cdiv(max_model_len,
-   block_size)`` (``ROW``: the run's ``max_model_len``, else the target's); the engine
-   never raises (a crash is a violation naming the step); every request finishes within
-   a bound when the pool can hold it (liveness: the bound is generous -- every request's
-   whole work redone once per other request -- so only a starved or stuck request
-   reaches it);
+   block_size)`` (``ROW``: the run's ``max_model_len``, else the target's); a scheduled
+   request computes at least one token (``COMPUTES``: a prompt wholly in the cache still
+   recomputes its last token, whose logits the model samples from); the engine never
+   raises (a crash is a violation naming the step); every request finishes within a bound
+   when the pool can hold it (liveness: the bound is generous -- every request's whole
+   work redone once per other request -- so only a starved or stuck request reaches it);
 4. **every block-manager invariant** (``spec.invariants``) over the running requests'
    tables, the refcounts and the free queue, and, with prefix caching, **every
    prefix-cache invariant** (``spec.prefix``) over the pool's hash map: a key's meaning is
@@ -82,6 +83,11 @@ REFUSED = "allocate_slots: a refused allocation changes nothing"
 APPENDS = "allocate_slots: the request's blocks grow by its hits and the new blocks returned"
 FREED = "free: the request holds no block afterwards"
 LIVENESS = "every request the pool can hold finishes within the bound"
+COMPUTES = "a scheduled request computes at least one token"
+COMPUTES_DOC = ("A request a step schedules has at least one token for the forward pass: the "
+                "model samples from its last token's logits, so a prompt wholly in the cache "
+                "still recomputes its last token (spec.prefix.cached_tokens; vLLM PR #11186, "
+                "nano-vllm #144: seqlen_q = 0).")
 LEAK = "no blocks leak at the end"
 
 
@@ -137,12 +143,13 @@ class EngineOracle:
         if op.kind == "step":
             return self.has_work() and type(op.gen) is int and op.gen >= 0
         if op.kind == "abort":
-            return op.seq in self.unfinished
+            return op.seq in self.unfinished and getattr(self.target, "aborts", True)
         if op.kind == "add":
             q, toks, m, p = op.seq, op.tokens, op.max_new, op.priority
             return (type(q) is int and 0 <= q <= MAX_SEQ and q not in self.requests
                     and isinstance(toks, list) and all(type(t) is int and t >= 0 for t in toks)
-                    and type(m) is int and type(p) is int and fits(self.scope, len(toks), m))
+                    and type(m) is int and type(p) is int
+                    and fits(self.scope, len(toks), m, getattr(self.target, "longest_request", 0)))
         return False
 
     def step(self, op, watchdog: Watchdog | None = None) -> Violation | None:
@@ -255,6 +262,12 @@ class EngineOracle:
         op.drafts = {str(q): t for q, t in sorted(r.drafts.items()) if t}
         op.finished = []  # (filled in below once the step is checked)
         self.stats["scheduled_tokens"] += sum(r.scheduled.values())
+        for q, k in sorted(r.scheduled.items()):
+            if k < 1:
+                return Violation(n, "contract", COMPUTES, q, subject="seq", doc=COMPUTES_DOC,
+                                 witness=(f"step {self.engine_steps} scheduled request {q} with "
+                                          f"{k} tokens to compute: the forward pass has no token "
+                                          f"to sample the next one from"))
         self.stats["kv_calls"] += len(r.calls) + len(r.update_calls)
         hits: list = []  # (request, call): read by the forward pass, after its writes
         v = self._calls(n, r.calls, hits)
@@ -519,7 +532,7 @@ def _where(exc: BaseException) -> str:
         return ""
     f = frames[-1]
     parts = f.filename.replace("\\", "/").split("/")
-    for top in ("vllm", "sglang", "aphrodite"):
+    for top in ("vllm", "sglang", "aphrodite", "nanovllm", "nanovllmnpu"):
         if top in parts:
             parts = parts[parts.index(top):]
             break
