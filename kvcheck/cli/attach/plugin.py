@@ -81,9 +81,31 @@ def pytest_configure(config) -> None:
     for marker in ("cpu_test", "slow_test", "skip_global_cleanup", "core_model", "hybrid_model",
                    "cpu_model", "split", "distributed", "optional"):  # the sdist's markers
         config.addinivalue_line("markers", f"{marker}: a marker of the engine's test suite")
+    import vllm.v1.core.block_pool as bp
     import vllm.v1.core.kv_cache_manager as kvm  # the release's own file, through the finder
 
     wrap(kvm.KVCacheManager)
+    for name, value in list(vars(bp.BlockPool).items()):
+        if not name.startswith("_") and callable(value) and name not in READ_ONLY and \
+                not isinstance(value, (type, staticmethod, classmethod)):
+            setattr(bp.BlockPool, name, _outside(value))
+
+
+# BlockPool methods that change no block (a test may call them between the manager's calls)
+READ_ONLY = frozenset({"get_num_free_blocks", "get_usage", "get_cached_block", "take_events"})
+
+
+def _outside(method):
+    """A ``BlockPool`` method called other than from inside a ``KVCacheManager`` call (by the
+    test itself, staging a scenario: taking blocks, caching them) changes the pool behind
+    the manager's back: the pool is marked, and a manager over it is no longer judged."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if getattr(_state, "depth", 0) == 0:
+            self.__kvcheck_edited__ = True
+        return method(self, *args, **kwargs)
+
+    return call
 
 
 def wrap(cls) -> list[str]:
@@ -138,6 +160,9 @@ def _check(manager, call: str) -> None:
     scope = getattr(manager, "__kvcheck_scope__", False)
     if scope is False:
         scope = manager.__kvcheck_scope__ = observe.out_of_scope(manager)
+    if scope is None and getattr(manager.block_pool, "__kvcheck_edited__", False):
+        scope = manager.__kvcheck_scope__ = ("the test changed its BlockPool directly (not "
+                                             "through the manager)")
     if scope is not None:
         _current["unobserved"] = scope
         return
