@@ -2,8 +2,9 @@
 
 The sdist is downloaded from the package index at test time (once, into kvcheck's cache,
 never into this repository); without a network and without ``$KVCHECK_SDIST_DIR`` the test
-fails with attach's one line. One pytest child runs two of the engine's own tests:
-``test_prefill`` as the release ships it (it passes, and kvcheck checked its manager's states)
+fails with attach's one line. One pytest child runs three of the engine's own tests:
+``test_prefill`` as the release ships it (it passes, and kvcheck checked its manager's states),
+one that reaches a module this machine cannot import (reported not run, with the reason),
 and ``test_evict`` with ``BlockPool.free_blocks`` patched to keep one reference (a leak):
 kvcheck fails it with ``refcount_conservation``, though the engine's own assertions would
 have passed the free (the leak only shows as a block that is neither free nor held).
@@ -52,7 +53,8 @@ def outcome(tmp_path_factory):
     try:
         return attach.run("vllm-v1==0.33.0", ["test_prefix_caching.py"],
                           ["-p", "kvcheck_leak_plugin", "-k",
-                           "test_prefill and sha256 and not cbor or test_evict"],
+                           "test_prefill and sha256 and not cbor or test_evict or "
+                           "test_hisparse_admitted_async_loads_can_finish_with_nothing_running"],
                           say=lambda _m: None)
     finally:
         mp.undo()
@@ -60,8 +62,16 @@ def outcome(tmp_path_factory):
 
 def test_the_engines_own_test_passes_with_its_states_checked(outcome):
     f = outcome.files["tests/v1/core/test_prefix_caching.py"]
-    assert f.passed == 1 and f.not_run == 0 and f.engine == 0
-    assert f.checks > 1 and f.judged == 2  # both tests' managers were judged
+    assert f.passed == 1 and f.engine == 0
+    assert f.checks > 1 and f.judged == 2  # test_prefill's and test_evict's managers
+
+
+def test_a_test_that_cannot_run_here_is_not_run_with_its_reason(outcome):
+    """(It reaches vllm.transformers_utils, which needs huggingface_hub: never a pass.)"""
+    f = outcome.files["tests/v1/core/test_prefix_caching.py"]
+    assert f.not_run == 1
+    (why, n), = f.reasons.items()
+    assert "cannot be imported here" in why and "needs " in why
 
 
 def test_a_leaked_reference_fails_the_engines_test_by_kvcheck(outcome):
@@ -75,7 +85,7 @@ def test_a_leaked_reference_fails_the_engines_test_by_kvcheck(outcome):
 
 def test_the_report_says_each_kind_apart(outcome):
     text = attach.render(outcome, "vllm-v1==0.33.0")
-    assert "1 passed, 0 failed by the engine's own assertions, 1 failed by kvcheck, 0 not run" \
+    assert "1 passed, 0 failed by the engine's own assertions, 1 failed by kvcheck, 1 not run" \
         in text
     assert "FAILED by kvcheck: test_evict" in text
 

@@ -17,8 +17,9 @@ vLLM's source distribution on PyPI ships its unit tests (``tests/v1/core/``:
    (``finder.py``), and every public method of ``KVCacheManager`` observed (``observe.py``);
 4. prints, per test file: passed / failed by the engine's own assertions / failed by
    kvcheck (with the clause) / not run (with the reason), and the number of states kvcheck
-   checked. Exit 0: nothing failed; 1: a test failed (by kvcheck or by the engine's own
-   assertions); 2: bad input, or a download or install that could not be done (one line).
+   checked. Exit 0: nothing failed (and states were checked); 1: a test failed (by kvcheck or
+   by the engine's own assertions); 2: bad input, or a download or install that could not be
+   done (one line); 4: nothing failed but kvcheck checked no state (the command's).
 
 Offline: an sdist already on disk is used when it lies in ``$KVCHECK_SDIST_DIR``; the
 index is ``$KVCHECK_INDEX_URL`` (default PyPI's simple index).
@@ -184,6 +185,7 @@ class FileResult:
     engine_failures: list[tuple[str, str]] = field(default_factory=list)
     reasons: Counter = field(default_factory=Counter)
     unjudged: Counter = field(default_factory=Counter)  # why a test's manager was not judged
+    uncollected: str = ""  # why pytest could not collect the file (none of its tests ran)
 
 
 @dataclass
@@ -256,8 +258,7 @@ def summarise(data: dict, returncode: int) -> Outcome:
             f.reasons[t["reason"]] += 1
     for nodeid, why in data["collection_errors"].items():
         if nodeid and "::" not in nodeid:
-            f = files[nodeid]
-            f.reasons[f"the file could not be collected: {why}"] += 1
+            files[nodeid].uncollected = why
     return Outcome(dict(files), data["checks"], returncode, data.get("unavailable", {}))
 
 
@@ -275,6 +276,8 @@ def render(outcome: Outcome, release: str, verbose: bool = False) -> str:
         if not verbose and len(f.engine_failures) > 5:
             lines.append(f"  ... and {len(f.engine_failures) - 5} more engine failures "
                          "(--verbose lists them)")
+        if f.uncollected:
+            lines.append(f"  no test of the file ran: it could not be collected: {f.uncollected}")
         for why, n in f.reasons.most_common():
             lines.append(f"  not run ({n}): {why}")
         if verbose:

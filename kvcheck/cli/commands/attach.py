@@ -14,8 +14,9 @@ def add_parser(sub) -> None:
                     "'not run'), and check kvcheck's block-manager and prefix-cache invariants on "
                     "every KVCacheManager state a test produces. Prints, per file: passed, failed "
                     "by the engine's own assertions, failed by kvcheck (with the clause), not run "
-                    "(with the reason). Exit 0 nothing failed, 1 a test failed, 2 bad input or a "
-                    "download that could not be done. The same checks inside any pytest run: "
+                    "(with the reason). Exit 0 nothing failed (and kvcheck checked states), 1 a "
+                    "test failed, 2 bad input or a download that could not be done, 4 nothing "
+                    "failed but kvcheck checked no state. The same checks inside any pytest run: "
                     "-p kvcheck.cli.attach.plugin --kvcheck-attach=DIR (docs/attach.md).")
     p.add_argument("release", metavar="ENGINE==VERSION",
                    help="the release whose tests to run (vllm-v1, e.g. vllm-v1==0.33.0)")
@@ -45,5 +46,9 @@ def run(args) -> int:
     except attach.AttachError as exc:
         raise UsageError(str(exc)) from None
     print(attach.render(outcome, args.release, verbose=args.verbose))
-    failed = any(f.kvcheck or f.engine for f in outcome.files.values())
-    return 1 if failed else 0
+    if any(f.kvcheck or f.engine for f in outcome.files.values()):
+        return 1
+    if outcome.checks == 0:  # nothing failed, but kvcheck judged nothing either
+        print("kvcheck attach: no manager state was checked (inconclusive)", file=sys.stderr)
+        return 4
+    return 0
