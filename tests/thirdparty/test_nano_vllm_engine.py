@@ -4,8 +4,8 @@ by step by the engine model with a generated model output (issue 34 §1).
 
 Both releases fail at the defaults on real nano-vllm bugs: #144 (a prompt wholly in the cache
 is scheduled with no token to compute) in both; nano-vllm-fork 20260210's decode preemption
-leaves the preempted sequence in ``running`` (the next step crashes in ``may_append``), shown
-on the release's own objects without kvcheck; nano-vllm-npu 0.0.2's freed blocks keep their
+leaves the preempted sequence in ``running`` (the next step crashes in ``may_append``), also
+shown on the release's own objects without kvcheck; nano-vllm-npu 0.0.2's freed blocks keep their
 keys (#163). The modelling is checked by the upstream scheduler with #163's fix and #144's
 zero-token schedules masked: it passes with preemptions and cache hits. A manager that does
 not free is caught; what nano-vllm has not is refused in one line; a copy steps as the
@@ -22,7 +22,7 @@ from kvcheck.impl.thirdparty import _loader, install
 from kvcheck.impl.thirdparty import nano_vllm_engine as ne
 from kvcheck.impl.thirdparty.nano_vllm_engine import NanoEngineTarget, _Recorder
 from kvcheck.models.engine.model import EngineScope
-from kvcheck.models.engine.oracle import COMPUTES
+from kvcheck.models.engine.oracle import COMPUTES, QUEUES
 from kvcheck.verify import verify
 
 
@@ -97,15 +97,16 @@ def test_both_releases_fail_on_144_a_prompt_wholly_cached_computes_nothing():
         assert r.verdict == "fail" and r.violation.name == COMPUTES, (target, r.violation)
 
 
-def test_the_fork_crashes_after_its_own_decode_preemption():
-    """Past #144, every default run on nano-vllm-fork 20260210 crashes in an engine step:
-    the release's decode loop preempts through ``preempt``, which leaves the sequence in
-    ``running``; the next step appends a slot to its empty table."""
+def test_the_fork_leaves_a_preempted_sequence_in_running():
+    """Past #144, default runs on nano-vllm-fork 20260210 fail where the release's decode loop
+    preempts through ``preempt``, which leaves the sequence in ``running`` as it joins
+    ``waiting`` (the next step appends a slot to its empty table and crashes, or schedules
+    it twice); upstream's scheduler passes the same rule (the control below)."""
     for seed in (0, 1):
         r = _run(_factory(Masked144, "nano-vllm"), seed=seed)
         v = r.violation
-        assert v is not None and v.kind == "crash", v
-        assert "may_append" in v.witness, v.witness
+        assert v is not None and v.name == QUEUES, v
+        assert "waiting) is in running" in v.witness, v.witness
 
 
 def test_the_fork_preemption_bug_on_the_release_own_objects():

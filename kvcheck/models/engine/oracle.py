@@ -89,6 +89,11 @@ COMPUTES_DOC = ("A request a step schedules has at least one token for the forwa
                 "still recomputes its last token (spec.prefix.cached_tokens; vLLM PR #11186, "
                 "nano-vllm #144: seqlen_q = 0).")
 LEAK = "no blocks leak at the end"
+QUEUES = "a request is in one scheduler queue at most, and in running only while it runs"
+QUEUES_DOC = ("The scheduler's running and waiting queues hold each request once at most, and "
+              "the running queue only requests whose status is running: a preempted request "
+              "leaves running as it joins waiting (nano-vllm-fork 20260210's decode loop "
+              "preempts through Scheduler.preempt, which never removes it from running).")
 
 
 class EngineOracle:
@@ -438,6 +443,16 @@ class EngineOracle:
                      "tables": {str(q): b for q, b in tables.items()},
                      "computed": {str(q): computed[q] for q in tables},
                      "refs": refs, "num_free": num_free, "cached": cached}
+        seen: set = set()
+        for where, q in [("running", q) for q in running] + [("waiting", q) for q in waiting]:
+            if q in seen or (where == "running" and status.get(q) != RUNNING):
+                return Violation(n, "invariant", QUEUES, q, subject="seq", doc=QUEUES_DOC,
+                                 witness=(f"after {what}, request {q} "
+                                          f"({str(status.get(q, '?')).lower()}) is in "
+                                          f"{where}" + (" twice or in running and waiting"
+                                                        if q in seen else "")
+                                          + f": running {running}, waiting {waiting}"))
+            seen.add(q)
         for q, blocks in tables.items():  # engine: only a running request holds blocks
             if status[q] != RUNNING:
                 return Violation(n, "invariant", HELD, q, subject="seq", doc=HELD_DOC, witness=(
