@@ -1,6 +1,6 @@
 """Adapter: SGLang's HiCache -- ``HiRadixCache`` with its host pool and ``HiCacheController``
 -- as a tiers target (docs/tiers.md; ``kvcheck verify-tiers sglang-hicache@VERSION``, 0.4.5
-pinned, 0.4.4.post2 .. 0.5.13.post1: ``kvcheck install sglang==VERSION``). What differs
+pinned, 0.4.4.post2 .. 0.5.15: ``kvcheck install sglang==VERSION``). What differs
 between those releases is read from each one's files: the constructor's arguments
 (``hicache_ratio`` from 0.4.4.post2, ``hicache_size`` and ``hicache_write_policy`` from
 0.4.6, ``hicache_io_backend`` from 0.4.9.post1: ``direct``, ``hicache_storage_backend``
@@ -25,14 +25,18 @@ allocator table (0.5.6.post2: ``ALLOC_MEMORY_FUNCS``), ``MatchPrefixParams`` (0.
 events mixin ``mem_cache/events.py`` (0.5.12, events off), the allocator package
 ``mem_cache/allocator/`` loaded as ``sglang.py`` loads it, the eviction policy's factory in
 ``mem_cache/utils.py``, ``Req.get_fill_ids`` and write backups published on their ack
-(``ongoing_write_through`` holding (lock node, length, nodes): 0.5.13). The storage tier
+(``ongoing_write_through`` holding (lock node, length, nodes): 0.5.13), the host pool's
+``pool_host/`` package (0.5.14: its base class and allocation loaded from the files,
+``get_mha_host_pool_cls`` and the MHA host pool compiled from ``memory_pool_host.py``
+with what it imports from the package) and the session mixin (0.5.15, sessions off).
+The storage tier
 (``hicache_storage.py``, 0.4.9.post3 on: an L3 behind the host pool, prefetch and backup
 threads) is loaded but off, as by default
 (``hicache_storage_backend=None``): no backend is built, no prefetch or storage backup
 starts, and its modules (the backends, metrics, 0.5.11's hybrid-pool controller and
-assembler for NSA / Mamba models) are stand-ins that raise if built. 0.5.14 moves the host
-pool into a ``pool_host/`` package: not driven yet; 0.5.20 is the last release with
-``hiradix_cache.py`` (0.5.21: ``UnifiedRadixCache``).
+assembler for NSA / Mamba models) are stand-ins that raise if built. 0.5.16 reads the
+server's state through ``sglang.srt.runtime_context``: not driven yet; 0.5.20 is the last
+release with ``hiradix_cache.py`` (0.5.21: ``UnifiedRadixCache``).
 
 What runs, from the installed wheel: ``mem_cache/hiradix_cache.py`` (``HiRadixCache``:
 ``match_prefix(include_evicted=True)``, ``init_load_back`` / ``load_back``,
@@ -132,9 +136,11 @@ the storage tier's modules, metrics (0.4.9.post3 on)
     policy's factory and table, compiled from the file (its MLA Triton kernels are not
     loaded); the second, read by the file storage backend only, a stand-in that raises if
     read.
-``alloc_mmap`` (0.5.13)
+``alloc_mmap`` (0.5.13), ``psutil``, torch in ``pool_host/`` (0.5.14)
     the host buffer is mmap-backed there (``mmap_allocator.py``); here plain heap memory:
-    the buffer's bytes are never read by a decision (the copies are stood in).
+    the buffer's bytes are never read by a decision (the copies are stood in). The
+    host-memory check's ``psutil.virtual_memory()`` has room for the few bytes asked; the
+    package's files allocate through the same unpinned torch as the compiled classes.
 device tensors
     ``init_load_back`` asserts that the matched prefix's indices are CUDA tensors: the
     prefix is passed as a CPU tensor that says ``is_cuda`` (``_DeviceTensor``).
@@ -227,11 +233,16 @@ FILES = (HIRADIX, RADIX, f"{MEM}.base_prefix_cache", CONTROLLER)
 OPTIONAL = (f"{MEM}.hicache_storage",  # (0.4.9.post3 on: loaded where the release has them)
             f"{MEM}.evict_policy",  # (0.5.3 on: the radix cache's eviction order)
             f"{MEM}.cache_init_params",  # (0.5.6 on: the cache's constructor arguments)
-            f"{MEM}.events")  # (0.5.12 on: the KV events mixin, events off)
+            f"{MEM}.events",  # (0.5.12 on: the KV events mixin, events off)
+            f"{MEM}.pool_host.base", f"{MEM}.pool_host.common",  # (0.5.14 on: the host
+            f"{MEM}.pool_host.hisparse",  # pool's base class and allocation, real files)
+            f"{MEM}.session_radix_cache",  # (0.5.15 on: a mixin, sessions off by default)
+            "sglang.srt.distributed.communication_tags")  # (0.5.16 on: pipeline sync tags)
 POOL_CLASSES = ("ReqToTokenPool", "KVCache", "TokenToKVPoolAllocator", "MemoryStateInt",
                 "synchronized", "HostTensorAllocator", "get_allocator_from_storage",
                 "alloc_with_host_register", "alloc_with_pin_memory",  # (0.5.6.post2 on)
-                "HostKVCache", "MHATokenToKVPoolHost")
+                "HostKVCache", "MHATokenToKVPoolHost",
+                "AsymmetricMHATokenToKVPoolHost", "get_mha_host_pool_cls")  # (0.5.14 on)
 OTHER_POOLS = ("NSATokenToKVPool", "NSATokenToKVPoolHost", "DSATokenToKVPool",
                "HybridLinearKVPool", "MiniMaxSparseKVPool")
 POOL_TABLES = ("ALLOC_MEMORY_FUNCS",  # (0.5.6.post2 on: the host buffer's allocator by device)
@@ -259,15 +270,8 @@ def _device_tensor_class():
     return _DeviceTensor
 
 
-def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
-    import abc
-    import logging
-    import threading
-    import typing
-    from enum import IntEnum
-    from functools import wraps
-
-    import numpy as np
+def _torch_unpinned():
+    """torch, with host buffers allocated unpinned (no GPU to pin memory for)."""
     import torch
 
     class _Torch(types.ModuleType):
@@ -290,6 +294,37 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
                 return types.SimpleNamespace(cudaHostRegister=lambda *_a: 0,
                                              cudaHostUnregister=lambda *_a: 0)
 
+    return _Torch("torch")
+
+
+def _stub_psutil(mod: types.ModuleType, _: Loaded) -> None:
+    """``psutil`` for the host-memory check (0.5.14's pool_host/base.py imports it): room
+    for the few bytes asked."""
+    mod.virtual_memory = lambda: types.SimpleNamespace(available=1 << 50)
+
+
+def _alloc_mmap(dims, dtype):
+    """``mmap_allocator.alloc_mmap`` (0.5.13 on: the host buffer mmap-backed): heap memory
+    here, whose bytes no decision reads (the copies are stood in)."""
+    import torch
+
+    return torch.zeros(dims, dtype=dtype)
+
+
+def _stub_mmap(mod: types.ModuleType, _: Loaded) -> None:
+    mod.alloc_mmap = _alloc_mmap
+
+
+def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
+    import abc
+    import logging
+    import threading
+    import typing
+    from enum import IntEnum
+    from functools import wraps
+
+    import numpy as np
+
     psutil = types.SimpleNamespace(virtual_memory=lambda: types.SimpleNamespace(
         available=1 << 50))
 
@@ -307,7 +342,7 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
     rel = f"sglang/srt/mem_cache/{mod.__kvcheck_real_name__.rpartition('.')[2]}.py"
     text = (loaded.root / rel).read_text()  # memory_pool.py (memory_pool_host.py: 0.4.7.post1)
     names = [n for n in POOL_CLASSES if f"\nclass {n}" in text or f"\ndef {n}(" in text]
-    env = {"torch": _Torch("torch"), "np": np, "psutil": psutil, "abc": abc,
+    env = {"torch": _torch_unpinned(), "np": np, "psutil": psutil, "abc": abc,
            "logging": logging, "threading": threading, "IntEnum": IntEnum, "wraps": wraps,
            **{n: getattr(typing, n) for n in ("List", "Optional", "Tuple", "Union")},
            "TorchMemorySaverAdapter": TorchMemorySaverAdapter,
@@ -319,13 +354,24 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
            "SWAKVPool": type("SWAKVPool", (), {}),  # (0.4.9's allocator: isinstance only)
            "MLATokenToKVPoolHost": MLATokenToKVPool,
            **{n: type(n, (), {}) for n in OTHER_POOLS},  # (later releases: no pool here is one)
-           "alloc_mmap": lambda dims, dtype: torch.zeros(dims, dtype=dtype),  # (0.5.13:
-           # the host buffer mmap-backed; here heap memory, never read by a decision)
+           "alloc_mmap": _alloc_mmap,  # (0.5.13)
            "_is_npu": False, "_is_xpu": False, "_is_cuda": False,  # (0.5.2 on; 0.5.6: no
            "SUPPORT_PIN_MEMORY": False,  # JIT copy kernel)
            **{n: _no_copy for n in set(re.findall(r"\b(transfer_kv_\w+)", text))}}
-    sglang.real_functions(mod, loaded, rel, names, env)
     import ast
+
+    for node in ast.parse(text).body:  # (0.5.14 on: what it imports from pool_host/, and
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(  # its own
+                f"{MEM}.pool_host"):  # constants)
+            src = loaded.get(node.module)
+            env.update({a.asname or a.name: getattr(src, a.name) for a in node.names})
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and \
+                node.targets[0].id.lstrip("_").isupper():
+            try:
+                env[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    sglang.real_functions(mod, loaded, rel, names, env)
 
     tables = [node for node in ast.parse(text).body
               if (isinstance(node, ast.Assign) and any(
@@ -411,7 +457,7 @@ def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:
 
     sglang.STUBS["sglang.srt.utils"](mod, loaded)
     mod.get_device_module = lambda: _Cuda
-    mod.is_npu = mod.is_xpu = lambda: False
+    mod.is_npu = mod.is_xpu = mod.is_cuda = mod.is_hip = mod.is_mps = lambda: False
 
     def bind_to_closest_numa_node_cuda():  # (0.5.8 on: off by disable_hicache_numa_detect)
         raise NotImplementedError("kvcheck stand-in: no NUMA binding here")
@@ -467,6 +513,7 @@ STUBS = {f"{MEM}.memory_pool": _stub_memory_pool, f"{MEM}.memory_pool_host": _st
          "sglang.srt.observability.metrics_collector": _stub_off,  # (0.5.10 on)
          f"{MEM}.utils": _stub_mem_utils,
          "sglang.srt.environ": _stub_off,  # (0.5.9 on: read by the file storage backend)
+         "psutil": _stub_psutil, f"{MEM}.mmap_allocator": _stub_mmap,
          **{f"{MEM}.{name}": _stub_off for name in (  # the storage backends (0.4.10 on)
              "mooncake_store.mooncake_store", "nixl.hicache_nixl", "storage",
              "storage.hf3fs.storage_hf3fs", "storage.mooncake_store.mooncake_store",
@@ -484,7 +531,7 @@ class _DevicePool:
         self.size = size
         self.store_dtype = torch.float16
         self.dtype = torch.float16
-        self.head_num = self.head_dim = self.layer_num = 1
+        self.head_num = self.head_dim = self.v_head_dim = self.layer_num = 1  # (v: 0.5.14)
         self.start_layer, self.end_layer = 0, 1  # (pipeline parallelism: one stage)
         self.layer_transfer_counter = None
         self.device = "cpu"  # (0.4.10.post1's host pool puts its layer pointers there)
@@ -604,6 +651,9 @@ def _patch_modules(mods: Loaded) -> None:
             pass
 
     mods[HIRADIX].time = _Time("time")
+    for name, module in list(mods.modules.items()):  # (0.5.14 on: the host pool's files,
+        if name.startswith(f"{MEM}.pool_host"):  # real, allocate through torch: unpinned)
+            module.torch = _torch_unpinned()
     ctl.__kvcheck_patched__ = True
 
 
@@ -653,6 +703,8 @@ def load(version: str | None = None) -> Loaded:
     dist = install.select(ENGINE_KEY, version)
     root = _loader.require(dist)
     files = FILES + tuple(f for f in OPTIONAL if (root / f"{f.replace('.', '/')}.py").is_file())
+    if (root / "sglang/srt/mem_cache/pool_host/__init__.py").is_file():  # (0.5.14 on)
+        files += (f"{MEM}.pool_host",)
     if sglang.single_file(root):  # 0.4.8 on: mem_cache/allocator.py
         loaded = sglang.load_dist(dist, (*files, sglang.ALLOCATOR), {**sglang.STUBS, **STUBS},
                                   (sglang.ALLOCATOR, HIRADIX))

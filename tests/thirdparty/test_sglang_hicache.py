@@ -7,7 +7,7 @@ freeing the host pages it copies from: no fixed release) caught on 0.4.6 and 0.5
 (the releases scripts/test.sh installs); the target's view of the release's tree on small
 cases; the later releases' code paths, one release each (``NEWER``), pass short runs under
 both policies; 0.5.10's write_back eviction leaves a stale host leaf (0.5.9 .. 0.5.10's
-``evictable_host_leaves``), a leaked host block that 0.5.13 does not leak on the same trace."""
+``evictable_host_leaves``), a leaked host block that 0.5.14 does not leak on the same trace."""
 
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ WRITE_BACK = "kvcheck.impl.thirdparty.sglang_hicache:make_write_back"
 # copies issued on the controller's streams and acked by their events, RadixKey, the host
 # pool aligned up a page, Req.pop_committed_kv_cache (0.5.2 .. 0.5.5.post3); CacheInitParams
 # with the server's arguments, the params objects, rows given to requests, the allocator
-# package, the events mixin, write backups published on their ack (0.5.6 .. 0.5.13.post1);
+# package, the events mixin, write backups published on their ack, the host pool's package
+# (0.5.6 .. 0.5.15);
 # 0.5.10 in its own test
-NEWER = ("0.4.10.post2", "0.5.5.post3", "0.5.13")
+NEWER = ("0.4.10.post2", "0.5.5.post3", "0.5.14")
 LEAF = "0.5.10"  # (evictable_host_leaves: a write_back eviction leaves a stale host leaf)
 missing = [v for v in (BUGGY, FIXED, "0.4.5.post2", "0.4.5.post3", "0.4.6", *NEWER, LEAF)
            if not _loader.is_installed(install.select("sglang-hicache", v))]
@@ -163,7 +164,7 @@ def test_host_leaf_left_stale_by_a_write_back_eviction():
     the child is not yet evicted (a host leaf: evicted, no evicted child), and nothing
     updates it once the child is. ``evict_host`` then takes the parent first and drops the
     child with it: the child's host slot is neither free nor cached (a leak), which the
-    next operation's contract sees. 0.5.13 (0.5.11 on: a host leaf has no backed-up child)
+    next operation's contract sees. 0.5.14 (0.5.11 on: a host leaf has no backed-up child)
     passes the same trace; the write-through policy passes the same run."""
     bug = verify(f"{WRITE_BACK}@{LEAF}", SCOPE.num_blocks, 1, 300, 0, model="tiers",
                  scope=SCOPE)
