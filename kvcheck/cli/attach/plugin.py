@@ -19,6 +19,8 @@ release's sdist tests; the plugin composes with any other pytest option.)
   was read and the rule (``KvcheckViolation``, an ``AssertionError``); it is also recorded, so
   a test whose own code swallows the exception still fails. A call that raises is not
   checked (the test may expect the raise; vLLM gives no guarantee about the state then).
+  A manager kvcheck cannot read (a release without an attribute ``observe.read`` expects)
+  runs unobserved with that reason: kvcheck's shortcoming never fails an engine's test.
 * Each test's outcome is one of: ``passed``; ``engine`` (failed by the engine's own
   assertion or error); ``kvcheck`` (failed by kvcheck, with the clause); ``not run`` (with
   the reason: it reached a module that cannot be imported here, ``finder.NotRunHere``; it
@@ -149,9 +151,24 @@ def _before(manager) -> None:
         return
     from kvcheck.cli.attach import observe
 
-    if observe.read(manager) != last:
+    try:
+        edited = observe.read(manager) != last
+    except Exception as exc:  # noqa: BLE001 - kvcheck's reading, never the test's failure
+        _unreadable(manager, exc)
+        return
+    if edited:
         manager.__kvcheck_scope__ = "its state was edited between its calls (not by its methods)"
         _current["unobserved"] = manager.__kvcheck_scope__
+
+
+def _unreadable(manager, exc: BaseException) -> None:
+    """kvcheck could not read a manager of this release (an attribute it expects is not
+    there): kvcheck's shortcoming, so the manager runs unobserved with the reason, and the
+    test's verdict is its own."""
+    from kvcheck.errors import describe_exception
+
+    manager.__kvcheck_scope__ = f"kvcheck cannot read this manager ({describe_exception(exc)})"
+    _current["unobserved"] = manager.__kvcheck_scope__
 
 
 def _check(manager, call: str) -> None:
@@ -159,16 +176,24 @@ def _check(manager, call: str) -> None:
 
     scope = getattr(manager, "__kvcheck_scope__", False)
     if scope is False:
-        scope = manager.__kvcheck_scope__ = observe.out_of_scope(manager)
+        try:
+            scope = manager.__kvcheck_scope__ = observe.out_of_scope(manager)
+        except Exception as exc:  # noqa: BLE001 - kvcheck's reading, never the test's failure
+            _unreadable(manager, exc)
+            return
     if scope is None and getattr(manager.block_pool, "__kvcheck_edited__", False):
         scope = manager.__kvcheck_scope__ = ("the test changed its BlockPool directly (not "
                                              "through the manager)")
     if scope is not None:
         _current["unobserved"] = scope
         return
-    state = observe.read(manager)
+    try:
+        state = observe.read(manager)
+        broken = observe.check(state)
+    except Exception as exc:  # noqa: BLE001 - kvcheck's reading, never the test's failure
+        _unreadable(manager, exc)
+        return
     manager.__kvcheck_last__ = state
-    broken = observe.check(state)
     _current["checks"] += 1
     TOTAL["checks"] += 1
     if broken is not None:
