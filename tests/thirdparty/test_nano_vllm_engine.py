@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import random
+from pathlib import Path
 
 from kvcheck.cli import main as kvcheck
 from kvcheck.impl.thirdparty import _loader, install
@@ -24,6 +25,9 @@ from kvcheck.impl.thirdparty.nano_vllm_engine import NanoEngineTarget, _Recorder
 from kvcheck.models.engine.model import EngineScope
 from kvcheck.models.engine.oracle import COMPUTES, QUEUES
 from kvcheck.verify import verify
+
+TRACE = (Path(__file__).resolve().parents[2] / "docs" / "traces" / "nano-vllm-engine"
+         / "nano-vllm-engine-20260210-preempted-in-running.json")
 
 
 def _npu():
@@ -138,6 +142,14 @@ def test_the_fork_preemption_bug_on_the_release_own_objects():
         pass
     else:
         raise AssertionError("the stale running entry was scheduled without an error")
+
+
+def test_the_documented_trace_reproduces(capsys):
+    """docs/findings.md E3's trace: two 1-token prompts in 2 blocks of 4 slots; nano-vllm-fork
+    leaves the preempted one in running."""
+    assert kvcheck(["replay", str(TRACE)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("REPRODUCED on nano-vllm-engine: step 7 (invariant) " + QUEUES), out
 
 
 def test_the_upstream_scheduler_with_163_fixed_passes_with_preemptions_and_hits():
