@@ -224,7 +224,7 @@ def run(release: str, files: list[str], extra: list[str] | None = None, say=prin
                "-p", "no:cacheprovider", f"--rootdir={tests}", "-c", os.devnull,
                f"--kvcheck-attach={root}", f"--kvcheck-attach-deps={deps}",
                f"--kvcheck-attach-report={report}", "-q", "--no-header", "-W", "ignore",
-               "--tb=no", *paths, *(extra or [])]
+               "--tb=no", "--continue-on-collection-errors", *paths, *(extra or [])]
         env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
         p = subprocess.run(cmd, cwd=tests, env=env, capture_output=True, text=True)
         if not report.is_file():

@@ -23,6 +23,12 @@ What is evaluated is the spec's own text (``spec/invariants.py``, ``spec/prefix.
   design (``BlockPool.cached_block_hashes_by_block``: 0.33.0's partial prefix-cache entries,
   ``cache_partial_block``, keep a block reachable under more than one key).
 
+Holders besides the requests' tables: a partial prefix hit's pending copy-on-write (0.33.0,
+``_pending_cow_copies``: the source keeps the hit's reference and the copy an extra one until
+the copy is taken) holds one reference on each endpoint. Once
+``take_kv_cache_block_copies`` hands those references to its caller (the scheduler, which
+releases them after the worker's copy), the manager is no longer judged (``plugin.py``).
+
 The managers judged: every KV-cache group of full or sliding-window attention
 (``out_of_scope``), one group or several over the one pool (a block's holders are then the
 entries of every group's tables).
@@ -115,6 +121,13 @@ def read(manager) -> State:
                 NULL if (b.block_id == 0 or getattr(b, "is_null", False)) else b.block_id - 1
                 for b in req_blocks)
             identities[(req_id, group)] = id(req_blocks)
+        # a partial prefix hit's copy-on-write waiting for the worker (0.33.0): both endpoints
+        # keep a reference until the copy is handed to the caller (the source its hit's, the
+        # copy an extra one), as if a table of the copy held them
+        for i, pair in enumerate(getattr(single, "_pending_cow_copies", ())):
+            key = (f"<pending copy-on-write {i}>", group)
+            tables[key] = tuple(b.block_id - 1 for b in pair)
+            identities[key] = id(pair)
     entries = []
     cached = pool.cached_block_hash_to_block
     for key, val in getattr(cached, "_cache", cached).items():

@@ -122,6 +122,20 @@ def wrap(cls) -> list[str]:
     return names
 
 
+# methods handing references over to their caller (who releases them later, outside the
+# manager): from then on, references no table of the manager names are legitimately held
+HANDOFF = {"take_kv_cache_block_copies": "it handed references to its caller "
+                                         "(take_kv_cache_block_copies: a copy's endpoints, "
+                                         "released by the scheduler after the copy)"}
+
+
+def _hands_off(result) -> bool:
+    try:
+        return bool(result[1])  # (copies, retained blocks)
+    except (TypeError, IndexError, KeyError):
+        return True  # a release returning something else: not judged from then on
+
+
 def _observed(name: str, method):
     @functools.wraps(method)
     def call(self, *args, **kwargs):
@@ -133,6 +147,8 @@ def _observed(name: str, method):
             result = method(self, *args, **kwargs)
         finally:
             _state.depth = depth
+        if depth == 0 and name in HANDOFF and _hands_off(result):
+            self.__kvcheck_handoff__ = HANDOFF[name]
         if depth == 0 and not getattr(self, "__kvcheck_broken__", False):
             _check(self, f"KVCacheManager.{name}()")
         return result
@@ -181,6 +197,8 @@ def _check(manager, call: str) -> None:
         except Exception as exc:  # noqa: BLE001 - kvcheck's reading, never the test's failure
             _unreadable(manager, exc)
             return
+    if scope is None and getattr(manager, "__kvcheck_handoff__", None):
+        scope = manager.__kvcheck_scope__ = manager.__kvcheck_handoff__
     if scope is None and getattr(manager.block_pool, "__kvcheck_edited__", False):
         scope = manager.__kvcheck_scope__ = ("the test changed its BlockPool directly (not "
                                              "through the manager)")
@@ -255,6 +273,10 @@ def pytest_runtest_makereport(item, call):
                    "tests/conftest.py, which attach does not load")
         if why is None and exc is not None:
             why = next((reason for words, reason in CANNOT_RUN if words in str(exc)), None)
+        if why is None and call.excinfo is not None and \
+                call.excinfo.typename == "CalledProcessError" and "vllm" in str(exc):
+            why = ("runs vLLM in a subprocess of its own, where attach's import hook is not "
+                   "installed (no vllm package to import there)")
         if why is None and rep.when == "setup" and "fixture '" in str(rep.longrepr) and \
                 "not found" in str(rep.longrepr):
             line = next((ln.strip() for ln in str(rep.longrepr).splitlines()
