@@ -1,6 +1,6 @@
 """Adapter: SGLang's HiCache -- ``HiRadixCache`` with its host pool and ``HiCacheController``
 -- as a tiers target (docs/tiers.md; ``kvcheck verify-tiers sglang-hicache@VERSION``, 0.4.5
-pinned, 0.4.4.post2 .. 0.5.15: ``kvcheck install sglang==VERSION``). What differs
+pinned, 0.4.4.post2 .. 0.5.17: ``kvcheck install sglang==VERSION``). What differs
 between those releases is read from each one's files: the constructor's arguments
 (``hicache_ratio`` from 0.4.4.post2, ``hicache_size`` and ``hicache_write_policy`` from
 0.4.6, ``hicache_io_backend`` from 0.4.9.post1: ``direct``, ``hicache_storage_backend``
@@ -28,14 +28,18 @@ events mixin ``mem_cache/events.py`` (0.5.12, events off), the allocator package
 (``ongoing_write_through`` holding (lock node, length, nodes): 0.5.13), the host pool's
 ``pool_host/`` package (0.5.14: its base class and allocation loaded from the files,
 ``get_mha_host_pool_cls`` and the MHA host pool compiled from ``memory_pool_host.py``
-with what it imports from the package) and the session mixin (0.5.15, sessions off).
+with what it imports from the package), the session mixin (0.5.15, sessions off), the
+MHA host pool in ``pool_host/mha.py``, the host pool's frees staged in ``release_slots``
+(free too), ``sglang.srt.runtime_context`` and ``cache_finished_req(kv_len_to_handle=)``
+(0.5.16: the committed length, as ``release_kv_cache`` passes it), the HiCache arguments
+read through the runtime context and ``alloc_mmap`` in ``storage/mmap.py`` (0.5.17).
 The storage tier
 (``hicache_storage.py``, 0.4.9.post3 on: an L3 behind the host pool, prefetch and backup
 threads) is loaded but off, as by default
 (``hicache_storage_backend=None``): no backend is built, no prefetch or storage backup
 starts, and its modules (the backends, metrics, 0.5.11's hybrid-pool controller and
-assembler for NSA / Mamba models) are stand-ins that raise if built. 0.5.16 reads the
-server's state through ``sglang.srt.runtime_context``: not driven yet; 0.5.20 is the last
+assembler for NSA / Mamba models) are stand-ins that raise if built. 0.5.18 issues the
+copies through ``l2_transfer.py``'s ``L2TransferEngine``: not driven yet; 0.5.20 is the last
 release with ``hiradix_cache.py`` (0.5.21: ``UnifiedRadixCache``).
 
 What runs, from the installed wheel: ``mem_cache/hiradix_cache.py`` (``HiRadixCache``:
@@ -120,6 +124,10 @@ the storage tier's modules, metrics (0.4.9.post3 on)
     (``sglang._stub_utils``), its upper-case constants (0.5.3.post3: the radix cache's
     deterministic split size, used only in deterministic inference), no NPU or XPU, and
     ``get_device_module()`` the stand-in streams and events above.
+``sglang.srt.runtime_context`` (0.5.16 on)
+    the parallel layout (rank 0 of 1 in every group) and, from 0.5.17, the server's
+    arguments the cache is being built with (set by the adapter just before it builds one;
+    HiRadixCache reads them in ``__init__`` only); ``get_server_args`` (metrics only) raises.
 ``Req``
     the fields the radix cache reads (``_Req``), 0.5.5.post3's
     ``pop_committed_kv_cache`` without speculative decoding (the committed length: every
@@ -244,7 +252,7 @@ POOL_CLASSES = ("ReqToTokenPool", "KVCache", "TokenToKVPoolAllocator", "MemorySt
                 "HostKVCache", "MHATokenToKVPoolHost",
                 "AsymmetricMHATokenToKVPoolHost", "get_mha_host_pool_cls")  # (0.5.14 on)
 OTHER_POOLS = ("NSATokenToKVPool", "NSATokenToKVPoolHost", "DSATokenToKVPool",
-               "HybridLinearKVPool", "MiniMaxSparseKVPool")
+               "HybridLinearKVPool", "MiniMaxSparseKVPool", "MHATokenToKOnlyPool", "MambaPool")
 POOL_TABLES = ("ALLOC_MEMORY_FUNCS",  # (0.5.6.post2 on: the host buffer's allocator by device)
                "HICACHE_HOST_MEMORY_RESERVE_BYTES")  # (0.5.11 on: the host-memory check's)
 ENGINE_KEY = "sglang-hicache"
@@ -339,7 +347,7 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
     class MLATokenToKVPool:  # no pool here is one
         pass
 
-    rel = f"sglang/srt/mem_cache/{mod.__kvcheck_real_name__.rpartition('.')[2]}.py"
+    rel = f"{mod.__kvcheck_real_name__.replace('.', '/')}.py"  # (0.5.16: pool_host/mha.py)
     text = (loaded.root / rel).read_text()  # memory_pool.py (memory_pool_host.py: 0.4.7.post1)
     names = [n for n in POOL_CLASSES if f"\nclass {n}" in text or f"\ndef {n}(" in text]
     env = {"torch": _torch_unpinned(), "np": np, "psutil": psutil, "abc": abc,
@@ -355,7 +363,7 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
            "MLATokenToKVPoolHost": MLATokenToKVPool,
            **{n: type(n, (), {}) for n in OTHER_POOLS},  # (later releases: no pool here is one)
            "alloc_mmap": _alloc_mmap,  # (0.5.13)
-           "_is_npu": False, "_is_xpu": False, "_is_cuda": False,  # (0.5.2 on; 0.5.6: no
+           "_is_npu": False, "_is_xpu": False, "_is_cuda": False, "_is_hip": False,  # (0.5.2 on; 0.5.6: no
            "SUPPORT_PIN_MEMORY": False,  # JIT copy kernel)
            **{n: _no_copy for n in set(re.findall(r"\b(transfer_kv_\w+)", text))}}
     import ast
@@ -443,6 +451,24 @@ def _stub_off(mod: types.ModuleType, _: Loaded) -> None:
     mod.__getattr__ = attr
 
 
+def _stub_runtime_context(mod: types.ModuleType, _: Loaded) -> None:
+    """``sglang.srt.runtime_context`` (0.5.16 on): the parallel layout the controller reads
+    (rank 0 of 1 in every group); the server's arguments through it only for metrics (off):
+    a stand-in that raises."""
+    mod.get_parallel = lambda: types.SimpleNamespace(
+        tp_rank=0, tp_size=1, attn_tp_rank=0, attn_tp_size=1, pp_rank=0, pp_size=1,
+        attn_cp_rank=0, attn_cp_size=1, attn_dp_rank=0, attn_dp_size=1)
+
+    def get_server_args():
+        raise NotImplementedError("kvcheck stand-in: no runtime server arguments")
+
+    mod.get_server_args = get_server_args
+    mod.current = None  # (0.5.17 on: the server's arguments the cache is built with, set
+    # by the adapter before it builds one: what get_memory / get_serving /
+    # get_observability give, read in HiRadixCache.__init__ only)
+    mod.get_memory = mod.get_serving = mod.get_observability = lambda: mod.current
+
+
 def _stub_dp_attention(mod: types.ModuleType, _: Loaded) -> None:
     """No data-parallel attention: attention rank 0 of 1."""
     mod.get_attention_tp_rank = mod.get_attention_dp_rank = lambda: 0
@@ -514,6 +540,10 @@ STUBS = {f"{MEM}.memory_pool": _stub_memory_pool, f"{MEM}.memory_pool_host": _st
          f"{MEM}.utils": _stub_mem_utils,
          "sglang.srt.environ": _stub_off,  # (0.5.9 on: read by the file storage backend)
          "psutil": _stub_psutil, f"{MEM}.mmap_allocator": _stub_mmap,
+         f"{MEM}.storage.mmap": _stub_mmap,  # (0.5.17 on: where alloc_mmap lives)
+         "sglang.srt.runtime_context": _stub_runtime_context,
+         f"{MEM}.pool_host.mha": _stub_memory_pool,  # (0.5.16 on: the MHA host pool there)
+         f"{MEM}.pool_host.mla": _stub_off,  # (no pool here is an MLA one)
          **{f"{MEM}.{name}": _stub_off for name in (  # the storage backends (0.4.10 on)
              "mooncake_store.mooncake_store", "nixl.hicache_nixl", "storage",
              "storage.hf3fs.storage_hf3fs", "storage.mooncake_store.mooncake_store",
@@ -843,11 +873,16 @@ class SglangHiCacheTarget:
             raise MisuseError(f"host_blocks {host_slots} is no ratio of {self.nb}")
         init = hiradix.HiRadixCache.__init__
         if takes(init, "params"):  # 0.5.6 on: CacheInitParams and the server's arguments
-            return hiradix.HiRadixCache(self._params(), self._server_args(
+            args = self._server_args(
                 hicache_ratio=ratio, hicache_size=0, hicache_write_policy=write_policy,
                 hicache_io_backend="direct", hicache_mem_layout="layer_first",
-                hicache_storage_backend=None,
-                disable_hicache_numa_detect=True))  # (0.5.8: no NUMA binding of the process)
+                hicache_storage_backend=None, disable_hicache_numa_detect=True)
+            if not hasattr(args, "extra_metric_labels"):
+                args.extra_metric_labels = None
+            context = self.mods.modules.get("sglang.srt.runtime_context")
+            if context is not None:  # (0.5.17 on: read through the runtime context)
+                context.current = args
+            return hiradix.HiRadixCache(self._params(), args)
         kw: dict[str, Any] = {"req_to_token_pool": self.rows,
                               "token_to_kv_pool_allocator": self.alloc,
                               "tp_cache_group": None, "page_size": 1}
@@ -1051,7 +1086,11 @@ class SglangHiCacheTarget:
         self._epoch += 1
         req = self._live(seq)
         req.output_ids.append(next(self._sampled))  # sampled last: no KV slot
-        self.tree.cache_finished_req(req)
+        if takes(type(self.tree).cache_finished_req, "kv_len_to_handle"):  # 0.5.16 on: as
+            self.tree.cache_finished_req(  # release_kv_cache passes it (no speculation: the
+                req, kv_len_to_handle=req.kv_committed_len)  # committed length)
+        else:
+            self.tree.cache_finished_req(req)
         if req.req_pool_idx is not None and takes(type(self.rows).free, "req"):  # 0.5.9
             self.rows.free(req)  # on: release_kv_cache frees the row after the cache
         del self.reqs[seq]
@@ -1200,7 +1239,9 @@ class SglangHiCacheTarget:
             free = (self.alloc.free_slots.tolist() if hasattr(self.alloc, "free_slots")
                     else sglang.free_pages_of(self.alloc))  # (free_pages from 0.4.8)
             return [int(x) - 1 for x in free]
-        return [int(x) for x in self.host.free_slots.tolist()]
+        staged = [x for t in getattr(self.host, "release_slots", ()) for x in t.tolist()]
+        return [int(x) for x in self.host.free_slots.tolist() + staged]  # (0.5.16 on: frees
+        # staged in release_slots, merged into free_slots when an alloc needs them)
 
     def table(self, seq: int):
         req = self.reqs.get(seq)
