@@ -19,15 +19,15 @@ def add_parser(sub) -> None:
                     "failed but kvcheck checked no state. The same checks inside any pytest run: "
                     "-p kvcheck.cli.attach.plugin --kvcheck-attach=DIR (docs/attach.md).")
     p.add_argument("release", metavar="ENGINE==VERSION",
-                   help="the release whose tests to run (vllm-v1, e.g. vllm-v1==0.33.0)")
+                   help="the release whose tests to run (vllm-v1, e.g. vllm-v1==0.33.0) (required)")
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="test files of the sdist (test_prefix_caching.py: under tests/v1/core/; "
-                        "or a path under tests/), optionally FILE::TEST")
+                        "or a path under tests/), optionally FILE::TEST (required)")
     p.add_argument("-k", dest="keyword", default=None, metavar="EXPR",
                    help="only the tests matching pytest's -k expression (default: all)")
     p.add_argument("--pytest-arg", dest="pytest_args", action="append", default=[],
                    metavar="ARG", help="one more argument for the pytest run (repeatable; e.g. "
-                                       "--pytest-arg=-p --pytest-arg=myplugin)")
+                                       "--pytest-arg=-p --pytest-arg=myplugin; default: none)")
     p.add_argument("--verbose", action="store_true",
                    help="list every test failed by the engine (default: the first five per file)")
     p.set_defaults(run=run)
