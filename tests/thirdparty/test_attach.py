@@ -98,3 +98,36 @@ def test_bad_input_is_one_line_and_exit_2():
     p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "attach", "nano-vllm",
                         "test_x.py"], capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "vllm-v1 only" in p.stderr
+
+
+def test_a_release_module_that_cannot_be_imported_is_unavailable_not_stood_in(tmp_path):
+    """finder.py on a made-up release: a module whose import fails (a missing dependency)
+    becomes unavailable; any use of a name from it raises NotRunHere with the reason, and the
+    modules importing it still load (their own code is the release's)."""
+    pkg = tmp_path / "toyengine"
+    (pkg / "core").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core" / "__init__.py").write_text("")
+    (pkg / "heavy.py").write_text("import kvcheck_no_such_dependency\nclass Config: pass\n")
+    (pkg / "core" / "pool.py").write_text(
+        "from toyengine.heavy import Config\n"
+        "def blocks(n):\n    return list(range(n))\n"
+        "def configured():\n    return Config()\n")
+    from kvcheck.cli.attach import finder
+
+    found = finder.ReleaseFinder(tmp_path, top="toyengine")
+    sys.meta_path.insert(0, found)
+    try:
+        import toyengine.core.pool as pool
+
+        assert pool.blocks(3) == [0, 1, 2]  # the release's own code runs
+        with pytest.raises(finder.NotRunHere, match="toyengine.heavy cannot be imported here "
+                                                    r"\(needs kvcheck_no_such_dependency"):
+            pool.configured()
+        with pytest.raises(finder.NotRunHere):
+            isinstance(object(), pool.Config)
+        assert "toyengine.heavy" in finder.UNAVAILABLE
+    finally:
+        sys.meta_path.remove(found)
+        for name in [m for m in sys.modules if m == "toyengine" or m.startswith("toyengine.")]:
+            del sys.modules[name]
