@@ -50,14 +50,18 @@ def outcome(tmp_path_factory):
     (folder / "kvcheck_leak_plugin.py").write_text(LEAK)
     mp = pytest.MonkeyPatch()
     mp.setenv("PYTHONPATH", str(folder))
-    try:
+    failure = None
+    try:  # (no network and no $KVCHECK_SDIST_DIR: attach's one line fails the tests)
         return attach.run("vllm-v1==0.33.0", ["test_prefix_caching.py"],
                           ["-p", "kvcheck_leak_plugin", "-k",
                            "test_prefill and sha256 and not cbor or test_evict or "
                            "test_hisparse_admitted_async_loads_can_finish_with_nothing_running"],
                           say=lambda _m: None)
+    except attach.AttachError as exc:
+        failure = f"kvcheck attach: {exc}"
     finally:
         mp.undo()
+    pytest.fail(failure, pytrace=False)
 
 
 def test_the_engines_own_test_passes_with_its_states_checked(outcome):
