@@ -1,6 +1,6 @@
 """Adapter: SGLang's HiCache -- ``HiRadixCache`` with its host pool and ``HiCacheController``
 -- as a tiers target (docs/tiers.md; ``kvcheck verify-tiers sglang-hicache@VERSION``, 0.4.5
-pinned, 0.4.4.post2 .. 0.5.17: ``kvcheck install sglang==VERSION``). What differs
+pinned, 0.4.4.post2 .. 0.5.18: ``kvcheck install sglang==VERSION``). What differs
 between those releases is read from each one's files: the constructor's arguments
 (``hicache_ratio`` from 0.4.4.post2, ``hicache_size`` and ``hicache_write_policy`` from
 0.4.6, ``hicache_io_backend`` from 0.4.9.post1: ``direct``, ``hicache_storage_backend``
@@ -32,15 +32,18 @@ with what it imports from the package), the session mixin (0.5.15, sessions off)
 MHA host pool in ``pool_host/mha.py``, the host pool's frees staged in ``release_slots``
 (free too), ``sglang.srt.runtime_context`` and ``cache_finished_req(kv_len_to_handle=)``
 (0.5.16: the committed length, as ``release_kv_cache`` passes it), the HiCache arguments
-read through the runtime context and ``alloc_mmap`` in ``storage/mmap.py`` (0.5.17).
-The storage tier
+read through the runtime context and ``alloc_mmap`` in ``storage/mmap.py`` (0.5.17), the
+copies through ``l2_transfer.py``'s ``L2TransferEngine`` (loaded from the file, on the
+stand-in streams and events), more KV event classes, ``Req.cache_salt`` and the device
+pool's layer pointers and ``layer_shard_enabled`` (0.5.18). The storage tier
 (``hicache_storage.py``, 0.4.9.post3 on: an L3 behind the host pool, prefetch and backup
 threads) is loaded but off, as by default
 (``hicache_storage_backend=None``): no backend is built, no prefetch or storage backup
 starts, and its modules (the backends, metrics, 0.5.11's hybrid-pool controller and
-assembler for NSA / Mamba models) are stand-ins that raise if built. 0.5.18 issues the
-copies through ``l2_transfer.py``'s ``L2TransferEngine``: not driven yet; 0.5.20 is the last
-release with ``hiradix_cache.py`` (0.5.21: ``UnifiedRadixCache``).
+assembler for NSA / Mamba models) are stand-ins that raise if built. 0.5.19 reads
+``envs`` (``sglang.srt.environ``) while it builds the host pool and imports the unified
+cache's modules: not driven yet; 0.5.20 is the last release with ``hiradix_cache.py``
+(0.5.21: ``UnifiedRadixCache``).
 
 What runs, from the installed wheel: ``mem_cache/hiradix_cache.py`` (``HiRadixCache``:
 ``match_prefix(include_evicted=True)``, ``init_load_back`` / ``load_back``,
@@ -68,8 +71,9 @@ Stand-ins, all here (every other ``sglang.*`` import raises, ``_loader``):
 ``_DevicePool`` (``memory_pool.MHATokenToKVPool``)
     the device KV buffers: one layer, one head of width 1, never read (the copy kernels
     are stood in too); what the host pool and the controller read of it is its size,
-    dtype, shape, device, layer buffers (0.5.2 on: named by the stood-in copies) and
-    ``register_layer_transfer_counter``. ``MLATokenToKVPool`` is a
+    dtype, shape, device, layer buffers (0.5.2 on: named by the stood-in copies; 0.5.18:
+    their pointers, never dereferenced), ``v_head_dim`` (0.5.14), ``layer_shard_enabled``
+    False (0.5.18: the class default) and ``register_layer_transfer_counter``. ``MLATokenToKVPool`` is a
     class no pool here is an instance of.
 the controller's threads and CUDA streams (before 0.5.2)
     ``HiCacheController`` builds two ``torch.cuda.Stream`` s and starts a write and a load
@@ -245,7 +249,8 @@ OPTIONAL = (f"{MEM}.hicache_storage",  # (0.4.9.post3 on: loaded where the relea
             f"{MEM}.pool_host.base", f"{MEM}.pool_host.common",  # (0.5.14 on: the host
             f"{MEM}.pool_host.hisparse",  # pool's base class and allocation, real files)
             f"{MEM}.session_radix_cache",  # (0.5.15 on: a mixin, sessions off by default)
-            "sglang.srt.distributed.communication_tags")  # (0.5.16 on: pipeline sync tags)
+            "sglang.srt.distributed.communication_tags",  # (0.5.16 on: pipeline sync tags)
+            f"{MEM}.l2_transfer")  # (0.5.18 on: the copies' engine, on the stand-in streams)
 POOL_CLASSES = ("ReqToTokenPool", "KVCache", "TokenToKVPoolAllocator", "MemoryStateInt",
                 "synchronized", "HostTensorAllocator", "get_allocator_from_storage",
                 "alloc_with_host_register", "alloc_with_pin_memory",  # (0.5.6.post2 on)
@@ -412,6 +417,13 @@ def _stub_kv_events(mod: types.ModuleType, loaded: Loaded) -> None:
 
     for name in ("AllBlocksCleared", "BlockRemoved", "BlockStored", "KVCacheEvent"):
         setattr(mod, name, off)
+
+    def attr(name: str):  # (0.5.18 on: more event classes, BlockStoredWithMetadata & co.)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return off
+
+    mod.__getattr__ = attr
     rel = "sglang/srt/disaggregation/kv_events.py"
     text = (loaded.root / rel).read_text() if (loaded.root / rel).is_file() else ""
     for node in ast.parse(text).body:
@@ -562,12 +574,16 @@ class _DevicePool:
         self.store_dtype = torch.float16
         self.dtype = torch.float16
         self.head_num = self.head_dim = self.v_head_dim = self.layer_num = 1  # (v: 0.5.14)
+        self.layer_shard_enabled = False  # (0.5.18: KVCache's class default)
         self.start_layer, self.end_layer = 0, 1  # (pipeline parallelism: one stage)
         self.layer_transfer_counter = None
         self.device = "cpu"  # (0.4.10.post1's host pool puts its layer pointers there)
         # (0.5.2 on: the copies name the layers' buffers; the kernels are stood in)
         self.k_buffer = [torch.zeros((size + 1, 1, 1), dtype=torch.float16)]
         self.v_buffer = [torch.zeros((size + 1, 1, 1), dtype=torch.float16)]
+        self.k_data_ptrs = torch.tensor([self.k_buffer[0].data_ptr()], dtype=torch.uint64)
+        self.v_data_ptrs = torch.tensor([self.v_buffer[0].data_ptr()], dtype=torch.uint64)
+        # (0.5.18: the copies name the layers' pointers too; never dereferenced here)
 
     def register_layer_transfer_counter(self, counter) -> None:
         self.layer_transfer_counter = counter
@@ -784,6 +800,7 @@ class _Req:
         self.last_node = None
         self.last_node_global = None
         self.extra_key = None  # (0.5.3 on: no LoRA, no cache salt)
+        self.cache_salt = None  # (0.5.18 on: the salt apart from extra_key)
         self.kv_committed_len = len(tokens)  # (0.5.5.post3 on: the tokens with a KV slot)
         self.kv_committed_freed = False
         self.is_chunked = 0  # (0.5.9 on: what ReqToTokenPool.alloc reads)
