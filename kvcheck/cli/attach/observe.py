@@ -29,9 +29,9 @@ the copy is taken) holds one reference on each endpoint. Once
 ``take_kv_cache_block_copies`` hands those references to its caller (the scheduler, which
 releases them after the worker's copy), the manager is no longer judged (``plugin.py``).
 
-The managers judged: every KV-cache group of full or sliding-window attention
-(``out_of_scope``), one group or several over the one pool (a block's holders are then the
-entries of every group's tables).
+The managers judged: every KV-cache group of full attention, sliding-window attention or
+Mamba (``out_of_scope``), one group or several over the one pool (a block's holders are then
+the entries of every group's tables and the pending copies).
 
 Not evaluated, because a test driving the manager directly gives no token count for its
 requests (it calls ``allocate_slots`` without the scheduler's bookkeeping of
@@ -85,18 +85,19 @@ class State:
     multi_key: bool  # the pool keeps several keys per block by design (partial prefix entries)
 
 
-IN_SCOPE = ("FullAttentionManager", "SlidingWindowManager")
+IN_SCOPE = ("FullAttentionManager", "SlidingWindowManager", "MambaManager")
 
 
 def out_of_scope(manager) -> str | None:
     """Why kvcheck does not judge this manager's states (None: it does).
 
     kvcheck's block-manager spec reads a state as tables of references to one pool; it
-    judges a manager whose KV-cache groups are all of full or sliding-window attention (one
-    group is the configuration ``kvcheck verify vllm-v1`` drives). Mamba's managers keep a
-    reference on checkpoint blocks that no request table names, and HiSparse's source
-    manager puts one block in two groups' tables under one reference: that reading would
-    call those leaks, so such managers run unobserved, counted apart, never judged."""
+    judges a manager whose KV-cache groups are all of full attention, sliding-window
+    attention or Mamba (one full-attention group is the configuration ``kvcheck verify
+    vllm-v1`` drives), their pending copies counted as holders (``read``). HiSparse's source
+    manager puts one block in two groups' tables under one reference, and the other
+    single-type managers (circular buffer, chunked local, cross attention...) are not read
+    yet: such managers run unobserved, counted apart, never judged."""
     singles = list(manager.coordinator.single_type_managers)
     for single in singles:
         kind = type(single).__name__

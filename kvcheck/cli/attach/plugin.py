@@ -126,12 +126,15 @@ def wrap(cls) -> list[str]:
 # manager): from then on, references no table of the manager names are legitimately held
 HANDOFF = {"take_kv_cache_block_copies": "it handed references to its caller "
                                          "(take_kv_cache_block_copies: a copy's endpoints, "
-                                         "released by the scheduler after the copy)"}
+                                         "released by the scheduler after the copy)",
+           "pop_blocks_for_free": "it handed a request's blocks to its caller "
+                                  "(pop_blocks_for_free: freed by the caller later)"}
 
 
-def _hands_off(result) -> bool:
+def _hands_off(name: str, result) -> bool:
+    """Whether the call handed references over (an empty hand-off changes nothing)."""
     try:
-        return bool(result[1])  # (copies, retained blocks)
+        return bool(result[1]) if name == "take_kv_cache_block_copies" else bool(result)
     except (TypeError, IndexError, KeyError):
         return True  # a release returning something else: not judged from then on
 
@@ -147,7 +150,7 @@ def _observed(name: str, method):
             result = method(self, *args, **kwargs)
         finally:
             _state.depth = depth
-        if depth == 0 and name in HANDOFF and _hands_off(result):
+        if depth == 0 and name in HANDOFF and _hands_off(name, result):
             self.__kvcheck_handoff__ = HANDOFF[name]
         if depth == 0 and not getattr(self, "__kvcheck_broken__", False):
             _check(self, f"KVCacheManager.{name}()")
