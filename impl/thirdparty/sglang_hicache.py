@@ -1,6 +1,6 @@
 """Adapter: SGLang's HiCache -- ``HiRadixCache`` with its host pool and ``HiCacheController``
 -- as a tiers target (docs/tiers.md; ``kvcheck verify-tiers sglang-hicache@VERSION``, 0.4.5
-pinned, 0.4.4.post2 .. 0.5.18: ``kvcheck install sglang==VERSION``). What differs
+pinned, 0.4.4.post2 .. 0.5.19: ``kvcheck install sglang==VERSION``). What differs
 between those releases is read from each one's files: the constructor's arguments
 (``hicache_ratio`` from 0.4.4.post2, ``hicache_size`` and ``hicache_write_policy`` from
 0.4.6, ``hicache_io_backend`` from 0.4.9.post1: ``direct``, ``hicache_storage_backend``
@@ -35,15 +35,16 @@ MHA host pool in ``pool_host/mha.py``, the host pool's frees staged in ``release
 read through the runtime context and ``alloc_mmap`` in ``storage/mmap.py`` (0.5.17), the
 copies through ``l2_transfer.py``'s ``L2TransferEngine`` (loaded from the file, on the
 stand-in streams and events), more KV event classes, ``Req.cache_salt`` and the device
-pool's layer pointers and ``layer_shard_enabled`` (0.5.18). The storage tier
+pool's layer pointers and ``layer_shard_enabled`` (0.5.18), the request's KV fields in
+``req.kv`` (a ``ReqKvInfo``: ``holds_kv``), the unified cache's component enum, host pool
+groups and ``envs`` read while the host pool is built (0.5.19). The storage tier
 (``hicache_storage.py``, 0.4.9.post3 on: an L3 behind the host pool, prefetch and backup
 threads) is loaded but off, as by default
 (``hicache_storage_backend=None``): no backend is built, no prefetch or storage backup
 starts, and its modules (the backends, metrics, 0.5.11's hybrid-pool controller and
-assembler for NSA / Mamba models) are stand-ins that raise if built. 0.5.19 reads
-``envs`` (``sglang.srt.environ``) while it builds the host pool and imports the unified
-cache's modules: not driven yet; 0.5.20 is the last release with ``hiradix_cache.py``
-(0.5.21: ``UnifiedRadixCache``).
+assembler for NSA / Mamba models) are stand-ins that raise if built. 0.5.20 (the last
+release with ``hiradix_cache.py``; 0.5.21: ``UnifiedRadixCache``) moves the server's
+arguments into ``arg_groups/fields/``: not driven yet.
 
 What runs, from the installed wheel: ``mem_cache/hiradix_cache.py`` (``HiRadixCache``:
 ``match_prefix(include_evicted=True)``, ``init_load_back`` / ``load_back``,
@@ -133,7 +134,8 @@ the storage tier's modules, metrics (0.4.9.post3 on)
     arguments the cache is being built with (set by the adapter just before it builds one;
     HiRadixCache reads them in ``__init__`` only); ``get_server_args`` (metrics only) raises.
 ``Req``
-    the fields the radix cache reads (``_Req``), 0.5.5.post3's
+    the fields the radix cache reads (``_Req``; 0.5.19's ``req.kv`` is the request itself,
+    which holds the same fields ``ReqKvInfo`` does), 0.5.5.post3's
     ``pop_committed_kv_cache`` without speculative decoding (the committed length: every
     token with a KV slot), 0.5.6's ``cache_protected_len`` (set as ``init_next_round_input``
     and ``PrefillAdder`` set it), 0.5.9's ``is_chunked`` and ``is_dllm()`` (no chunked
@@ -143,11 +145,14 @@ the storage tier's modules, metrics (0.4.9.post3 on)
     literal default) and the HiCache arguments above; ``disable_hicache_numa_detect``
     (0.5.8) True: the process is not bound to a NUMA node (placement, nothing the cache
     decides), ``bind_to_closest_numa_node_cuda`` a stand-in that raises.
-``mem_cache/utils.py`` (0.5.6 on), ``sglang.srt.environ`` (0.5.9 on)
+``mem_cache/utils.py`` (0.5.6 on), ``environ.py``'s debug import, world groups
     of the first, the radix cache's key and hash helpers and (0.5.13) the eviction
     policy's factory and table, compiled from the file (its MLA Triton kernels are not
-    loaded); the second, read by the file storage backend only, a stand-in that raises if
-    read.
+    loaded); ``sglang.srt.environ`` (0.5.9 on) is the release's own file (the environment's
+    settings: 0.5.19 reads the host-register chunk size, used only to pin, which is off),
+    its ``debug_utils.cuda_coredump`` import a stand-in; ``distributed.parallel_state``
+    (0.5.19: world groups, read only when torch.distributed is initialized, which it is not
+    here) a stand-in that raises if read.
 ``alloc_mmap`` (0.5.13), ``psutil``, torch in ``pool_host/`` (0.5.14)
     the host buffer is mmap-backed there (``mmap_allocator.py``); here plain heap memory:
     the buffer's bytes are never read by a decision (the copies are stood in). The
@@ -250,7 +255,10 @@ OPTIONAL = (f"{MEM}.hicache_storage",  # (0.4.9.post3 on: loaded where the relea
             f"{MEM}.pool_host.hisparse",  # pool's base class and allocation, real files)
             f"{MEM}.session_radix_cache",  # (0.5.15 on: a mixin, sessions off by default)
             "sglang.srt.distributed.communication_tags",  # (0.5.16 on: pipeline sync tags)
-            f"{MEM}.l2_transfer")  # (0.5.18 on: the copies' engine, on the stand-in streams)
+            f"{MEM}.l2_transfer",  # (0.5.18 on: the copies' engine, on the stand-in streams)
+            f"{MEM}.unified_cache.component_type",  # (0.5.19 on: an enum of tree components)
+            f"{MEM}.pool_host.group",  # (0.5.19 on: host pool groups, from the package)
+            "sglang.srt.environ")  # (0.5.9 on: the environment's settings, the release's own)
 POOL_CLASSES = ("ReqToTokenPool", "KVCache", "TokenToKVPoolAllocator", "MemoryStateInt",
                 "synchronized", "HostTensorAllocator", "get_allocator_from_storage",
                 "alloc_with_host_register", "alloc_with_pin_memory",  # (0.5.6.post2 on)
@@ -550,7 +558,9 @@ STUBS = {f"{MEM}.memory_pool": _stub_memory_pool, f"{MEM}.memory_pool_host": _st
          "sglang.srt.metrics.collector": _stub_off,  # (metrics: off, 0.5.2 on)
          "sglang.srt.observability.metrics_collector": _stub_off,  # (0.5.10 on)
          f"{MEM}.utils": _stub_mem_utils,
-         "sglang.srt.environ": _stub_off,  # (0.5.9 on: read by the file storage backend)
+         "sglang.srt.debug_utils.cuda_coredump": _stub_off,  # (environ.py imports it)
+         "sglang.srt.distributed.parallel_state": _stub_off,  # (0.5.19: world groups, read
+         # only when torch.distributed is initialized; it is not here)
          "psutil": _stub_psutil, f"{MEM}.mmap_allocator": _stub_mmap,
          f"{MEM}.storage.mmap": _stub_mmap,  # (0.5.17 on: where alloc_mmap lives)
          "sglang.srt.runtime_context": _stub_runtime_context,
@@ -804,6 +814,8 @@ class _Req:
         self.kv_committed_len = len(tokens)  # (0.5.5.post3 on: the tokens with a KV slot)
         self.kv_committed_freed = False
         self.is_chunked = 0  # (0.5.9 on: what ReqToTokenPool.alloc reads)
+        self.kv_allocated_len = len(tokens)  # (0.5.19 on: no speculation: the committed)
+        self.last_matched_prefix_len = 0  # (0.5.3 on: set by cache_unfinished_req)
 
     @staticmethod
     def is_dllm() -> bool:  # (0.5.9 on: no diffusion language model)
@@ -818,7 +830,17 @@ class _Req:
         assert not self.kv_committed_freed, "Committed KV cache already freed"
         self.kv_committed_freed = True
         return self.kv_committed_len
-        self.last_matched_prefix_len = 0  # (0.5.3 on: set by cache_unfinished_req)
+
+    @property
+    def kv(self) -> _Req:  # (0.5.19 on: the request's KV fields in a ReqKvInfo: here the
+        return self  # same fields, on the request itself)
+
+    @property
+    def holds_kv(self) -> bool:  # (0.5.19 on: ReqKvInfo.holds_kv)
+        return self.req_pool_idx is not None
+
+    holds_mamba = False  # (no Mamba state)
+    mamba_pool_idx = None
 
 
 class SglangHiCacheTarget:
@@ -1097,6 +1119,7 @@ class SglangHiCacheTarget:
         req.output_ids.append(token)
         req.fill_ids = req.origin_input_ids + req.output_ids
         req.kv_committed_len += 1
+        req.kv_allocated_len += 1
         return int(out[0]) - 1, 0
 
     def free(self, seq: int) -> None:
