@@ -1,0 +1,591 @@
+"""Adapter: vLLM v0's engine core -- the release's own ``Scheduler`` with its own
+``SelfAttnBlockSpaceManager`` (block manager v2), ``Sequence``, ``SequenceGroup`` and
+``SequenceData`` -- driven step by step with no model.
+
+Issue 34 §1. ``vllm-v0-engine[@VERSION]`` (chunked prefill off, v0's default) and
+``vllm-v0-engine-chunked[@VERSION]`` (``enable_chunked_prefill``); 0.8.5 by default, the
+``vllm-v0`` install key (``kvcheck install vllm-v0==0.8.5``). What runs is the release's
+``vllm/core/scheduler.py``, ``interfaces.py``, ``block_manager.py``,
+``placeholder_block_space_manager.py``, ``vllm/core/block/*`` (the block manager's files,
+as ``vllm_v0`` loads them) and ``vllm/sequence.py``, executed from the installed files
+(``_loader``). The adapter plays ``LLMEngine.step`` (``vllm/engine/llm_engine.py``,
+``output_processor/single_step.py``, ``stop_checker.py``) and the model runner:
+
+1. a request arrives: ``Scheduler.add_seq_group(SequenceGroup(request_id,
+   [Sequence(seq_id, {"type": "token", "prompt_token_ids": ...}, block_size, eos)],
+   arrival_time, sampling_params))`` (``LLMEngine._add_processed_request``);
+2. ``schedule()`` -> ``(seq_group_metadata_list, scheduler_outputs, _)``;
+3. for each scheduled group, in order: ``seq_group.update_num_computed_tokens(
+   token_chunk_size)``; if its metadata says ``do_sample``, the generated token (``STOP``
+   with probability 0.08, else 2 .. ``VOCAB``, a function of the step's ``gen`` and the
+   request's id) is appended, ``seq.append_token_id(token, {token: Logprob})``, and the
+   stop checker's rules that apply to token ids are played (EOS -> ``FINISHED_STOPPED``;
+   ``get_len() > max_model_len`` -> ``FINISHED_LENGTH_CAPPED``; ``get_output_len() ==
+   max_tokens`` -> ``FINISHED_LENGTH_CAPPED``), and a finished sequence is freed with
+   ``scheduler.free_seq``; then ``scheduler.free_finished_seq_groups()``;
+4. a prompt the scheduler ignores (``scheduler_outputs.ignored_seq_groups``: longer than
+   its prompt limit) is finished as ``FINISHED_IGNORED`` by the release itself.
+
+``abort(seq)`` is ``Scheduler.abort_seq_group(request_id)``. Preemption is the release's
+own (``_preempt`` -> ``_preempt_by_recompute``: one sequence per group, so never swap).
+
+Stand-ins, in one place (every other ``vllm.*`` import raises, see ``_loader``):
+
+``vllm.config`` (``CacheConfig``, ``SchedulerConfig``, ``LoRAConfig``)
+    the real module imports torch, transformers and the whole model registry; the
+    scheduler only reads attributes. The stand-in classes are records of the settings
+    ``Scheduler`` and its block manager read (``SCHEDULER_SETTINGS``): the run's
+    ``budget`` (``max_num_batched_tokens``), ``max_seqs``, ``policy``, chunked prefill,
+    ``max_model_len``; the rest at ``SchedulerConfig``'s defaults (``delay_factor`` 0,
+    ``num_lookahead_slots`` 0, one scheduler step, one partial prefill, no preemption mode
+    forced, ``send_delta_data`` False, runner ``generate``); the cache: ``block_size``,
+    ``num_gpu_blocks`` = the pool, no CPU blocks, no sliding window, prefix caching on/off.
+``vllm.utils``
+    the real module imports torch; ``Device``, ``cdiv``, ``chunk_list`` as ``vllm_v0``
+    re-implements them, and ``PyObjectCache`` and the ``STR_NOT_IMPL_*`` messages executed
+    from the release's own ``vllm/utils.py`` (their source, cut out by name).
+``vllm.platforms``, ``vllm.logger``
+    as ``vllm_v0`` (CUDA-like; a stdlib logger).
+``msgspec``
+    ``vllm/sequence.py`` declares ``SequenceData``, ``SequenceGroupMetadata`` and the
+    outputs as ``msgspec.Struct`` (serialisation to workers); msgspec is not a kvcheck
+    dependency. The stand-in ``Struct`` gives a subclass the constructor msgspec would
+    (the annotated fields, in order, positional or by keyword, defaults and
+    ``field(default_factory=...)``, then ``__post_init__``); nothing is serialised here.
+``torch``
+    ``sequence.py`` names ``torch.Tensor`` in annotations (pooled data, hidden states),
+    evaluated at class creation; a module with a ``Tensor`` class. No tensor is made.
+``vllm.sampling_params``
+    the real module imports pydantic and the tokenizers. ``SamplingParams`` is a record of
+    the fields the engine reads for a token-id request (``n=1``, ``max_tokens``,
+    ``min_tokens=0``, ``ignore_eos=False``, ``stop_token_ids=[]``, ...);
+    ``RequestOutputKind`` an enum of its three members.
+``time`` (the scheduler module's)
+    ``schedule()`` stamps each step with ``time.time()``: the blocks' last access, which
+    orders the evictor (LRU, then the longest prefix). The stand-in clock is a counter, a
+    tick later at every reading, so the readings keep the order a real clock gives them
+    without ties or wall-clock dependence (time never decides a verdict); with
+    ``delay_factor`` 0 no other decision reads it.
+``vllm.inputs``, ``vllm.multimodal``, ``vllm.pooling_params``, ``vllm.lora.request``,
+``vllm.prompt_adapter.request``
+    names ``sequence.py`` and ``scheduler.py`` import only for annotations or for
+    requests kvcheck never makes (LoRA, prompt adapters, multimodal, pooling): empty
+    ``dict`` subclasses (``Sequence.multi_modal_data`` returns ``MultiModalKwargs({})``).
+
+KV calls, recorded at the ``SelfAttnBlockSpaceManager``'s boundary and given to the engine
+oracle under the names whose contracts they satisfy (``KVCall``):
+
+* ``can_allocate`` answering ``LATER`` / ``NEVER`` and ``can_append_slots`` answering
+  ``False`` -- a refused ``allocate_slots`` (nothing may change);
+* ``allocate(seq_group)`` -- a lookup and an allocation in one call: recorded (after
+  ``schedule()`` returns, when the model runner's view is known) as a
+  ``get_computed_blocks`` whose result is the blocks the model runner skips (the group
+  metadata's ``computed_block_nums``, the release's ``get_common_computed_block_ids``:
+  cached and computed, each must hold the requested prefix) and an ``allocate_slots`` from
+  those to the whole table, the rest being the blocks the forward pass may write;
+* ``append_slots(seq, lookahead)`` -- an ``allocate_slots`` returning the blocks it
+  appended;
+* ``free(seq)`` -- ``free``: the sequence holds nothing afterwards.
+
+What the forward pass writes (the model runner's ``ModelInputForGPUBuilder`` imports
+torch; its rule restated): the tokens from ``context_len`` = ``get_num_computed_tokens()``
+to ``seq_len`` = ``min(get_len(), context_len + token_chunk_size)``, starting instead past
+the skipped prefix (``len(computed_block_nums) * block_size``) when that is further, and
+at ``seq_len - 1`` on a full hit ("Only compute the last token",
+``_compute_for_prefix_cache_hit``). That last token's KV goes back into its slot of the
+last hit block -- a cached block, shared: v0 recomputes it in place. The adapter counts
+the token as scheduled but does not report that one write: it writes the request's own
+token at its own position into a block the lookup returned as holding exactly that
+prefix, which the oracle checks (``get_computed_blocks``' rule), so the block's content is
+unchanged iff the hit was right; reported, it would read as a write into a cached block
+(v1 instead leaves the last block out of the hits and recomputes it in a fresh block).
+
+Observation: the scheduler's ``running`` and ``waiting`` deques (``swapped`` stays empty:
+recompute only), each sequence's status, ``get_num_computed_tokens()`` (while running) and
+token ids; the block manager's ``block_tables``; the GPU allocator's ``RefCounter``, free
+blocks (hashless free deque plus evictor) and ``_cached_blocks``, the entries whose
+block is computed (``block_is_computed``: what a lookup may skip; an entry for a block
+allocated but not yet written is not a cache entry yet); a sequence's block
+hashes are the release's own ``PrefixCachingBlock.hash_block_tokens`` chained over its full
+blocks.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import random
+import types
+from typing import Any
+
+from ..errors import MisuseError
+from . import _loader, install
+from .vllm_v0 import FILES, free_block_ids
+from .vllm_v0 import STUBS as V0_STUBS
+from .vllm_v1_engine import KVCall, StepResult
+
+ENGINE_KEY = "vllm-v0"
+STOP = 1  # the end-of-sequence token the generated output samples rarely
+VOCAB = 8  # generated tokens: 2 .. VOCAB, or STOP
+
+ENGINE_FILES = ("vllm.core.scheduler", "vllm.core.interfaces", "vllm.core.block_manager",
+                "vllm.core.placeholder_block_space_manager", "vllm.core.block.utils",
+                "vllm.sequence")
+
+
+def _from_source(mod: types.ModuleType, loaded, names: tuple[str, ...]) -> None:
+    """Execute the release's own definitions of ``names`` (classes, constants) cut out of
+    its ``vllm/utils.py`` into ``mod`` (the rest of that module imports torch)."""
+    path = loaded.root / "vllm" / "utils.py"
+    if not path.is_file():  # 0.9.x: a package
+        path = loaded.root / "vllm" / "utils" / "__init__.py"
+    tree = ast.parse(path.read_text())
+    keep = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name in names:
+            keep.append(node)
+        elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id in names for t in node.targets):
+            keep.append(node)
+    code = compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec")
+    exec(code, mod.__dict__)  # noqa: S102 - the release's own source
+
+
+def _stub_engine_utils(mod: types.ModuleType, loaded) -> None:
+    V0_STUBS["vllm.utils"](mod, loaded)
+    _from_source(mod, loaded, ("PyObjectCache", "STR_NOT_IMPL_ENC_DEC_PREFIX_CACHE",
+                               "STR_NOT_IMPL_ENC_DEC_SWA"))
+
+
+class _Field:
+    def __init__(self, default=None, default_factory=None, name=None):
+        self.default, self.default_factory = default, default_factory
+
+
+_MISSING = object()
+
+
+def _stub_msgspec(mod: types.ModuleType, _) -> None:
+    import copy
+
+    def field(*, default=_MISSING, default_factory=None, name=None):
+        return _Field(default, default_factory, name)
+
+    class Struct:
+        """msgspec.Struct's constructor (see the module doc's stand-ins)."""
+
+        __struct_fields__ = ()
+        __struct_defaults__ = {}
+
+        def __init_subclass__(cls, **kwargs):
+            super().__init_subclass__()
+            fields, defaults = [], {}
+            for klass in reversed(cls.__mro__):
+                for name in klass.__dict__.get("__annotations__", {}):
+                    if name not in fields:
+                        fields.append(name)
+                    if name in klass.__dict__:
+                        defaults[name] = klass.__dict__[name]
+            cls.__struct_fields__ = tuple(fields)
+            cls.__struct_defaults__ = defaults
+
+        def __init__(self, *args, **kwargs):
+            names = type(self).__struct_fields__
+            defaults = type(self).__struct_defaults__
+            values = dict(zip(names, args, strict=False))
+            values.update(kwargs)
+            for name in names:
+                if name in values:
+                    value = values[name]
+                elif name in defaults:
+                    d = defaults[name]
+                    if isinstance(d, _Field):
+                        value = d.default_factory() if d.default_factory else d.default
+                    else:
+                        value = copy.copy(d) if isinstance(d, (list, dict, set)) else d
+                else:
+                    raise TypeError(f"missing required argument {name!r}")
+                object.__setattr__(self, name, value)
+            post = getattr(self, "__post_init__", None)
+            if post is not None:
+                post()
+
+    mod.Struct = Struct
+    mod.field = field
+
+
+def _stub_torch(mod: types.ModuleType, _) -> None:
+    class Tensor:  # annotations only
+        pass
+
+    mod.Tensor = Tensor
+
+
+def _stub_sampling_params(mod: types.ModuleType, _) -> None:
+    class RequestOutputKind(enum.Enum):
+        CUMULATIVE = 0
+        DELTA = 1
+        FINAL_ONLY = 2
+
+    class SamplingParams:
+        """The fields the engine reads for a token-id request (module doc's stand-ins)."""
+
+        def __init__(self, max_tokens: int):
+            self.n = 1
+            self.best_of = None
+            self.max_tokens = max_tokens
+            self.min_tokens = 0
+            self.ignore_eos = False
+            self.stop_token_ids: list[int] = []
+            self.stop: list[str] = []
+            self.detokenize = False
+            self.output_kind = RequestOutputKind.CUMULATIVE
+            self.prompt_logprobs = None
+            self.logprobs = None
+
+    mod.RequestOutputKind = RequestOutputKind
+    mod.SamplingParams = SamplingParams
+
+
+def _stub_names(*names: str):
+    def build(mod: types.ModuleType, _) -> None:
+        for n in names:  # a dict: what sequence.py makes of MultiModalKwargs({})
+            setattr(mod, n, type(n, (dict,), {}))
+    return build
+
+
+def _stub_config(mod: types.ModuleType, _) -> None:
+    for n in ("CacheConfig", "SchedulerConfig", "LoRAConfig"):
+        setattr(mod, n, type(n, (types.SimpleNamespace,), {}))
+
+
+def _stub_time(mod: types.ModuleType, _) -> None:
+    import itertools
+
+    ticks = itertools.count(1)
+
+    def clock() -> float:
+        return float(next(ticks))
+
+    mod.time = mod.perf_counter = mod.monotonic = clock
+
+
+STUBS = {
+    "time": _stub_time,
+    "vllm.utils": _stub_engine_utils,
+    "vllm.platforms": V0_STUBS["vllm.platforms"],
+    "vllm.logger": _loader.stub_logger,
+    "vllm.config": _stub_config,
+    "vllm.sampling_params": _stub_sampling_params,
+    "vllm.inputs": _stub_names("SingletonInputs"),
+    "vllm.multimodal": _stub_names("MultiModalKwargs", "MultiModalPlaceholderDict"),
+    "vllm.pooling_params": _stub_names("PoolingParams"),
+    "vllm.lora.request": _stub_names("LoRARequest"),
+    "vllm.prompt_adapter.request": _stub_names("PromptAdapterRequest"),
+    "msgspec": _stub_msgspec,
+    "torch": _stub_torch,
+}
+
+
+def load(version: str | None = None):
+    """The release's scheduler, block manager and sequence modules."""
+    dist = install.select(ENGINE_KEY, version)
+    root = _loader.require(dist)
+    evictor = "vllm.core.evictor" if (root / "vllm/core/evictor.py").is_file() \
+        else "vllm.core.evictor_v2"
+    files = (*FILES[:-1], evictor, *ENGINE_FILES)
+    return _loader.load(dist, files, STUBS, entry=("vllm.sequence", "vllm.core.scheduler"))
+
+
+class _Recorder:
+    """One ``SelfAttnBlockSpaceManager`` method, recorded at the manager's boundary as the
+    engine oracle's KV calls (see the module doc). A plain object, so a deep copy of the
+    scheduler records into the copy."""
+
+    def __init__(self, target: VllmV0EngineTarget, manager: Any, name: str):
+        self.target, self.manager, self.name = target, manager, name
+        self.method = getattr(type(manager), name)
+
+    def __call__(self, *args, **kwargs):
+        t, m = self.target, self.manager
+        arg = args[0] if args else next(iter(kwargs.values()))  # seq_group= or seq=
+        seq = arg.first_seq if hasattr(arg, "first_seq") else arg
+        before, free_before = t._table(seq), t.num_free()
+        result = self.method(m, *args, **kwargs)
+        after, free_after = t._table(seq), t.num_free()
+        rid = str(t.ids[seq.seq_id])
+
+        def call(name, res, blocks_before, blocks_after=after):
+            t.kv_calls.append(KVCall(name, rid, (), {}, res, blocks_before, blocks_after,
+                                     free_before, free_after, t._hashes(seq),
+                                     list(seq.get_token_ids())))
+
+        if self.name == "can_allocate":
+            if result.name != "OK":
+                call("allocate_slots", None, before)
+        elif self.name == "can_append_slots":
+            if not result:
+                call("allocate_slots", None, before)
+        elif self.name == "allocate":  # split once the runner's view is known (step)
+            t.pending[seq.seq_id] = (len(t.kv_calls), after, free_before, free_after)
+            t.kv_calls.append(None)
+        elif self.name == "append_slots":
+            call("allocate_slots", [_Id(b) for b in after[len(before):]], before)
+        elif before or seq.seq_id in t.held:  # free (not a sequence holding no table)
+            call("free", None, before)
+        t.held.discard(seq.seq_id)
+        if after:
+            t.held.add(seq.seq_id)
+        return result
+
+
+class VllmV0EngineTarget:
+    """vLLM v0's engine core on the release's own ``Scheduler`` (see the module doc)."""
+
+    block_offset = 0  # the oracle's block ids are v0's (no null block)
+
+    def __init__(self, num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
+                 policy: str = "fcfs", caching: bool = True, spec: int = 0,
+                 max_model_len: int = 0, chunked: bool = False,
+                 version: str | None = None):
+        if num_blocks < 1 or block_size < 1:
+            raise MisuseError("vLLM v0 needs num_blocks >= 1 and block_size >= 1")
+        if spec:
+            raise MisuseError("vllm-v0-engine drives no speculative decoding (v0's spec "
+                              "decode worker needs a model)")
+        if policy not in ("fcfs", "priority"):
+            raise MisuseError(f"vLLM v0's scheduler has no {policy} scheduling")
+        if not chunked and max_model_len and budget < max_model_len:
+            raise MisuseError(f"vLLM v0 without chunked prefill requires "
+                              f"max_num_batched_tokens >= max_model_len ({budget} < "
+                              f"{max_model_len})")
+        mods = load(version)
+        self.version = mods.dist.version
+        self._mods = mods
+        self.num_blocks, self.block_size, self.caching = num_blocks, block_size, caching
+        # without chunked prefill a prompt (with its outputs, once preempted) is admitted
+        # whole: the engine model draws requests that fit the budget
+        self.longest_request = 0 if chunked else (max_model_len or budget)
+        self.max_model_len = max_model_len
+        # chunked prefill: admission allocates the whole prompt's blocks (BlockTable.allocate
+        # of every prompt token), the chunks fill them; the table is bounded, not exact
+        self.preallocate_blocks = num_blocks if chunked else 0
+        model_len = max_model_len or (num_blocks * block_size if chunked else budget)
+        config = mods["vllm.config"]
+        sched_cfg = config.SchedulerConfig(
+            runner_type="generate", max_num_batched_tokens=budget, max_num_seqs=max_seqs,
+            max_model_len=model_len, max_num_partial_prefills=1, max_long_partial_prefills=1,
+            long_prefill_token_threshold=0, num_lookahead_slots=0, delay_factor=0.0,
+            enable_chunked_prefill=chunked, chunked_prefill_enabled=chunked,
+            is_multi_step=False, num_scheduler_steps=1, preemption_mode=None,
+            send_delta_data=False, policy=policy, multi_step_stream_outputs=False)
+        cache_cfg = config.CacheConfig(
+            block_size=block_size, num_gpu_blocks=num_blocks, num_cpu_blocks=0,
+            sliding_window=None, enable_prefix_caching=caching, is_attention_free=False)
+        self.scheduler = mods["vllm.core.scheduler"].Scheduler(sched_cfg, cache_cfg, None)
+        self.manager = self.scheduler.block_manager
+        self.gpu = self.manager.block_allocator._allocators[mods["vllm.utils"].Device.GPU]
+        seqmod = mods["vllm.sequence"]
+        self._Sequence, self._Group, self._Status = (seqmod.Sequence, seqmod.SequenceGroup,
+                                                     seqmod.SequenceStatus)
+        self._Logprob = seqmod.Logprob
+        self._Params = mods["vllm.sampling_params"].SamplingParams
+        self._Block = mods["vllm.core.block.prefix_caching_block"].PrefixCachingBlock
+        self.kv_calls: list[KVCall] = []
+        self.pending: dict[int, tuple] = {}  # seq_id -> its allocate, split after schedule
+        self.held: set[int] = set()  # seq_ids holding a block table
+        for name in ("can_allocate", "allocate", "can_append_slots", "append_slots", "free"):
+            setattr(self.manager, name, _Recorder(self, self.manager, name))
+        self.requests: dict[int, Any] = {}  # request -> its SequenceGroup (kept finished)
+        self.ids: dict[int, int] = {}  # Sequence.seq_id -> request id
+        self.clock = 0.0  # arrival times: the add order
+
+    def __deepcopy__(self, memo):
+        import copy
+
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():  # the release's modules and classes: shared
+            setattr(new, k, v if k in _SHARED else copy.deepcopy(v, memo))
+        return new
+
+    # -- operations ---------------------------------------------------------------------
+    def add(self, seq: int, tokens: list[int], max_new: int, priority: int = 0) -> None:
+        self.clock += 1.0
+        s = self._Sequence(seq, {"type": "token", "prompt_token_ids": list(tokens)},
+                           self.block_size, STOP)
+        g = self._Group(str(seq), [s], self.clock, sampling_params=self._Params(max_new),
+                        priority=priority)
+        self.requests[seq] = g
+        self.ids[s.seq_id] = seq
+        self.scheduler.add_seq_group(g)
+
+    def abort(self, seq: int) -> None:
+        self.scheduler.abort_seq_group(str(seq))
+
+    def step(self, gen: int) -> StepResult:
+        del self.kv_calls[:]
+        self.pending.clear()
+        metas, outputs, _ = self.scheduler.schedule()
+        calls = list(self.kv_calls)
+        bs = self.block_size
+        scheduled, writes, sampled = {}, {}, {}
+        for meta, sg in zip(metas, outputs.scheduled_seq_groups, strict=True):
+            g = sg.seq_group
+            s = g.first_seq
+            q = self.ids[s.seq_id]
+            skip = len(meta.computed_block_nums or []) * bs
+            if s.seq_id in self.pending:  # allocate: the runner's hits, then the rest
+                at, table, fb, fa = self.pending.pop(s.seq_id)
+                k = len(meta.computed_block_nums or [])
+                hits = table[:k]
+                toks, hashes = list(s.get_token_ids()), self._hashes(s)
+                calls[at] = [KVCall("get_computed_blocks", str(q), (), {},
+                                    ([_Id(b) for b in hits], k * bs), [], [], fb, fb,
+                                    hashes, toks),
+                             KVCall("allocate_slots", str(q), (), {},
+                                    [_Id(b) for b in table[k:]], hits, table, fb, fa,
+                                    hashes, toks)]
+            ctx = s.data.get_num_computed_tokens()
+            seq_len = min(s.get_len(), ctx + sg.token_chunk_size)
+            start, full_hit = ctx, False
+            if meta.is_prompt and skip > ctx:
+                start, full_hit = (skip, False) if skip < seq_len else (seq_len - 1, True)
+            toks = list(s.get_token_ids()[start:seq_len])
+            scheduled[q] = len(toks)
+            if full_hit:  # the hit block's own token, rewritten in place (module doc)
+                start, toks = seq_len, []
+            writes[q] = (start, toks, list(meta.block_tables[s.seq_id]))
+        calls = [c for x in calls if x is not None
+                 for c in (x if isinstance(x, list) else [x])]
+        update_from = len(self.kv_calls)
+        for meta, sg in zip(metas, outputs.scheduled_seq_groups, strict=True):
+            g = sg.seq_group
+            if g.is_finished():
+                continue
+            g.update_num_computed_tokens(sg.token_chunk_size)
+            if not meta.do_sample:
+                continue
+            s = g.first_seq
+            q = self.ids[s.seq_id]
+            rng = random.Random(gen * 1_000_003 + q)
+            tok = STOP if rng.random() < 0.08 else rng.randint(2, VOCAB)
+            sampled[q] = [tok]
+            s.append_token_id(tok, {tok: self._Logprob(0.0)})
+            self._stop(s, g.sampling_params)
+            if s.is_finished():
+                self.scheduler.free_seq(s)
+        self.scheduler.free_finished_seq_groups()
+        return StepResult(scheduled, {}, sampled, {}, writes, calls,
+                          list(self.kv_calls[update_from:]))
+
+    def _stop(self, s: Any, params: Any) -> None:
+        """``StopChecker.maybe_stop_sequence``'s token-id rules (no detokenizer)."""
+        st = self._Status
+        if s.get_output_len() < params.min_tokens:
+            return
+        if not params.ignore_eos and s.get_last_token_id() == s.eos_token_id:
+            s.status = st.FINISHED_STOPPED
+        elif s.get_len() > self.scheduler.scheduler_config.max_model_len:
+            s.status = st.FINISHED_LENGTH_CAPPED
+        elif s.get_output_len() == params.max_tokens:
+            s.status = st.FINISHED_LENGTH_CAPPED
+
+    # -- observation -----------------------------------------------------------------
+    def _seq(self, q: int) -> Any:
+        return self.requests[q].first_seq
+
+    def _table(self, s: Any) -> list[int]:
+        t = self.manager.block_tables.get(s.seq_id)
+        return list(t.physical_block_ids) if t is not None else []
+
+    def status(self, seq: int) -> str:
+        return self._seq(seq).status.name
+
+    def computed(self, seq: int) -> int:
+        s = self._seq(seq)
+        return s.data.get_num_computed_tokens() if s.status == self._Status.RUNNING else 0
+
+    def blocks(self, seq: int) -> list[int]:
+        return self._table(self._seq(seq))
+
+    def running(self) -> list[int]:
+        return [int(g.request_id) for g in self.scheduler.running]
+
+    def waiting(self) -> list[int]:
+        return [int(g.request_id) for g in self.scheduler.waiting]
+
+    def refcount(self, block: int) -> int:
+        return self.gpu._refcounter.get(block)
+
+    def free_blocks(self) -> list[int]:
+        return free_block_ids(self.gpu)
+
+    def num_free(self) -> int:
+        return self.manager.block_allocator.get_num_free_blocks(
+            self._mods["vllm.utils"].Device.GPU)
+
+    def token_ids(self, seq: int) -> list[int]:
+        return list(self._seq(seq).get_token_ids())
+
+    def _hashes(self, s: Any) -> list:
+        if not self.caching:
+            return []
+        bs, toks = self.block_size, s.get_token_ids()
+        out, h = [], None
+        for i in range(len(toks) // bs):
+            h = self._Block.hash_block_tokens(i == 0, h, list(toks[i * bs:(i + 1) * bs]),
+                                              s.extra_hash())
+            out.append(h)
+        return out
+
+    def block_hashes(self, seq: int) -> list:
+        return self._hashes(self._seq(seq))
+
+    def cached_entries(self) -> list[tuple[Any, int]]:
+        """The entries a lookup can serve as computed: ``_cached_blocks`` whose block
+        ``block_is_computed`` (v0 keys a full block when it is allocated, before the
+        forward pass writes it; ``ComputedBlocksTracker`` counts a hit only on a computed
+        block, an active one marked computed or one in the evictor)."""
+        if not self.caching:
+            return []
+        gpu = self.gpu
+        return [(h, b) for h, b in gpu._cached_blocks.items() if gpu.block_is_computed(b)]
+
+    def block_hash(self, block: int):
+        if not self.caching:
+            return None
+        for h, b in self.cached_entries():
+            if b == block:
+                return h
+        return None
+
+    def is_finished(self, seq: int) -> bool:
+        return self.requests[seq].is_finished()
+
+
+_SHARED = ("_mods", "_Sequence", "_Group", "_Status", "_Logprob", "_Params", "_Block")
+
+
+class _Id:
+    """A block as the oracle's ``result_blocks`` reads it (``block_id``)."""
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+
+
+def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
+         policy: str = "fcfs", caching: bool = True, spec: int = 0,
+         version: str | None = None, max_model_len: int | None = None) -> VllmV0EngineTarget:
+    """vLLM v0's scheduler without chunked prefill (v0's default)."""
+    return VllmV0EngineTarget(num_blocks, block_size, budget, max_seqs, policy, caching, spec,
+                              max_model_len or 0, False, version)
+
+
+def make_chunked(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
+                 policy: str = "fcfs", caching: bool = True, spec: int = 0,
+                 version: str | None = None,
+                 max_model_len: int | None = None) -> VllmV0EngineTarget:
+    """vLLM v0's scheduler with chunked prefill (``enable_chunked_prefill``)."""
+    return VllmV0EngineTarget(num_blocks, block_size, budget, max_seqs, policy, caching, spec,
+                              max_model_len or 0, True, version)

@@ -1,0 +1,139 @@
+"""vLLM v0's engine core (``vllm-v0-engine``, ``vllm-v0-engine-chunked``): the release's own
+``Scheduler`` with its own ``SelfAttnBlockSpaceManager``, ``Sequence`` and ``SequenceGroup``,
+driven step by step by the engine model with a generated model output (issue 34 §1).
+
+0.8.5 fails at the defaults on vLLM #18957 (a waiting group's cached-token count, taken
+before ``can_allocate`` refused it, is kept while the cache changes: the step that admits it
+skips a block allocated fresh), shown here on the release's own objects too; 0.9.2 (the fix)
+passes, with preemptions and cache hits, chunked prefill on and off. With chunked prefill and
+prefix caching, v0 marks a prompt's blocks computed before the chunks write them: a request
+aborted mid-prefill leaves unwritten blocks a later identical prompt skips (0.8.5 and 0.9.2).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from kvcheck.cli import main as kvcheck
+from kvcheck.impl.thirdparty import install
+from kvcheck.impl.thirdparty import vllm_v0_engine as ve
+from kvcheck.models.engine.model import EngineScope
+from kvcheck.models.engine.oracle import HITS
+from kvcheck.verify import verify
+
+
+def _fixed():
+    install.ensure(install.ENGINES["vllm-v0"], "0.9.2")
+
+
+def _run(factory, seed=0, caching=True, requests=30):
+    scope = EngineScope(8, 4, budget=16, max_seqs=8, caching=caching)
+    return verify(factory, 8, 4, 2000, seed, model="engine", scope=scope,
+                  do_shrink=False, extra={"requests": requests})
+
+
+def _at(version, chunked=False):
+    make = ve.make_chunked if chunked else ve.make
+
+    def factory(*a, **k):
+        return make(*a, version=version, **k)
+    return factory
+
+
+def test_0_8_5_fails_on_18957_at_the_defaults():
+    r = _run(_at("0.8.5"))
+    assert r.verdict == "fail" and r.violation.name == HITS, r.violation
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_0_9_2_passes_with_preemptions_and_hits(chunked):
+    _fixed()
+    r = _run(_at("0.9.2", chunked))
+    assert r.verdict == "pass", r.violation
+    st = r.state.stats
+    assert st["preemptions"] > 0 and st["hits"] > 0 and st["finished"] > 10
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_0_8_5_without_prefix_caching_passes(chunked):
+    r = _run(_at("0.8.5", chunked), caching=False)
+    assert r.verdict == "pass", r.violation
+    assert r.state.stats["preemptions"] > 0
+
+
+# vLLM #18957 on the release's own objects: request 4 is refused (LATER) after its cached
+# tokens were counted; its second block's cached copy is evicted and reused meanwhile; the
+# step that admits it allocates that block fresh, yet the runner is told to skip it.
+OPS_18957 = [("add", 0, [6, 3, 4, 3, 2, 6, 4, 6], 8), ("step", 1390851128),
+             ("add", 1, [6, 3, 4, 3], 6), ("add", 2, [5, 5, 2, 4, 6], 10),
+             ("step", 1988601454), ("add", 3, [6], 9),
+             ("add", 4, [5, 5, 2, 4, 6, 5, 5, 4], 2)] + [
+    ("step", g) for g in (139951793, 1942955373, 973694259, 1988601454, 139951793,
+                          1942955373, 139951793, 1942955373, 139951793, 1942955373)]
+
+
+def _admissions(version):
+    """Request 4's admissions: (the blocks the runner skips, those of them the cache held
+    before the step under the key of request 4's block at that position) for each."""
+    t = ve.make(8, 4, version=version)
+    out = []
+    for op in OPS_18957:
+        if op[0] == "add":
+            t.add(*op[1:])
+            continue
+        keyed = {b: h for h, b in t.cached_entries()}
+        r = t.step(op[1])
+        for c in r.calls:
+            if c.name == "get_computed_blocks" and c.request_id == "4":
+                skipped = [b.block_id for b in c.result[0]]
+                want = t.block_hashes(4)
+                out.append((skipped, [b for i, b in enumerate(skipped)
+                                      if keyed.get(b) == want[i]]))
+    return out
+
+
+def test_18957_on_the_release_objects():
+    first, again = _admissions("0.8.5")  # admitted, preempted, refused (LATER), admitted
+    assert len(first[0]) == 1 and len(again[0]) == 2 and len(again[1]) == 1, (first, again)
+    _fixed()
+    admissions = _admissions("0.9.2")
+    assert len(admissions) == 2 and all(s == c for s, c in admissions), admissions
+
+
+@pytest.mark.parametrize("version", ["0.8.5", "0.9.2"])
+def test_chunked_abort_mid_prefill_leaves_blocks_a_later_prompt_skips(version):
+    """The release's own objects: request 0's first chunk writes block 0 only, yet every
+    full prompt block is marked computed (mark_blocks_as_computed after schedule); aborted,
+    they go to the evictor as computed, and request 1 (the same prompt) skips all three."""
+    if version == "0.9.2":
+        _fixed()
+    t = ve.make_chunked(8, 4, budget=4, version=version)
+    prompt = [2, 3, 4, 5, 6, 7, 8, 2, 3, 4, 5, 6]
+    t.add(0, prompt, 3)
+    r = t.step(0)
+    assert r.writes[0][:2] == (0, prompt[:4])  # only block 0 written
+    t.abort(0)
+    t.add(1, prompt + [7], 3)
+    r = t.step(1)
+    hits = [c for c in r.calls if c.name == "get_computed_blocks"]
+    assert [len(c.result[0]) for c in hits] == [3]
+    assert r.writes[1][:2] == (12, [7])  # blocks 1 and 2 are read, never written
+
+
+def test_a_copy_steps_as_the_original():
+    t = ve.make(8, 4, version="0.8.5")
+    t.add(0, [2, 3, 4, 5, 6], 4)
+    t.add(1, [2, 3, 4, 5, 7, 7], 4)
+    t.step(0)
+    c = copy.deepcopy(t)
+    a, b = t.step(1), c.step(1)
+    assert (a.scheduled, a.sampled, a.writes) == (b.scheduled, b.sampled, b.writes)
+    assert t.blocks(0) == c.blocks(0) and c.manager.allocate.target is c
+
+
+def test_what_v0_engine_drives_not_is_refused_in_one_line(capsys):
+    assert kvcheck(["verify-engine", "vllm-v0-engine@0.8.5", "--spec-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "speculative" in err[0]
