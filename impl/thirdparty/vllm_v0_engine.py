@@ -4,7 +4,9 @@
 
 Issue 34 §1. ``vllm-v0-engine[@VERSION]`` (chunked prefill off, v0's default) and
 ``vllm-v0-engine-chunked[@VERSION]`` (``enable_chunked_prefill``); 0.8.5 by default, the
-``vllm-v0`` install key (``kvcheck install vllm-v0==0.8.5``). What runs is the release's
+``vllm-v0`` install key (``kvcheck install vllm-v0==0.8.5``); 0.5.4, 0.5.5 and 0.9.2 run
+too (0.5.x: ``block_manager_v2.py``, ``BlockSpaceManagerV2``; no ``priority`` before 0.6.3, no
+``extra_hash`` before 0.6.4: both detected by signature). What runs is the release's
 ``vllm/core/scheduler.py``, ``interfaces.py``, ``block_manager.py``,
 ``placeholder_block_space_manager.py``, ``vllm/core/block/*`` (the block manager's files,
 as ``vllm_v0`` loads them) and ``vllm/sequence.py``, executed from the installed files
@@ -66,8 +68,12 @@ Stand-ins, in one place (every other ``vllm.*`` import raises, see ``_loader``):
     tick later at every reading, so the readings keep the order a real clock gives them
     without ties or wall-clock dependence (time never decides a verdict); with
     ``delay_factor`` 0 no other decision reads it.
+``vllm.inputs.parse`` (0.5.5 .. 0.6.x)
+    ``is_valid_encoder_decoder_llm_inputs``, executed from the release's own file (cut out
+    by name: the module imports ``vllm.utils`` and the input types), its annotations' names
+    given as ``dict`` / ``Any``.
 ``vllm.inputs``, ``vllm.multimodal``, ``vllm.pooling_params``, ``vllm.lora.request``,
-``vllm.prompt_adapter.request``
+``vllm.prompt_adapter.request``, ``vllm.spec_decode.metrics``
     names ``sequence.py`` and ``scheduler.py`` import only for annotations or for
     requests kvcheck never makes (LoRA, prompt adapters, multimodal, pooling): empty
     ``dict`` subclasses (``Sequence.multi_modal_data`` returns ``MultiModalKwargs({})``).
@@ -129,20 +135,24 @@ STOP = 1  # the end-of-sequence token the generated output samples rarely
 VOCAB = 8  # generated tokens: 2 .. VOCAB, or STOP
 
 ENGINE_FILES = ("vllm.core.scheduler", "vllm.core.interfaces", "vllm.core.block_manager",
-                "vllm.core.placeholder_block_space_manager", "vllm.core.block.utils",
-                "vllm.sequence")
+                "vllm.core.block_manager_v2", "vllm.core.placeholder_block_space_manager",
+                "vllm.core.block.utils", "vllm.sequence")  # those the release has
 
 
-def _from_source(mod: types.ModuleType, loaded, names: tuple[str, ...]) -> None:
-    """Execute the release's own definitions of ``names`` (classes, constants) cut out of
-    its ``vllm/utils.py`` into ``mod`` (the rest of that module imports torch)."""
-    path = loaded.root / "vllm" / "utils.py"
+def _from_source(mod: types.ModuleType, loaded, names: tuple[str, ...],
+                 module: str = "vllm/utils") -> None:
+    """Execute the release's own definitions of ``names`` (classes, functions, constants)
+    cut out of its ``module`` file into ``mod`` (the rest of that module imports torch)."""
+    path = loaded.root / f"{module}.py"
     if not path.is_file():  # 0.9.x: a package
-        path = loaded.root / "vllm" / "utils" / "__init__.py"
+        path = loaded.root / module / "__init__.py"
     tree = ast.parse(path.read_text())
+    text = path.read_text()
+    names = tuple(n for n in names if f"\n{n} " in text or f"class {n}" in text
+                  or f"def {n}(" in text)  # those the release has
     keep = []
     for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name in names:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in names:
             keep.append(node)
         elif isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id in names for t in node.targets):
@@ -163,6 +173,14 @@ class _Field:
 
 
 _MISSING = object()
+
+
+def _stub_inputs_parse(mod: types.ModuleType, loaded) -> None:
+    import typing
+
+    mod.__dict__.update(Union=typing.Union, LLMInputs=dict, EncoderDecoderLLMInputs=dict,
+                        TypeIs=typing.Any)
+    _from_source(mod, loaded, ("is_valid_encoder_decoder_llm_inputs",), "vllm/inputs/parse")
 
 
 def _stub_msgspec(mod: types.ModuleType, _) -> None:
@@ -232,7 +250,8 @@ def _stub_sampling_params(mod: types.ModuleType, _) -> None:
 
         def __init__(self, max_tokens: int):
             self.n = 1
-            self.best_of = None
+            self.best_of = 1  # (the real __init__: n when not given)
+            self.use_beam_search = False  # to 0.6.2
             self.max_tokens = max_tokens
             self.min_tokens = 0
             self.ignore_eos = False
@@ -278,6 +297,8 @@ STUBS = {
     "vllm.config": _stub_config,
     "vllm.sampling_params": _stub_sampling_params,
     "vllm.inputs": _stub_names("SingletonInputs"),
+    "vllm.inputs.parse": _stub_inputs_parse,
+    "vllm.spec_decode.metrics": _stub_names("SpecDecodeWorkerMetrics"),
     "vllm.multimodal": _stub_names("MultiModalKwargs", "MultiModalPlaceholderDict"),
     "vllm.pooling_params": _stub_names("PoolingParams"),
     "vllm.lora.request": _stub_names("LoRARequest"),
@@ -293,7 +314,8 @@ def load(version: str | None = None):
     root = _loader.require(dist)
     evictor = "vllm.core.evictor" if (root / "vllm/core/evictor.py").is_file() \
         else "vllm.core.evictor_v2"
-    files = (*FILES[:-1], evictor, *ENGINE_FILES)
+    files = (*FILES[:-1], evictor,
+             *(f for f in ENGINE_FILES if (root / (f.replace(".", "/") + ".py")).is_file()))
     return _loader.load(dist, files, STUBS, entry=("vllm.sequence", "vllm.core.scheduler"))
 
 
@@ -309,7 +331,7 @@ class _Recorder:
     def __call__(self, *args, **kwargs):
         t, m = self.target, self.manager
         arg = args[0] if args else next(iter(kwargs.values()))  # seq_group= or seq=
-        seq = arg.first_seq if hasattr(arg, "first_seq") else arg
+        seq = arg.get_seqs()[0] if hasattr(arg, "get_seqs") else arg
         before, free_before = t._table(seq), t.num_free()
         result = self.method(m, *args, **kwargs)
         after, free_after = t._table(seq), t.num_free()
@@ -378,7 +400,8 @@ class VllmV0EngineTarget:
             long_prefill_token_threshold=0, num_lookahead_slots=0, delay_factor=0.0,
             enable_chunked_prefill=chunked, chunked_prefill_enabled=chunked,
             is_multi_step=False, num_scheduler_steps=1, preemption_mode=None,
-            send_delta_data=False, policy=policy, multi_step_stream_outputs=False)
+            send_delta_data=False, policy=policy, multi_step_stream_outputs=False,
+            use_v2_block_manager=True, embedding_mode=False)  # (0.5.x: block manager v2)
         cache_cfg = config.CacheConfig(
             block_size=block_size, num_gpu_blocks=num_blocks, num_cpu_blocks=0,
             sliding_window=None, enable_prefix_caching=caching, is_attention_free=False)
@@ -391,6 +414,10 @@ class VllmV0EngineTarget:
         self._Logprob = seqmod.Logprob
         self._Params = mods["vllm.sampling_params"].SamplingParams
         self._Block = mods["vllm.core.block.prefix_caching_block"].PrefixCachingBlock
+        self._extra = _loader.takes(self._Block.hash_block_tokens, "extra_hash")  # 0.6.4 on
+        self._priority = _loader.takes(self._Group.__init__, "priority")  # 0.6.3 on
+        if policy != "fcfs" and not self._priority:
+            raise MisuseError(f"vLLM {self.version}'s scheduler has no priority scheduling")
         self.kv_calls: list[KVCall] = []
         self.pending: dict[int, tuple] = {}  # seq_id -> its allocate, split after schedule
         self.held: set[int] = set()  # seq_ids holding a block table
@@ -414,8 +441,9 @@ class VllmV0EngineTarget:
         self.clock += 1.0
         s = self._Sequence(seq, {"type": "token", "prompt_token_ids": list(tokens)},
                            self.block_size, STOP)
+        more = {"priority": priority} if self._priority else {}
         g = self._Group(str(seq), [s], self.clock, sampling_params=self._Params(max_new),
-                        priority=priority)
+                        **more)
         self.requests[seq] = g
         self.ids[s.seq_id] = seq
         self.scheduler.add_seq_group(g)
@@ -426,13 +454,13 @@ class VllmV0EngineTarget:
     def step(self, gen: int) -> StepResult:
         del self.kv_calls[:]
         self.pending.clear()
-        metas, outputs, _ = self.scheduler.schedule()
+        metas, outputs = self.scheduler.schedule()[:2]  # 0.6 on: a third item
         calls = list(self.kv_calls)
         bs = self.block_size
         scheduled, writes, sampled = {}, {}, {}
         for meta, sg in zip(metas, outputs.scheduled_seq_groups, strict=True):
             g = sg.seq_group
-            s = g.first_seq
+            s = g.get_seqs()[0]
             q = self.ids[s.seq_id]
             skip = len(meta.computed_block_nums or []) * bs
             if s.seq_id in self.pending:  # allocate: the runner's hits, then the rest
@@ -466,7 +494,7 @@ class VllmV0EngineTarget:
             g.update_num_computed_tokens(sg.token_chunk_size)
             if not meta.do_sample:
                 continue
-            s = g.first_seq
+            s = g.get_seqs()[0]
             q = self.ids[s.seq_id]
             rng = random.Random(gen * 1_000_003 + q)
             tok = STOP if rng.random() < 0.08 else rng.randint(2, VOCAB)
@@ -493,7 +521,7 @@ class VllmV0EngineTarget:
 
     # -- observation -----------------------------------------------------------------
     def _seq(self, q: int) -> Any:
-        return self.requests[q].first_seq
+        return self.requests[q].get_seqs()[0]
 
     def _table(self, s: Any) -> list[int]:
         t = self.manager.block_tables.get(s.seq_id)
@@ -534,8 +562,9 @@ class VllmV0EngineTarget:
         bs, toks = self.block_size, s.get_token_ids()
         out, h = [], None
         for i in range(len(toks) // bs):
+            more = (s.extra_hash(),) if self._extra else ()
             h = self._Block.hash_block_tokens(i == 0, h, list(toks[i * bs:(i + 1) * bs]),
-                                              s.extra_hash())
+                                              *more)
             out.append(h)
         return out
 
@@ -564,7 +593,8 @@ class VllmV0EngineTarget:
         return self.requests[seq].is_finished()
 
 
-_SHARED = ("_mods", "_Sequence", "_Group", "_Status", "_Logprob", "_Params", "_Block")
+_SHARED = ("_mods", "_Sequence", "_Group", "_Status", "_Logprob", "_Params", "_Block",
+           "_extra", "_priority")
 
 
 class _Id:

@@ -137,3 +137,16 @@ def test_what_v0_engine_drives_not_is_refused_in_one_line(capsys):
     assert kvcheck(["verify-engine", "vllm-v0-engine@0.8.5", "--spec-tokens", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "speculative" in err[0]
+
+
+def test_7380_chunked_prefill_index_error_through_the_scheduler():
+    """vLLM #7380: 0.5.4's scheduler calls append_slots after a later prefill chunk with no
+    unseen tokens; at a full last block BlockTable.append_token_ids raises IndexError (the
+    engine step dies). 0.5.5 (the fix) passes the same run."""
+    for version in ("0.5.4", "0.5.5"):
+        install.ensure(install.ENGINES["vllm-v0"], version)
+    r = _run(_at("0.5.4", chunked=True), caching=False)
+    assert r.verdict == "fail" and r.violation.kind == "crash", r.violation
+    assert "IndexError" in r.violation.witness and "append_token_ids" in r.violation.witness
+    r = _run(_at("0.5.5", chunked=True), caching=False)
+    assert r.verdict == "pass", r.violation
