@@ -107,11 +107,11 @@ the controller's streams and events (0.5.2 on)
     driver completes its job; its ack is moved to the head of its queue, so copies end in
     the driver's order, as above (the acks' handling reads no order: each unlocks its own
     nodes). ``synchronize()`` ends an event: the write_back eviction's wait. The load
-    ring (``LayerDoneCounter``: 3 events, asserting the reused one ended) gets one more
-    slot per device block: on the GPU the forward pass waits for its layers' loads, so a
-    load's copy has ended when its ring slot comes round; here a load stays pending until
-    the driver completes it, and a load holds a device slot, so no more than the device's
-    slots are pending at once.
+    ring (``LayerDoneCounter``: 3 events, reused in turn, asserting the reused one ended)
+    gets ``RING`` (4096) more: on the GPU the forward pass waits for its layers' loads, so
+    a load's copy has ended when its ring slot comes round; here a load stays pending until
+    the driver completes it, which may be after any number of later loads (the ring reuses
+    its slots in turn, whichever loads are still pending).
 ``torch.distributed`` in hiradix_cache.py, the tensor-parallel and attention ranks
     ``writing_check`` all-reduces its queue size over the tensor-parallel group: one
     worker here (``get_world_size`` 1); ``sglang.srt.distributed`` and
@@ -269,6 +269,7 @@ OTHER_POOLS = ("NSATokenToKVPool", "NSATokenToKVPoolHost", "DSATokenToKVPool",
 POOL_TABLES = ("ALLOC_MEMORY_FUNCS",  # (0.5.6.post2 on: the host buffer's allocator by device)
                "HICACHE_HOST_MEMORY_RESERVE_BYTES")  # (0.5.11 on: the host-memory check's)
 ENGINE_KEY = "sglang-hicache"
+RING = 4096  # more slots in the controller's load-event ring (LayerDoneCounter), see below
 DEVICE, HOST = "device", "host"
 
 
@@ -883,8 +884,8 @@ class SglangHiCacheTarget:
         self._events = isinstance(self.tree.cache_controller.ack_write_queue, list)
         counter = getattr(self.tree.cache_controller, "layer_done_counter", None)
         if self._events and hasattr(counter, "events"):  # a ring of one load per batch in
-            more = [type(counter.events[0])(counter.num_layers) for _ in range(num_blocks)]
-            counter.events += more  # flight: as many as loads may be pending here
+            more = [type(counter.events[0])(counter.num_layers) for _ in range(RING)]
+            counter.events += more  # flight: the driver may keep a load pending long
             counter.num_counters = len(counter.events)
         if write_policy == "write_back":  # (0.4.5 takes no policy argument: its attribute)
             self.tree.cache_controller.write_policy = "write_back"
