@@ -112,13 +112,14 @@ def _private(dotted: str) -> bool:
     return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
 
 
-def absolute_imports(tree: ast.AST, package: str):
+def absolute_imports(tree: ast.AST, package: str, aliases: bool = False):
     """``(module, name or None, line)`` of every import in ``tree``, relative ones resolved
-    against ``package`` (the importing module's package)."""
+    against ``package`` (the importing module's package); with ``aliases``, each with the
+    name it is bound to as a fourth item."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                yield a.name, None, node.lineno
+                yield (a.name, None, node.lineno) + ((a.asname,) if aliases else ())
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -126,7 +127,7 @@ def absolute_imports(tree: ast.AST, package: str):
                 parts = parts[: len(parts) - (node.level - 1)]
                 base = ".".join(parts + ([node.module] if node.module else []))
             for a in node.names:
-                yield base, a.name, node.lineno
+                yield (base, a.name, node.lineno) + ((a.asname or a.name,) if aliases else ())
 
 
 def private_imports(tree: ast.AST, package: str, allowed: tuple = ()) -> list[str]:
@@ -155,21 +156,10 @@ def private_reads(tree: ast.AST, package: str) -> list[str]:
     """Each ``module._name`` read of ``tree`` where ``module`` is a kvcheck module it
     imported (``from . import vllm_v1``, ``import kvcheck.x as y``): another module's
     private name, reached after a public import (the package's ``_loader`` aside)."""
-    modules = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parts = parts[: len(parts) - (node.level - 1)]
-                base = ".".join(parts + ([node.module] if node.module else []))
-            if base.startswith("kvcheck"):
-                for a in node.names:  # (a name that is a module: an attribute read on it)
-                    modules[a.asname or a.name] = f"{base}.{a.name}"
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name.startswith("kvcheck") and a.asname:
-                    modules[a.asname] = a.name
+    modules = {}  # the local name -> the kvcheck module (or name) it is bound to
+    for module, name, _, bound in absolute_imports(tree, package, aliases=True):
+        if module.startswith("kvcheck") and bound is not None:
+            modules[bound] = module if name is None else f"{module}.{name}"
     bad = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
