@@ -1039,7 +1039,7 @@ def replay_vllm_49118(version: str) -> tuple[bool, str]:
 
     mods, manager, connector, hasher = _native_offload(version, 1, 1, 4)
     empty = mods["vllm.v1.core.sched.output"].SchedulerOutput.make_empty
-    req = native._Request("0", [0, 0], hasher)
+    req = native.OffloadRequest("0", [0, 0], hasher)
     connector.on_new_request(req)
     computed, num_local = manager.get_computed_blocks(req)[:2]
     hit, _ = connector.get_num_new_matched_tokens(req, num_local)
