@@ -19,6 +19,8 @@ bash scripts/install_thirdparty.sh vllm-v1-early==0.6.4.post1 vllm-v1-early==0.6
 bash scripts/install_thirdparty.sh nano-vllm-npu==0.0.2
 # vLLM v0's engine core through its own scheduler, the #18957 fix (tests/thirdparty/test_vllm_v0_engine.py)
 bash scripts/install_thirdparty.sh vllm-v0==0.9.2
+# aphrodite-engine's v0 engine core through its own scheduler, the #679 pair (tests/thirdparty/test_aphrodite_v0_engine.py)
+bash scripts/install_thirdparty.sh aphrodite-v0==0.6.0.post1 aphrodite-v0==0.6.1 aphrodite-v0==0.6.5
 # a headless browser for the HTML report test: one line says which, what it installed, or why
 # none can run (not root, no passwordless sudo, no apt-get); the suite goes on, and that test
 # then fails with the line (nothing is skipped)

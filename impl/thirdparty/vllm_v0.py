@@ -195,12 +195,17 @@ ENGINE_KEY = "vllm-v0"  # its row in install.ENGINES: the releases this adapter 
 
 def _aphrodite_name(name: str) -> str:
     """vLLM's v0 module name -> aphrodite-engine's (0.6.x: ``aphrodite/processing/`` holds
-    ``vllm/core/``, ``aphrodite/common/`` holds ``vllm/{utils,sequence,logger}.py``)."""
+    ``vllm/core/``, ``aphrodite/common/`` holds ``vllm/{utils, sequence, logger, config,
+    sampling_params, pooling_params}.py``; the other packages keep their names under
+    ``aphrodite``: ``inputs``, ``lora``, ``multimodal``, ...)."""
     for old, new in (("vllm.core.", "aphrodite.processing."),
                      ("vllm.utils", "aphrodite.common.utils"),
                      ("vllm.sequence", "aphrodite.common.sequence"),
                      ("vllm.logger", "aphrodite.common.logger"),
-                     ("vllm.platforms", "aphrodite.platforms")):
+                     ("vllm.config", "aphrodite.common.config"),
+                     ("vllm.sampling_params", "aphrodite.common.sampling_params"),
+                     ("vllm.pooling_params", "aphrodite.common.pooling_params"),
+                     ("vllm.", "aphrodite.")):
         if name.startswith(old):
             return new + name[len(old):]
     return name

@@ -31,6 +31,11 @@ as ``vllm_v0`` loads them) and ``vllm/sequence.py``, executed from the installed
 ``abort(seq)`` is ``Scheduler.abort_seq_group(request_id)``. Preemption is the release's
 own (``_preempt`` -> ``_preempt_by_recompute``: one sequence per group, so never swap).
 
+Forks: ``load(version, engine)`` runs the same files of an engine that carries them under
+other module names (``vllm_v0.LAYOUTS``: aphrodite-engine 0.6.x, ``aphrodite_v0_engine``);
+the stand-ins below are then installed under the fork's names (``aphrodite.common.config``
+for ``vllm.config``, ...), and the modules come back under vLLM's (``vllm_v0.Modules``).
+
 Stand-ins, in one place (every other ``vllm.*`` import raises, see ``_loader``):
 
 ``vllm.config`` (``CacheConfig``, ``SchedulerConfig``, ``LoRAConfig``)
@@ -40,7 +45,8 @@ Stand-ins, in one place (every other ``vllm.*`` import raises, see ``_loader``):
     ``budget`` (``max_num_batched_tokens``), ``max_seqs``, ``policy``, chunked prefill,
     ``max_model_len``; the rest at ``SchedulerConfig``'s defaults (``delay_factor`` 0,
     ``num_lookahead_slots`` 0, one scheduler step, one partial prefill, no preemption mode
-    forced, ``send_delta_data`` False, runner ``generate``); the cache: ``block_size``,
+    forced, ``send_delta_data`` False, runner ``generate``, not attention-free: aphrodite
+    0.6.1 on reads ``is_attention_free`` here); the cache: ``block_size``,
     ``num_gpu_blocks`` = the pool, no CPU blocks, no sliding window, prefix caching on/off.
 ``vllm.utils``
     the real module imports torch; ``Device``, ``cdiv``, ``chunk_list`` as ``vllm_v0``
@@ -71,7 +77,13 @@ Stand-ins, in one place (every other ``vllm.*`` import raises, see ``_loader``):
 ``vllm.inputs.parse`` (0.5.5 .. 0.6.x)
     ``is_valid_encoder_decoder_llm_inputs``, executed from the release's own file (cut out
     by name: the module imports ``vllm.utils`` and the input types), its annotations' names
-    given as ``dict`` / ``Any``.
+    given as ``dict`` / ``Any``; the ``vllm.inputs`` stand-in carries it too where the
+    release defines it in ``inputs/data.py`` (aphrodite 0.6.0.x's ``sequence.py`` imports
+    it from the package).
+``loguru`` (aphrodite)
+    aphrodite's scheduler logs through ``loguru.logger``; not a kvcheck dependency. The
+    stand-in formats the ``{}`` messages into a stdlib logger under ``kvcheck.thirdparty``
+    (logging only reports; no decision reads it).
 ``vllm.inputs``, ``vllm.multimodal``, ``vllm.pooling_params``, ``vllm.lora.request``,
 ``vllm.prompt_adapter.request``, ``vllm.spec_decode.metrics``
     names ``sequence.py`` and ``scheduler.py`` import only for annotations or for
@@ -126,7 +138,7 @@ from typing import Any
 
 from ..errors import MisuseError
 from . import _loader, install
-from .vllm_v0 import FILES, free_block_ids
+from .vllm_v0 import FILES, LAYOUTS, Modules, free_block_ids
 from .vllm_v0 import STUBS as V0_STUBS
 from .vllm_v1_engine import KVCall, StepResult
 
@@ -139,13 +151,23 @@ ENGINE_FILES = ("vllm.core.scheduler", "vllm.core.interfaces", "vllm.core.block_
                 "vllm.core.block.utils", "vllm.sequence")  # those the release has
 
 
+def _rename(loaded):
+    """The load's module names from vLLM's (``vllm_v0.LAYOUTS``: a fork's layout)."""
+    return LAYOUTS.get(loaded.dist.key) or (lambda n: n)
+
+
 def _from_source(mod: types.ModuleType, loaded, names: tuple[str, ...],
-                 module: str = "vllm/utils") -> None:
+                 module: str = "vllm.utils") -> None:
     """Execute the release's own definitions of ``names`` (classes, functions, constants)
-    cut out of its ``module`` file into ``mod`` (the rest of that module imports torch)."""
-    path = loaded.root / f"{module}.py"
+    cut out of its ``module`` file (vLLM's name; a fork's own under ``LAYOUTS``) into
+    ``mod`` (the rest of that module imports torch); none if the release has no such
+    file."""
+    rel = _rename(loaded)(module).replace(".", "/")
+    path = loaded.root / f"{rel}.py"
     if not path.is_file():  # 0.9.x: a package
-        path = loaded.root / module / "__init__.py"
+        path = loaded.root / rel / "__init__.py"
+    if not path.is_file():
+        return
     tree = ast.parse(path.read_text())
     text = path.read_text()
     names = tuple(n for n in names if f"\n{n} " in text or f"class {n}" in text
@@ -175,12 +197,47 @@ class _Field:
 _MISSING = object()
 
 
-def _stub_inputs_parse(mod: types.ModuleType, loaded) -> None:
+def _stub_inputs_parse(mod: types.ModuleType, loaded, module: str = "vllm.inputs.parse"
+                       ) -> None:
     import typing
 
     mod.__dict__.update(Union=typing.Union, LLMInputs=dict, EncoderDecoderLLMInputs=dict,
                         TypeIs=typing.Any)
-    _from_source(mod, loaded, ("is_valid_encoder_decoder_llm_inputs",), "vllm/inputs/parse")
+    _from_source(mod, loaded, ("is_valid_encoder_decoder_llm_inputs",), module)
+
+
+def _stub_inputs(mod: types.ModuleType, loaded) -> None:
+    _stub_names("SingletonInputs")(mod, loaded)
+    # where the package itself exports it (aphrodite 0.6.0.x's sequence.py imports it from
+    # ``aphrodite.inputs``, defined in ``inputs/data.py``): the release's own function
+    _stub_inputs_parse(mod, loaded, "vllm.inputs.data")
+
+
+def _stub_loguru(mod: types.ModuleType, _) -> None:
+    import logging
+
+    class _Logger:
+        """loguru's ``logger``: ``{}``-formatted messages, to a stdlib logger."""
+
+        def __init__(self):
+            self._log = logging.getLogger("kvcheck.thirdparty.loguru")
+
+        def __getattr__(self, level: str):
+            number = logging.getLevelName(level.upper())
+            if not isinstance(number, int):
+                raise AttributeError(level)
+
+            def emit(message, *args, **kwargs):
+                if self._log.isEnabledFor(number):
+                    text = str(message)
+                    try:
+                        text = text.format(*args, **kwargs) if args or kwargs else text
+                    except (IndexError, KeyError, ValueError):
+                        pass
+                    self._log.log(number, "%s", text)
+            return emit
+
+    mod.logger = _Logger()
 
 
 def _stub_msgspec(mod: types.ModuleType, _) -> None:
@@ -296,7 +353,7 @@ STUBS = {
     "vllm.logger": _loader.stub_logger,
     "vllm.config": _stub_config,
     "vllm.sampling_params": _stub_sampling_params,
-    "vllm.inputs": _stub_names("SingletonInputs"),
+    "vllm.inputs": _stub_inputs,
     "vllm.inputs.parse": _stub_inputs_parse,
     "vllm.spec_decode.metrics": _stub_names("SpecDecodeWorkerMetrics"),
     "vllm.multimodal": _stub_names("MultiModalKwargs", "MultiModalPlaceholderDict"),
@@ -305,18 +362,32 @@ STUBS = {
     "vllm.prompt_adapter.request": _stub_names("PromptAdapterRequest"),
     "msgspec": _stub_msgspec,
     "torch": _stub_torch,
+    "loguru": _stub_loguru,
 }
 
 
-def load(version: str | None = None):
-    """The release's scheduler, block manager and sequence modules."""
-    dist = install.select(ENGINE_KEY, version)
+def load(version: str | None = None, engine: str = ENGINE_KEY):
+    """The release's scheduler, block manager and sequence modules. ``engine``: another row
+    of ``install.ENGINES`` whose releases carry vLLM v0's files under a fork's module names
+    (``vllm_v0.LAYOUTS``: aphrodite-engine 0.6.x); its modules are then returned under
+    vLLM's names (``vllm_v0.Modules``), the stand-ins ``STUBS`` under the fork's."""
+    if engine not in LAYOUTS:
+        raise ValueError(f"no v0 module layout for engine {engine!r}")
+    rename = LAYOUTS[engine] or (lambda n: n)
+    dist = install.select(engine, version)
     root = _loader.require(dist)
-    evictor = "vllm.core.evictor" if (root / "vllm/core/evictor.py").is_file() \
-        else "vllm.core.evictor_v2"
-    files = (*FILES[:-1], evictor,
-             *(f for f in ENGINE_FILES if (root / (f.replace(".", "/") + ".py")).is_file()))
-    return _loader.load(dist, files, STUBS, entry=("vllm.sequence", "vllm.core.scheduler"))
+
+    def has(name: str) -> bool:
+        return (root / (rename(name).replace(".", "/") + ".py")).is_file()
+
+    evictor = "vllm.core.evictor" if has("vllm.core.evictor") else "vllm.core.evictor_v2"
+    files = tuple(rename(f) for f in (*FILES[:-1], evictor,
+                                      *(f for f in ENGINE_FILES if has(f))))
+    stubs = {rename(k): v for k, v in STUBS.items()}
+    loaded = _loader.load(dist, files, stubs,
+                          entry=tuple(rename(n) for n in ("vllm.sequence",
+                                                          "vllm.core.scheduler")))
+    return loaded if LAYOUTS[engine] is None else Modules(loaded, rename)
 
 
 class _Recorder:
@@ -369,7 +440,7 @@ class VllmV0EngineTarget:
     def __init__(self, num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
                  policy: str = "fcfs", caching: bool = True, spec: int = 0,
                  max_model_len: int = 0, chunked: bool = False,
-                 version: str | None = None):
+                 version: str | None = None, engine: str = ENGINE_KEY):
         if num_blocks < 1 or block_size < 1:
             raise MisuseError("vLLM v0 needs num_blocks >= 1 and block_size >= 1")
         if spec:
@@ -381,7 +452,7 @@ class VllmV0EngineTarget:
             raise MisuseError(f"vLLM v0 without chunked prefill requires "
                               f"max_num_batched_tokens >= max_model_len ({budget} < "
                               f"{max_model_len})")
-        mods = load(version)
+        mods = load(version, engine)
         self.version = mods.dist.version
         self._mods = mods
         self.num_blocks, self.block_size, self.caching = num_blocks, block_size, caching
@@ -401,7 +472,8 @@ class VllmV0EngineTarget:
             enable_chunked_prefill=chunked, chunked_prefill_enabled=chunked,
             is_multi_step=False, num_scheduler_steps=1, preemption_mode=None,
             send_delta_data=False, policy=policy, multi_step_stream_outputs=False,
-            use_v2_block_manager=True, embedding_mode=False)  # (0.5.x: block manager v2)
+            use_v2_block_manager=True, embedding_mode=False,  # (0.5.x: block manager v2)
+            is_attention_free=False)  # (aphrodite 0.6.1 on reads it here, vLLM the cache's)
         cache_cfg = config.CacheConfig(
             block_size=block_size, num_gpu_blocks=num_blocks, num_cpu_blocks=0,
             sliding_window=None, enable_prefix_caching=caching, is_attention_free=False)

@@ -147,4 +147,10 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
     "vllm-v0-engine-chunked": ("kvcheck.impl.thirdparty.vllm_v0_engine:make_chunked",
                                "vllm-v0-engine with chunked prefill on "
                                "(enable_chunked_prefill)"),
+    "aphrodite-v0-engine": ("kvcheck.impl.thirdparty.aphrodite_v0_engine:make",
+                            "vllm-v0-engine on aphrodite-engine 0.6.x's own Scheduler, "
+                            "BlockSpaceManagerV2 and SequenceGroup (0.6.5; @0.6.0..0.6.5)"),
+    "aphrodite-v0-engine-chunked": ("kvcheck.impl.thirdparty.aphrodite_v0_engine:make_chunked",
+                                    "aphrodite-v0-engine with chunked prefill on "
+                                    "(enable_chunked_prefill)"),
 }
