@@ -121,13 +121,13 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
                 "layout, 0.5.13 on) as a tiers target with the SWA pool behind "
                 "full_to_swa_index_mapping (impl/thirdparty/sglang_swa.py)"),
     Engine("sglang-hicache", "sglang", "sglang", pinned="0.4.5", low="0.4.4.post2",
-           high="0.5.19", family="sglang",
+           high="0.5.20", family="sglang",
            note="SGLang HiRadixCache (mem_cache/hiradix_cache.py), its host pool and "
                 "HiCacheController as a tiers target (impl/thirdparty/sglang_hicache.py): "
                 "releases with hicache_ratio, at page size 1, the storage tier (0.4.9.post3 "
                 "on) off (0.4.4 itself cannot build HiRadixCache: it calls "
                 "RadixCache.__init__ without page_size; 0.4.4.post1 sizes the host pool 3x "
-                "the device's; 0.5.20's arg_groups server arguments: not driven yet)"),
+                "the device's; 0.5.21 on: UnifiedRadixCache, no hiradix_cache.py)"),
     Engine("aphrodite", "aphrodite-engine", "aphrodite", pinned="0.24.1", low="0.20.0",
            high="0.24.1", note="aphrodite-engine's v1 KVCacheManager (a vLLM v1 fork: 0.20.0 "
                                "and 0.21.0 read as vLLM 0.20's, 0.22.0 .. 0.24.1 as 0.26 .. "

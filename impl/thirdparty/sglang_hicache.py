@@ -1,6 +1,6 @@
 """Adapter: SGLang's HiCache -- ``HiRadixCache`` with its host pool and ``HiCacheController``
 -- as a tiers target (docs/tiers.md; ``kvcheck verify-tiers sglang-hicache@VERSION``, 0.4.5
-pinned, 0.4.4.post2 .. 0.5.19: ``kvcheck install sglang==VERSION``). What differs
+pinned, 0.4.4.post2 .. 0.5.20: ``kvcheck install sglang==VERSION``). What differs
 between those releases is read from each one's files: the constructor's arguments
 (``hicache_ratio`` from 0.4.4.post2, ``hicache_size`` and ``hicache_write_policy`` from
 0.4.6, ``hicache_io_backend`` from 0.4.9.post1: ``direct``, ``hicache_storage_backend``
@@ -37,14 +37,15 @@ copies through ``l2_transfer.py``'s ``L2TransferEngine`` (loaded from the file, 
 stand-in streams and events), more KV event classes, ``Req.cache_salt`` and the device
 pool's layer pointers and ``layer_shard_enabled`` (0.5.18), the request's KV fields in
 ``req.kv`` (a ``ReqKvInfo``: ``holds_kv``), the unified cache's component enum, host pool
-groups and ``envs`` read while the host pool is built (0.5.19). The storage tier
+groups and ``envs`` read while the host pool is built (0.5.19), the server's arguments
+declared in ``arg_groups/fields/`` (one class per namespace, assembled into ``ServerArgs``)
+and the storage key hash the controller imports (0.5.20). The storage tier
 (``hicache_storage.py``, 0.4.9.post3 on: an L3 behind the host pool, prefetch and backup
 threads) is loaded but off, as by default
 (``hicache_storage_backend=None``): no backend is built, no prefetch or storage backup
 starts, and its modules (the backends, metrics, 0.5.11's hybrid-pool controller and
-assembler for NSA / Mamba models) are stand-ins that raise if built. 0.5.20 (the last
-release with ``hiradix_cache.py``; 0.5.21: ``UnifiedRadixCache``) moves the server's
-arguments into ``arg_groups/fields/``: not driven yet.
+assembler for NSA / Mamba models) are stand-ins that raise if built. 0.5.20 is the last
+release with ``hiradix_cache.py`` (0.5.21 on: ``UnifiedRadixCache``).
 
 What runs, from the installed wheel: ``mem_cache/hiradix_cache.py`` (``HiRadixCache``:
 ``match_prefix(include_evicted=True)``, ``init_load_back`` / ``load_back``,
@@ -142,7 +143,9 @@ the storage tier's modules, metrics (0.4.9.post3 on)
     prefill, no diffusion model).
 ``ServerArgs`` (0.5.6 on)
     a namespace of the release's own defaults (every field of its ``ServerArgs`` with a
-    literal default) and the HiCache arguments above; ``disable_hicache_numa_detect``
+    literal default; 0.5.20: of the ``arg_groups/fields/`` classes its ``server_args.py``
+    imports and assembles, not its resolution pipeline, which reads the model) and the
+    HiCache arguments above; ``disable_hicache_numa_detect``
     (0.5.8) True: the process is not bound to a NUMA node (placement, nothing the cache
     decides), ``bind_to_closest_numa_node_cuda`` a stand-in that raises.
 ``mem_cache/utils.py`` (0.5.6 on), ``environ.py``'s debug import, world groups
@@ -523,7 +526,9 @@ def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:
 
 MEM_UTILS = ("convert_to_bigram_key", "compute_node_hash_values", "split_node_hash_value",
              "get_hash_str", "hash_str_to_int64", "compute_node_event_hash_values",
-             "get_eviction_strategy")  # (0.5.13 on: the eviction policy's factory)
+             "get_eviction_strategy",  # (0.5.13 on: the eviction policy's factory)
+             "storage_namespace_seed",  # (0.5.20: the storage tier's key hash, which the
+             "get_storage_hash_str")  # controller imports; called only with storage on)
 MEM_UTILS_TABLES = ("_EVICTION_POLICY_FACTORIES",)
 
 
@@ -777,24 +782,43 @@ def load(version: str | None = None) -> Loaded:
 _SERVER_DEFAULTS: dict[str, dict] = {}
 
 
+def _literal_fields(cls) -> dict:
+    """The fields of a class body (``ast.ClassDef``) with a literal default."""
+    import ast
+
+    found = {}
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and node.value is not None:
+            try:
+                found[node.target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return found
+
+
 def _server_defaults(root) -> dict:
     """Every ``ServerArgs`` field of the release in ``root`` with a literal default, read
-    once from its ``server_args.py``."""
+    once from its ``server_args.py`` and (0.5.20) the namespace classes it imports from
+    ``arg_groups/fields/`` and assembles into ``ServerArgs`` (a field of its own winning,
+    as its ``ServerArgs.__annotations__`` merge has it)."""
     import ast
 
     path = root / "sglang/srt/server_args.py"
     found = _SERVER_DEFAULTS.get(str(path))
     if found is None:
-        cls = next(n for n in ast.parse(path.read_text()).body
-                   if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
+        body = ast.parse(path.read_text()).body
         found = {}
-        for node in cls.body:
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
-                    and node.value is not None:
-                try:
-                    found[node.target.id] = ast.literal_eval(node.value)
-                except ValueError:
-                    pass
+        for node in body:  # (0.5.20 on: the fields live in one class per namespace)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "sglang.srt.arg_groups.fields."):
+                names = {a.name for a in node.names}
+                rel = root / (node.module.replace(".", "/") + ".py")
+                for cls in ast.parse(rel.read_text()).body:
+                    if isinstance(cls, ast.ClassDef) and cls.name in names:
+                        found.update(_literal_fields(cls))
+        found.update(_literal_fields(next(n for n in body if isinstance(n, ast.ClassDef)
+                                          and n.name == "ServerArgs")))
         _SERVER_DEFAULTS[str(path)] = found
     return found
 

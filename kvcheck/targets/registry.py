@@ -91,7 +91,7 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
                              "there is one): every copy moves real data, read back each step"),
     "sglang-hicache": ("kvcheck.impl.thirdparty.sglang_hicache:make",
                        "SGLang HiRadixCache with its host pool and HiCacheController (0.4.5; "
-                       "@0.4.4.post2..0.5.19; block size 1, host >= device): write backups, "
+                       "@0.4.4.post2..0.5.20; block size 1, host >= device): write backups, "
                        "load-back, host eviction; completions delivered by the driver"),
     "reference-swa": ("kvcheck.impl.swa_cache:SWACache",
                       "the reference full-attention pool with a sliding-window pool behind a "

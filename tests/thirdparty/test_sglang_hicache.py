@@ -3,12 +3,12 @@ HiCacheController under the tiers model): sglang PR #4989 (``evict_host`` evicti
 host-only node) caught on 0.4.4.post3, gone on 0.4.5; under the write_back policy
 (``make_write_back``) #5499 (an eviction freeing less than it counts) caught on
 0.4.5.post2, gone on 0.4.5.post3, and PR #27631's bug (a load's nested ``evict_host``
-freeing the host pages it copies from) caught on 0.4.6 and 0.5.14, gone on 0.5.19 (0.5.15
+freeing the host pages it copies from) caught on 0.4.6 and 0.5.14, gone on 0.5.20 (0.5.15
 protects the nodes being loaded) (the releases scripts/test.sh installs); the target's view
 of the release's tree on small cases; the later releases' code paths, one release each
 (``NEWER``), pass short runs under both policies; 0.5.10's write_back eviction leaves a
 stale host leaf (0.5.9 .. 0.5.10's ``evictable_host_leaves``), a leaked host block that
-0.5.19 does not leak on the same trace."""
+0.5.20 does not leak on the same trace."""
 
 from __future__ import annotations
 
@@ -32,9 +32,10 @@ WRITE_BACK = "kvcheck.impl.thirdparty.sglang_hicache:make_write_back"
 # pool aligned up a page, Req.pop_committed_kv_cache (0.5.2 .. 0.5.5.post3); CacheInitParams
 # with the server's arguments, the params objects, rows given to requests, the allocator
 # package, the events mixin, write backups published on their ack, the host pool's package,
-# the runtime context, staged host frees, the L2 transfer engine, req.kv (0.5.6 .. 0.5.19);
+# the runtime context, staged host frees, the L2 transfer engine, req.kv, the server's
+# arguments in arg_groups/fields/ (0.5.6 .. 0.5.20);
 # 0.5.10 in its own test
-NEWER = ("0.4.10.post2", "0.5.5.post3", "0.5.19")
+NEWER = ("0.4.10.post2", "0.5.5.post3", "0.5.20")
 LEAF = "0.5.10"  # (evictable_host_leaves: a write_back eviction leaves a stale host leaf)
 missing = [v for v in (BUGGY, FIXED, "0.4.5.post2", "0.4.5.post3", "0.4.6", *NEWER, LEAF)
            if not _loader.is_installed(install.select("sglang-hicache", v))]
@@ -169,7 +170,7 @@ def test_host_leaf_left_stale_by_a_write_back_eviction():
     the child is not yet evicted (a host leaf: evicted, no evicted child), and nothing
     updates it once the child is. ``evict_host`` then takes the parent first and drops the
     child with it: the child's host slot is neither free nor cached (a leak), which the
-    next operation's contract sees. 0.5.19 (0.5.11 on: a host leaf has no backed-up child)
+    next operation's contract sees. 0.5.20 (0.5.11 on: a host leaf has no backed-up child)
     passes the same trace; the write-through policy passes the same run."""
     bug = verify(f"{WRITE_BACK}@{LEAF}", SCOPE.num_blocks, 1, 300, 0, model="tiers",
                  scope=SCOPE)
