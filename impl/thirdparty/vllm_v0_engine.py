@@ -486,6 +486,18 @@ class VllmV0EngineTarget:
         self._Logprob = seqmod.Logprob
         self._Params = mods["vllm.sampling_params"].SamplingParams
         self._Block = mods["vllm.core.block.prefix_caching_block"].PrefixCachingBlock
+        allocator = mods["vllm.core.block.prefix_caching_block"].PrefixCachingBlockAllocator
+        computed_ids = getattr(allocator, "get_computed_block_ids", None)  # (to 0.6.x)
+        if chunked and caching and computed_ids is not None and _loader.takes(
+                computed_ids, "skip_last_block_id"):
+            # (vLLM 0.5.x .. 0.6.x, aphrodite 0.6.x) the runner's computed blocks leave out
+            # the last full block, and with chunks that mark blocks computed before they are
+            # written the adapter's reading of which blocks a step skips is not verified: a
+            # FAIL there could be the adapter's (0.7.0 on, the raw replays agree: E4)
+            raise MisuseError(f"{self.version}: chunked prefill with prefix caching is not "
+                              f"modelled on a release whose allocator skips the last computed "
+                              f"block (get_computed_block_ids(skip_last_block_id)); run it with "
+                              f"--no-prefix-caching, or without chunked prefill")
         self._extra = _loader.takes(self._Block.hash_block_tokens, "extra_hash")  # 0.6.4 on
         self._priority = _loader.takes(self._Group.__init__, "priority")  # 0.6.3 on
         if policy != "fcfs" and not self._priority:
