@@ -50,51 +50,34 @@ from kvcheck.models.blocks import witness
 from kvcheck.models.engine.model import EngineOp, fits, step_gen
 from kvcheck.models.prefix.oracle import Ghost
 from kvcheck.spec import prefix as prefix_spec
+from kvcheck.spec.engine import (
+    APPENDS,
+    COMPUTES,
+    COMPUTES_DOC,
+    FREED,
+    HELD,
+    HELD_DOC,
+    HITS,
+    LEAK,
+    LIVENESS,
+    PREALLOC,
+    PREALLOC_DOC,
+    QUEUES,
+    QUEUES_DOC,
+    REFUSED,
+    ROW,
+    ROW_DOC,
+    SLOTS,
+    SLOTS_DOC,
+    WRITE_FRESH,
+    WRITE_FRESH_DOC,
+)
 from kvcheck.spec.invariants import INVARIANTS
 from kvcheck.spec.logic import PY
 from kvcheck.spec.state import Snapshot
 
 MAX_SEQ = 2**31 - 1
 RUNNING = "RUNNING"
-
-WRITE_FRESH = "a step writes only into blocks the request was given fresh"
-WRITE_FRESH_DOC = ("Nothing is written into a shared or cached block: the forward pass "
-                   "writes a scheduled token's KV into the request's block for its position, "
-                   "and that block is one allocate_slots gave the request fresh (a block "
-                   "reached through a prefix-cache hit is read, never written).")
-SLOTS = "every scheduled token has a slot"
-SLOTS_DOC = ("After schedule(), a scheduled request's blocks cover every token scheduled "
-             "for it (the forward pass writes each one's KV at its position).")
-HELD = "a request that is not running holds no block"
-HELD_DOC = ("A finished, aborted, preempted or waiting request holds no block: finishing, "
-            "aborting and preemption release everything.")
-PREALLOC = "a request's blocks are what its tokens need plus at most the preallocation"
-PREALLOC_DOC = ("A release that preallocates (to 0.8.4, num_preallocate_tokens) gives a "
-                "request the blocks its computed tokens (and the furthest slot a step reached) "
-                "need, plus at most its preallocation; table_length then counts the rest as "
-                "reserved.")
-ROW = "a request's blocks fit its block-table row: at most cdiv(max_model_len, block_size)"
-ROW_DOC = ("The model runner's block table has cdiv(max_model_len, block_size) columns per "
-           "request: whatever the manager preallocates, a request never holds more blocks "
-           "than that (vLLM PR #10730: 0.6.4.post1's preallocation took up to "
-           "needed + 64 / block_size blocks, past the row).")
-HITS = "get_computed_blocks: every block a cache hit returns holds the requested prefix"
-REFUSED = "allocate_slots: a refused allocation changes nothing"
-APPENDS = "allocate_slots: the request's blocks grow by its hits and the new blocks returned"
-FREED = "free: the request holds no block afterwards"
-LIVENESS = "every request the pool can hold finishes within the bound"
-COMPUTES = "a scheduled request computes at least one token"
-COMPUTES_DOC = ("A request a step schedules has at least one token for the forward pass: the "
-                "model samples from its last token's logits, so a prompt wholly in the cache "
-                "still recomputes its last token (spec.prefix.cached_tokens; vLLM PR #11186, "
-                "nano-vllm #144: seqlen_q = 0).")
-LEAK = "no blocks leak at the end"
-QUEUES = "a request is in one scheduler queue at most, and in running only while it runs"
-QUEUES_DOC = ("The scheduler's running and waiting queues hold each request once at most, and "
-              "the running queue only requests whose status is running: a preempted request "
-              "leaves running as it joins waiting (nano-vllm-fork 20260210's decode loop "
-              "preempts through Scheduler.preempt, which never removes it from running).")
-
 
 class EngineOracle:
     """A run of an engine target (``kvcheck.models.engine.loading.build``); speaks
