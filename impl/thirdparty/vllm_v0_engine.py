@@ -57,8 +57,9 @@ Stand-ins, in one place (every other ``vllm.*`` import raises, see ``_loader``):
 ``msgspec``
     ``vllm/sequence.py`` declares ``SequenceData``, ``SequenceGroupMetadata`` and the
     outputs as ``msgspec.Struct`` (serialisation to workers); msgspec is not a kvcheck
-    dependency. The stand-in ``Struct`` gives a subclass the constructor msgspec would
-    (the annotated fields, in order, positional or by keyword, defaults and
+    dependency. The stand-in is ``vllm_v1_engine``'s (its ``Struct`` gives a subclass the
+    constructor msgspec would: the annotated fields, in order, positional or by keyword,
+    defaults -- an empty list, dict or set copied per instance -- and
     ``field(default_factory=...)``, then ``__post_init__``); nothing is serialised here.
 ``torch``
     ``sequence.py`` names ``torch.Tensor`` in annotations (pooled data, hidden states),
@@ -140,6 +141,7 @@ from ..errors import MisuseError
 from . import _loader, install
 from .vllm_v0 import FILES, LAYOUTS, Modules, free_block_ids
 from .vllm_v0 import STUBS as V0_STUBS
+from .vllm_v1_engine import STUBS as V1_ENGINE_STUBS
 from .vllm_v1_engine import KVCall, StepResult
 
 ENGINE_KEY = "vllm-v0"
@@ -189,14 +191,6 @@ def _stub_engine_utils(mod: types.ModuleType, loaded) -> None:
                                "STR_NOT_IMPL_ENC_DEC_SWA"))
 
 
-class _Field:
-    def __init__(self, default=None, default_factory=None, name=None):
-        self.default, self.default_factory = default, default_factory
-
-
-_MISSING = object()
-
-
 def _stub_inputs_parse(mod: types.ModuleType, loaded, module: str = "vllm.inputs.parse"
                        ) -> None:
     import typing
@@ -238,55 +232,6 @@ def _stub_loguru(mod: types.ModuleType, _) -> None:
             return emit
 
     mod.logger = _Logger()
-
-
-def _stub_msgspec(mod: types.ModuleType, _) -> None:
-    import copy
-
-    def field(*, default=_MISSING, default_factory=None, name=None):
-        return _Field(default, default_factory, name)
-
-    class Struct:
-        """msgspec.Struct's constructor (see the module doc's stand-ins)."""
-
-        __struct_fields__ = ()
-        __struct_defaults__ = {}
-
-        def __init_subclass__(cls, **kwargs):
-            super().__init_subclass__()
-            fields, defaults = [], {}
-            for klass in reversed(cls.__mro__):
-                for name in klass.__dict__.get("__annotations__", {}):
-                    if name not in fields:
-                        fields.append(name)
-                    if name in klass.__dict__:
-                        defaults[name] = klass.__dict__[name]
-            cls.__struct_fields__ = tuple(fields)
-            cls.__struct_defaults__ = defaults
-
-        def __init__(self, *args, **kwargs):
-            names = type(self).__struct_fields__
-            defaults = type(self).__struct_defaults__
-            values = dict(zip(names, args, strict=False))
-            values.update(kwargs)
-            for name in names:
-                if name in values:
-                    value = values[name]
-                elif name in defaults:
-                    d = defaults[name]
-                    if isinstance(d, _Field):
-                        value = d.default_factory() if d.default_factory else d.default
-                    else:
-                        value = copy.copy(d) if isinstance(d, (list, dict, set)) else d
-                else:
-                    raise TypeError(f"missing required argument {name!r}")
-                object.__setattr__(self, name, value)
-            post = getattr(self, "__post_init__", None)
-            if post is not None:
-                post()
-
-    mod.Struct = Struct
-    mod.field = field
 
 
 def _stub_torch(mod: types.ModuleType, _) -> None:
@@ -360,7 +305,7 @@ STUBS = {
     "vllm.pooling_params": _stub_names("PoolingParams"),
     "vllm.lora.request": _stub_names("LoRARequest"),
     "vllm.prompt_adapter.request": _stub_names("PromptAdapterRequest"),
-    "msgspec": _stub_msgspec,
+    "msgspec": V1_ENGINE_STUBS["msgspec"],  # (vllm_v1_engine's Struct record)
     "torch": _stub_torch,
     "loguru": _stub_loguru,
 }

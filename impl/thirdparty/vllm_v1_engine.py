@@ -99,6 +99,7 @@ step are recorded at the manager's boundary (``allocate_slots`` / ``free`` /
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 from typing import Any
@@ -225,8 +226,8 @@ class Struct:
                 d = self.__struct_defaults__.get(name, _MISSING)
                 if isinstance(d, _Field):
                     value = d.default_factory() if d.default_factory is not None else d.default
-                else:
-                    value = d
+                else:  # (msgspec copies an empty list, dict or set default per instance)
+                    value = copy.copy(d) if isinstance(d, (list, dict, set)) else d
                 if value is _MISSING:
                     raise TypeError(f"{type(self).__name__}: missing required argument {name!r}")
             object.__setattr__(self, name, value)
