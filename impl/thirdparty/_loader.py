@@ -282,6 +282,34 @@ def load(dist: Dist, files: Sequence[str], stubs: Mapping[str, StubBuilder],
 logging.getLogger("kvcheck.thirdparty").addHandler(logging.NullHandler())
 
 
+def exec_definitions(path: Path, namespace: dict, names: Sequence[str]) -> list[str]:
+    """Execute, in ``namespace`` and in the file's order, the top-level definitions of
+    ``names`` in the release's file ``path`` -- functions, classes and assignments (a
+    table, a constant), each as its own source text has it -- and nothing else of the file
+    (whose imports may need what cannot run here). The names found, in the file's order: a
+    name the release does not define is not executed (the caller decides if that is bad)."""
+    import ast
+
+    tree = ast.parse(path.read_text(), str(path))
+    keep, found = [], []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defined = [node.name]
+        elif isinstance(node, ast.Assign):
+            defined = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined = [node.target.id]
+        else:
+            continue
+        hit = [n for n in defined if n in names]
+        if hit:
+            keep.append(node)
+            found += [n for n in hit if n not in found]
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"),  # noqa: S102
+         namespace)  # (the release's own source)
+    return found
+
+
 def stub_logger(mod: types.ModuleType, _loaded: Loaded) -> None:
     """Stand-in for ``<pkg>.logger``: ``init_logger`` returns a stdlib logger under
     ``kvcheck.thirdparty`` (quiet unless the application configures logging).

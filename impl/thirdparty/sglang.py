@@ -99,7 +99,6 @@ views are the adapter's row (``ReqToTokenPool``'s stand-in), so *no aliasing* an
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import threading
 import types
@@ -133,18 +132,13 @@ def real_functions(mod: types.ModuleType, loaded: Loaded, rel: str,
                    names: Sequence[str], env: dict) -> None:
     """Compile the top-level functions or classes ``names`` of the installed file ``rel``
     into ``mod``: each one's own source text, as the file has it (decorators included)."""
-    path = loaded.root / rel
-    tree = ast.parse(path.read_text(), str(path))
-    found = {node.name: node for node in tree.body
-             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names}
+    ns = mod.__dict__
+    ns.update(env)
+    found = _loader.exec_definitions(loaded.root / rel, ns, names)
     missing = [n for n in names if n not in found]
     if missing:
         raise ImportError(f"{rel} of {loaded.dist.dist} {loaded.dist.version} has no "
                           f"{', '.join(missing)}")
-    module = ast.Module(body=[found[n] for n in names], type_ignores=[])
-    ns = mod.__dict__
-    ns.update(env)
-    exec(compile(module, str(path), "exec"), ns)  # noqa: S102 - the engine's own source
 
 
 def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:

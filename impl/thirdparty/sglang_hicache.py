@@ -243,7 +243,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import MisuseError, OutOfBlocks
-from . import install, sglang
+from . import _loader, install, sglang
 from ._loader import Loaded, takes
 
 MEM = "sglang.srt.mem_cache"
@@ -398,14 +398,8 @@ def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
                 pass
     sglang.real_functions(mod, loaded, rel, names, env)
 
-    tables = [node for node in ast.parse(text).body
-              if (isinstance(node, ast.Assign) and any(
-                  isinstance(t, ast.Name) and t.id in POOL_TABLES for t in node.targets))
-              or (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                  and node.target.id in POOL_TABLES)]
     mod.__dict__.setdefault("defaultdict", __import__("collections").defaultdict)
-    exec(compile(ast.Module(body=tables, type_ignores=[]), str(loaded.root / rel), "exec"),
-         mod.__dict__)  # noqa: S102 - the release's own tables, as its file has them
+    _loader.exec_definitions(loaded.root / rel, mod.__dict__, POOL_TABLES)  # (its own tables)
 
 
 def _no_copy(*_a, **_k) -> None:
@@ -535,7 +529,6 @@ MEM_UTILS_TABLES = ("_EVICTION_POLICY_FACTORIES",)
 def _stub_mem_utils(mod: types.ModuleType, loaded: Loaded) -> None:
     """``mem_cache/utils.py`` (0.5.6 on): of it, the radix cache's key and hash helpers,
     compiled from the installed file (its Triton kernels for MLA buffers are not)."""
-    import ast
     import hashlib
     import typing
 
@@ -550,10 +543,7 @@ def _stub_mem_utils(mod: types.ModuleType, loaded: Loaded) -> None:
         **{n: getattr(typing, n) for n in ("Any", "Callable", "List", "Optional", "Tuple")},
         **{n: v for n, v in vars(policies or types.ModuleType("none")).items()
            if n.endswith("Strategy")}})
-    tables = [node for node in ast.parse(text).body if isinstance(node, ast.AnnAssign)
-              and isinstance(node.target, ast.Name) and node.target.id in MEM_UTILS_TABLES]
-    exec(compile(ast.Module(body=tables, type_ignores=[]), str(loaded.root / rel), "exec"),
-         mod.__dict__)  # noqa: S102 - the release's own table, as its file has it
+    _loader.exec_definitions(loaded.root / rel, mod.__dict__, MEM_UTILS_TABLES)  # its table
 
 
 STUBS = {f"{MEM}.memory_pool": _stub_memory_pool, f"{MEM}.memory_pool_host": _stub_memory_pool,

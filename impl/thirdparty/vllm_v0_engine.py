@@ -131,7 +131,6 @@ blocks.
 
 from __future__ import annotations
 
-import ast
 import enum
 import random
 import types
@@ -168,21 +167,8 @@ def _from_source(mod: types.ModuleType, loaded, names: tuple[str, ...],
     path = loaded.root / f"{rel}.py"
     if not path.is_file():  # 0.9.x: a package
         path = loaded.root / rel / "__init__.py"
-    if not path.is_file():
-        return
-    tree = ast.parse(path.read_text())
-    text = path.read_text()
-    names = tuple(n for n in names if f"\n{n} " in text or f"class {n}" in text
-                  or f"def {n}(" in text)  # those the release has
-    keep = []
-    for node in tree.body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in names:
-            keep.append(node)
-        elif isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id in names for t in node.targets):
-            keep.append(node)
-    code = compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec")
-    exec(code, mod.__dict__)  # noqa: S102 - the release's own source
+    if path.is_file():
+        _loader.exec_definitions(path, mod.__dict__, names)  # (those the release has)
 
 
 def _stub_engine_utils(mod: types.ModuleType, loaded) -> None:

@@ -137,7 +137,6 @@ Observation (kvcheck's block ``b`` is vLLM's ``b + 1`` in each pool):
 
 from __future__ import annotations
 
-import ast
 import itertools
 import types
 from collections.abc import Iterable, Sequence
@@ -160,13 +159,9 @@ def release_function(loaded: Loaded, module: str, name: str, namespace: dict) ->
     """The release's own ``name`` from ``module``'s file: its ``def`` alone, parsed from the
     installed file and executed in ``namespace`` (the rest of that module is not run)."""
     path = loaded.root / (module.replace(".", "/") + ".py")
-    tree = ast.parse(path.read_text(), str(path))
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            code = compile(ast.Module([node], type_ignores=[]), str(path), "exec")
-            exec(code, namespace)  # noqa: S102 - the release's own function, from its file
-            return namespace[name]
-    raise ImportError(f"{name} is not defined in {path}", name=name)
+    if not _loader.exec_definitions(path, namespace, (name,)):
+        raise ImportError(f"{name} is not defined in {path}", name=name)
+    return namespace[name]
 
 
 def _stub_connector_utils(mod: types.ModuleType, loaded: Loaded) -> None:
