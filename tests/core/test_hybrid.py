@@ -73,8 +73,8 @@ def test_state_machine_drives_hybrid_pools():
 
     def run(target):
         m = make_state_machine(target, 8, 2, model="hybrid")
-        m.TestCase.settings = settings(max_examples=25, stateful_step_count=15, deadline=None,
-                                       derandomize=True, database=None)
+        m.TestCase.settings = settings(m.TestCase.settings, max_examples=25,
+                                       stateful_step_count=15, derandomize=True, database=None)
         return unittest.TextTestRunner(verbosity=0, stream=open("/dev/null", "w")).run(
             m.TestCase("runTest"))
 

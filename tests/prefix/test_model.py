@@ -320,7 +320,7 @@ def test_the_state_machine_finds_a_corpus_bug(cls, rules):
     machine = make_state_machine(cls, num_blocks=4, block_size=2, model="prefix")
     with pytest.raises(AssertionError) as info:
         run_state_machine_as_test(machine, settings=settings(
-            max_examples=300, deadline=None, stateful_step_count=20, database=None,
+            machine.TestCase.settings, max_examples=300, stateful_step_count=20, database=None,
             suppress_health_check=list(HealthCheck)))
     head = str(info.value).splitlines()[0]
     assert any(rule in head for rule in rules), head
@@ -330,8 +330,8 @@ def test_the_state_machine_finds_a_corpus_bug(cls, rules):
 def test_the_state_machine_passes_the_reference():
     machine = make_state_machine(PrefixCachingBlockManager, num_blocks=4, block_size=2,
                                  model="prefix")
-    run_state_machine_as_test(machine, settings=settings(max_examples=60, deadline=None,
-                                                         database=None))
+    run_state_machine_as_test(machine, settings=settings(machine.TestCase.settings,
+                                                         max_examples=60, database=None))
 
 
 # -- targets that misbehave while their cache is read -----------------------------------------

@@ -29,13 +29,14 @@ def _per_depth(enumeration: str, depth: int) -> tuple[list[set], object]:
 
 
 def test_choice_enumeration_reaches_the_states_the_step_one_does():
-    new, rn = _per_depth("choice", 4)
-    old, ro = _per_depth("step", 4)
+    # (depth 3: the whole-step enumeration takes 6 s there, 40 s at depth 4)
+    new, rn = _per_depth("choice", 3)
+    old, ro = _per_depth("step", 3)
     assert rn.complete and ro.complete and rn.violated is None and ro.violated is None
     # every state first reached at the same depth: the same BFS layers up to renaming
     assert [len(x) for x in new] == [len(x) for x in old]
     assert new == old
-    assert len(new[4]) > 100  # (the scope is not trivial: every operation kind is reached)
+    assert len(new[3]) > 90  # (the scope is not trivial: 96 states first reached at depth 3)
 
 
 def test_exact_key_identifies_renamings_only():

@@ -352,9 +352,12 @@ def test_json_keeps_its_keys_and_adds_the_trace(capsys):
 
 
 # -- the Hypothesis machine --------------------------------------------------------------------
-MACHINE_SETTINGS = settings(max_examples=300, stateful_step_count=20, deadline=None,
-                            database=None, derandomize=True,
-                            suppress_health_check=list(HealthCheck))
+def machine_settings(machine, **more):
+    """The machine's own settings (Hypothesis does not shrink: kvcheck's shrinker does, in
+    the failure's message) with this file's counts."""
+    return settings(machine.TestCase.settings, **{
+        "max_examples": 300, "stateful_step_count": 20, "database": None, "derandomize": True,
+        "suppress_health_check": list(HealthCheck), **more})
 
 
 @pytest.mark.parametrize("name", ["decode-twice", "finish-keeps-blocks"])
@@ -362,7 +365,7 @@ def test_the_hypothesis_machine_finds_a_corpus_bug(name):
     cls, rule, _ = CORPUS[name]
     machine = make_state_machine(cls, num_blocks=4, block_size=2, model="scheduler")
     with pytest.raises(AssertionError) as info:
-        run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
+        run_state_machine_as_test(machine, settings=machine_settings(machine))
     text = str(info.value)
     assert "policy violation at step" in text and rule in text, text
     assert "Counterexample" in text and "VIOLATION" in text
@@ -371,4 +374,4 @@ def test_the_hypothesis_machine_finds_a_corpus_bug(name):
 def test_the_hypothesis_machine_passes_the_reference():
     for cls in (Scheduler, SwapScheduler):
         machine = make_state_machine(cls, num_blocks=4, block_size=2, model="scheduler")
-        run_state_machine_as_test(machine, settings=settings(MACHINE_SETTINGS, max_examples=60))
+        run_state_machine_as_test(machine, settings=machine_settings(machine, max_examples=60))
