@@ -155,6 +155,10 @@ class Loaded:
     def __getitem__(self, name: str) -> types.ModuleType:
         return self.get(name)
 
+    def has(self, name: str) -> bool:
+        """Whether ``name`` is one of the release's files this load executes (on use)."""
+        return name in self.files
+
     def _ours(self, name: str) -> bool:
         top = self.dist.top
         return name == top or name.startswith(top + ".") or name in self.stubs

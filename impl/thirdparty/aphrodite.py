@@ -40,6 +40,8 @@ def _rename(name: str) -> str:
 
 
 def _stub_mem_utils(mod: types.ModuleType, _: Loaded) -> None:
+    """``format_gib`` (a log message of ``kv_cache_utils``); the real module imports psutil
+    and probes the platform."""
     mod.format_gib = lambda b: f"{b / (1 << 30):.2f}"
 
 

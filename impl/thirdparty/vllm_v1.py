@@ -455,7 +455,7 @@ def load(version: str | None = None) -> Loaded:
 def hash_fn(mods: Loaded):
     """vLLM's ``sha256`` block-hash function (``vllm.utils.hashing`` from 0.11, the
     ``vllm.utils`` module before)."""
-    if "vllm.utils.hashing" in mods.files:
+    if mods.has("vllm.utils.hashing"):
         return mods["vllm.utils.hashing"].sha256
     return mods["vllm.utils"].sha256
 

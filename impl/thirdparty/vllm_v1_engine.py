@@ -390,8 +390,8 @@ def _stub_structured_output(mod: types.ModuleType, _: Loaded) -> None:
         def grammar_init(self, request: Any) -> None:
             pass
 
-        def should_advance(self, request: Any) -> bool:
-            return False
+        def should_advance(self, request: Any, *_a: Any, **_k: Any) -> bool:
+            return False  # (aphrodite's passes the new tokens too)
 
         def should_fill_bitmask(self, request: Any) -> bool:
             return False
@@ -409,6 +409,11 @@ def _stub_structured_output(mod: types.ModuleType, _: Loaded) -> None:
             pass
 
     mod.StructuredOutputManager = StructuredOutputManager
+
+    class StructuredOutputGrammar:  # (aphrodite's scheduler imports it for annotations)
+        pass
+
+    mod.StructuredOutputGrammar = StructuredOutputGrammar
     mod.__path__ = []
 
 
@@ -446,6 +451,8 @@ def _stub_config(mod: types.ModuleType, loaded: Loaded) -> None:
     (the KV-spec registry passes it to the platform hook, a no-op)."""
     _any_name("vllm's config classes (settings come from EngineConfig)")(mod, loaded)
     mod.get_current_vllm_config_or_none = lambda: None
+    top = getattr(loaded, "top", "vllm")  # a fork's own name for it (aphrodite's)
+    setattr(mod, f"get_current_{top}_config_or_none", lambda: None)
 
 
 STUBS["vllm.config"] = _stub_config
@@ -560,8 +567,8 @@ def _stub_inputs(mod: types.ModuleType, loaded: Loaded) -> None:
     the package's names; any other name is a placeholder (the processed-inputs pipeline is
     off, requests carry token ids)."""
     _any_name(OFF["vllm.inputs"])(mod, loaded)
-    request = loaded.root / "vllm/v1/request.py"
-    if "vllm.inputs.data" in loaded.files and "token_inputs" in request.read_text():
+    request = loaded.path("vllm/v1/request.py")
+    if loaded.has("vllm.inputs.data") and "token_inputs" in request.read_text():
         data = loaded.get("vllm.inputs.data")
         for name, value in vars(data).items():
             if not name.startswith("_"):
@@ -577,14 +584,45 @@ OFF["vllm.config"] = "vllm's config classes (settings come from EngineConfig)"
 
 
 class _EngineLoaded(Loaded):
-    """``Loaded`` with every module under an ``OFF`` prefix stood in by ``_any_name``."""
+    """``Loaded`` with every module under an ``OFF`` prefix stood in by ``_any_name``.
+
+    A fork carrying vLLM v1's engine under its own top-level package (``FORKS``:
+    aphrodite-engine's ``aphrodite.*``) is loaded with its own names; the adapter asks for
+    vLLM's (``vllm.v1.request``...) and gets the fork's module (``aphrodite.v1.request``),
+    and ``path`` names the fork's file for a vLLM path."""
+
+    def __init__(self, dist, root, files, stubs, top: str = "vllm"):
+        self.top = top
+        super().__init__(dist, root, [self.fork(f) for f in files],
+                         {self.fork(k): v for k, v in stubs.items()})
+
+    def fork(self, name: str) -> str:
+        """vLLM's module name ``name`` as the loaded release names it."""
+        if self.top != "vllm" and (name == "vllm" or name.startswith("vllm.")):
+            return self.top + name[len("vllm"):]
+        return name
+
+    def vllm(self, name: str) -> str:
+        """The loaded release's module name ``name`` as vLLM names it."""
+        if self.top != "vllm" and (name == self.top or name.startswith(self.top + ".")):
+            return "vllm" + name[len(self.top):]
+        return name
+
+    def has(self, name: str) -> bool:
+        """Whether vLLM's module ``name`` is one of the release's files loaded."""
+        return self.fork(name) in self.files
+
+    def path(self, rel: str):
+        """The release's file for vLLM's path ``rel`` (``vllm/v1/request.py``)."""
+        return self.root / (self.top + rel[len("vllm"):] if rel.startswith("vllm/") else rel)
 
     def _ours(self, name: str) -> bool:
-        return super()._ours(name) or _off(name) is not None
+        return super()._ours(name) or _off(self.vllm(name)) is not None
 
     def get(self, name: str) -> types.ModuleType:
+        name = self.fork(name)
         if name not in self.modules and name not in self.stubs and name not in self.files:
-            off = _off(name)
+            off = _off(self.vllm(name))
             if off is not None:
                 self.stubs[name] = _any_name(OFF[off])
         return super().get(name)
@@ -599,44 +637,52 @@ def _off(name: str) -> str | None:
 
 _LOADS: dict[tuple, Loaded] = {}
 
+# engines that carry vLLM v1's engine core under another top-level package: install key ->
+# (that package, what the fork adds to the stand-ins: fork-only module names, as vLLM's)
+FORKS: dict[str, tuple[str, dict[str, Any]]] = {}
 
-def load(version: str | None = None) -> Loaded:
+
+def load(version: str | None = None, engine: str = ENGINE_KEY) -> Loaded:
     """The release's scheduler with everything it imports (see the module docstring): any
-    vLLM v1 release kvcheck installs (the ``vllm-v1`` family, 0.6.4.post1 on)."""
+    vLLM v1 release kvcheck installs (the ``vllm-v1`` family, 0.6.4.post1 on), or a fork's
+    (``engine``, a ``FORKS`` key: its own files under its own names)."""
     import os
 
-    asked = (version, os.environ.get(_loader.ENV_DIR), os.environ.get("VIRTUAL_ENV"))
+    asked = (version, engine, os.environ.get(_loader.ENV_DIR), os.environ.get("VIRTUAL_ENV"))
     loaded = _LOADS.get(asked)  # a run builds the engine once per replay: no disk lookups
     if loaded is not None:
         return loaded
-    dist = install.select(ENGINE_KEY, version, with_family=True)
+    top, extra = FORKS.get(engine, ("vllm", {}))
+    dist = install.select(engine, version, with_family=engine == ENGINE_KEY)
     root = _loader.require(dist)
     key = (dist, str(root))
     loaded = _LOADS.get(key)
     if loaded is None:
-        files = tuple(f for f in FILES
-                      if (root / (f.replace(".", "/") + ".py")).is_file()
-                      or (root / f.replace(".", "/") / "__init__.py").is_file())
-        stubs = dict(STUBS)
-        if not (root / "vllm/utils/math_utils.py").is_file():  # to 0.10.x: one vllm.utils
+        def there(f: str) -> bool:
+            rel = (top + f[len("vllm"):]).replace(".", "/")
+            return (root / (rel + ".py")).is_file() or (root / rel / "__init__.py").is_file()
+
+        files = tuple(f for f in FILES if there(f))
+        stubs = {**STUBS, **extra}
+        if not there("vllm.utils.math_utils"):  # to 0.10.x: one vllm.utils
             stubs.update(STUBS_TO_0_10)
-        loaded = _EngineLoaded(dist, root, files, stubs)
+        loaded = _EngineLoaded(dist, root, files, stubs, top)
         loaded.prefix += "_engine"
-        if "vllm._bc_linter" in loaded.files:  # vllm/__init__.py's lazy names (not run)
-            top = loaded.get("vllm")
+        if loaded.has("vllm._bc_linter"):  # vllm/__init__.py's lazy names (not run)
+            top_mod = loaded.get("vllm")
             linter = loaded.get("vllm._bc_linter")
-            top.bc_linter_include = linter.bc_linter_include
-            top.bc_linter_skip = linter.bc_linter_skip
-        loaded.get(scheduler_module(root))
+            top_mod.bc_linter_include = linter.bc_linter_include
+            top_mod.bc_linter_skip = linter.bc_linter_skip
+        loaded.get(scheduler_module(loaded))
         _LOADS[key] = loaded
     _LOADS[asked] = loaded
     return loaded
 
 
-def _has_null_block(root) -> bool:
+def _has_null_block(mods: Any) -> bool:
     """Whether the release's block pool keeps a null block (vLLM's block 0) outside the
     usable blocks (0.8.3 on), read from its ``vllm/v1/core/block_pool.py``."""
-    path = root / "vllm/v1/core/block_pool.py"
+    path = mods.path("vllm/v1/core/block_pool.py")
     return path.is_file() and "null_block" in path.read_text()
 
 
@@ -646,9 +692,9 @@ def _source(function: Any) -> str:
     return inspect.getsource(function)
 
 
-def scheduler_module(root) -> str:
+def scheduler_module(mods: Any) -> str:
     """``vllm.v1.core.sched.scheduler`` (0.7.3 on), ``vllm.v1.core.scheduler`` before."""
-    if (root / "vllm/v1/core/sched/scheduler.py").is_file():
+    if mods.path("vllm/v1/core/sched/scheduler.py").is_file():
         return "vllm.v1.core.sched.scheduler"
     return "vllm.v1.core.scheduler"
 
@@ -716,7 +762,8 @@ def engine_config(s: EngineSettings, null: int = 1) -> Settings:
         mamba_cache_mode="none", num_preallocate_tokens=None, sliding_window=None,
         prefix_caching_hash_algo="sha256", cpu_offload_gb=0, num_cpu_blocks=None)
     model = Settings(
-        "model_config", uses_mrope=False, is_encoder_decoder=False, runner_type="generate",
+        "model_config", uses_mrope=False, uses_xdrope=False, is_encoder_decoder=False,
+        runner_type="generate",
         is_diffusion=False, supports_multimodal_inputs=False, max_model_len=s.max_model_len,
         return_sampling_mask=False, multimodal_config=None, is_multimodal_model=False,
         enable_return_routed_experts=False)
@@ -855,27 +902,29 @@ class EngineTarget:
         step. Returns a ``StepResult``.
     """
 
-    def __init__(self, settings: EngineSettings, version: str | None = None):
+    def __init__(self, settings: EngineSettings, version: str | None = None,
+                 engine: str = ENGINE_KEY):
         if settings.num_blocks < 1 or settings.block_size < 1:
             raise MisuseError("num_blocks and block_size must be positive")
         self.settings = settings
         self.num_blocks, self.block_size = settings.num_blocks, settings.block_size
         self.max_model_len = settings.max_model_len  # a request's block-table row, in tokens
-        mods = load(version)
+        mods = load(version, engine)
         self.version = mods.dist.version
+        name = "vLLM" if engine == ENGINE_KEY else mods.dist.dist
         self._mods = mods
         # vLLM's block 0 is a null block outside the pool from 0.8.3 (the oracle's ids are
         # then vLLM's less one); before, every block is the pool's (read from block_pool.py)
-        self.block_offset = int(_has_null_block(mods.root))
+        self.block_offset = int(_has_null_block(mods))
         self.config = engine_config(settings, self.block_offset)
         if settings.num_speculative_tokens and "spec_token_ids" not in {
                 f.name for f in dataclasses.fields(mods["vllm.v1.outputs"].ModelRunnerOutput)} \
                 and not hasattr(mods["vllm.v1.outputs"], "DraftTokenIds"):
-            raise MisuseError(f"vLLM {self.version}'s v1 scheduler has no speculative decoding "
+            raise MisuseError(f"{name} {self.version}'s v1 scheduler has no speculative decoding "
                               f"(its ModelRunnerOutput carries no drafts; 0.8.0 on)")
-        if settings.policy != "fcfs" and not hasattr(mods[scheduler_module(mods.root)],
+        if settings.policy != "fcfs" and not hasattr(mods[scheduler_module(mods)],
                                                       "SchedulingPolicy"):
-            raise MisuseError(f"vLLM {self.version}'s v1 scheduler has no {settings.policy} "
+            raise MisuseError(f"{name} {self.version}'s v1 scheduler has no {settings.policy} "
                               f"scheduling (it reads no policy; priority scheduling is 0.9.2's)")
         self.scheduler = _build_scheduler(mods, self.config, settings, self.block_offset)
         self.manager = self.scheduler.kv_cache_manager
@@ -1144,10 +1193,11 @@ def _build_scheduler(mods: Loaded, config: Settings, s: EngineSettings, null: in
 
     import torch
 
-    cls = mods[scheduler_module(mods.root)].Scheduler
+    cls = mods[scheduler_module(mods)].Scheduler
     params = inspect.signature(cls.__init__).parameters
     som = mods["vllm.v1.structured_output"].StructuredOutputManager(config)
-    values = {"vllm_config": config, "structured_output_manager": som,
+    values = {"vllm_config": config, f"{mods.top}_config": config,  # (a fork's own name)
+              "structured_output_manager": som,
               "block_size": s.block_size, "log_stats": False, "include_finished_set": False,
               # to 0.8.4: the configs one by one
               "scheduler_config": config.scheduler_config, "model_config": config.model_config,
@@ -1176,7 +1226,8 @@ def _kv_cache_config(mods: Loaded, s: EngineSettings, torch: Any, null: int):
 
 def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
          policy: str = "fcfs", caching: bool = True, spec: int = 0,
-         version: str | None = None, max_model_len: int | None = None) -> EngineTarget:
+         version: str | None = None, max_model_len: int | None = None,
+         engine: str = ENGINE_KEY) -> EngineTarget:
     """The engine target: the release's scheduler over ``num_blocks`` usable blocks of
     ``block_size``, a step's token budget ``budget``, ``max_seqs``, the scheduling
     ``policy``, prefix caching on or off, ``spec`` speculative tokens per step, and
@@ -1185,7 +1236,7 @@ def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
     return EngineTarget(EngineSettings(num_blocks, block_size, max_num_batched_tokens=budget,
                                        max_num_seqs=max_seqs, policy=policy,
                                        enable_prefix_caching=caching,
-                                       num_speculative_tokens=spec, **more), version)
+                                       num_speculative_tokens=spec, **more), version, engine)
 
 
 make.loads_family = True  # TARGET@VERSION reaches every vllm-v1 release (0.6.4.post1 on)

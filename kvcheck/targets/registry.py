@@ -153,4 +153,7 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
     "aphrodite-v0-engine-chunked": ("kvcheck.impl.thirdparty.aphrodite_v0_engine:make_chunked",
                                     "aphrodite-v0-engine with chunked prefill on "
                                     "(enable_chunked_prefill)"),
+    "aphrodite-v1-engine": ("kvcheck.impl.thirdparty.aphrodite_v1_engine:make",
+                            "vllm-v1-engine on aphrodite-engine's own v1 Scheduler, "
+                            "KVCacheManager and Request (0.24.1; @0.20.0..0.24.1)"),
 }
