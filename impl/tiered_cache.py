@@ -33,6 +33,10 @@ falsy) and ``complete(job, ok)`` ends it, in any order the caller chooses. A sto
 destinations are not findable until it completes; ``storing`` holds the keys of pending
 stores so that no prefix is stored twice at once.
 
+Prefetches (``prefetch``, offered by ``PrefetchingTieredCache``):
+a storage tier's pages of a prompt fetched into host blocks; ``complete(job, ok, filled)``
+publishes the first ``filled`` and releases every other page once.
+
 Swaps (vLLM v0 style: synchronous, no job, no cache): ``swap_out`` moves a device
 sequence's table to fresh host blocks from the host free list (never by evicting
 cached blocks), ``swap_in`` back; ``can_swap_out`` / ``can_swap_in`` say exactly whether
@@ -50,7 +54,8 @@ from dataclasses import dataclass, field
 from .errors import MisuseError, OutOfBlocks
 
 DEVICE, HOST = "device", "host"  # kvcheck.spec.tiers.DEVICE, HOST
-STORE, LOAD = "store", "load"
+STORE, LOAD, PREFETCH = "store", "load", "prefetch"
+STORAGE = "storage"  # the storage tier a prefetch reads (kvcheck.spec.tiers.STORAGE)
 
 
 @dataclass
@@ -67,6 +72,8 @@ class Job:
 
     @property
     def pools(self) -> tuple[str, str]:
+        if self.kind == PREFETCH:
+            return (STORAGE, HOST)
         return (DEVICE, HOST) if self.kind == STORE else (HOST, DEVICE)
 
 
@@ -275,8 +282,9 @@ class TieredCache:
             self._hold(DEVICE, b)
         return self._start(Job(LOAD, seq, list(hits), dst))
 
-    def complete(self, job: int, ok: bool = True) -> None:
-        """A pending job ends. A store that succeeded makes each destination findable
+    def complete(self, job: int, ok: bool = True, filled: int | None = None) -> None:
+        """A pending job ends (``filled``: a prefetch's leading pages filled, see
+        ``PrefetchingTieredCache``). A store that succeeded makes each destination findable
         under its key (the cache's reference replaces the job's: refcount 1, evictable);
         one that failed frees its destinations; either way each source loses the job's
         reference. A load (succeeded or failed: the engine recomputes what it could not
@@ -287,6 +295,9 @@ class TieredCache:
         if j is None:
             raise MisuseError(f"no pending job {job!r}")
         src_pool, dst_pool = j.pools
+        if j.kind == PREFETCH:
+            self._prefetched(j, len(j.dst) if filled is None and ok else filled or 0)
+            return
         if j.kind == STORE:
             self.storing.difference_update(j.keys)
             for b, key in zip(j.dst, j.keys, strict=True):
@@ -299,6 +310,41 @@ class TieredCache:
                 self._release(dst_pool, b)
         for b in j.src:
             self._release(src_pool, b)
+
+    def _prefetched(self, j: Job, filled: int) -> None:
+        """A prefetch's completion: its first ``filled`` pages are findable under their
+        keys (the cache's reference replaces the job's), each other page is released once
+        (``kvcheck.spec.tiers.RELEASED_ONCE``)."""
+        self.storing.difference_update(j.keys)
+        for i, (b, key) in enumerate(zip(j.dst, j.keys, strict=True)):
+            if i < filled:
+                self._publish(b, key)
+            else:
+                self._release(HOST, b)
+
+    def prefetch(self, seq: int, tokens) -> int | None:
+        """Fetch request ``seq``'s prompt pages from the storage tier into host blocks,
+        before it is scheduled (offered as an operation by ``PrefetchingTieredCache``):
+        one host block per full block of the prompt past its longest cached prefix, up to
+        the prompt's last full block (free blocks first, then evicting cache-only ones).
+        All or nothing: too little room, or a page whose key is cached or still being
+        written by a store or another prefetch, and no job (None). The job holds each
+        destination (refcount 1), none findable until ``complete(job, ok, filled)``
+        publishes the first ``filled`` and releases the rest once."""
+        toks = list(tokens)
+        if not toks:
+            raise MisuseError("a prompt has at least one token")
+        keys = self._keys(toks, len(toks) // self.block_size)
+        at = 0
+        while at < len(keys) and keys[at] in self.cache:
+            at += 1
+        todo = keys[at:]
+        if not todo or len(todo) > self._room() or any(
+                k in self.storing or k in self.cache for k in todo):
+            return None
+        dst = [self._take_host() for _ in todo]
+        self.storing.update(todo)
+        return self._start(Job(PREFETCH, seq, [], dst, todo))
 
     def evict(self, n: int) -> int:
         """Evict at most ``n`` blocks the cache alone holds, least recently used first:
@@ -376,6 +422,8 @@ class TieredCache:
             src_pool, dst_pool = j.pools
             out[jid] = {"kind": j.kind, "seq": j.seq, "src": (src_pool, list(j.src)),
                         "dst": (dst_pool, list(j.dst))}
+            if j.kind == PREFETCH:
+                out[jid]["holds_src"] = False  # (the storage tier: nothing held)
         return out
 
     def cache_entries(self, pool: str) -> list[tuple[object, int]]:
@@ -388,3 +436,17 @@ class TieredCache:
 
     def pins(self, pool: str) -> dict[str, list[int]]:
         return {}
+
+
+class PrefetchingTieredCache(TieredCache):
+    """The reference with a storage tier behind the host (SGLang's HiCache L3): besides
+    every operation of ``TieredCache``, ``prefetch(seq, tokens)`` (``TieredCache.prefetch``)
+    fetches a request's prompt pages from the storage into host blocks before it is
+    scheduled (``kvcheck verify-tiers kvcheck.impl.tiered_cache:PrefetchingTieredCache``).
+
+    The storage is content-addressed and answers what the caller says: the completion
+    ``complete(job, ok, filled)`` tells how many leading pages came back (``filled``; the
+    rest were missing or the fetch was cut short): the filled pages are published under
+    their keys, every other page is released once (``kvcheck.spec.tiers.RELEASED_ONCE``)."""
+
+    capabilities = TieredCache.capabilities | {PREFETCH}

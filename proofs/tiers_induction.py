@@ -32,7 +32,8 @@ shown at block 0 of s2 for a step on block 0, "same", or block 1, "another block
     ``witness_depth`` steps): a store before and after its completion (pending and not
     findable, then findable under its prefix), a load's host hit pinned while the cache
     would evict (and the eviction's requires false there), a request freed with a job in
-    flight (its block still held, released at the job's completion).
+    flight (its block still held, released at the job's completion), a prefetch's page it
+    does not keep (passed to the release queue, then free once).
 
 Each query is tried in bit-vectors, then integers (``kvcheck.proofs.induction``'s
 portfolio, bounded in Z3's resource units: an exhausted allowance is "unknown", never a
@@ -270,7 +271,8 @@ def prove_tier_invariants(scope: TierModelScope | None = None, steps=None, invar
 # -- witnesses: bounded search from the initial pool ---------------------------------------
 WITNESSES = ("a store before and after its completion",
              "a load's host hit pinned while the cache evicts: the eviction refused",
-             "a request freed with a job in flight: held by the job, freed at its completion")
+             "a request freed with a job in flight: held by the job, freed at its completion",
+             "a prefetch's page it does not keep: the release queue's, then free once")
 
 
 def _path(e: _Encoding, depth: int, tag: str):
@@ -313,6 +315,12 @@ def _goal(e: _Encoding, which: int, states, sels):
                     for p in _taken(sels[t], "publish", a) for h in _taken(sels[u], "hold[job]", a)]),
             s.keys_naming(None, a) >= 1, s.count("job", a) >= 1,
             L.not_(m.requires("evict", s, s, a)))
+    if which == 3:  # a prefetch's destination, released (not kept), then drained: free
+        return L.or_(*[L.and_(start, rel, states[last].on_free(a) == 1,
+                              states[last].count("pin", a) == 0)
+                       for t in range(last) for u in range(t + 1, last)
+                       for start in _taken(sels[t], "start_prefetch", a)
+                       for rel in _taken(sels[u], "release", a)])
     # a job pins the request's block (a store's source), the request drops it while the
     # job is in flight: still held; free at the end (the job's completion)
     return L.or_(*[L.and_(pin, states[t0].count("seq", a) >= 1, sel,
@@ -425,10 +433,19 @@ def _free_at_no_seq(L, pre, post, a):
     return post.on_free(a) == pre.on_free(a) + L.ite(post.count("seq", a) == 0, 1, 0)
 
 
+def _queued_again(L, pre, post, a):
+    """The weakened release: the queue takes a reference the job keeps (a second owner)."""
+    return L.and_(post.count("job", a) == pre.count("job", a),
+                  post.count("pin", a) == pre.count("pin", a) + 1, post.ref(a) == pre.ref(a))
+
+
 WEAKENED = {  # name -> the step rules with one weakened
     "drop[seq] frees a block a job still holds": {
         **STEPS, "drop[seq]": weakened("drop[seq]", "free at 0", _free_at_no_seq)},
     "evict takes any cached block": {
         **STEPS, "evict": weakened("evict", "held by the cache alone")},
+    "release queues a page the job still holds": {
+        **STEPS, "release": weakened("release", "the job's reference becomes the release "
+                                     "queue's", _queued_again)},
 }
 

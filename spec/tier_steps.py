@@ -22,6 +22,14 @@ on the spec's own text:
     start_store       a store's destination (the job took it fresh) is pending: not
                       findable, ``arg`` the prefix its copy writes
     start_load        a load's destination is pending, ``arg`` the prefix the copy writes
+    start_prefetch    a prefetch's destination (the job took it fresh) is a pending write
+                      into the host under a key, as a store's (``storing``): not
+                      findable, ``arg`` the prefix its storage page holds
+    release           a prefetch's page it does not keep (unfilled, or a prefix already
+                      cached): the job's reference passes to the release queue (a pin),
+                      unkeyed, no longer pending; the queue's drain (``drop[pin]``) frees
+                      it. The queue takes the job's one reference, never a second one: a
+                      page is released once, by one owner
     land              a transfer's destination stops pending (a load's copy landed, or a
                       failed one recomputed; a failed store's destination, then dropped)
     publish           a store's completion: the job's reference on its destination
@@ -59,6 +67,11 @@ The tiers operations, as sequences of these:
                       a load: each destination ``land`` then ``drop[job]``, each source
                       ``drop[job]``
     complete(failed)  each destination ``land`` then ``drop[job]``; sources ``drop[job]``
+    prefetch          each destination (``evict`` for room) ``take_free[job]`` then
+                      ``start_prefetch``
+    complete(filled)  a prefetch: each filled page it keeps ``publish``; every other page
+                      ``release`` (then ``drop[pin]`` at the drain), or ``land`` then
+                      ``drop[job]`` where the engine frees it at once
     evict(n)          ``evict`` of each block it takes
     swap_out/swap_in  ``take_free[seq]`` of each block in the other pool (its copy's
                       prefix as ``arg``), ``drop[seq]`` of each block here
@@ -316,6 +329,21 @@ def publish(L, pre, post, a, arg=None) -> Iterator[Clause]:
     yield from frame(L, pre, post, a, "job", "cache", "ref", "meaning", "storing", "evictable")
 
 
+def release(L, pre, post, a, arg=None) -> Iterator[Clause]:
+    """A prefetch's page it does not keep: the job's reference passes to the release queue
+    (a pin, SGLang's ``host_mem_release_queue``), unkeyed and no longer pending; the
+    queue's drain (``drop[pin]``) frees it. The queue takes over the job's one reference:
+    the page is released once, by one owner."""
+    yield "requires", "the job holds it", pre.count("job", a) >= 1
+    yield "requires", "no key names it", pre.count("cache", a) == 0
+    yield "ensures", "the job's reference becomes the release queue's", L.and_(
+        post.count("job", a) == pre.count("job", a) - 1,
+        post.count("pin", a) == pre.count("pin", a) + 1, post.ref(a) == pre.ref(a))
+    yield "ensures", "no longer pending", L.and_(L.not_(post.storing(a)),
+                                                 L.not_(post.loading(a)))
+    yield from frame(L, pre, post, a, "job", "pin", "storing", "loading")
+
+
 def register(L, pre, post, a, arg=None) -> Iterator[Clause]:
     """A cache keys a held block no key names yet, under what it holds (a device prefix
     cache on a written full block; a load's destination published at once): never a
@@ -399,6 +427,8 @@ STEPS = {
     "drop[pin]": drop("pin"),
     "start_store": _start("storing", "store"),
     "start_load": _start("loading", "load"),
+    "start_prefetch": _start("storing", "prefetch"),
+    "release": release,
     "land": land,
     "publish": publish,
     "register": register,

@@ -44,9 +44,12 @@ only the cache holds, a sequence's KV is in one pool, and at quiescence (no requ
 job in flight) only the cache holds anything.
 
 Transfers are two events: the start (``store``: device -> host, ``load``: host -> device,
-``swap_out``/``swap_in``: a whole sequence) and the completion (``complete(job, ok)``,
-success or failure), in any order the engine (or kvcheck's driver) chooses. The contracts
-below say what each event may do.
+``swap_out``/``swap_in``: a whole sequence, ``prefetch``: a storage tier's pages -> host)
+and the completion (``complete(job, ok, filled)``, success or failure; a prefetch may
+fill only a leading part of its pages, ``filled``), in any order the engine (or kvcheck's
+driver) chooses. The contracts below say what each event may do. A page a prefetch
+does not keep is released once, by exactly one owner (``RELEASED_ONCE``: SGLang PR
+#13501, the unfilled tail queued for release twice).
 
 Vocabulary of a ``TierState`` (what the model's oracle observes, plus the oracle's own
 ghost: lengths, what each block holds, what each key means):
@@ -85,6 +88,10 @@ DEVICE, HOST = "device", "host"
 _NONE: Counter = Counter()  # (held_by of a block nothing holds; never changed)
 STORE, LOAD, SWAP_OUT, SWAP_IN = "store", "load", "swap_out", "swap_in"
 SEND = "send"  # a P/D connector's send of a finished request's blocks to a remote peer
+PREFETCH = "prefetch"  # a storage tier's pages fetched into host blocks (SGLang's HiCache L3)
+STORAGE = "storage"  # a pseudo pool: the storage tier a prefetch reads (no blocks, no
+# free list, no invariants: content-addressed pages named by the prefix they hold)
+RELEASED_ONCE = "complete: a prefetched page it does not keep is released once, by one owner"
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,9 @@ class Job:
     destinations the blocks allocated for it) reports False there, and the job is no
     holder of those blocks. ``flushed``: the engine has waited for the copy to land (vLLM's
     ``jobs_to_flush``: before a step writes a block the store still reads) while its
-    completion is still to be reported."""
+    completion is still to be reported. A ``PREFETCH`` reads the ``STORAGE`` pseudo pool
+    (``src`` empty, ``holds_src`` False) into host blocks ``dst``, one per page, ``keys``
+    the prefix id each page names (the storage is content-addressed)."""
 
     kind: str
     seq: int
@@ -280,12 +289,13 @@ class TierState:
         return b in self.pending_dst(p)
 
     def is_storing(self, p: str, b: int) -> bool:
-        """Whether block ``b`` of ``p`` is a pending store's destination."""
+        """Whether block ``b`` of ``p`` is a pending store's (or prefetch's) destination: a
+        pending write into the host under a key."""
         memo = self._memo.get(("storing", p))
         if memo is None:
             memo = self._memo[("storing", p)] = {
-                x for job in self.jobs.values() if job.kind == STORE and job.dst_pool == p
-                for x in job.dst}
+                x for job in self.jobs.values() if job.kind in (STORE, PREFETCH)
+                and job.dst_pool == p for x in job.dst}
         return b in memo
 
     def is_evictable(self, p: str, b: int) -> bool:
@@ -333,9 +343,10 @@ class PoolSnapshot(Snapshot):
 # -- invariants of a tiered state, beyond each pool's block-manager invariants ---------
 def pending_not_findable(L, s: TierState, p: str, b: int):
     """A block a pending transfer is still writing is not findable: no key names a
-    pending store's destination (a lookup finds a host block only after its store
-    completed). A load's destinations may be (an engine whose compute waits on the copy,
-    as SGLang's HiCache, publishes the loaded blocks on the device at once)."""
+    pending store's or prefetch's destination (a lookup finds a host block only after its
+    store, or the prefetch filling it, completed). A load's destinations may be (an engine
+    whose compute waits on the copy, as SGLang's HiCache, publishes the loaded blocks on the
+    device at once)."""
     return L.implies(s.is_storing(p, b), s.keys_naming(p, b) == 0)
 
 
@@ -747,12 +758,58 @@ def load(L, pre, post, op):
                                  and pre.meaning(found.get(b)) == op.wanted[i]))
 
 
+def prefetch(L, pre, post, op):
+    """prefetch(seq, tokens) -> job or None: before request seq is scheduled, the pages of
+    its prompt past what the caches hold are fetched from the storage tier into host
+    blocks (SGLang's ``prefetch_from_storage``): a new pending job reading the ``STORAGE``
+    pseudo pool, one host destination per page (the prompt's last full blocks), each free
+    before (or evicted for it: cached, held by the cache alone), held by the job alone and
+    not findable until it completes; the device unchanged. No job (too few pages, no room):
+    nothing changed but the host blocks it evicted trying to make room."""
+    for p in pre.pools():
+        if p != HOST or op.job is None:
+            yield from _others_unchanged(L, pre, post, p, evicted(pre, post, p)
+                                         if p == HOST else set(), "prefetch")
+    if op.job is None:
+        return
+    name = (op.seq, op.job)
+    job = post.jobs.get(name)
+    yield new_job(PREFETCH), op.seq, L.and_(
+        job is not None, name not in pre.jobs, job is not None and job.kind == PREFETCH,
+        job is not None and job.seq == op.seq)
+    if job is None:
+        return
+    full = len(op.tokens) // pre.block_size
+    yield "prefetch: one host destination per page past the cached prefix", op.seq, L.and_(
+        job.src_pool == STORAGE, not job.src, job.dst_pool == HOST, 1 <= len(job.dst) <= full,
+        len(set(job.dst)) == len(job.dst))
+    yield from _fresh(L, pre, post, HOST, set(job.dst), "prefetch")
+    for b in job.dst:
+        yield ("prefetch: each destination is held by the job alone", (HOST, b),
+               L.and_(post.ref(HOST, b) == 1, post.free_count(HOST, b) == 0,
+                      post.keyed(HOST)[b] == 0))
+    yield from _others_unchanged(L, pre, post, HOST, set(job.dst) | evicted(pre, post, HOST),
+                                 "prefetch")
+
+
+def filled_of(op, job) -> int:
+    """The leading destinations a completion filled: ``op.filled`` (a prefetch's partial
+    completion), else all of them when it succeeded and none when it failed."""
+    filled = getattr(op, "filled", None)
+    return (len(job.dst) if op.ok else 0) if filled is None else filled
+
+
 def complete(L, pre, post, op):
-    """complete(job, ok): a pending transfer ends: the job holds nothing any more (each
-    source and destination loses the job's reference). A store that succeeded makes each
-    destination findable under the key of the prefix its source held (the cache holds it);
-    one that failed leaves its destinations free and unkeyed. A load's destinations then
-    hold the copied prefix (or, when it failed, what the engine recomputes)."""
+    """complete(job, ok, filled): a pending transfer ends: the job holds nothing any more
+    (each source and destination loses the job's reference). A store that succeeded makes
+    each destination findable under the key of the prefix its source held (the cache holds
+    it); one that failed leaves its destinations free and unkeyed. A load's destinations
+    then hold the copied prefix (or, when it failed, what the engine recomputes). A
+    prefetch fills only its first ``filled`` pages (what the storage returned): each may
+    become findable under its page's prefix (the cache's reference replacing the job's);
+    every page it does not keep (unfilled, or a prefix the cache already had) is released
+    once, by one owner: free once, or held once by a release queue (a pin) that frees it
+    later -- never queued or freed twice."""
     name = (op.seq, op.job)
     job = pre.jobs.get(name)
     yield "complete: the job is no longer pending", op.seq, L.and_(
@@ -760,6 +817,21 @@ def complete(L, pre, post, op):
     if job is None:
         return
     keyed = {b: k for k, b in post.keys(HOST).items()}
+    if job.kind == PREFETCH:
+        filled = filled_of(op, job)
+        yield "complete: a prefetch fills a leading part of its pages", op.seq, \
+            0 <= filled <= len(job.dst)
+        for i, b in enumerate(job.dst):
+            pin = side_change(pre, post, HOST, b)[1]
+            released = L.and_(b not in keyed, pin + post.free_count(HOST, b) == 1)
+            if i < filled:
+                yield ("complete: a filled page is findable under its page's prefix, or "
+                       "released", (HOST, b), L.or_(released, L.and_(
+                           b in keyed, post.free_count(HOST, b) == 0, pin == 0,
+                           post.meaning(keyed.get(b)) is None or i >= len(job.keys)
+                           or post.meaning(keyed.get(b)) == job.keys[i])))
+            else:
+                yield RELEASED_ONCE, (HOST, b), released
     if job.kind == STORE:
         for i, b in enumerate(job.dst):
             if op.ok:
@@ -775,8 +847,11 @@ def complete(L, pre, post, op):
         yield ("complete: each source loses the job's reference", (job.src_pool, b),
                post.ref(job.src_pool, b) == pre.ref(job.src_pool, b) - src[b]
                + side_change(pre, post, job.src_pool, b)[1])
-    cached = 1 if job.kind == STORE and op.ok else 0  # the cache's reference replaces it
     for b in dst:
+        # the cache's reference replaces the job's (a store that succeeded; a prefetched
+        # page the cache keeps)
+        cached = (1 if op.ok else 0) if job.kind == STORE else (
+            1 if job.kind == PREFETCH and b in keyed else 0)
         yield ("complete: each destination loses the job's reference", (job.dst_pool, b),
                post.ref(job.dst_pool, b) == pre.ref(job.dst_pool, b) - dst[b] + cached
                + side_change(pre, post, job.dst_pool, b)[1])
@@ -893,7 +968,7 @@ def slide(L, pre, post, op):
 
 
 CONTRACTS = {"allocate": allocate, "append": append, "free": free, "store": store,
-             "load": load, "complete": complete, "evict": evict, "swap_out": swap,
+             "load": load, PREFETCH: prefetch, "complete": complete, "evict": evict, "swap_out": swap,
              "swap_in": swap, SLIDE: slide}
 
 

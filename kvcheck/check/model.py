@@ -54,6 +54,7 @@ class Arg:
     key: str | None = None
     low: int = 1
     schema: dict | None = dataclasses.field(default=None, compare=False)
+    optional: bool = False  # may be left out of a trace (None then; written only when set)
 
     def __post_init__(self):
         assert self.role in ROLES, self.role
@@ -174,6 +175,8 @@ class Model:
         d: dict = {"op": op.kind}
         for a in spec.args:
             v = getattr(op, a.name)
+            if a.optional and v is None:
+                continue
             d[a.json_key] = list(v) if a.role in (TOKENS, SEQS) else v
         result: dict = {"outcome": op.outcome}
         got = [(r, getattr(op, r.name, None)) for r in spec.results]
@@ -185,7 +188,8 @@ class Model:
 
     def op_from_json(self, d: dict):
         spec = self.ops[d["op"]]
-        op = spec.make(d["op"], **{a.name: _value(a, d[a.json_key]) for a in spec.args})
+        op = spec.make(d["op"], **{a.name: _value(a, d[a.json_key]) for a in spec.args
+                                   if not a.optional or a.json_key in d})
         result = d.get("result", {"outcome": "ok"})
         op.outcome = result.get("outcome", "ok")
         for r in spec.results:

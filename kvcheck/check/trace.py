@@ -91,7 +91,8 @@ def op_schemas(model) -> dict:
                   "properties": {"outcome": {"enum": list(model.outcomes)},
                                  **{r.json_key: _arg_schema(r, True) for r in spec.results}}}
         alternatives.append({
-            "type": "object", "required": ["op", *(a.json_key for a in spec.args)],
+            "type": "object",
+            "required": ["op", *(a.json_key for a in spec.args if not a.optional)],
             "additionalProperties": False,
             "properties": {"op": {"const": kind},
                            **{a.json_key: _arg_schema(a) for a in spec.args},

@@ -495,7 +495,45 @@ def append_in_place_or_fresh(cls, B):
     r.free(0)
 
 
+def prefetch_fills_part_releases_rest_once(cls, B):
+    """A prefetch holds one host block per full block of the prompt, none findable while
+    pending; a completion that filled only its first page publishes that page under its
+    prefix (or releases it) and releases every other page once: on the free list once,
+    held by nothing. A later prefetch of the same prompt fetches only the pages past what
+    the cache now holds."""
+    r = Run(cls, 8, B, 8)
+    toks = prompt(3 * B)
+    j = r.t.prefetch(100, toks)
+    rule(j is not None, "a prefetch of pages not on the host starts a job")
+    d = r.t.pending_jobs()[j]
+    pool, dst = d["dst"][0], list(d["dst"][1])
+    rule(d["kind"] == "prefetch" and pool == HOST and len(dst) == 3,
+         "a prefetch takes one host block per full block of the prompt")
+    rule(all(r.t.refcount(HOST, b) == 1 for b in dst) and not set(dst) & set(r.keyed())
+         and not set(dst) & set(r.t.free_blocks(HOST)),
+         "a prefetch's destinations are held by it alone, not findable")
+    r.jobs[j] = {"kind": "prefetch"}
+    r.check()
+    del r.jobs[j]
+    r.t.complete(j, True, 1)
+    rule(j not in r.t.pending_jobs(), "a completed job is no longer pending")
+    keyed, free = r.keyed(), list(r.t.free_blocks(HOST))
+    rule(all(free.count(b) == 1 and r.t.refcount(HOST, b) == 0 and b not in keyed
+             for b in dst[1:]), "a prefetched page it does not keep is released once")
+    if dst[0] in keyed:  # (kept: it holds the first page's prefix)
+        r.meaning[keyed[dst[0]]] = r.content[(HOST, dst[0])] = r.prefix(toks, 0)
+    else:
+        rule(free.count(dst[0]) == 1, "a filled page it does not keep is released once")
+    r.check()
+    j = r.t.prefetch(101, toks)
+    d = r.t.pending_jobs()[j]
+    rule(len(d["dst"][1]) == 3 - len(keyed), "a prefetch fetches only the pages not cached")
+    r.jobs[j] = {"kind": "prefetch"}
+    r.check()
+
+
 SCENARIOS = {f.__name__: f for f in (
+    prefetch_fills_part_releases_rest_once,
     store_then_complete_makes_findable, store_skips_pending_prefix, load_of_stored_hits,
     load_stops_at_first_miss, failed_store_frees_and_retries, abort_in_flight_releases_once_complete,
     eviction_never_takes_pinned, evict_at_most_n, swaps_agree_with_admission,
@@ -531,6 +569,8 @@ CAUGHT = {
     "evicts-past-n": ("evict_at_most_n", "evict(n) evicts at most n blocks"),
     "swap-out-counts-cached": ("swaps_agree_with_admission",
                                "a swap's admission check agrees with the free blocks"),
+    "prefetch-releases-tail-twice": ("prefetch_fills_part_releases_rest_once",
+                                     "a prefetched page it does not keep is released once"),
 }
 
 

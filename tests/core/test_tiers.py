@@ -124,3 +124,31 @@ def test_a_campaign_runs_the_tiers_model(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     s = json.loads((out / "summary.json").read_text())
     assert s["signatures"] and s["signatures"][0]["clause"] == "evict: at most n blocks"
+
+
+def test_a_prefetch_partial_fill_trace_replays_and_older_traces_still_load(tmp_path):
+    """SGLang #13501's shape through the CLI: the trace's complete carries filled (the
+    unfilled tail released twice), replays on the buggy store and passes on the reference
+    with a storage tier; a complete without filled (every older trace) still loads."""
+    from kvcheck.check.trace import Trace
+
+    trace = tmp_path / "p.json"
+    r = kvcheck("verify-tiers", f"{TIERS}:PrefetchReleasesTailTwice", "--blocks", "8",
+                "--trace-out", str(trace))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "released once, by one owner" in r.stdout and "filled=" in r.stdout, r.stdout
+    data = json.loads(trace.read_text())
+    ops = data["ops"]
+    assert [o["op"] for o in ops] == ["prefetch", "complete"], ops
+    assert ops[1]["filled"] < len(data["states"][0]["jobs"]["0.0"]["dst"]), data
+    again = kvcheck("replay", str(trace))
+    assert again.returncode == 1 and again.stdout.startswith("REPRODUCED"), again.stdout
+    fixed = kvcheck("replay", str(trace), "--target",
+                   "kvcheck.impl.tiered_cache:PrefetchingTieredCache")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    store = tmp_path / "s.json"
+    assert kvcheck("verify-tiers", f"{TIERS}:FailedStorePublishes", "--blocks", "8",
+                   "--trace-out", str(store)).returncode == 1
+    old = json.loads(store.read_text())
+    assert all("filled" not in o for o in old["ops"]), old["ops"]
+    assert Trace.load(store).ops[-1].filled is None

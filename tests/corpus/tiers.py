@@ -15,7 +15,14 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from kvcheck.impl.tiered_cache import DEVICE, HOST, LOAD, STORE, TieredCache
+from kvcheck.impl.tiered_cache import (
+    DEVICE,
+    HOST,
+    LOAD,
+    STORE,
+    PrefetchingTieredCache,
+    TieredCache,
+)
 
 
 # -- buggy ---------------------------------------------------------------------------------
@@ -253,6 +260,19 @@ class SwapOutCountsCached(TieredCache):
         return len(self.free_list[HOST]) + len(self.lru) >= len(self._in(seq, DEVICE))  # bug
 
 
+class PrefetchReleasesTailTwice(PrefetchingTieredCache):
+    """A prefetch completion that filled only part of its pages releases the unfilled
+    tail twice: the same host block goes onto the free list twice, and two later
+    allocations get it (SGLang PR #13501, B73: 0.5.5.post3's ``_page_transfer`` and the
+    prefetch aux thread each queued ``host_indices[completed_tokens:]`` on
+    ``host_mem_release_queue``). Shortest: prefetch (one full block), complete(filled=0)."""
+
+    def _prefetched(self, j, filled):
+        super()._prefetched(j, filled)
+        for b in j.dst[filled:]:
+            self.free_list[HOST].append(b)  # bug: released a second time
+
+
 CORPUS = {
     "frees-pinned-block": (FreesPinnedBlock, "contract", 3),
     "publishes-at-store-start": (PublishesAtStoreStart, "invariant", 2),
@@ -270,6 +290,7 @@ CORPUS = {
     "stores-partial-block": (StoresPartialBlock, "contract", 2),
     "evicts-past-n": (EvictsPastN, "contract", 4),
     "swap-out-counts-cached": (SwapOutCountsCached, "contract", 4),
+    "prefetch-releases-tail-twice": (PrefetchReleasesTailTwice, "contract", 2),
 }
 
 
@@ -354,6 +375,15 @@ class LifoFree(TieredCache):
         return b
 
 
+class PrefetchKeepsNone(PrefetchingTieredCache):
+    """A prefetch whose pages are never kept: every page, filled or not, is released once
+    at the completion (a cache that declines what the storage returned; legal, if
+    wasteful)."""
+
+    def _prefetched(self, j, filled):
+        super()._prefetched(j, 0)
+
+
 LEGAL = {
     "one-block-per-store": OneBlockPerStore,
     "shorter-load": ShorterLoad,
@@ -362,4 +392,6 @@ LEGAL = {
     "fifo-eviction": FifoEviction,
     "no-evict-for-store": NoEvictForStore,
     "lifo-free": LifoFree,
+    "prefetching-reference": PrefetchingTieredCache,
+    "prefetch-keeps-none": PrefetchKeepsNone,
 }

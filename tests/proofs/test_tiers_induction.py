@@ -49,6 +49,10 @@ def test_every_row_is_proved_and_every_witness_found():
     freed = rows[f"tiers reachable: {WITNESSES[2]}"]["detail"]
     assert "hold[job]@0" in freed and "drop[seq]@0 -> block 0 job1 ref 1" in freed, freed
     assert "(free) ref 0" in freed.rsplit(";", 1)[1], freed
+    assert "start_prefetch" in every and "release" in every, every  # (#13501's steps)
+    queued = rows[f"tiers reachable: {WITNESSES[3]}"]["detail"]
+    assert "start_prefetch@0" in queued and "release@0 -> block 0 pin1" in queued, queued
+    assert "drop[pin]@0 -> block 0 unheld(free) ref 0" in queued, queued
 
 
 def test_integers_alone_prove_the_same_rows():
@@ -139,3 +143,14 @@ def test_kvcheck_prove_model_tiers_exit_codes(monkeypatch):
         "tiers: refcount_conservation"]["detail"]
     assert rows[EVICT_ROW]["detail"].startswith("a held block meets the eviction step's "
                                                 "requires: block 0 before: ")
+
+
+def test_a_release_queue_taking_a_page_the_job_still_holds_is_refuted():
+    """SGLang #13501's shape in the block steps: the release queue takes a second reference
+    (the job's stays), so the page is released by two owners: refcount conservation fails,
+    at the release step only."""
+    rows = _rows(steps=WEAKENED["release queues a page the job still holds"], witnesses=False)
+    r = rows["tiers: refcount_conservation"]
+    assert r.result == "violated" and r.detail.startswith("not preserved by release;"), r.detail
+    assert rows["tiers: free_list"].result == "proved"
+

@@ -4,8 +4,10 @@ pending jobs in an order the driver chooses (some of them failing), so that comp
 interleave with allocations, evictions and aborts.
 
 ``--mix`` weights: ``allocate``, ``load``, ``store``, ``complete``, ``evict``, ``free``,
-``swap``, ``slide`` (each multiplies that operation's chance; append takes the rest) and ``fail``
-(the chance that a completion fails, default 0.2)."""
+``swap``, ``slide``, ``prefetch`` (each multiplies that operation's chance; append takes the
+rest) and ``fail`` (the chance that a completion fails, default 0.2). A prefetch's
+completion fills a leading part of its pages: none, all, or (half the time) a strict part
+between, the partial case being where a release goes wrong."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from kvcheck.models.tiers.model import _make
 from kvcheck.models.tiers.oracle import lookahead_slots
 
 WEIGHTS = {"allocate": 1.0, "load": 1.5, "store": 1.5, "complete": 2.0, "evict": 0.4,
-           "free": 1.0, "swap": 0.6, "slide": 1.5}  # append takes the rest (of 10)
+           "free": 1.0, "swap": 0.6, "slide": 1.5, "prefetch": 1.0}  # append: the rest (of 10)
 FAIL = 0.2
 VOCAB = 2  # few token values: identical blocks recur
 
@@ -59,6 +61,7 @@ class TiersDriver:
         if pending:
             choices.append(("complete", w["complete"]))
         choices.append(("evict", w["evict"] if "evict" in self.caps else 0.0))
+        choices.append(("prefetch", w["prefetch"] if "prefetch" in self.caps else 0.0))
         roll = rng.random() * 10
         what = "append" if live else "allocate"
         for name, weight in choices:
@@ -69,7 +72,7 @@ class TiersDriver:
         if what in ("allocate", "load") and (len(live) >= 6 or (
                 live and state.num_free() < 2 and rng.random() < 0.6)):
             what = "free"  # (a full pool: a request ends rather than many failing to start)
-        if what in ("allocate", "load"):
+        if what in ("allocate", "load", "prefetch"):
             seq = self.next_seq
             self.next_seq += 1
             toks = self._prompt(state)
@@ -78,8 +81,14 @@ class TiersDriver:
         if what == "complete":
             q, j = rng.choice(pending)
             fails = rng.random() < self.fail  # (drawn for every completion: same stream)
+            job = state.jobs[q, j]
+            if job["kind"] == "prefetch":  # (a prefetch's only: other runs draw as before)
+                n = len(job["keys"])
+                filled = rng.randint(1, n - 1) if n > 1 and rng.random() < 0.5 else \
+                    rng.choice((0, n))
+                return _make("complete", seq=q, job=j, ok=True, filled=filled)
             return _make("complete", seq=q, job=j,
-                         ok=not fails or state.jobs[q, j]["kind"] not in self.failures)
+                         ok=not fails or job["kind"] not in self.failures)
         if what == "evict":
             return _make("evict", n=rng.randint(1, 3))
         seq = rng.choice(live)

@@ -5,8 +5,12 @@ Operations: ``allocate(seq, tokens)`` and ``load(seq, tokens)`` admit a request 
 looks its leading blocks up in the host cache and starts copying the hits), ``append``
 decodes a token, ``free`` ends a request (finished or aborted, jobs in flight or not),
 ``store(seq)`` starts copying the request's full blocks to the host, ``complete(job, ok)``
-ends a pending job (``complete(seq, job, ok)``: the ``job``-th job started for request
-``seq``, from 0: a reference that survives deleting another request's operations),
+ends a pending job (``complete(seq, job, ok, filled)``: the ``job``-th job started for
+request ``seq``, from 0: a reference that survives deleting another request's operations;
+``filled``, a prefetch's only: the leading pages the storage returned),
+``prefetch(seq, tokens)`` fetches request seq's prompt pages past the cached prefix from a
+storage tier into host blocks (SGLang's HiCache L3; seq is a request about to be
+scheduled, never live here),
 ``evict(n)`` asks the host cache to evict, ``swap_out`` / ``swap_in``
 move a sequence's KV whole (vLLM v0), ``slide(seq, upto)`` moves a request's sliding
 window past its first ``upto`` tokens (released from a pool behind a mapping, kept on the
@@ -83,6 +87,7 @@ class TierOp:
     lookahead: int = 0  # a swap_in's lookahead slots (targets with "lookahead" only)
     upto: int = 0
     units: tuple = ()  # the oracle's ghost: an evict's eviction units before it
+    filled: int | None = None  # a prefetch's completion: the leading pages filled
 
 
 def _make(kind: str, **args) -> TierOp:
@@ -109,8 +114,11 @@ OPS = {
     "store": OpSpec("store", _make, (Arg("seq", SEQ),),
                     results=(Arg("job", VALUE, schema=_JOB),), doc=_doc("store")),
     "complete": OpSpec("complete", _make, (Arg("seq", SEQ), Arg("job", VALUE, schema=_JOB),
-                                           Arg("ok", VALUE, schema={"type": "boolean"})),
+                                           Arg("ok", VALUE, schema={"type": "boolean"}),
+                                           Arg("filled", VALUE, schema=_JOB, optional=True)),
                        doc=_doc("complete")),
+    T.PREFETCH: OpSpec(T.PREFETCH, _make, (Arg("seq", NEW_SEQ), Arg("tokens", TOKENS)),
+                       results=(Arg("job", VALUE, schema=_JOB),), doc=_doc(T.PREFETCH)),
     "evict": OpSpec("evict", _make, (Arg("n", COUNT),), doc=_doc("evict")),
     "swap_out": OpSpec("swap_out", _make, (Arg("seq", SEQ),),
                        results=(Arg("admitted", VALUE, schema={"type": ["boolean", "null"]}),),
@@ -163,7 +171,10 @@ class TiersModel(Model):
         elif op.kind == "append":
             head = f"append(seq={op.seq}, token={op.token!r})"
         elif op.kind == "complete":
-            head = f"complete(seq={op.seq}, job={op.job}, ok={op.ok})"
+            filled = "" if op.filled is None else f", filled={op.filled}"
+            head = f"complete(seq={op.seq}, job={op.job}, ok={op.ok}{filled})"
+        elif op.kind == T.PREFETCH:
+            head = f"prefetch(seq={op.seq}, tokens={list(op.tokens)})"
         elif op.kind == "evict":
             head = f"evict(n={op.n})"
         elif op.kind == T.SLIDE:
@@ -174,7 +185,7 @@ class TiersModel(Model):
             head = f"{op.kind}(seq={op.seq})"
         if op.outcome == "oob":
             return f"{head} -> OutOfBlocks"
-        if op.kind in ("store", "load") and op.job is not None:
+        if op.kind in ("store", "load", T.PREFETCH) and op.job is not None:
             hits = f", {op.hits} hit(s)" if op.kind == "load" else ""
             return f"{head} -> job {op.seq}.{op.job}{hits}"
         if op.kind in ("swap_out", "swap_in") and op.admitted is not None:
@@ -186,7 +197,7 @@ class TiersModel(Model):
     def check_op_json(self, d: dict, where: str) -> None:
         from kvcheck.check.trace import TraceError
 
-        if d["op"] in ("allocate", "load") and not d["tokens"]:
+        if d["op"] in ("allocate", "load", T.PREFETCH) and not d["tokens"]:
             raise TraceError(f"{where}.tokens: a prompt has at least one token")
         if d["op"] == "complete" and d["job"] is None:
             raise TraceError(f"{where}.job: complete needs a job number")
@@ -242,7 +253,13 @@ class TiersModel(Model):
                     _make("free", seq=q), _make("swap_out", seq=q), _make("swap_in", seq=q),
                     _make("swap_in", seq=q, lookahead=B),  # (where the target's is B)
                     _make(T.SLIDE, seq=q, upto=state.slid.get(q, 0) + 1)]
+        for toks in {tuple(t) for t in state.tokens.values()}:  # (its pages past a live
+            out.append(_make(T.PREFETCH, seq=new, tokens=toks + (0,) * B))  # prompt's)
         for q, j in sorted(state.pending()):
+            if state.jobs[q, j]["kind"] == T.PREFETCH:  # every partial fill, none to all
+                out += [_make("complete", seq=q, job=j, ok=True, filled=f)
+                        for f in range(len(state.jobs[q, j]["keys"]) + 1)]
+                continue
             out += [_make("complete", seq=q, job=j, ok=True),
                     _make("complete", seq=q, job=j, ok=False)]
         out.append(_make("evict", n=1))
@@ -276,7 +293,8 @@ class TiersModel(Model):
                 yield cand, scope
         # a completion moved one place earlier (completion orders are part of a bug)
         for i in range(1, len(ops)):
-            if ops[i].kind == "complete" and ops[i - 1].kind not in ("store", "load"):
+            if ops[i].kind == "complete" and ops[i - 1].kind not in ("store", "load",
+                                                                      T.PREFETCH):
                 cand = [self.request(o) for o in ops]
                 cand[i - 1], cand[i] = cand[i], cand[i - 1]
                 yield cand, scope
@@ -294,9 +312,15 @@ class TiersModel(Model):
                     r.token = ids[op.token]
                 out.append(r)
             yield out, scope
+        # a prefetch's completion filling one page fewer
+        for i, op in enumerate(ops):
+            if op.kind == "complete" and op.filled:
+                cand = [self.request(o) for o in ops]
+                cand[i].filled = op.filled - 1
+                yield cand, scope
         # a prompt one token shorter
         for i, op in enumerate(ops):
-            if op.kind in ("allocate", "load") and len(op.tokens) > 1:
+            if op.kind in ("allocate", "load", T.PREFETCH) and len(op.tokens) > 1:
                 cand = [self.request(o) for o in ops]
                 cand[i] = _make(op.kind, seq=op.seq, tokens=op.tokens[:-1])
                 yield cand, scope
@@ -335,6 +359,14 @@ class TiersModel(Model):
             return (f"request {op.seq} has nothing stored" if op.job is None else
                     f"job {op.seq}.{op.job} starts copying full blocks of request {op.seq} "
                     f"to the host")
+        if op.kind == T.PREFETCH:
+            return (f"request {op.seq}'s pages are not in the storage tier, or the host has "
+                    f"no room: nothing fetched" if op.job is None else
+                    f"job {op.seq}.{op.job} starts fetching request {op.seq}'s pages from the "
+                    f"storage tier into host blocks")
+        if op.kind == "complete" and op.filled is not None:
+            return (f"job {op.seq}.{op.job} completes with {op.filled} page(s) filled: the "
+                    f"rest are released")
         if op.kind == "complete":
             return f"job {op.seq}.{op.job} {'completes' if op.ok else 'fails'}"
         if op.kind == "evict":

@@ -40,7 +40,7 @@ from kvcheck.targets.observe import ObservationError, as_int
 REQUIRED = ("pools", "refcount", "free_blocks", "table", "pending_jobs", "cache_entries",
             "evictable_blocks")
 DATA = ("holds_its_tokens", "key_content")  # tier invariants about contents: kind "data"
-HOST_OPS = ("store", "load", "evict", "swap_out", "swap_in")  # what needs a host pool
+HOST_OPS = ("store", "load", "evict", "swap_out", "swap_in", T.PREFETCH)  # what needs a host pool
 
 
 def pool_sizes(scope, reported: dict, capabilities) -> dict:
@@ -163,14 +163,21 @@ class TierOracle:
         if kind not in OPS or kind not in self.capabilities:
             return False
         if kind == "complete":
-            return (op.seq, op.job) in self.jobs and isinstance(op.ok, bool) and (
-                op.ok or self.jobs[op.seq, op.job]["kind"] in self.failures)
+            job = self.jobs.get((op.seq, op.job))
+            if job is None or not isinstance(op.ok, bool) or not (
+                    op.ok or job["kind"] in self.failures):
+                return False
+            if op.filled is None:
+                return True
+            if job["kind"] != T.PREFETCH:  # (a whole completion: the default, or none)
+                return op.filled == (len(job["keys"]) if op.ok else 0)
+            return op.ok and type(op.filled) is int and 0 <= op.filled <= len(job["keys"])
         if kind == "evict":
             return type(op.n) is int and op.n >= 1
         if type(op.seq) is not int or not 0 <= op.seq < 2**31:
             return False
         admits = getattr(self.target, "admits", None)  # (kvcheck/targets/protocol.py)
-        if kind in ("allocate", "load"):
+        if kind in ("allocate", "load", T.PREFETCH):
             return op.seq not in self.tokens and len(op.tokens) >= 1 and (
                 admits is None or bool(admits(op)))
         if op.seq not in self.tokens:
@@ -257,7 +264,11 @@ class TierOracle:
         if kind in ("free", "store"):
             return getattr(t, kind)(q)
         if kind == "complete":
+            if op.filled is not None and self.jobs[op.seq, op.job]["kind"] == T.PREFETCH:
+                return t.complete(self.jobs[op.seq, op.job]["id"], op.ok, op.filled)
             return t.complete(self.jobs[op.seq, op.job]["id"], op.ok)
+        if kind == T.PREFETCH:
+            return t.prefetch(q, list(op.tokens))
         if kind == "evict":
             units = getattr(t, "eviction_units", None)  # (blocks one eviction takes together)
             op.units = tuple(tuple(self._blocks(u, "an eviction unit")) for u in self._read(
@@ -305,7 +316,8 @@ class TierOracle:
             self.slid.pop(q, None)
         elif kind == T.SLIDE:
             self.slid[q] = op.upto
-        started = kind in ("store", "load") or (kind == "free" and result is not None)
+        started = kind in ("store", "load", T.PREFETCH) or (kind == "free" and result
+                                                               is not None)
         if started:  # (a free may return the final store the engine starts at the end)
             if result is None:
                 op.job = None
@@ -333,6 +345,8 @@ class TierOracle:
             op.hits = len(job.src) if job is not None else 0
         if kind in ("store", "free") and op.job is not None and name in post.jobs:
             self._key_store(name, pre, post, freed.get(q))
+        if kind == T.PREFETCH and op.job is not None and name in post.jobs:
+            self._key_prefetch(name, op, post)
         self._publish(op, pre, post, freed)
         self._write(op, pre, post, done)
         self._reserve(op)
@@ -356,6 +370,20 @@ class TierOracle:
             # kept until the copy lands -- spec.tiers.unheld_sources_kept -- is what it copies)
             dev = self.content.get(job.src_pool, {})
             self.jobs[j]["copy"] = tuple(dev.get(b) for b in job.src)
+        post.jobs[j] = T.Job(job.kind, job.seq, job.src_pool, job.src, job.dst_pool, job.dst,
+                             keys, job.holds_src, job.holds_dst, job.flushed)
+
+    def _key_prefetch(self, j: tuple, op, post) -> None:
+        """A prefetch's keys: the prefix ids of the prompt's last full blocks, one per
+        destination (the pages past the cached prefix; the storage is content-addressed:
+        the page of a prefix holds that prefix's KV)."""
+        job = post.jobs[j]
+        full = len(op.tokens) // self.bs
+        wants = self._wants(list(op.tokens))[:full]
+        at = max(0, full - len(job.dst))
+        keys = tuple(wants[at: at + len(job.dst)])
+        keys += (None,) * (len(job.dst) - len(keys))  # (more pages than full blocks: the
+        self.jobs[j]["keys"] = keys  # contract names it)
         post.jobs[j] = T.Job(job.kind, job.seq, job.src_pool, job.src, job.dst_pool, job.dst,
                              keys, job.holds_src, job.holds_dst, job.flushed)
 
@@ -401,6 +429,14 @@ class TierOracle:
                     if key is not None and key not in self.meanings and i < len(job.keys) \
                             and job.keys[i] is not None:
                         self.meanings[key] = job.keys[i]
+            elif job.kind == T.PREFETCH:  # a filled page the cache keeps holds its prefix
+                host = self.content[T.HOST]
+                keyed = {b: k for k, b in post.keys(T.HOST).items()}
+                for i, d in enumerate(job.dst[: T.filled_of(op, job)]):
+                    key = keyed.get(d)
+                    if key is not None and i < len(job.keys) and job.keys[i] is not None:
+                        host[d] = job.keys[i]
+                        self.meanings.setdefault(key, job.keys[i])
             elif job.kind == T.LOAD:
                 host = self.content[T.HOST]
                 wants = self._wants(self.tokens.get(job.seq, []))
