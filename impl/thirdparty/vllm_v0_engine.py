@@ -182,15 +182,29 @@ def _stub_inputs_parse(mod: types.ModuleType, loaded, module: str = "vllm.inputs
     import typing
 
     mod.__dict__.update(Union=typing.Union, LLMInputs=dict, EncoderDecoderLLMInputs=dict,
-                        TypeIs=typing.Any)
-    _from_source(mod, loaded, ("is_valid_encoder_decoder_llm_inputs",), module)
+                        DecoderOnlyInputs=dict, EncoderDecoderInputs=dict, TypeIs=typing.Any)
+    # (0.6.3: is_encoder_decoder_inputs, the same test under its new name)
+    _from_source(mod, loaded, ("is_valid_encoder_decoder_llm_inputs",
+                               "is_encoder_decoder_inputs"), module)
+
+
+def _assert_never(value: Any) -> None:  # (typing_extensions'; not a kvcheck dependency)
+    raise AssertionError(f"Expected code to be unreachable, but got: {value!r}")
 
 
 def _stub_inputs(mod: types.ModuleType, loaded) -> None:
+    import dataclasses
+    import functools
+
     _stub_names("SingletonInputs")(mod, loaded)
     # where the package itself exports it (aphrodite 0.6.0.x's sequence.py imports it from
     # ``aphrodite.inputs``, defined in ``inputs/data.py``): the release's own function
     _stub_inputs_parse(mod, loaded, "vllm.inputs.data")
+    # 0.6.4 .. 0.8.4: Sequence reads its prompt through SingletonInputsAdapter (a dataclass
+    # of cached properties over the inputs dict): the release's own class
+    mod.__dict__.update(dataclass=dataclasses.dataclass,
+                        cached_property=functools.cached_property, assert_never=_assert_never)
+    _from_source(mod, loaded, ("SingletonInputsAdapter",), "vllm.inputs.data")
 
 
 def _stub_loguru(mod: types.ModuleType, _) -> None:
@@ -287,7 +301,8 @@ STUBS = {
     "vllm.inputs": _stub_inputs,
     "vllm.inputs.parse": _stub_inputs_parse,
     "vllm.spec_decode.metrics": _stub_names("SpecDecodeWorkerMetrics"),
-    "vllm.multimodal": _stub_names("MultiModalKwargs", "MultiModalPlaceholderDict"),
+    "vllm.multimodal": _stub_names("MultiModalKwargs", "MultiModalPlaceholderDict",
+                                      "MultiModalDataDict"),
     "vllm.pooling_params": _stub_names("PoolingParams"),
     "vllm.lora.request": _stub_names("LoRARequest"),
     "vllm.prompt_adapter.request": _stub_names("PromptAdapterRequest"),
@@ -397,9 +412,10 @@ class VllmV0EngineTarget:
         model_len = max_model_len or (num_blocks * block_size if chunked else budget)
         config = mods["vllm.config"]
         sched_cfg = config.SchedulerConfig(
-            runner_type="generate", max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-            max_model_len=model_len, max_num_partial_prefills=1, max_long_partial_prefills=1,
-            long_prefill_token_threshold=0, num_lookahead_slots=0, delay_factor=0.0,
+            runner_type="generate", task="generate",  # (0.6.4: task; 0.6.5 on: runner_type)
+            max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=model_len,
+            max_num_partial_prefills=1, max_long_partial_prefills=1, long_prefill_token_threshold=0,
+            num_lookahead_slots=0, delay_factor=0.0,
             enable_chunked_prefill=chunked, chunked_prefill_enabled=chunked,
             is_multi_step=False, num_scheduler_steps=1, preemption_mode=None,
             send_delta_data=False, policy=policy, multi_step_stream_outputs=False,
