@@ -8,6 +8,11 @@ skips a block allocated fresh), shown here on the release's own objects too; 0.9
 passes, with preemptions and cache hits, chunked prefill on and off. With chunked prefill and
 prefix caching, v0 marks a prompt's blocks computed before the chunks write them: a request
 aborted mid-prefill leaves unwritten blocks a later identical prompt skips (0.8.5 and 0.9.2).
+
+The range between (0.6.0 .. 0.8.4) runs on the release's own files; three of it are tested
+here (``RANGE``, installed by scripts/test.sh): 0.6.3.post1 and 0.6.4.post1 (the inputs and
+config stand-ins those releases need; before #18957's cached-token count, they pass) and
+0.7.3 (#18957 through its scheduler, as on 0.8.5).
 """
 
 from __future__ import annotations
@@ -41,6 +46,51 @@ def _at(version, chunked=False):
     def factory(*a, **k):
         return make(*a, version=version, **k)
     return factory
+
+
+# releases of the range 0.6.0 .. 0.8.4, with the verdict at the defaults (seed 0): 0.6.5 on
+# count a waiting group's cached tokens before can_allocate (vLLM #18957, fixed in 0.9.2)
+RANGE = {"0.6.3.post1": "pass", "0.6.4.post1": "pass", "0.7.3": HITS}
+
+
+@pytest.mark.parametrize("version", sorted(RANGE))
+def test_the_range_runs_on_the_release_code(version):
+    """Each release runs its own scheduler, block manager and sequence files: at the
+    defaults a release before #18957 passes with preemptions and hits, one with it fails
+    on the hit rule, as the raw admissions on its objects show (request 4 re-admitted
+    skipping a block the cache did not hold under its key); with chunked prefill and no
+    prefix caching every one passes."""
+    install.ensure(install.ENGINES["vllm-v0"], version)
+    r = _run(_at(version))
+    if RANGE[version] == "pass":
+        assert r.verdict == "pass", r.violation
+        st = r.state.stats
+        assert st["preemptions"] > 0 and st["hits"] > 0 and st["finished"] > 10
+    else:
+        assert r.verdict == "fail" and r.violation.name == RANGE[version], r.violation
+    stale = [s for s, cached in _admissions(version) if s != cached]
+    assert bool(stale) == (RANGE[version] != "pass"), _admissions(version)
+    r = _run(_at(version, chunked=True), caching=False)
+    assert r.verdict == "pass", r.violation
+    assert r.state.stats["preemptions"] > 0
+
+
+def test_the_inputs_stand_ins_run_the_release_own_code():
+    """0.6.3's ``is_encoder_decoder_inputs`` and 0.6.4 on's ``SingletonInputsAdapter``
+    (through which ``Sequence`` reads its prompt) are the release's definitions, cut out of
+    its ``vllm/inputs`` files, not written here."""
+    cases = (("0.6.3.post1", "vllm.inputs.parse", "inputs/parse.py",
+              lambda m: m.is_encoder_decoder_inputs.__code__),
+             ("0.7.3", "vllm.inputs", "inputs/data.py",  # (a cached property's function)
+              lambda m: m.SingletonInputsAdapter.prompt_token_ids.func.__code__))
+    for version, module, path, code in cases:
+        root = install.ensure(install.ENGINES["vllm-v0"], version)
+        where = code(ve.load(version)[module]).co_filename
+        assert where == str(root / "vllm" / path), where
+        t = ve.make(8, 4, version=version)
+        t.add(0, [2, 3, 4, 5, 6], 2)
+        assert t.token_ids(0) == [2, 3, 4, 5, 6]
+        assert list(t._seq(0).get_prompt_token_ids()) == [2, 3, 4, 5, 6]
 
 
 def test_0_8_5_fails_on_18957_at_the_defaults():
@@ -103,13 +153,12 @@ def test_18957_on_the_release_objects():
     assert len(admissions) == 2 and all(s == c for s, c in admissions), admissions
 
 
-@pytest.mark.parametrize("version", ["0.8.5", "0.9.2"])
+@pytest.mark.parametrize("version", ["0.7.3", "0.8.5", "0.9.2"])
 def test_chunked_abort_mid_prefill_leaves_blocks_a_later_prompt_skips(version):
     """The release's own objects: request 0's first chunk writes block 0 only, yet every
     full prompt block is marked computed (mark_blocks_as_computed after schedule); aborted,
     they go to the evictor as computed, and request 1 (the same prompt) skips all three."""
-    if version == "0.9.2":
-        _fixed()
+    install.ensure(install.ENGINES["vllm-v0"], version)
     t = ve.make_chunked(8, 4, budget=4, version=version)
     prompt = [2, 3, 4, 5, 6, 7, 8, 2, 3, 4, 5, 6]
     t.add(0, prompt, 3)
@@ -154,10 +203,16 @@ def test_7380_chunked_prefill_index_error_through_the_scheduler():
 
 
 def test_chunked_prefill_with_prefix_caching_is_refused_where_unverified():
-    """0.5.x .. 0.6.x (and aphrodite 0.6.x): the allocator's computed blocks skip the last
-    full block, and how a chunked step's skipped blocks are read there is not verified:
-    refused in one line, not judged (0.8.5 on: modelled, E4); without prefix caching, run."""
-    with pytest.raises(MisuseError, match="chunked prefill with prefix caching is not modelled"):
-        ve.make_chunked(8, 4, version="0.5.5")
-    assert ve.make_chunked(8, 4, caching=False, version="0.5.5").version == "0.5.5"
-    assert ve.make_chunked(8, 4, version="0.9.2").version == "0.9.2"
+    """0.5.x .. 0.6.4.post1 (and aphrodite 0.6.x): the allocator's computed blocks skip the
+    last full block, and how a chunked step's skipped blocks are read there is not verified:
+    refused in one line, not judged; without prefix caching, run. 0.6.5 on carry 0.8.5's
+    block manager (no skip_last_block_id) and the same runner rule: modelled (E4)."""
+    for version in ("0.5.5", "0.6.4.post1"):
+        install.ensure(install.ENGINES["vllm-v0"], version)
+        with pytest.raises(MisuseError,
+                           match="chunked prefill with prefix caching is not modelled"):
+            ve.make_chunked(8, 4, version=version)
+        assert ve.make_chunked(8, 4, caching=False, version=version).version == version
+    for version in ("0.7.3", "0.9.2"):
+        install.ensure(install.ENGINES["vllm-v0"], version)
+        assert ve.make_chunked(8, 4, version=version).version == version
