@@ -156,4 +156,8 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
     "aphrodite-v1-engine": ("kvcheck.impl.thirdparty.aphrodite_v1_engine:make",
                             "vllm-v1-engine on aphrodite-engine's own v1 Scheduler, "
                             "KVCacheManager and Request (0.24.1; @0.20.0..0.24.1)"),
+    "sglang-engine": ("kvcheck.impl.thirdparty.sglang_engine:make",
+                      "SGLang's own Req, SchedulePolicy, PrefillAdder, RadixCache, paged "
+                      "allocator and allocation/release functions (0.5.23; @0.5.22..0.5.23), "
+                      "no model; the scheduler's loop is the adapter's, radix cache on"),
 }
