@@ -257,6 +257,14 @@ NOT_INSTANCES = ("SWATokenToKVPoolAllocator", "DeepSeekV4HiSparseTokenToKVPoolAl
                  "UnifiedMambaTokenToKVPoolAllocator", "UnifiedMambaSWATokenToKVPoolAllocator",
                  "UnifiedRadixCache", "HybridReqToTokenPool")
 
+# definitions a release of the range may not have (0.5.22 has no mamba chunk grid): what
+# the release does not define, its code does not call
+OPTIONAL = frozenset({"mamba_prefill_chunk_grid", "touch_waiting_prefix", "_req_radix_key",
+                      "_use_exact_chunk_fill", "estimate_prefill_extend_tile_metrics",
+                      "_PrefillAdmission", "WAITING_QUEUE_PREFIX_MATCH_MAX",
+                      "WAITING_PREFIX_REFRESH_INTERVAL", "_ceil_div",
+                      "IGNORE_EOS_RESERVE_TOKENS", "split_cached_prefix_by_tier"})
+
 _cache: dict = {}
 
 
@@ -334,7 +342,7 @@ def load(version: str | None = None) -> dict:
     })
     for rel, names in RELEASE.items():
         found = exec_definitions(root / rel, ns, names)
-        missing = [n for n in names if n not in found]
+        missing = [n for n in names if n not in found and n not in OPTIONAL]
         if missing:
             raise ImportError(f"{rel} of sglang {dist.version} has no {', '.join(missing)}")
     ns["BatchMethods"] = _class_methods(root / SB, "ScheduleBatch", BATCH_METHODS, ns)
