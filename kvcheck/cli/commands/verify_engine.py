@@ -24,7 +24,9 @@ def add_parser(sub) -> None:
                                               "manager) step by step, no model",
                        description="Drive TARGET (an engine core; registered: vllm-v1-engine"
                                    "[@VERSION], vLLM v1's real Scheduler, KVCacheManager and "
-                                   "Request) with seeded requests (shared prompt prefixes, "
+                                   "Request; sglang-engine[@VERSION], SGLang's own "
+                                   "Req, SchedulePolicy, PrefillAdder and RadixCache) "
+                                   "with seeded requests (shared prompt prefixes, "
                                    "priorities, aborts) and engine steps whose model output is "
                                    "generated from the seed (sampled tokens, accepted drafts, "
                                    "stop tokens); after every step check every block-level and "
