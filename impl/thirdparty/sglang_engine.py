@@ -22,6 +22,12 @@ What runs, executed from the installed wheel (``_loader``; nothing rewritten):
   ``alloc_paged_token_slots_extend`` / ``_decode``, ``write_cache_indices``' torch path),
   ``mem_cache/common.py`` (``match_kv_cache``, ``checkpoint_kv_cache``,
   ``release_kv_cache``, ``_release_overallocated_kv_indices``, ``evict_from_tree_cache``);
+* at arrival, ``handle_generate_request``'s checks: ``Scheduler.init_req_max_new_tokens``
+  (compiled from the class: ``max_new_tokens`` clipped to ``max_req_len`` and to the pool
+  through the allocator's ``max_new_tokens_for_memory``) and ``managers/utils.py``'s
+  ``validate_input_length`` (a prompt of ``max_req_input_len`` or more is aborted with
+  ``Req.set_finish_with_abort``); ``max_req_len`` is ``TpModelWorker``'s
+  ``min(context_len - 1, pool tokens - 1)``, ``max_req_input_len = max_req_len - 5``;
 * the radix cache, allocators and ``ReqToTokenPool`` exactly as ``sglang-radix`` loads them
   (``sglang_radix.py``: ``PagedTokenToKVPoolAllocator`` with ``page_size = block_size``,
   ``TokenToKVPoolAllocator`` at block size 1).
