@@ -4,9 +4,15 @@
 
 Issue 34 §1. ``vllm-v0-engine[@VERSION]`` (chunked prefill off, v0's default) and
 ``vllm-v0-engine-chunked[@VERSION]`` (``enable_chunked_prefill``); 0.8.5 by default, the
-``vllm-v0`` install key (``kvcheck install vllm-v0==0.8.5``); 0.5.4, 0.5.5 and 0.9.2 run
-too (0.5.x: ``block_manager_v2.py``, ``BlockSpaceManagerV2``; no ``priority`` before 0.6.3, no
-``extra_hash`` before 0.6.4: both detected by signature). What runs is the release's
+``vllm-v0`` install key (``kvcheck install vllm-v0==0.8.5``); every v0 release from 0.5.4 to
+0.9.2 runs (0.5.4, 0.5.5, 0.6.0, 0.6.1.post2, 0.6.2, 0.6.3.post1, 0.6.4.post1, 0.6.5,
+0.6.6.post1, 0.7.0 .. 0.7.3, 0.8.0 .. 0.8.5, 0.9.0 .. 0.9.2 checked; 0.5.x:
+``block_manager_v2.py``, ``BlockSpaceManagerV2``; no ``priority`` before 0.6.3, no
+``extra_hash`` before 0.6.4: both detected by signature). Chunked prefill with prefix
+caching is refused in one line where the allocator's ``get_computed_block_ids`` takes
+``skip_last_block_id`` (0.5.4 .. 0.6.4.post1; detected by signature): the adapter's reading
+of which blocks a chunked step skips is not verified there; 0.6.5 on carry 0.8.5's
+allocator and tracker and run it. What runs is the release's
 ``vllm/core/scheduler.py``, ``interfaces.py``, ``block_manager.py``,
 ``placeholder_block_space_manager.py``, ``vllm/core/block/*`` (the block manager's files,
 as ``vllm_v0`` loads them) and ``vllm/sequence.py``, executed from the installed files
@@ -45,8 +51,9 @@ Stand-ins, in one place (every other ``vllm.*`` import raises, see ``_loader``):
     ``budget`` (``max_num_batched_tokens``), ``max_seqs``, ``policy``, chunked prefill,
     ``max_model_len``; the rest at ``SchedulerConfig``'s defaults (``delay_factor`` 0,
     ``num_lookahead_slots`` 0, one scheduler step, one partial prefill, no preemption mode
-    forced, ``send_delta_data`` False, runner ``generate``, not attention-free: aphrodite
-    0.6.1 on reads ``is_attention_free`` here); the cache: ``block_size``,
+    forced, ``send_delta_data`` False, runner ``generate`` (0.6.4.post1 reads it as
+    ``task``), not attention-free: aphrodite 0.6.1 on reads ``is_attention_free`` here); the
+    cache: ``block_size``,
     ``num_gpu_blocks`` = the pool, no CPU blocks, no sliding window, prefix caching on/off.
 ``vllm.utils``
     the real module imports torch; ``Device``, ``cdiv``, ``chunk_list`` as ``vllm_v0``
@@ -75,12 +82,18 @@ Stand-ins, in one place (every other ``vllm.*`` import raises, see ``_loader``):
     tick later at every reading, so the readings keep the order a real clock gives them
     without ties or wall-clock dependence (time never decides a verdict); with
     ``delay_factor`` 0 no other decision reads it.
-``vllm.inputs.parse`` (0.5.5 .. 0.6.x)
-    ``is_valid_encoder_decoder_llm_inputs``, executed from the release's own file (cut out
-    by name: the module imports ``vllm.utils`` and the input types), its annotations' names
-    given as ``dict`` / ``Any``; the ``vllm.inputs`` stand-in carries it too where the
-    release defines it in ``inputs/data.py`` (aphrodite 0.6.0.x's ``sequence.py`` imports
-    it from the package).
+``vllm.inputs.parse`` (0.5.5 .. 0.6.3.post1)
+    ``is_valid_encoder_decoder_llm_inputs`` (0.6.3: ``is_encoder_decoder_inputs``), executed
+    from the release's own file (cut out by name: the module imports ``vllm.utils`` and the
+    input types), its annotations' names given as ``dict`` / ``Any``; the ``vllm.inputs``
+    stand-in carries it too where the release defines it in ``inputs/data.py`` (aphrodite
+    0.6.0.x's ``sequence.py`` imports it from the package).
+``vllm.inputs`` (``SingletonInputsAdapter``, 0.6.4.post1 .. 0.8.4)
+    the real package imports torch, the tokenizers and the preprocessors. ``Sequence`` reads
+    its prompt through ``SingletonInputsAdapter`` (a dataclass of cached properties over the
+    inputs dict): executed from the release's own ``inputs/data.py`` (cut out by name), with
+    ``dataclass``, ``cached_property`` and ``typing_extensions.assert_never`` (not a kvcheck
+    dependency: a function raising as it does) in its namespace.
 ``loguru`` (aphrodite)
     aphrodite's scheduler logs through ``loguru.logger``; not a kvcheck dependency. The
     stand-in formats the ``{}`` messages into a stdlib logger under ``kvcheck.thirdparty``
@@ -88,8 +101,9 @@ Stand-ins, in one place (every other ``vllm.*`` import raises, see ``_loader``):
 ``vllm.inputs``, ``vllm.multimodal``, ``vllm.pooling_params``, ``vllm.lora.request``,
 ``vllm.prompt_adapter.request``, ``vllm.spec_decode.metrics``
     names ``sequence.py`` and ``scheduler.py`` import only for annotations or for
-    requests kvcheck never makes (LoRA, prompt adapters, multimodal, pooling): empty
-    ``dict`` subclasses (``Sequence.multi_modal_data`` returns ``MultiModalKwargs({})``).
+    requests kvcheck never makes (LoRA, prompt adapters, multimodal, pooling; 0.6.4.post1
+    .. 0.8.4 import ``MultiModalDataDict``): empty ``dict`` subclasses
+    (``Sequence.multi_modal_data`` returns ``MultiModalKwargs({})``).
 
 KV calls, recorded at the ``SelfAttnBlockSpaceManager``'s boundary and given to the engine
 oracle under the names whose contracts they satisfy (``KVCall``):
@@ -434,13 +448,14 @@ class VllmV0EngineTarget:
         self._Params = mods["vllm.sampling_params"].SamplingParams
         self._Block = mods["vllm.core.block.prefix_caching_block"].PrefixCachingBlock
         allocator = mods["vllm.core.block.prefix_caching_block"].PrefixCachingBlockAllocator
-        computed_ids = getattr(allocator, "get_computed_block_ids", None)  # (to 0.6.x)
+        computed_ids = getattr(allocator, "get_computed_block_ids", None)  # (to 0.6.4)
         if chunked and caching and computed_ids is not None and _loader.takes(
                 computed_ids, "skip_last_block_id"):
-            # (vLLM 0.5.x .. 0.6.x, aphrodite 0.6.x) the runner's computed blocks leave out
-            # the last full block, and with chunks that mark blocks computed before they are
-            # written the adapter's reading of which blocks a step skips is not verified: a
-            # FAIL there could be the adapter's (0.7.0 on, the raw replays agree: E4)
+            # (vLLM 0.5.x .. 0.6.4.post1, aphrodite 0.6.x) the runner's computed blocks leave
+            # out the last full block, and with chunks that mark blocks computed before they
+            # are written the adapter's reading of which blocks a step skips is not verified:
+            # a FAIL there could be the adapter's. 0.6.5 on: 0.8.5's allocator and tracker
+            # (no such parameter) and the same runner rule; the raw replays agree (E4)
             raise MisuseError(f"{self.version}: chunked prefill with prefix caching is not "
                               f"modelled on a release whose allocator skips the last computed "
                               f"block (get_computed_block_ids(skip_last_block_id)); run it with "
