@@ -17,7 +17,7 @@ bash scripts/install_thirdparty.sh vllm-v1==0.11.0 vllm-v1==0.11.1 vllm-v1==0.16
 bash scripts/install_thirdparty.sh vllm-v1-early==0.6.4.post1 vllm-v1-early==0.6.5 vllm-v1-early==0.7.0 vllm-v1-early==0.7.2 vllm-v1-early==0.8.0 vllm-v1-early==0.8.4 vllm-v1-early==0.8.5 vllm-v1-early==0.9.0 vllm-v1-early==0.9.1 vllm-v1==0.10.2  # and docs/traces/engine's releases
 # nano-vllm's engine core through upstream's scheduler and the #163 release (tests/thirdparty/test_nano_vllm_engine.py)
 bash scripts/install_thirdparty.sh nano-vllm-npu==0.0.2
-# vLLM v0's engine core through its own scheduler, the #18957 fix and two of the range 0.6 .. 0.8.4 (0.6.3.post1: above) (tests/thirdparty/test_vllm_v0_engine.py)
+# vLLM v0's engine core through its own scheduler, the #18957 fix and two of the range 0.6 .. 0.8.4 (0.5.3.post1, 0.6.3.post1: above) (tests/thirdparty/test_vllm_v0_engine.py)
 bash scripts/install_thirdparty.sh vllm-v0==0.9.2 vllm-v0==0.6.4.post1 vllm-v0==0.7.3
 # aphrodite-engine's v0 engine core through its own scheduler, the #679 pair (tests/thirdparty/test_aphrodite_v0_engine.py)
 bash scripts/install_thirdparty.sh aphrodite-v0==0.6.0.post1 aphrodite-v0==0.6.1 aphrodite-v0==0.6.5

@@ -4,17 +4,19 @@
 
 Issue 34 §1. ``vllm-v0-engine[@VERSION]`` (chunked prefill off, v0's default) and
 ``vllm-v0-engine-chunked[@VERSION]`` (``enable_chunked_prefill``); 0.8.5 by default, the
-``vllm-v0`` install key (``kvcheck install vllm-v0==0.8.5``); every v0 release from 0.5.4 to
-0.9.2 runs (0.5.4, 0.5.5, 0.6.0, 0.6.1.post2, 0.6.2, 0.6.3.post1, 0.6.4.post1, 0.6.5,
-0.6.6.post1, 0.7.0 .. 0.7.3, 0.8.0 .. 0.8.5, 0.9.0 .. 0.9.2 checked; 0.5.x:
-``block_manager_v2.py``, ``BlockSpaceManagerV2``; no ``priority`` before 0.6.3, no
-``extra_hash`` before 0.6.4: both detected by signature). Chunked prefill with prefix
+``vllm-v0`` install key (``kvcheck install vllm-v0==0.8.5``); every v0 release from 0.5.1 to
+0.9.2 runs (0.5.1, 0.5.2, 0.5.3.post1, 0.5.4, 0.5.5, 0.6.0, 0.6.1.post2, 0.6.2, 0.6.3.post1,
+0.6.4.post1, 0.6.5, 0.6.6.post1, 0.7.0 .. 0.7.3, 0.8.0 .. 0.8.5, 0.9.0 .. 0.9.2 checked; 0.5.x:
+``block_manager_v2.py``, ``BlockSpaceManagerV2``; to 0.5.3.post1 the scheduler imports its
+``vllm/core/policy.py``; no ``priority`` before 0.6.3, no ``extra_hash`` before 0.6.4: both
+detected by signature; 0.5.0.post1 and before are not run: their ``sequence.py`` imports
+``vllm/block.py``, not loaded). Chunked prefill with prefix
 caching is refused in one line where the allocator's ``get_computed_block_ids`` takes
-``skip_last_block_id`` (0.5.4 .. 0.6.4.post1; detected by signature): the adapter's reading
+``skip_last_block_id`` (0.5.x .. 0.6.4.post1; detected by signature): the adapter's reading
 of which blocks a chunked step skips is not verified there; 0.6.5 on carry 0.8.5's
 allocator and tracker and run it. What runs is the release's
 ``vllm/core/scheduler.py``, ``interfaces.py``, ``block_manager.py``,
-``placeholder_block_space_manager.py``, ``vllm/core/block/*`` (the block manager's files,
+``placeholder_block_space_manager.py``, ``policy.py``, ``vllm/core/block/*`` (the block manager's files,
 as ``vllm_v0`` loads them) and ``vllm/sequence.py``, executed from the installed files
 (``_loader``). The adapter plays ``LLMEngine.step`` (``vllm/engine/llm_engine.py``,
 ``output_processor/single_step.py``, ``stop_checker.py``) and the model runner:
@@ -163,7 +165,8 @@ VOCAB = 8  # generated tokens: 2 .. VOCAB, or STOP
 
 ENGINE_FILES = ("vllm.core.scheduler", "vllm.core.interfaces", "vllm.core.block_manager",
                 "vllm.core.block_manager_v2", "vllm.core.placeholder_block_space_manager",
-                "vllm.core.block.utils", "vllm.sequence")  # those the release has
+                "vllm.core.block.utils", "vllm.core.policy",  # (to 0.5.3.post1)
+                "vllm.sequence")  # those the release has
 
 
 def _rename(loaded):

@@ -12,7 +12,8 @@ aborted mid-prefill leaves unwritten blocks a later identical prompt skips (0.8.
 The range between (0.6.0 .. 0.8.4) runs on the release's own files; three of it are tested
 here (``RANGE``, installed by scripts/test.sh): 0.6.3.post1 and 0.6.4.post1 (the inputs and
 config stand-ins those releases need; before #18957's cached-token count, they pass) and
-0.7.3 (#18957 through its scheduler, as on 0.8.5).
+0.7.3 (#18957 through its scheduler, as on 0.8.5); 0.5.3.post1 (before 0.5.4: the scheduler's
+own policy.py) with #7380.
 """
 
 from __future__ import annotations
@@ -192,12 +193,18 @@ def test_what_v0_engine_drives_not_is_refused_in_one_line(capsys):
 def test_7380_chunked_prefill_index_error_through_the_scheduler():
     """vLLM #7380: 0.5.4's scheduler calls append_slots after a later prefill chunk with no
     unseen tokens; at a full last block BlockTable.append_token_ids raises IndexError (the
-    engine step dies). 0.5.5 (the fix) passes the same run."""
-    for version in ("0.5.4", "0.5.5"):
+    engine step dies). 0.5.5 (the fix) passes the same run. 0.5.3.post1 (its scheduler
+    imports the release's vllm/core/policy.py) crashes the same way; without chunked prefill
+    it passes with preemptions and hits."""
+    for version in ("0.5.3.post1", "0.5.4", "0.5.5"):
         install.ensure(install.ENGINES["vllm-v0"], version)
-    r = _run(_at("0.5.4", chunked=True), caching=False)
-    assert r.verdict == "fail" and r.violation.kind == "crash", r.violation
-    assert "IndexError" in r.violation.witness and "append_token_ids" in r.violation.witness
+    for version in ("0.5.3.post1", "0.5.4"):
+        r = _run(_at(version, chunked=True), caching=False)
+        assert r.verdict == "fail" and r.violation.kind == "crash", r.violation
+        assert "IndexError" in r.violation.witness and "append_token_ids" in r.violation.witness
+    r = _run(_at("0.5.3.post1"))
+    assert r.verdict == "pass", r.violation
+    assert r.state.stats["preemptions"] > 0 and r.state.stats["hits"] > 0
     r = _run(_at("0.5.5", chunked=True), caching=False)
     assert r.verdict == "pass", r.violation
 
