@@ -142,7 +142,8 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
                              "(0.0.2; @0.0.1.post1..0.0.2), driven as nano-vllm-engine"),
     "vllm-v0-engine": ("kvcheck.impl.thirdparty.vllm_v0_engine:make",
                        "vLLM v0's real Scheduler, SelfAttnBlockSpaceManager and "
-                       "SequenceGroup (0.8.5), no model: add_seq_group, schedule, generated "
+                       "SequenceGroup (0.8.5; @0.5.1..0.9.2), no model: add_seq_group, schedule, "
+                       "generated "
                        "tokens, free_finished_seq_groups; chunked prefill off"),
     "vllm-v0-engine-chunked": ("kvcheck.impl.thirdparty.vllm_v0_engine:make_chunked",
                                "vllm-v0-engine with chunked prefill on "
