@@ -13,8 +13,11 @@ block manager's oracle (``blocks``; ``prefix``, whose cache adds the classes its
 ``verify-prefix`` reports: a hit, a revival, an eviction, out of blocks; ``device``, whose
 decode steps reserve their slots as appends). The hybrid model's oracle reads the whole pool
 itself: its runs count what its ``verify-hybrid`` reports (cache hits, sliding-window drops,
-out of blocks, multi-token steps). The scheduler model has no outcome classes in the spec:
-its coverage says so instead of inventing any.
+out of blocks, multi-token steps). The engine model's oracle reads the whole engine after
+every step: its runs count what its ``verify-engine`` reports (requests finished, aborted,
+preemptions, cache-hit blocks), and its target offers ``add`` and ``step``, and ``abort``
+unless it declares none (``aborts = False``: nano-vllm). The scheduler model has no outcome
+classes in the spec: its coverage says so instead of inventing any.
 
 A class that never occurred is a warning, unless it is not applicable to the target
 (``not_applicable``: a refusal's, where the target refused nothing, a refusal being a policy
@@ -46,6 +49,13 @@ HYBRID_CLASSES = {"hybrid/hit": "hits", "hybrid/window-drop": "dropped",
                   "hybrid/out-of-blocks": "oob", "hybrid/out-of-blocks-after-a-drop": "oob_dropping",
                   "hybrid/append-tokens": "append_tokens"}
 
+# The engine model's runs (``verify-engine``: its oracle reads the whole engine, with no block
+# manager's oracle): the behaviour its oracle's ``stats`` count, by class.
+ENGINE_CLASSES = {"engine/finished": "finished", "engine/aborted": "aborted",
+                  "engine/preempted": "preemptions", "engine/cache-hit": "hits"}
+# The classes counted from a run's ``stats``, per model (no spec class per step there).
+STATS_CLASSES = {"hybrid": HYBRID_CLASSES, "engine": ENGINE_CLASSES}
+
 # The violations found at a step that completed (its outcome known, so it has a class).
 COMPLETED = ("contract", "invariant", "data")
 # The operations a lazy implementation of which shares a partial tail (an eager one copies it).
@@ -59,8 +69,8 @@ def classes(model: str) -> list[str]:
     """Every class a run of ``model`` can count, in the spec's order."""
     if model in NO_CLASSES:
         return []
-    if model == "hybrid":
-        return list(HYBRID_CLASSES)
+    if model in STATS_CLASSES:
+        return list(STATS_CLASSES[model])
     return list(OUTCOMES) + (list(PREFIX_CLASSES) if model == "prefix" else [])
 
 
@@ -68,6 +78,8 @@ def needs(name: str) -> set[str]:
     """The operations a target must offer for class ``name`` to be possible at all."""
     if name == "hybrid/append-tokens":
         return {"append_tokens"}
+    if name.startswith("engine/"):
+        return {"abort"} if name == "engine/aborted" else {"step"}
     if name.startswith(("cache/", "hybrid/")):
         return {"allocate"}
     kind = OUTCOMES[name][0]
@@ -135,6 +147,7 @@ class Counter:
         self.state = None
         self.shared_partial: _Counts = _Counts()  # kind -> forks/rebases sharing a partial tail
         self.violating: str | None = None
+        self.caching: int = 0  # the engine model: 1 for a run with prefix caching on
 
     def watch(self, state) -> None:
         """Told of the run state as the run starts: count every step of its block
@@ -146,6 +159,9 @@ class Counter:
             (v for v in vars(state).values() if isinstance(v, Oracle)), None)
         target = getattr(oracle if oracle is not None else state, "target", None)
         caps = getattr(target, "capabilities", None)
+        if self.model == "engine":  # (the engine model's operations, abort where it has one)
+            caps = ["add", "step"] + (["abort"] if getattr(target, "aborts", True) else [])
+            self.caching = int(bool(getattr(getattr(state, "scope", None), "caching", False)))
         if caps is not None:
             self.capabilities = sorted(str(c) for c in caps)
         if oracle is None:
@@ -177,8 +193,9 @@ class Counter:
         if self.model in NO_CLASSES:
             return None
         stats = getattr(end_state if end_state is not None else self.state, "stats", None)
-        if self.model == "hybrid":  # (its oracle's stats: a dict)
-            return {name: int((stats or {}).get(key, 0) or 0) for name, key in HYBRID_CLASSES.items()}
+        if self.model in STATS_CLASSES:  # (its oracle's stats: a dict)
+            return {name: int((stats or {}).get(key, 0) or 0)
+                    for name, key in STATS_CLASSES[self.model].items()}
         out = {name: self.counts.get(name, 0) for name in OUTCOMES}
         if self.model == "prefix":
             for name, attr in PREFIX_CLASSES.items():
@@ -191,7 +208,8 @@ class Counter:
         the trace recorded around it (none for a step that did not complete: a crash, a hang,
         a malformed result; nor for a model whose states hold no pool)."""
         v = trace.violation if trace is not None else None
-        if v is None or v.kind not in COMPLETED or not 1 <= v.step <= len(trace.states):
+        if v is None or v.kind not in COMPLETED or not 1 <= v.step <= len(trace.states) or \
+                self.model == "engine":  # (an engine step has no class of the spec's)
             return
         from kvcheck.check.model import model_named
 
@@ -207,8 +225,11 @@ class Counter:
 
     def notes(self) -> dict:
         """What the run says about the classes it could show (``merge_notes``)."""
-        return {"shared_partial_tail": dict(self.shared_partial),
-                "counterexample": [self.violating] if self.violating else []}
+        out = {"shared_partial_tail": dict(self.shared_partial),
+               "counterexample": [self.violating] if self.violating else []}
+        if self.model == "engine":
+            out["caching_runs"] = self.caching
+        return out
 
 
 def _snapshot(state: dict, num_blocks: int, block_size: int) -> Snapshot:
@@ -236,6 +257,8 @@ def merge_notes(total: dict, notes: dict | None) -> None:
     for name in notes.get("counterexample") or ():
         if name not in seen:
             seen.append(name)
+    if "caching_runs" in notes:
+        total["caching_runs"] = total.get("caching_runs", 0) + int(notes["caching_runs"] or 0)
 
 
 def _eager(name: str) -> bool:
@@ -251,6 +274,10 @@ def not_applicable(model: str, total: dict, notes: dict | None,
     each with why: a refusal where it refused nothing (a refusal is a policy a target may
     have, never one it must have), an eager fork's or rebase's where its forks of a partial
     tail all shared it (lazily)."""
+    if model == "engine":
+        if total.get("engine/cache-hit", 0) or (notes or {}).get("caching_runs", 0):
+            return {}
+        return {"engine/cache-hit": "prefix caching was off in every run"}
     if model in NO_CLASSES or model == "hybrid":
         return {}
     shared = (notes or {}).get("shared_partial_tail") or {}

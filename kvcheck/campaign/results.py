@@ -69,6 +69,7 @@ class Store:
                       "run_seconds": 0.0, "seconds": 0.0, "coverage": {}, "capabilities": None,
                       "signatures": {}, "sessions": [], "bad_input": None}
         self.resumed = False
+        self.previous: dict = {}  # the settings a resumed campaign was saved with
         self.made_dir = False  # this session created the directory itself
 
     # -- opening ---------------------------------------------------------------------
@@ -89,6 +90,7 @@ class Store:
                 raise UsageError(f"--out {self.dir}: campaign.json is not a kvcheck campaign's "
                                  f"state; use another --out")
             mine, theirs = self.settings.to_json(), old["settings"]
+            self.previous = theirs
             for k in SAME:
                 if theirs.get(k) != mine[k]:
                     raise UsageError(f"--out {self.dir} holds a campaign with {k} "

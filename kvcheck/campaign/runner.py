@@ -79,8 +79,28 @@ class Campaign:
     def open(self) -> Store:
         """The ``--out`` directory, opened before anything runs (bad input raises here)."""
         if self.store is None:
-            self.store = Store(self.out, self.settings).open()
+            store = Store(self.out, self.settings).open()
+            if self.settings.model == "engine" and self.settings.accepts is None:
+                self._learn(store)
+            self.store = store
         return self.store
+
+    def _learn(self, store: Store) -> None:
+        """The engine model: what the target accepts (``kvcheck.campaign.engine``), kept with
+        the campaign's settings; a resumed campaign's own (its runs are drawn from it)."""
+        from kvcheck.campaign import engine
+
+        saved = store.previous.get("accepts") if store.resumed else None
+        if saved is None:
+            try:
+                saved = engine.learn(self.settings, str(store.dir / "workers.log"))
+            except BaseException:
+                if not store.state["runs"]["started"]:
+                    store.discard()  # nothing ever ran: the same --out serves the corrected command
+                raise
+        self.settings.accepts = saved
+        store.state["settings"] = self.settings.to_json()
+        store.save()
 
     def _pool(self):
         from kvcheck.campaign import pools

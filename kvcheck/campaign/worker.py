@@ -70,6 +70,8 @@ PRELOAD = {  # kvcheck's own modules a run of each model needs (never the target
     "device": ("kvcheck.verify", "kvcheck.models.device.model", "kvcheck.models.device.oracle"),
     "scheduler": ("kvcheck.models.scheduler.runs", "kvcheck.models.scheduler.oracle"),
     "hybrid": ("kvcheck.verify", "kvcheck.models.hybrid.model", "kvcheck.models.hybrid.oracle"),
+    "engine": ("kvcheck.verify", "kvcheck.models.engine.model", "kvcheck.models.engine.oracle",
+               "kvcheck.models.engine.loading"),
 }
 _COMMON = ("kvcheck.check.shrink", "kvcheck.check.explore", "kvcheck.check.trace",
            "kvcheck.campaign.coverage")

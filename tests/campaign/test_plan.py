@@ -15,6 +15,7 @@ from kvcheck.campaign import coverage as cov
 from kvcheck.campaign.plan import (
     BLOCK_SIZES,
     COMMANDS,
+    ENGINE,
     MIX,
     MODELS,
     SMALL_BLOCK,
@@ -35,6 +36,7 @@ from kvcheck.check.watchdog import Watchdog
 from kvcheck.cli import build_parser
 from kvcheck.cli.commands import checking
 from kvcheck.cli.commands.common import mix_weights
+from kvcheck.defaults import RUN
 from kvcheck.models.blocks.driver import RandomDriver
 from kvcheck.models.blocks.model import MODEL as BLOCKS
 from kvcheck.models.blocks.model import BlockScope
@@ -58,7 +60,14 @@ def test_draws_are_reproducible_and_spread(model):
     assert 1 in sizes and max(sizes) >= 16
     assert min(pools) <= 2 and max(pools) >= 32
     assert len({x.seed for x in specs}) == len(specs)
-    if model != "scheduler":
+    if model == "engine":  # no mix: the engine's settings, each value drawn
+        assert {x.scope["priority"] for x in specs} == {0, 1}
+        assert {x.scope["caching"] for x in specs} == {0, 1}
+        assert {x.scope["spec"] for x in specs} == set(ENGINE["spec"])
+        assert {x.scope["budget"] for x in specs} == set(ENGINE["budget"])
+        assert {x.scope["max_seqs"] for x in specs} == set(ENGINE["max_seqs"])
+        assert 0.1 < sum(1 for x in specs if x.scope.get("max_model_len")) / len(specs) < 0.4
+    elif model != "scheduler":
         mixes = [x.extra.get("weights", {}) for x in specs]
         assert any(m.get("fork") == 0.0 for m in mixes) or "fork" not in MIX[model]
         free = "free" if model == "tiers" else "free_seq"  # (the tiers model's name for it)
@@ -107,7 +116,7 @@ def test_small_scopes_come_first(model):
         for x in small:
             assert x.scope["num_blocks"] <= max(SMALL_POOL, 2)  # the scheduler needs 2
             assert x.scope["block_size"] <= SMALL_BLOCK
-            assert x.ops in SMALL_OPS[model]
+            assert (x.extra["requests"] if model == "engine" else x.ops) in SMALL_OPS[model]
             shapes.add((x.scope["num_blocks"], x.scope["block_size"]))
         assert len({x.seed for x in small}) == SMALL_FIRST
         assert small != [draw(Settings("reference", model, seed=seed + 100), n)
@@ -248,3 +257,103 @@ def test_models_without_classes_say_so():
 def test_spec_round_trips():
     spec = draw(Settings("reference", "device"), 4)
     assert RunSpec.from_json(spec.to_json()) == spec
+
+
+@pytest.mark.parametrize("model,digest", [
+    ("blocks", "febd52e55f6fd769"), ("prefix", "51f1c6bb0a720d33"),
+    ("device", "91f12db4b1248e93"), ("scheduler", "df4ea151d187e1ae"),
+    ("hybrid", "1a7147495929c448"), ("tiers", "ce2608686a06968c")])
+def test_the_models_draws_stay_the_same(model, digest):
+    """A resumed campaign keeps its sequence: the draws of every model that campaigns drew
+    before the engine model was added (runs 0..59 of each plan, seed 5) are the ones they
+    were (the digest taken before the engine model's tables)."""
+    import hashlib
+    import json
+
+    s = Settings("reference", model, seed=5)
+    text = json.dumps([[draw(s, i, p).to_json() for i in range(60)] for p in (1, 2, 3)],
+                      sort_keys=True)
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == digest
+
+
+NANO_LIKE = {"block_size": [2, 4, 8, 16], "budget": [2, 4, 8, 16, 32, 64],
+             "max_seqs": [1, 2, 3, 4, 8, 16], "policy": ["fcfs"], "caching": [True],
+             "spec": [0], "max_model_len": "within", "whole": True}
+CHUNKED_OLD = {"block_size": [1, 2, 4, 8, 16], "budget": [4, 8, 16], "max_seqs": [1, 2, 4, 8],
+               "policy": ["fcfs", "priority"], "caching": [False], "spec": [0, 2, 4],
+               "max_model_len": "none", "whole": False}
+
+
+@pytest.mark.parametrize("accepts", [None, NANO_LIKE, CHUNKED_OLD])
+def test_engine_runs_draw_only_what_the_target_accepts(accepts):
+    """Every engine run draws each setting from the values the target accepts, at most as
+    many sequences as the budget, fewer drafts than the budget, a max_model_len within the
+    budget where the target requires it, and a workload with a request in it; run 0 is
+    verify-engine's defaults, prefix caching off only where the target refuses it on."""
+    from kvcheck.campaign.plan import _first_request
+
+    ok = accepts or {**{k: list(v) for k, v in ENGINE.items()}, "max_model_len": "any"}
+    for seed in (0, 4):
+        s = Settings("some-engine", "engine", seed=seed, accepts=accepts)
+        assert draw(s, 0).scope["caching"] == (1 if True in ok["caching"] else 0)
+        for n in range(1, 150):
+            x = draw(s, n)
+            sc = x.scope
+            assert sc["block_size"] in ok["block_size"] and sc["budget"] in ok["budget"]
+            assert sc["max_seqs"] in ok["max_seqs"] and sc["max_seqs"] <= sc["budget"]
+            assert ("priority" if sc["priority"] else "fcfs") in ok["policy"]
+            assert bool(sc["caching"]) in ok["caching"]
+            assert sc["spec"] in ok["spec"] and sc["spec"] < sc["budget"]
+            if ok["max_model_len"] == "none":
+                assert "max_model_len" not in sc
+            elif ok["max_model_len"] == "within":
+                assert sc.get("max_model_len", 0) <= sc["budget"]
+            assert _first_request(x.seed, sc, x.extra["requests"], ok.get("whole", False))
+            assert x.ops == RUN["engine"]["ops"] and x.out_of_blocks is None
+            assert x.shrink_steps == RUN["engine"]["shrink_steps"]
+
+
+def test_an_engine_run_s_command_parses_to_the_run():
+    """The command an engine run records sets every setting it drew (verify-engine's
+    flags), so it re-runs exactly that run."""
+    from kvcheck.models.engine.model import MODEL, EngineScope
+
+    s = Settings("vllm-v1-engine@0.33.0", "engine", seed=3, shrink_seconds=7.0)
+    seen = set()
+    for n in range(40):
+        x = draw(s, n)
+        argv = shlex.split(x.command())
+        assert argv[:3] == ["kvcheck", "verify-engine", "vllm-v1-engine@0.33.0"]
+        a = build_parser().parse_args(argv[1:])
+        scope = EngineScope(a.blocks, a.block_size, a.budget, a.max_seqs, a.policy,
+                            not a.no_prefix_caching, a.spec_tokens, a.max_model_len or 0)
+        assert scope == MODEL.scope_from_json(x.scope)
+        assert (a.ops, a.requests, a.seed, a.shrink_budget, a.shrink_seconds, a.timeout) == \
+            (x.ops, x.extra["requests"], x.seed, x.shrink_steps, 7.0, x.timeout)
+        seen.add((scope.policy, scope.caching, bool(scope.spec), bool(scope.max_model_len)))
+        assert RunSpec.from_json(x.to_json()) == x
+        assert "requests" in x.describe()
+    assert len(seen) > 6
+
+
+def test_engine_coverage_counts_its_oracle_s_stats():
+    """An engine run's classes are its verify-engine figures; abort is an operation its
+    target may lack; cache hits are not applicable where prefix caching was off in every
+    run."""
+    from types import SimpleNamespace
+
+    counter = cov.Counter("engine")
+    state = SimpleNamespace(target=SimpleNamespace(aborts=False), scope=SimpleNamespace(
+        caching=False), stats={"finished": 3, "aborted": 0, "preemptions": 2, "hits": 0})
+    counter.watch(state)
+    assert counter.capabilities == ["add", "step"]
+    assert counter.result(state) == {"engine/finished": 3, "engine/aborted": 0,
+                                     "engine/preempted": 2, "engine/cache-hit": 0}
+    total, notes = {}, {}
+    cov.merge(total, counter.result(state))
+    cov.merge_notes(notes, counter.notes())
+    never, impossible, na = cov.warnings("engine", total, set(counter.capabilities), notes)
+    assert impossible == ["engine/aborted"] and "engine/cache-hit" in na and never == []
+    cov.merge_notes(notes, {"caching_runs": 1})  # a run with prefix caching on: a gap
+    never, _, na = cov.warnings("engine", total, set(counter.capabilities), notes)
+    assert never == ["engine/cache-hit"] and na == {}

@@ -13,12 +13,13 @@ from kvcheck.cli.commands.common import (
     emit_json,
     positive_int,
 )
-from kvcheck.defaults import RUN
+from kvcheck.defaults import RUN, SHRINK_STEPS
 
 MODELS = tuple(RUN)  # the models with a checking command
 DEFAULT_TIME = "1m"
 DEFAULT_TARGET = {"blocks": "reference", "prefix": "prefix", "scheduler": "reference",
-                  "device": "device", "hybrid": "reference-hybrid"}  # each command's default target
+                  "device": "device", "hybrid": "reference-hybrid", "tiers": "reference-tiers",
+                  "engine": "vllm-v1-engine"}  # each command's default target
 
 
 def duration(text: str) -> float:
@@ -46,13 +47,17 @@ def add_parser(sub) -> None:
                    help="what to check, as the model's checking command takes it (an allocator; "
                         "a prefix-caching allocator with --model prefix; a scheduler with --model "
                         "scheduler; a data target with --model device; a hybrid pool with --model "
-                        "hybrid): a registered name, "
+                        "hybrid; a tiered store with --model tiers; an engine core with --model "
+                        "engine, e.g. vllm-v1-engine@0.33.0 or nano-vllm-engine): a registered "
+                        "name, "
                         "module:attr or file.py:attr (default: the model's own reference: "
                         + ", ".join(f"{m} {t}" for m, t in DEFAULT_TARGET.items()) + ")")
     p.add_argument("--model", choices=MODELS, default="blocks",
                    help="what TARGET is checked as: blocks (verify), prefix (verify-prefix), "
                         "scheduler (verify-scheduler), device (verify-device), hybrid "
-                        "(verify-hybrid) (default: %(default)s)")
+                        "(verify-hybrid), tiers (verify-tiers), engine (verify-engine: the "
+                        "engine's settings drawn too, only those the target accepts) "
+                        "(default: %(default)s)")
     p.add_argument("--time", type=duration, metavar="DURATION",
                    help=f"time budget: 90s, 10m, 1h (default: {DEFAULT_TIME} unless --runs is "
                         f"given); runs still in flight then are cut, never counted as passed")
@@ -80,6 +85,12 @@ def add_parser(sub) -> None:
     add_out_of_blocks(p)
     add_timeout(p)
     add_shrink_seconds(p)
+    for action in p._actions:  # the model's command's own budget unless given
+        if action.dest == "shrink_budget":
+            action.default = None
+            action.help = action.help.replace(
+                "(default: %(default)s)", f"(default: the model's checking command's: "
+                f"{SHRINK_STEPS}; {RUN['engine']['shrink_steps']} for --model engine)")
     p.set_defaults(defers_interrupts=True)  # Ctrl-C is polled for by the campaign's loop
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object "
                                                         "instead of text (default: off)")
@@ -96,6 +107,9 @@ def run(args) -> int:
     if args.out_of_blocks and args.model == "device":
         raise UsageError("--out-of-blocks is not for --model device (a data target's store "
                          "says when it is out of blocks)")
+    if args.out_of_blocks and args.model == "engine":
+        raise UsageError("--out-of-blocks is not for --model engine (the engine's own scheduler "
+                         "meets its KV-cache manager's refusals itself)")
     if args.target is None:
         args.target = DEFAULT_TARGET[args.model]
     seconds = args.time if args.time is not None or args.runs else duration(DEFAULT_TIME)

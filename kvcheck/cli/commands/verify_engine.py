@@ -37,10 +37,10 @@ def add_parser(sub) -> None:
     d = ENGINE_RUN
 
     def settings(q) -> None:
-        q.add_argument("--budget", type=positive_int, default=16, metavar="TOKENS",
+        q.add_argument("--budget", type=positive_int, default=d["budget"], metavar="TOKENS",
                        help="the step's token budget, max_num_batched_tokens: prompts longer "
                             "than it are prefilled in chunks (default: %(default)s)")
-        q.add_argument("--max-seqs", type=positive_int, default=8, metavar="N",
+        q.add_argument("--max-seqs", type=positive_int, default=d["max_seqs"], metavar="N",
                        help="max_num_seqs: the most requests running at once, in sequences "
                             "(default: %(default)s)")
         q.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs",
