@@ -147,7 +147,6 @@ class Counter:
         self.state = None
         self.shared_partial: _Counts = _Counts()  # kind -> forks/rebases sharing a partial tail
         self.violating: str | None = None
-        self.caching: int = 0  # the engine model: 1 for a run with prefix caching on
 
     def watch(self, state) -> None:
         """Told of the run state as the run starts: count every step of its block
@@ -161,7 +160,6 @@ class Counter:
         caps = getattr(target, "capabilities", None)
         if self.model == "engine":  # (the engine model's operations, abort where it has one)
             caps = ["add", "step"] + (["abort"] if getattr(target, "aborts", True) else [])
-            self.caching = int(bool(getattr(getattr(state, "scope", None), "caching", False)))
         if caps is not None:
             self.capabilities = sorted(str(c) for c in caps)
         if oracle is None:
@@ -225,11 +223,8 @@ class Counter:
 
     def notes(self) -> dict:
         """What the run says about the classes it could show (``merge_notes``)."""
-        out = {"shared_partial_tail": dict(self.shared_partial),
-               "counterexample": [self.violating] if self.violating else []}
-        if self.model == "engine":
-            out["caching_runs"] = self.caching
-        return out
+        return {"shared_partial_tail": dict(self.shared_partial),
+                "counterexample": [self.violating] if self.violating else []}
 
 
 def _snapshot(state: dict, num_blocks: int, block_size: int) -> Snapshot:
@@ -257,8 +252,6 @@ def merge_notes(total: dict, notes: dict | None) -> None:
     for name in notes.get("counterexample") or ():
         if name not in seen:
             seen.append(name)
-    if "caching_runs" in notes:
-        total["caching_runs"] = total.get("caching_runs", 0) + int(notes["caching_runs"] or 0)
 
 
 def _eager(name: str) -> bool:
@@ -269,15 +262,16 @@ def _eager(name: str) -> bool:
 
 
 def not_applicable(model: str, total: dict, notes: dict | None,
-                   offered: set[str] | None = None) -> dict[str, str]:
+                   offered: set[str] | None = None, accepts: dict | None = None) -> dict[str, str]:
     """The classes this campaign's target can never show although it offers what they need,
     each with why: a refusal where it refused nothing (a refusal is a policy a target may
     have, never one it must have), an eager fork's or rebase's where its forks of a partial
-    tail all shared it (lazily)."""
+    tail all shared it (lazily); an engine's cache hits where it accepts prefix caching only
+    off (``accepts``: the campaign's ``Settings.accepts``)."""
     if model == "engine":
-        if total.get("engine/cache-hit", 0) or (notes or {}).get("caching_runs", 0):
+        if total.get("engine/cache-hit", 0) or True in (accepts or {}).get("caching", [True]):
             return {}
-        return {"engine/cache-hit": "prefix caching was off in every run"}
+        return {"engine/cache-hit": "the target accepts prefix caching only off"}
     if model in NO_CLASSES or model == "hybrid":
         return {}
     shared = (notes or {}).get("shared_partial_tail") or {}
@@ -300,13 +294,14 @@ def not_applicable(model: str, total: dict, notes: dict | None,
 
 
 def warnings(model: str, total: dict, offered: set[str] | None,
-             notes: dict | None = None) -> tuple[list[str], list[str], dict[str, str]]:
+             notes: dict | None = None,
+             accepts: dict | None = None) -> tuple[list[str], list[str], dict[str, str]]:
     """The classes that never occurred over the campaign (a class some run's counterexample
     is, occurred: that is not a gap of coverage), those its target cannot show (it does not
     offer an operation they need), and those not applicable to it (``not_applicable``: the
     class, why)."""
     never, impossible = [], []
-    na = not_applicable(model, total, notes, offered)
+    na = not_applicable(model, total, notes, offered, accepts)
     shown = set((notes or {}).get("counterexample") or ())
     for name in classes(model):
         if total.get(name, 0):

@@ -31,14 +31,15 @@ its driver's workload is the requests, and a run draws the engine's settings ins
 ``ENGINE`` tables): a pool and block size, the requests, the step's token budget
 (``--budget``: a prompt longer than it is prefilled in chunks), ``--max-seqs`` (at most the
 budget, as vLLM's config requires), the scheduling policy, prefix caching on or off, the
-speculative tokens per step and ``--max-model-len`` (often unset) -- each only from the
-values the target accepts. What it accepts is learnt once, when the campaign starts
-(``kvcheck.campaign.engine``: the target is built at verify-engine's defaults with each value
-alone, in a process of its own) and kept in the campaign's settings (``Settings.accepts``),
-so a resumed campaign draws the same runs; a setting the target refuses (nano-vllm's
-speculative decoding, vLLM v0's chunked prefill with prefix caching on an old release, a
-release without priority scheduling) is never drawn. Its draws are keyed by the model's
-name, as every model's are, so adding it changed no other model's sequence.
+speculative tokens per step (fewer than the budget, as vLLM's config requires) and
+``--max-model-len`` (often unset) -- each only from the values the target accepts. What it
+accepts is learnt once, when the campaign starts (``kvcheck.campaign.engine``: the target is
+built at verify-engine's defaults with each value alone, in a process of its own) and kept in
+the campaign's settings (``Settings.accepts``), so a resumed campaign draws the same runs; a
+setting the target refuses (nano-vllm's speculative decoding, vLLM v0's chunked prefill with
+prefix caching on an old release, a release without priority scheduling) is never drawn.
+Its draws are keyed by the model's name, as every model's are, so adding it changed no
+other model's sequence.
 
 A ``RunSpec`` is small, picklable and JSON; ``command()`` is the one ``kvcheck`` command
 line that re-runs it exactly (the checking commands take the mix as ``--mix``; the engine
@@ -162,8 +163,9 @@ class RunSpec:
     target: str
     seed: int
     scope: dict  # the model's scope, as a trace records it
-    ops: int  # operations (the scheduler: requests)
-    extra: dict = field(default_factory=dict)  # weights (the mix), batch_prob
+    ops: int  # operations (the scheduler: requests; the engine: the most operations)
+    extra: dict = field(default_factory=dict)  # weights (the mix), batch_prob; the engine's
+    # requests
     timeout: float | None = 10.0
     shrink_seconds: float = SHRINK_SECONDS
     out_of_blocks: str | None = None

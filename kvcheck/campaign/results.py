@@ -310,7 +310,7 @@ class Store:
         caps = self.state["capabilities"]
         notes = self.state.get("coverage_notes") or {}
         never, impossible, na = cov.warnings(model, total, set(caps) if caps is not None else None,
-                                             notes)
+                                             notes, self.settings.accepts)
         return {"classes": True, "total": {k: total.get(k, 0) for k in cov.classes(model)},
                 "never": never, "not_offered": impossible, "not_applicable": na,
                 "counterexample": [k for k in notes.get("counterexample", ()) if not total.get(k)]}

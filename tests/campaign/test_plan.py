@@ -338,13 +338,13 @@ def test_an_engine_run_s_command_parses_to_the_run():
 
 def test_engine_coverage_counts_its_oracle_s_stats():
     """An engine run's classes are its verify-engine figures; abort is an operation its
-    target may lack; cache hits are not applicable where prefix caching was off in every
-    run."""
+    target may lack; cache hits are not applicable where the target accepts prefix caching
+    only off, and a gap where it accepts it on."""
     from types import SimpleNamespace
 
     counter = cov.Counter("engine")
-    state = SimpleNamespace(target=SimpleNamespace(aborts=False), scope=SimpleNamespace(
-        caching=False), stats={"finished": 3, "aborted": 0, "preemptions": 2, "hits": 0})
+    state = SimpleNamespace(target=SimpleNamespace(aborts=False),
+                            stats={"finished": 3, "aborted": 0, "preemptions": 2, "hits": 0})
     counter.watch(state)
     assert counter.capabilities == ["add", "step"]
     assert counter.result(state) == {"engine/finished": 3, "engine/aborted": 0,
@@ -352,8 +352,9 @@ def test_engine_coverage_counts_its_oracle_s_stats():
     total, notes = {}, {}
     cov.merge(total, counter.result(state))
     cov.merge_notes(notes, counter.notes())
-    never, impossible, na = cov.warnings("engine", total, set(counter.capabilities), notes)
+    off = {"caching": [False]}
+    never, impossible, na = cov.warnings("engine", total, set(counter.capabilities), notes, off)
     assert impossible == ["engine/aborted"] and "engine/cache-hit" in na and never == []
-    cov.merge_notes(notes, {"caching_runs": 1})  # a run with prefix caching on: a gap
-    never, _, na = cov.warnings("engine", total, set(counter.capabilities), notes)
-    assert never == ["engine/cache-hit"] and na == {}
+    for accepts in ({"caching": [True, False]}, None):  # it could have hit: a gap
+        never, _, na = cov.warnings("engine", total, set(counter.capabilities), notes, accepts)
+        assert never == ["engine/cache-hit"] and na == {}
