@@ -31,6 +31,12 @@ ROW_DOC = ("The model runner's block table has cdiv(max_model_len, block_size) c
 HITS = "get_computed_blocks: every block a cache hit returns holds the requested prefix"
 REFUSED = "allocate_slots: a refused allocation changes nothing"
 APPENDS = "allocate_slots: the request's blocks grow by its hits and the new blocks returned"
+APPENDS_DOC = ("A request's table keeps its blocks and grows by the hits and the new blocks "
+               "the call returns; one exception: a block the request was given fresh and has "
+               "just filled may be swapped for a cached block holding exactly the same prefix "
+               "(vLLM v0's promotion of a full block to an identical cached one, "
+               "PrefixCachingBlockAllocator.promote_to_immutable_block), and the step may then "
+               "write the same tokens' KV into it again.")
 FREED = "free: the request holds no block afterwards"
 LIVENESS = "every request the pool can hold finishes within the bound"
 COMPUTES = "a scheduled request computes at least one token"

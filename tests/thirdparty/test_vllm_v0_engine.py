@@ -223,3 +223,16 @@ def test_chunked_prefill_with_prefix_caching_is_refused_where_unverified():
     for version in ("0.7.3", "0.9.2"):
         install.ensure(install.ENGINES["vllm-v0"], version)
         assert ve.make_chunked(8, 4, version=version).version == version
+
+
+def test_a_full_block_promoted_to_an_identical_cached_block_is_legal():
+    """v0's prefix-caching allocator swaps a block a request has just filled for a cached
+    block holding the same prefix (promote_to_immutable_block), and the step writes the
+    same token's KV into it again: legal (spec.engine.APPENDS_DOC). A campaign drew this
+    run; the engine oracle used to call it a broken allocate_slots."""
+    _fixed()
+    scope = EngineScope(32, 2, budget=4, max_seqs=1)
+    r = verify(_at("0.9.2"), 32, 2, 2000, 1648115238, model="engine", scope=scope,
+               do_shrink=False, extra={"requests": 20})
+    assert r.verdict == "pass", r.violation
+    assert r.state.stats["promoted"] >= 1, r.state.stats

@@ -162,6 +162,33 @@ def test_a_manager_that_does_not_free_is_caught():
                                 "free: the request holds no block afterwards"), r.violation
 
 
+def reordering(num_blocks, block_size, **kw):
+    """The release's engine whose ``allocate_slots`` then swaps a request's first two blocks
+    (its table no longer keeps its blocks in place)."""
+    t = vllm_v1_engine.make(num_blocks, block_size, **kw)
+    recorder = t.manager.allocate_slots  # kvcheck's recorder around the release's method
+    real = recorder.method
+
+    def allocate_slots(manager, request, *a, **k):
+        got = real(manager, request, *a, **k)
+        blocks = manager.coordinator.single_type_managers[0].req_to_blocks[request.request_id]
+        if got is not None and len(blocks) >= 2:
+            blocks[0], blocks[1] = blocks[1], blocks[0]
+        return got
+
+    recorder.method = allocate_slots
+    return t
+
+
+def test_a_manager_that_reorders_a_table_is_caught():
+    """The exception for v0's promotion (a just-filled block swapped for an identical cached
+    one) does not excuse a table whose blocks move."""
+    r = _engine(reordering, spec=0, seed=1, caching=False)
+    assert r.verdict == "fail"
+    assert r.violation.name == ("allocate_slots: the request's blocks grow by its hits and "
+                                "the new blocks returned"), r.violation
+
+
 def test_every_stand_in_is_declared_with_its_reason():
     """The adapter says, in one place, which objects it replaces and why: every module the
     load stood in is in ``STUBS`` (each builder documented) or under a prefix of ``OFF``

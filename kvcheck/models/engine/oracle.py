@@ -52,6 +52,7 @@ from kvcheck.models.prefix.oracle import Ghost
 from kvcheck.spec import prefix as prefix_spec
 from kvcheck.spec.engine import (
     APPENDS,
+    APPENDS_DOC,
     COMPUTES,
     COMPUTES_DOC,
     FREED,
@@ -98,6 +99,9 @@ class EngineOracle:
         self.last_arrival = 0
         self.reached: dict[int, int] = {}  # request -> the furthest slot a step scheduled
         self.fresh: dict[int, set] = {}  # request -> vLLM block ids given it fresh
+        # request -> {cached vLLM block id: its index} a block the request just filled was
+        # swapped for (v0's promotion to an identical cached block; spec.engine.APPENDS_DOC)
+        self.swapped: dict[int, dict[int, int]] = {}
         self.slots: dict[int, list] = {}  # vLLM block id -> [parent prefix id, {offset: token}]
         self.ghost = Ghost(self.bs)
         self.meanings: dict = {}  # block hash -> prefix id (what the release hashed it from)
@@ -304,6 +308,7 @@ class EngineOracle:
                     v = Violation(n, "contract", FREED, q, subject="seq", witness=(
                         f"after free(request {q}) it still holds vLLM blocks {c.blocks_after}"))
                 self.fresh[q] = set()
+                self.swapped.pop(q, None)
                 self.reached.pop(q, None)
             if v is not None:
                 return v
@@ -342,9 +347,20 @@ class EngineOracle:
                     f"{c.free_after}"))
             return None
         new = result_blocks(c.result)
-        if after[:len(before)] != before or (new and after[len(after) - len(new):] != new):
-            return Violation(n, "contract", APPENDS, q, subject="seq", witness=(
-                f"{c.name} for request {q}: its blocks went from {before} to {after}, "
+        kept = after[:len(before)]
+        swaps = [i for i, (b, a) in enumerate(zip(before, kept, strict=False)) if a != b]
+        if swaps and len(kept) == len(before):
+            chain = self.ghost.chain(self.target.token_ids(q))
+            fresh = self.fresh.get(q, set())
+            if all(before[i] in fresh and i < len(chain) and self._content(kept[i]) == chain[i]
+                   for i in swaps):  # promoted to an identical cached block (APPENDS_DOC)
+                for i in swaps:
+                    self.swapped.setdefault(q, {})[kept[i]] = i
+                self.stats["promoted"] = self.stats.get("promoted", 0) + len(swaps)
+                before = kept
+        if kept != before or (new and after[len(after) - len(new):] != new):
+            return Violation(n, "contract", APPENDS, q, subject="seq", doc=APPENDS_DOC, witness=(
+                f"{c.name} for request {q}: its blocks went from {c.blocks_before} to {after}, "
                 f"returning new blocks {new}"))
         for b in new:
             self.slots[b] = [None, {}]
@@ -365,13 +381,17 @@ class EngineOracle:
                         f"request {q} was scheduled up to token {start + len(toks)} but holds "
                         f"{len(blocks)} block(s) of {bs}"), doc=SLOTS_DOC)
                 b = blocks[i]
+                parent = chain[i - 1] if 0 < i <= len(chain) else -1
+                if b not in fresh and self.swapped.get(q, {}).get(b) == i:
+                    slot = self.slots.get(b, [None, {}])
+                    if slot[0] == parent and slot[1].get(p % bs) == tok:
+                        continue  # the same token's KV again, into the block it was promoted to
                 if b not in fresh:
                     return Violation(n, "contract", WRITE_FRESH, b - self.off, subject="block",
                                      doc=WRITE_FRESH_DOC, witness=(
                         f"step {self.engine_steps} writes request {q}'s token {p} into block "
                         f"{b - self.off} (its block {i}), which it reached through a cache hit: "
                         f"holding {self.ghost.show(self._content(b))}"))
-                parent = chain[i - 1] if 0 < i <= len(chain) else -1
                 slot = self.slots.setdefault(b, [None, {}])
                 if slot[0] != parent:
                     slot[0], slot[1] = parent, {}
