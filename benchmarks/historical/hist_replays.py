@@ -768,6 +768,47 @@ def replay_sglang_4989(version: str) -> tuple[bool, str]:
                        f"slot(s), host-only nodes left: {left}")
 
 
+def replay_sglang_13501(version: str) -> tuple[bool, str]:
+    """sglang PR #13501 (issue #13483): with the storage tier on, a prefetch whose pages do
+    not all come back has its unfilled host pages queued for release twice before 0.5.6 --
+    by ``HiCacheController._page_transfer`` and again by ``prefetch_io_aux_func`` after it
+    -- so the scheduler's drain puts them on the host pool's free list twice. The release's
+    own objects as ``sglang_hicache.make_storage`` builds them (4 device, 8 host slots; the
+    stand-in storage backend holding every page it is asked about, returning none of them;
+    the controller's threads never started): ``prefetch_from_storage`` of 3 tokens under
+    the root, one pass of the release's own ``prefetch_thread_func`` and
+    ``prefetch_io_aux_func`` loops over that operation (``_OneShot``: a queue that stops
+    its loop after the last item), then the scheduler's ``check_prefetch_progress`` and
+    ``drain_storage_control_queues``; the host pool's ``free_slots`` read back."""
+    import queue
+
+    from kvcheck.impl.thirdparty import sglang_hicache as hc
+
+    target = hc.make_storage(4, 1, 8, version=version)
+    tree, ctl, host = target.tree, target.ctl, target.host
+    stop = target._stop()
+    before = sorted(int(x) for x in host.free_slots.tolist())
+    tree.prefetch_from_storage("r", tree.root_node, [5, 6, 7], None)  # (no prefix keys)
+    pages = sorted(int(x) for x in tree.ongoing_prefetch["r"][2].tolist())
+    op = ctl.prefetch_queue.get_nowait()
+    stop.set()  # the prefetch thread: its loop runs until its queue is empty
+    ctl.prefetch_queue = hc._OneShot([op], stop)
+    ctl.prefetch_thread_func()
+    stop.clear()
+    ctl.prefetch_buffer = hc._OneShot(list(ctl.prefetch_buffer.queue), stop)
+    ctl.storage_backend.limit = 0  # (the storage returns none of the pages it said it had)
+    ctl.prefetch_io_aux_func()  # the aux thread: _page_transfer, then its own release
+    stop.clear()
+    ctl.prefetch_queue, ctl.prefetch_buffer = queue.Queue(), queue.Queue()
+    tree.check_prefetch_progress("r")
+    tree.drain_storage_control_queues()
+    free = [int(x) for x in host.free_slots.tolist()]
+    twice = sorted({x for x in free if free.count(x) > 1})
+    return bool(twice), (f"a prefetch of 3 host pages {pages} (free list before: "
+                         f"{len(before)} slots), 0 filled, drained: {len(free)} free-list "
+                         f"entries, pages on it twice: {twice}")
+
+
 def _swap_manager(version: str, num_gpu: int, num_cpu: int, block_size: int, caching: bool):
     """The release's own block manager v2 (``BlockSpaceManagerV2`` to 0.6.2,
     ``SelfAttnBlockSpaceManager`` from 0.6.3) with a CPU pool, watermark 0, loaded with

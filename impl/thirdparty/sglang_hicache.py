@@ -124,7 +124,30 @@ the storage tier's modules, metrics (0.4.9.post3 on)
     ``hicache_storage_backend=None`` and metrics off the release builds none of them, and
     the tree's storage paths (``prefetch_from_storage``, ``write_backup_storage``,
     ``check_prefetch_progress``, their queues) are behind ``enable_storage``: nothing the
-    cache decides here reads them.
+    cache decides here reads them. With the storage tier on (``make_storage``) see the
+    next three.
+the storage backend (``make_storage``: ``mem_cache.storage``'s ``StorageBackendFactory``)
+    ``_dict_backend``: a subclass of the release's own ``HiCacheStorage`` (its
+    ``hicache_storage.py``) holding backed-up pages in a dict. It says it holds every page
+    a prefetch asks about (``batch_exists``) and ``batch_get`` returns the first
+    ``filled`` pages of the completion the driver chose, None after (pages that were
+    listed and then not delivered: evicted from the storage meanwhile, or a failed read).
+    It cannot change what the cache decides: the controller and the tree read only how
+    many pages came back and the hashes, never the bytes. Built by name
+    (``STORAGE_BACKEND``); every other backend the factory is asked for raises.
+the storage tier's threads (``make_storage``)
+    ``prefetch_thread_func``, ``prefetch_io_aux_func`` and ``backup_thread_func`` are the
+    release's own loops, never started as threads (``_Inert``): ``complete`` of a prefetch
+    runs one pass of each prefetch loop over that one operation, a completion runs one
+    pass of the backup loop over every queued backup (``_OneShot``: a queue that hands out
+    its items and then sets the storage threads' stop event, ``storage_stop_event`` from
+    0.5.9, so the loop returns). The driver chooses when a prefetch's pages arrive and how
+    many (``filled``); backups are acked in the step that queued them (a backup's protection
+    of the host copy lasts no longer than the write's completion).
+``torch.distributed`` in the controller, ``mem_cache.deepseek_v4_memory_pool`` (0.5.13 on)
+    with storage on the controller asks the tensor-parallel group's size (one worker) and
+    the storage configuration tests the device pool against DeepSeek V4's class (no pool
+    here is one: ``_stub_off``).
 ``sglang.srt.utils``
     the few functions the allocator reads, compiled from the release's file
     (``sglang._stub_utils``), its upper-case constants (0.5.3.post3: the radix cache's
@@ -215,6 +238,23 @@ The caller -- the scheduler, one request per batch, as 0.4.5's
     load's ack unlocks the loaded nodes.
 ``evict(n)``
     ``evict_host(n)``.
+``prefetch(seq, tokens)`` (``make_storage``)
+    the scheduler's ``_prefetch_kvcache`` for a request not yet scheduled: its match
+    (``init_next_round_input``) and, when the device match ends in a backed-up node,
+    ``prefetch_from_storage(rid, last_host_node, tokens past the device and host hits,
+    last_hash)``: the release protects the last host node, allocates host pages (evicting
+    host nodes when short) and queues a ``PrefetchOperation`` (a job: ``("p", seq)``, its
+    destinations ``ongoing_prefetch[rid][2]``); None when it is rate-limited (0.8 x (host -
+    device) tokens in flight) or finds no room. The request itself is never admitted.
+``complete(job, ok, filled)`` of a prefetch (``make_storage``)
+    the prefetch thread's pass (``_storage_hit_query``: every page hit; the pages past the
+    hit queued for release), the aux thread's pass (``_page_transfer``: ``filled`` pages
+    come back, the rest queued for release -- twice before 0.5.6, sglang #13501), the
+    scheduler's ``check_prefetch_progress(rid)`` (the filled pages inserted as host-only
+    nodes, those the tree already had freed, the protection released) and
+    ``check_hicache_events()`` (``drain_storage_control_queues``: the queued pages freed).
+    With the storage tier on every completion ends with the backup thread's pass and that
+    drain (a completed write's node is backed up to the storage tier: ``writing_check``).
 ``free(seq)``
     the request finishes: one more sampled token, never forwarded, is appended (SGLang's
     last output token has no KV slot) and ``cache_finished_req`` inserts every token that
@@ -230,7 +270,12 @@ would evict (nodes with ``lock_ref == 0``) are exactly those only the cache hold
 slot is held by the tree (a node's ``host_value`` whose write completed: findable under
 the same token path) and by pending operations; the host slots ``evict_host`` evicts are
 those of host-only nodes (a node still on the device keeps its host copy: an inclusive
-cache). Eviction units: one node's slots go together.
+cache). Eviction units: one node's slots go together. With the storage tier on, a pending
+prefetch holds its host pages (a job from the ``storage`` pseudo pool, holding nothing
+there), a node protected by ``protect_host`` (a pending prefetch's last host node) pins
+its host slots and those of the nodes above it (``evict_host`` takes leaves only: none of
+them is evictable while it lasts), and a page on ``host_mem_release_queue`` is held by
+that queue once per time it is queued (a pin; the drain in the same step frees it).
 """
 
 from __future__ import annotations
@@ -469,6 +514,82 @@ def _stub_off(mod: types.ModuleType, _: Loaded) -> None:
     mod.__getattr__ = attr
 
 
+STORAGE_BACKEND = "kvcheck-dict"  # the stand-in backend's name (make_storage)
+
+
+def _stub_storage(mod: types.ModuleType, loaded: Loaded) -> None:
+    """``mem_cache.storage`` (the backends' package) with the storage tier on
+    (``make_storage``): its ``StorageBackendFactory`` builds only the stand-in backend
+    ``STORAGE_BACKEND`` (``_dict_backend``); every other name it is asked for is a class
+    that raises if built (as ``_stub_off``)."""
+    _stub_off(mod, loaded)
+
+    class StorageBackendFactory:
+        @staticmethod
+        def create_backend(backend_name, storage_config, mem_pool_host, **_kw):
+            if backend_name != STORAGE_BACKEND:
+                raise ValueError(f"kvcheck stand-in: no storage backend {backend_name!r}")
+            return _dict_backend(loaded)(storage_config)
+
+    mod.StorageBackendFactory = StorageBackendFactory
+
+
+def _dict_backend(loaded: Loaded):
+    """The stand-in storage backend: a subclass of the release's own ``HiCacheStorage``
+    holding pages in a dict (hash -> page). What it answers is the driver's: it holds
+    every page a prefetch asks about (``batch_exists``: all of them), and ``batch_get``
+    returns the first ``limit`` pages and None after (``limit``: the completion's
+    ``filled``, set by the adapter just before the prefetch thread's step; a page stored
+    by a backup comes back with its bytes, any other as a zero page). It cannot change what
+    the cache decides: the controller and the tree read only how many pages came back
+    (``completed_tokens``) and the hashes, never the bytes."""
+    base = loaded.get(f"{MEM}.hicache_storage").HiCacheStorage
+    import torch
+
+    class _DictStorage(base):
+        def __init__(self, config=None):
+            self.pages: dict = {}
+            self.limit = None  # (None: every page comes back)
+            self.mem_pool_host = None
+
+        def register_mem_pool_host(self, mem_pool_host) -> None:
+            self.mem_pool_host = mem_pool_host
+
+        def get(self, key, target_location=None, target_sizes=None):
+            return self.pages.get(key, target_location)
+
+        def batch_get(self, keys, target_locations=None, target_sizes=None):
+            n = len(keys) if self.limit is None else max(0, min(self.limit, len(keys)))
+            self.limit = None if self.limit is None else self.limit - n
+            dst = list(target_locations or [None] * len(keys))
+            got = [self.pages.get(k, dst[i]) for i, k in enumerate(keys[:n])]
+            return [x if x is not None else torch.zeros(1) for x in got] + [None] * (
+                len(keys) - n)
+
+        def set(self, key, value=None, target_location=None, target_sizes=None):
+            self.pages[key] = value
+            return True
+
+        def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
+            for i, k in enumerate(keys):
+                self.pages[k] = None if values is None else values[i]
+            return True
+
+        def exists(self, key) -> bool:
+            return True
+
+        def batch_exists(self, keys, extra_info=None) -> int:
+            return len(keys)
+
+        def clear(self) -> None:
+            self.pages.clear()
+
+        def get_stats(self):
+            return None
+
+    return _DictStorage
+
+
 def _stub_runtime_context(mod: types.ModuleType, _: Loaded) -> None:
     """``sglang.srt.runtime_context`` (0.5.16 on): the parallel layout the controller reads
     (rank 0 of 1 in every group); the server's arguments through it only for metrics (off):
@@ -567,7 +688,10 @@ STUBS = {f"{MEM}.memory_pool": _stub_memory_pool, f"{MEM}.memory_pool_host": _st
              "storage.hf3fs.storage_hf3fs", "storage.mooncake_store.mooncake_store",
              "storage.nixl.hicache_nixl",
              # the hybrid (NSA, Mamba) pools' controller and assembler (0.5.11 on)
-             "hybrid_cache.hybrid_cache_controller", "hybrid_cache.hybrid_pool_assembler")}}
+             "hybrid_cache.hybrid_cache_controller", "hybrid_cache.hybrid_pool_assembler")},
+         f"{MEM}.storage": _stub_storage,  # (the backends' factory: make_storage's backend)
+         f"{MEM}.deepseek_v4_memory_pool": _stub_off}  # (0.5.13 on: the storage config's
+# isinstance test; no pool here is one)
 
 
 class _DevicePool:
@@ -692,6 +816,7 @@ def _patch_modules(mods: Loaded) -> None:
                                             ReduceOp=torch.distributed.ReduceOp,
                                             ProcessGroup=object)
     mods[HIRADIX].torch = one
+    ctl_torch.distributed = one.distributed  # (the storage tier's controller: one worker)
     import time
 
     class _Time(types.ModuleType):  # (0.4.5's write_back eviction sleeps between its
@@ -707,6 +832,37 @@ def _patch_modules(mods: Loaded) -> None:
         if name.startswith(f"{MEM}.pool_host"):  # real, allocate through torch: unpinned)
             module.torch = _torch_unpinned()
     ctl.__kvcheck_patched__ = True
+
+
+class _OneShot:
+    """A storage thread's queue for one step (``make_storage``): it hands out the items it
+    was given and, with the last, sets the controller's ``stop_event``, so the release's
+    own thread loop (``prefetch_thread_func``, ``prefetch_io_aux_func``,
+    ``backup_thread_func``: ``while not stop_event.is_set(): queue.get(...)``) runs
+    exactly those items and returns (the driver delivers what the thread would do)."""
+
+    def __init__(self, items, stop):
+        self.items, self.stop = list(items), stop
+
+    def get(self, *_a, **_k):
+        import queue
+
+        if not self.items:
+            self.stop.set()
+            raise queue.Empty
+        item = self.items.pop(0)
+        if not self.items:
+            self.stop.set()
+        return item
+
+    def put(self, item, *_a, **_k) -> None:
+        self.items.append(item)
+
+    def empty(self) -> bool:
+        return not self.items
+
+    def qsize(self) -> int:
+        return len(self.items)
 
 
 class _SyncAcks:
@@ -866,7 +1022,8 @@ class SglangHiCacheTarget:
     failures = ()  # the controller has no failure path: every transfer completes
 
     def __init__(self, num_blocks: int, block_size: int, host_blocks: int,
-                 version: str | None = None, write_policy: str = "write_through_selective"):
+                 version: str | None = None, write_policy: str = "write_through_selective",
+                 storage: bool = False):
         import torch
 
         if block_size != 1:
@@ -878,8 +1035,23 @@ class SglangHiCacheTarget:
                               f"num_blocks {num_blocks}")
         self.torch = torch
         self.nb, self.nh = num_blocks, host_blocks
+        self.storage = storage
         mods = self.mods = load(version)
         self.version = mods.dist.version
+        if storage and not hasattr(mods[CONTROLLER].HiCacheController, "prefetch_io_aux_func"):
+            raise MisuseError(f"sglang-hicache-storage: SGLang {self.version}'s controller has "
+                              f"no storage prefetch (prefetch_io_aux_func, 0.5.x); "
+                              f"0.5.3 .. 0.5.14 are driven")
+        ctl_file = mods.root / "sglang/srt/managers/cache_controller.py"
+        if storage and "StorageBackendFactory" not in ctl_file.read_text():
+            raise MisuseError(f"sglang-hicache-storage: SGLang {self.version}'s controller "
+                              f"builds its storage backends by name (no "
+                              f"StorageBackendFactory, before 0.5.3), no stand-in backend "
+                              f"here; 0.5.3 .. 0.5.14 are driven")
+        if storage and (mods.root / "sglang/srt/mem_cache/cpp_utils/native_hash.py").is_file():
+            raise MisuseError(f"sglang-hicache-storage: SGLang {self.version} hashes storage "
+                              f"keys with a C++ extension (mem_cache/cpp_utils/native_hash, "
+                              f"0.5.15 on), not built here; 0.5.3 .. 0.5.14 are driven")
         pool = mods[f"{MEM}.memory_pool"]
         hiradix = mods[HIRADIX]
         allocators = pool if hasattr(pool, "TokenToKVPoolAllocator") else mods[sglang.ALLOCATOR]
@@ -901,6 +1073,10 @@ class SglangHiCacheTarget:
             more = [type(counter.events[0])(counter.num_layers) for _ in range(RING)]
             counter.events += more  # flight: the driver may keep a load pending long
             counter.num_counters = len(counter.events)
+        if storage:
+            self.capabilities = self.capabilities | {"prefetch"}
+            import logging  # (the controller warns of every page a prefetch missed: the
+            logging.getLogger(mods[CONTROLLER].__name__).setLevel(logging.ERROR)  # driver's)
         if write_policy == "write_back":  # (0.4.5 takes no policy argument: its attribute)
             self.tree.cache_controller.write_policy = "write_back"
             if not self._events:  # (0.5.2 on: the eviction synchronizes the write's event)
@@ -930,7 +1106,8 @@ class SglangHiCacheTarget:
             args = self._server_args(
                 hicache_ratio=ratio, hicache_size=0, hicache_write_policy=write_policy,
                 hicache_io_backend="direct", hicache_mem_layout="layer_first",
-                hicache_storage_backend=None, disable_hicache_numa_detect=True)
+                hicache_storage_backend=STORAGE_BACKEND if self.storage else None,
+                disable_hicache_numa_detect=True, **self._storage_args("server"))
             if not hasattr(args, "extra_metric_labels"):
                 args.extra_metric_labels = None
             context = self.mods.modules.get("sglang.srt.runtime_context")
@@ -954,7 +1131,23 @@ class SglangHiCacheTarget:
             kw["enable_metrics"] = False  # (its default: no metrics collector built)
         if takes(init, "hicache_storage_backend"):  # 0.4.9.post3 on
             kw["hicache_storage_backend"] = None  # (the storage tier off: its default)
+            if self.storage:  # (make_storage: the stand-in backend, its prefetch settings)
+                kw.update(hicache_storage_backend=STORAGE_BACKEND, **self._storage_args("kw"))
         return hiradix.HiRadixCache(**kw)
+
+    def _storage_args(self, how: str) -> dict:
+        """The storage tier's settings (``make_storage``): the stand-in backend, a prefetch
+        threshold of one page (page size 1: a prompt of a few tokens prefetches), the
+        best_effort prefetch policy (the default: a prefetch ends when its request is
+        scheduled, with what arrived)."""
+        if not self.storage:
+            return {}
+        extra = '{"prefetch_threshold": 1}'
+        if how == "kw":
+            return {"storage_backend_extra_config": extra,
+                    "hicache_storage_prefetch_policy": "best_effort"}
+        return {"hicache_storage_backend_extra_config": extra,
+                "hicache_storage_prefetch_policy": "best_effort"}
 
     def _params(self):
         """``CacheInitParams`` (0.5.6 on), its fields as the scheduler fills them for a
@@ -1162,7 +1355,7 @@ class SglangHiCacheTarget:
         req = self._live(seq)
         for node in self._path(req.last_node):
             if node.host_value is None and not node.evicted:
-                if self.tree.write_backup(node) is None:
+                if not self.tree.write_backup(node):  # (None before 0.4.9, 0 after)
                     continue  # (no host room for it: its hit count starts again)
                 job = ("w", node.id)
                 self.jobs[job] = {"seq": seq, "kind": "store",
@@ -1170,11 +1363,100 @@ class SglangHiCacheTarget:
                 return job
         return None
 
-    def complete(self, job, ok: bool = True) -> None:
+    def prefetch(self, seq: int, tokens):
+        """The scheduler's ``_prefetch_kvcache`` for a request not yet scheduled
+        (``make_storage``): its match (``init_next_round_input``), and when the match ends
+        in a backed-up node, ``prefetch_from_storage`` of the tokens past the device and
+        host hits: a prefetch job, or None (rate-limited, no host room)."""
+        self._epoch += 1
+        if not self.storage:
+            raise MisuseError("prefetch needs the storage tier (sglang-hicache-storage)")
+        toks = list(tokens)
+        if not toks:
+            raise MisuseError("a prompt has at least one token")
+        job = ("p", seq)
+        if seq in self.reqs or job in self.jobs:
+            raise MisuseError(f"sequence {seq!r} already exists")
+        found = self._match(toks[: len(toks) - 1])
+        if not found.last_device_node.backuped:
+            return None  # (the scheduler's rule: the device prefix must be backed up)
+        last_host = found.last_host_node
+        matched = len(found.device_indices) + found.host_hit_length
+        rid = f"kvcheck-{seq}"
+        more = (None,) if takes(type(self.tree).prefetch_from_storage, "prefix_keys") else ()
+        self.tree.prefetch_from_storage(rid, last_host, toks[matched:],  # (prefix_keys,
+                                        last_host.get_last_hash_value(), *more)  # 0.5.3.post3 on)
+        if rid not in self.tree.ongoing_prefetch:
+            return None
+        self.jobs[job] = {"seq": seq, "kind": "prefetch", "rid": rid,
+                          "op": self.tree.ongoing_prefetch[rid][3]}
+        return job
+
+    def _stop(self):
+        """The storage threads' stop event (0.5.9 on: ``storage_stop_event``, their own)."""
+        ctl = self.ctl
+        return ctl.storage_stop_event if hasattr(ctl, "storage_stop_event") else ctl.stop_event
+
+    def _thread_step(self, func, attr: str, items) -> None:
+        """One step of a storage thread of the release's controller: ``func`` (its own
+        loop) over ``items`` on a one-shot queue in place of ``attr`` (``_OneShot``)."""
+        ctl, stop = self.ctl, self._stop()
+        kept = getattr(ctl, attr)
+        setattr(ctl, attr, _OneShot(items, stop))
+        try:
+            if items:
+                func()
+        finally:
+            if getattr(ctl, attr) is not kept and attr != "prefetch_buffer":
+                setattr(ctl, attr, kept)
+            stop.clear()
+
+    def _prefetched(self, rec, filled: int) -> None:
+        """The prefetch threads' steps for one operation: ``prefetch_thread_func`` (the
+        storage hit query: the stand-in backend holds every page) then
+        ``prefetch_io_aux_func`` (``_page_transfer``: ``filled`` pages come back, then the
+        aux thread's release of the rest); then the scheduler's
+        ``check_prefetch_progress`` (the filled pages inserted, the operation ended)."""
+        import queue
+
+        ctl, op = self.ctl, rec["op"]
+        ctl.prefetch_queue.queue.remove(op)  # (taken off its queue by this thread alone)
+        self._stop().set()  # (prefetch_thread_func runs until its queue is empty)
+        self._thread_step(ctl.prefetch_thread_func, "prefetch_queue", [op])
+        got = list(ctl.prefetch_buffer.queue)
+        ctl.storage_backend.limit = filled
+        try:
+            self._thread_step(ctl.prefetch_io_aux_func, "prefetch_buffer", got)
+        finally:
+            ctl.storage_backend.limit = None
+            ctl.prefetch_buffer = queue.Queue()
+        self.tree.check_prefetch_progress(rec["rid"])
+
+    def _storage_events(self) -> None:
+        """The backup thread's step for every queued backup (``backup_thread_func``: the
+        page set on the stand-in backend, the ack), then the scheduler's
+        ``check_hicache_events`` (its ``drain_storage_control_queues``: backups acked, the
+        host pages queued for release freed)."""
+        ctl = self.ctl
+        items = []
+        while not ctl.backup_queue.empty():
+            items.append(ctl.backup_queue.get_nowait())
+        self._thread_step(ctl.backup_thread_func, "backup_queue", items)
+        self.tree.check_hicache_events()
+
+    def complete(self, job, ok: bool = True, filled: int | None = None) -> None:
         self._epoch += 1
         rec = self.jobs.pop(job, None)
         if rec is None:
             raise MisuseError(f"no pending job {job!r}")
+        if job[0] == "p":
+            n = len(self.tree.ongoing_prefetch[rec["rid"]][2])
+            filled = (n if ok else 0) if filled is None else filled
+            if not 0 <= filled <= n:
+                raise MisuseError(f"filled {filled} is not in 0..{n}")
+            self._prefetched(rec, filled)
+            self._storage_events()
+            return
         op = rec["op"]
         queue, acks = ((self.ctl.write_queue, self.ctl.ack_write_queue) if job[0] == "w"
                        else (self.ctl.load_queue, self.ctl.ack_load_queue))
@@ -1191,6 +1473,8 @@ class SglangHiCacheTarget:
                     acks.put(node_id)
         self.tree.writing_check()  # the scheduler's step
         self.tree.loading_check()
+        if self.storage:  # (a write's ack queues its backup to the storage tier)
+            self._storage_events()
 
     def evict(self, n: int) -> int:
         self._epoch += 1
@@ -1209,7 +1493,27 @@ class SglangHiCacheTarget:
             stack.extend((c, path) for c in node.children.values())
 
     def _pending_ops(self):
-        return [(job, rec) for job, rec in self.jobs.items() if rec["op"] is not None]
+        """The pending copies between the device and the host (prefetches: ``_prefetches``)."""
+        return [(job, rec) for job, rec in self.jobs.items()
+                if rec["op"] is not None and job[0] != "p"]
+
+    def _prefetches(self):
+        """(job, its host pages) of every pending prefetch (``ongoing_prefetch``)."""
+        return [(job, [int(x) for x in self.tree.ongoing_prefetch[rec["rid"]][2].tolist()])
+                for job, rec in self.jobs.items() if job[0] == "p"]
+
+    def _protected(self) -> dict:
+        """Nodes whose host copy a protection keeps from host eviction (``protect_host``: a
+        pending prefetch's last host node, a backup to storage not yet acked) and the
+        nodes above it (``evict_host`` takes leaves only), a pin on their host slots
+        whether or not the device holds them too: id -> node."""
+        out = {}
+        for node, _path in self._nodes():
+            if getattr(node, "host_ref_counter", 0) > 0:
+                for n in self._path(node):
+                    if n.host_value is not None and len(n.host_value):
+                        out[id(n)] = n
+        return out
 
     def _pending_host(self) -> set:
         return {int(h) for job, rec in self._pending_ops() if job[0] == "w"
@@ -1277,6 +1581,11 @@ class SglangHiCacheTarget:
                 for b in blocks:
                     if 0 <= b < n:
                         refs[b] += 1
+        if pool == HOST:
+            for _job, blocks in self._prefetches():
+                for b in blocks:
+                    if 0 <= b < n:
+                        refs[b] += 1
         for blocks in self.pins(pool).values():
             for b in blocks:
                 if 0 <= b < n:
@@ -1316,6 +1625,9 @@ class SglangHiCacheTarget:
             src, dst = ((DEVICE, dev), (HOST, host)) if job[0] == "w" else \
                 ((HOST, host), (DEVICE, dev))
             out[job] = {"kind": rec["kind"], "seq": rec["seq"], "src": src, "dst": dst}
+        for job, host in self._prefetches():  # (from the storage tier: nothing held there)
+            out[job] = {"kind": "prefetch", "seq": job[1], "src": ("storage", []),
+                        "dst": (HOST, host), "holds_src": False}
         return out
 
     def cache_entries(self, pool: str) -> list:
@@ -1324,7 +1636,9 @@ class SglangHiCacheTarget:
     def evictable_blocks(self, pool: str) -> list[int]:
         if pool == DEVICE:
             return [b for b, _k, node in self._slots(DEVICE) if node.lock_ref == 0]
-        return [b for b, _k, node in self._slots(HOST) if node.evicted and node.lock_ref == 0]
+        kept = self._protected() if self.storage else {}
+        return [b for b, _k, node in self._slots(HOST)
+                if node.evicted and node.lock_ref == 0 and id(node) not in kept]
 
     def eviction_units(self, pool: str) -> list[list[int]]:
         """The blocks one eviction takes together: a node's slots."""
@@ -1334,7 +1648,19 @@ class SglangHiCacheTarget:
         return list(units.values())
 
     def pins(self, pool: str) -> dict:
-        return self._lock_pins() if pool == DEVICE else {}
+        if pool == DEVICE:
+            return self._lock_pins()
+        if not self.storage:
+            return {}
+        out = {}
+        kept = [int(x) for n in self._protected().values() for x in n.host_value.tolist()]
+        if kept:
+            out["protect_host"] = kept
+        queued = [int(x) for t in list(self.ctl.host_mem_release_queue.queue)
+                  for x in t.tolist()]
+        if queued:
+            out["host_mem_release"] = queued  # (one reference per time a page is queued)
+        return out
 
     def is_out_of_blocks(self, exc: BaseException) -> bool:
         return isinstance(exc, OutOfBlocks)
@@ -1351,3 +1677,15 @@ def make_write_back(num_blocks: int, block_size: int, host_blocks: int,
     eviction writes it to the host and waits for the write (``_SyncAcks``); no ``store``."""
     return SglangHiCacheTarget(num_blocks, block_size, host_blocks, version=version,
                                write_policy="write_back")
+
+
+def make_storage(num_blocks: int, block_size: int, host_blocks: int,
+                 version: str | None = None) -> SglangHiCacheTarget:
+    """The storage tier on (``sglang-hicache-storage@VERSION``, 0.5.3 .. 0.5.14: the
+    releases with the storage prefetch and its host-release queue): the stand-in backend
+    (``_dict_backend``), prefetches (``prefetch``) completed by the driver with the pages
+    that came back (``complete(job, ok, filled)``), every write backed up to the storage
+    tier and acked in the same step. The release limits prefetches to 0.8 x (host - device)
+    tokens in flight: the host pool must be well above the device pool for any."""
+    return SglangHiCacheTarget(num_blocks, block_size, host_blocks,
+                               version=version or "0.5.6", storage=True)

@@ -8,7 +8,9 @@ protects the nodes being loaded) (the releases scripts/test.sh installs); the ta
 of the release's tree on small cases; the later releases' code paths, one release each
 (``NEWER``), pass short runs under both policies; 0.5.10's write_back eviction leaves a
 stale host leaf (0.5.9 .. 0.5.10's ``evictable_host_leaves``), a leaked host block that
-0.5.20 does not leak on the same trace."""
+0.5.20 does not leak on the same trace. With the storage tier on
+(``sglang-hicache-storage``): sglang PR #13501 (a prefetch's unfilled host pages released
+twice) caught on 0.5.5.post3, gone on 0.5.6; 0.5.6 and 0.5.14 pass short runs."""
 
 from __future__ import annotations
 
@@ -181,3 +183,89 @@ def test_host_leaf_left_stale_by_a_write_back_eviction():
     assert through.ok, through.violation
     stats = through.state.stats
     assert stats["store"] and stats["load"] and stats["complete"] and stats["evict"], stats
+
+
+# -- the storage tier on (make_storage: sglang-hicache-storage@VERSION) -----------------
+STORAGE = ("0.5.5.post3", "0.5.6", "0.5.14")  # #13501's pair, the last driven release
+needs_storage = pytest.mark.skipif(
+    any(not _loader.is_installed(install.select("sglang-hicache", v)) for v in STORAGE),
+    reason=f"SGLang {', '.join(STORAGE)} not installed (kvcheck install sglang==VERSION)")
+STORAGE_SCOPE = TierScope(8, 1, 24)  # (prefetches in flight: at most 0.8 x (24 - 8) tokens)
+
+
+def run_storage(version, ops, seed=0):
+    return verify(f"sglang-hicache-storage@{version}", STORAGE_SCOPE.num_blocks, 1, ops, seed,
+                  model="tiers", scope=STORAGE_SCOPE)
+
+
+@needs_storage
+def test_13501_unfilled_prefetch_pages_released_twice():
+    """0.5.5.post3 queues a prefetch's unfilled host pages for release twice
+    (``_page_transfer`` and ``prefetch_io_aux_func``): the drain frees them twice. Caught
+    as RELEASED_ONCE on a 2-operation trace (a prefetch, completed with fewer pages than
+    it allocated); 0.5.6 passes that trace, and the raw replay agrees on both."""
+    bug = run_storage("0.5.5.post3", 300)
+    assert not bug.ok and bug.violation.name == T.RELEASED_ONCE
+    ops = bug.trace.ops
+    assert [o.kind for o in ops] == ["prefetch", "complete"]
+    assert ops[-1].filled is not None and ops[-1].filled < len(ops[0].tokens)
+    assert replay_trace(bug.trace, "sglang-hicache-storage@0.5.6").violation is None
+    r = _replays()
+    assert r.replay_sglang_13501("0.5.5.post3")[0] is True
+    assert r.replay_sglang_13501("0.5.6")[0] is False
+
+
+@needs_storage
+@pytest.mark.parametrize("version,seed", [("0.5.6", 0), ("0.5.6", 1), ("0.5.14", 2)])
+def test_storage_fixed_releases_pass(version, seed):
+    """No false alarm with the storage tier on: prefetches (some filled partly), stores
+    whose acks queue backups to the storage tier (acked in the same step, so no host copy
+    stays protected), loads and host evictions all ran."""
+    res = run_storage(version, 250, seed)
+    assert res.ok, res.violation
+    stats = res.state.stats
+    assert stats["prefetch"] and stats["store"] and stats["load"] and stats["evict"], stats
+
+
+@needs_storage
+def test_storage_target_reads_a_partial_prefetch_and_a_backup():
+    """A prefetch of 3 pages is a job from the storage tier into 3 host pages the job alone
+    holds, its last host node protected (a pin); completed with 1 page filled: that page is
+    findable under its prefix, the other 2 free once (0.5.6), nothing pinned. A store's
+    completion backs the node up to the storage tier and acks it in the same step: the
+    host copy is evictable once the device drops it (no protection left)."""
+    from kvcheck.impl.thirdparty.sglang_hicache import make_storage
+
+    t = make_storage(8, 1, 24, version="0.5.6")
+    free = len(t.free_blocks(T.HOST))
+    job = t.prefetch(0, [4, 5, 6])
+    jobs = t.pending_jobs()
+    assert jobs[job]["kind"] == "prefetch" and jobs[job]["src"] == ("storage", [])
+    pages = jobs[job]["dst"][1]
+    assert len(pages) == 3 and [t.refcount(T.HOST, b) for b in pages] == [1, 1, 1]
+    t.complete(job, True, 1)
+    assert t.pending_jobs() == {} and t.pins(T.HOST) == {}
+    assert t.cache_entries(T.HOST) == [((4,), pages[0])]
+    after = t.free_blocks(T.HOST)
+    assert len(after) == len(set(after)) == free - 1
+    t.allocate(1, [1, 2])
+    job = t.store(1)
+    t.complete(job, True)
+    assert t.ctl.backup_queue.empty() and t.tree.ongoing_backup == {} and t.pins(T.HOST) == {}
+    assert len(t.ctl.storage_backend.pages) == 2  # (both pages backed up to the storage)
+    t.free(1)
+    t.allocate(2, [9] * 8)  # the device needs every slot: the stored node goes to the host
+    stored = sorted(b for k, b in t.cache_entries(T.HOST) if k[0] == 1)
+    assert len(stored) == 2 and sorted(t.evictable_blocks(T.HOST)) == sorted(
+        stored + [pages[0]])  # (the prefetched page too: host-only, unprotected)
+
+
+@pytest.mark.parametrize("version,why", [("0.5.2", "StorageBackendFactory"),
+                                         ("0.5.20", "C\\+\\+ extension")])
+def test_storage_refused_outside_its_range(version, why):
+    if not _loader.is_installed(install.select("sglang-hicache", version)):
+        pytest.skip(f"SGLang {version} not installed")
+    from kvcheck.impl.thirdparty.sglang_hicache import make_storage
+
+    with pytest.raises(MisuseError, match=why):
+        make_storage(8, 1, 24, version=version)
