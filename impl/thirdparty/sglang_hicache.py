@@ -144,6 +144,10 @@ the storage tier's threads (``make_storage``)
     0.5.9, so the loop returns). The driver chooses when a prefetch's pages arrive and how
     many (``filled``); backups are acked in the step that queued them (a backup's protection
     of the host copy lasts no longer than the write's completion).
+the storage keys' hash (``make_storage``, 0.5.15: ``cpp_utils.native_hash``)
+    a C++ extension the release compiles at run time (not built here): ``_native_hash``
+    computes the SHA-256 chain 0.5.14's own Python ``get_hash_str`` does; only equality
+    and the chaining reach a decision.
 ``torch.distributed`` in the controller, ``mem_cache.deepseek_v4_memory_pool`` (0.5.13 on)
     with storage on the controller asks the tensor-parallel group's size (one worker) and
     the storage configuration tests the device pool against DeepSeek V4's class (no pool
@@ -647,6 +651,35 @@ MEM_UTILS = ("convert_to_bigram_key", "compute_node_hash_values", "split_node_ha
 MEM_UTILS_TABLES = ("_EVICTION_POLICY_FACTORIES",)
 
 
+def _native_hash(token_ids, prior_digest: bytes | None, page_size: int | None = None):
+    """``cpp_utils.native_hash.get_native_hash`` (0.5.15 on: a C++ extension compiled at run
+    time, not built here): the SHA-256 chain 0.5.14's own ``get_hash_str`` computes in
+    Python (each token as 4 little-endian bytes after the prior digest), one hex digest,
+    or with ``page_size`` one per page, each chained on the one before. Only equality and
+    the chaining reach a decision (storage keys; the stand-in backend lists every page)."""
+    import hashlib
+
+    raw = getattr(token_ids, "token_ids", token_ids)
+    toks = list(raw[: len(token_ids)])
+
+    def digest(chunk, prior):
+        h = hashlib.sha256()
+        if prior:
+            h.update(prior)
+        for t in chunk:
+            for e in (t if isinstance(t, tuple) else (t,)):
+                h.update(int(e).to_bytes(4, byteorder="little", signed=False))
+        return h.digest()
+
+    if page_size is None:
+        return digest(toks, prior_digest).hex()
+    out, prior = [], prior_digest
+    for i in range(0, len(toks), page_size):
+        prior = digest(toks[i: i + page_size], prior)
+        out.append(prior.hex())
+    return out
+
+
 def _stub_mem_utils(mod: types.ModuleType, loaded: Loaded) -> None:
     """``mem_cache/utils.py`` (0.5.6 on): of it, the radix cache's key and hash helpers,
     compiled from the installed file (its Triton kernels for MLA buffers are not)."""
@@ -660,7 +693,7 @@ def _stub_mem_utils(mod: types.ModuleType, loaded: Loaded) -> None:
     names = [n for n in MEM_UTILS if f"\ndef {n}(" in text]
     policies = loaded.get(f"{MEM}.evict_policy") if "evict_policy import" in text else None
     sglang.real_functions(mod, loaded, rel, names, {
-        "torch": torch, "hashlib": hashlib,
+        "torch": torch, "hashlib": hashlib, "get_native_hash": _native_hash,  # (0.5.15 on)
         **{n: getattr(typing, n) for n in ("Any", "Callable", "List", "Optional", "Tuple")},
         **{n: v for n, v in vars(policies or types.ModuleType("none")).items()
            if n.endswith("Strategy")}})
@@ -1041,17 +1074,20 @@ class SglangHiCacheTarget:
         if storage and not hasattr(mods[CONTROLLER].HiCacheController, "prefetch_io_aux_func"):
             raise MisuseError(f"sglang-hicache-storage: SGLang {self.version}'s controller has "
                               f"no storage prefetch (prefetch_io_aux_func, 0.5.x); "
-                              f"0.5.3 .. 0.5.14 are driven")
+                              f"0.5.3 .. 0.5.15 are driven")
         ctl_file = mods.root / "sglang/srt/managers/cache_controller.py"
+        tree_file = mods.root / "sglang/srt/mem_cache/hiradix_cache.py"
+        if storage and "_drain_and_alloc_storage_hit" in tree_file.read_text():
+            raise MisuseError(f"sglang-hicache-storage: SGLang {self.version} allocates a "
+                              f"prefetch's host pages only once the storage hit is known "
+                              f"(_drain_and_alloc_storage_hit, 0.5.16 on), a prefetch the "
+                              f"tiers model's (destinations at its start) does not describe; "
+                              f"0.5.3 .. 0.5.15 are driven")
         if storage and "StorageBackendFactory" not in ctl_file.read_text():
             raise MisuseError(f"sglang-hicache-storage: SGLang {self.version}'s controller "
                               f"builds its storage backends by name (no "
                               f"StorageBackendFactory, before 0.5.3), no stand-in backend "
-                              f"here; 0.5.3 .. 0.5.14 are driven")
-        if storage and (mods.root / "sglang/srt/mem_cache/cpp_utils/native_hash.py").is_file():
-            raise MisuseError(f"sglang-hicache-storage: SGLang {self.version} hashes storage "
-                              f"keys with a C++ extension (mem_cache/cpp_utils/native_hash, "
-                              f"0.5.15 on), not built here; 0.5.3 .. 0.5.14 are driven")
+                              f"here; 0.5.3 .. 0.5.15 are driven")
         pool = mods[f"{MEM}.memory_pool"]
         hiradix = mods[HIRADIX]
         allocators = pool if hasattr(pool, "TokenToKVPoolAllocator") else mods[sglang.ALLOCATOR]
@@ -1681,7 +1717,7 @@ def make_write_back(num_blocks: int, block_size: int, host_blocks: int,
 
 def make_storage(num_blocks: int, block_size: int, host_blocks: int,
                  version: str | None = None) -> SglangHiCacheTarget:
-    """The storage tier on (``sglang-hicache-storage@VERSION``, 0.5.3 .. 0.5.14: the
+    """The storage tier on (``sglang-hicache-storage@VERSION``, 0.5.3 .. 0.5.15: the
     releases with the storage prefetch and its host-release queue): the stand-in backend
     (``_dict_backend``), prefetches (``prefetch``) completed by the driver with the pages
     that came back (``complete(job, ok, filled)``), every write backed up to the storage
