@@ -359,6 +359,19 @@ def load(version: str | None = None) -> dict:
     return ns
 
 
+def _ratio_tracker(ns: dict, conservativeness: float):
+    """The release's ``NewTokenRatioTracker.from_config()`` with the launcher's
+    ``schedule_conservativeness`` published (``get_schedule()`` while it reads it)."""
+    schedule = types.SimpleNamespace(**{**vars(CONFIG["schedule"]),
+                                        "schedule_conservativeness": conservativeness})
+    published = ns["get_schedule"]
+    ns["get_schedule"] = _getter(schedule)
+    try:
+        return ns["NewTokenRatioTracker"].from_config()
+    finally:
+        ns["get_schedule"] = published
+
+
 class _Page:
     """A page as the engine oracle's KV calls name it (``block_id``: kvcheck's block)."""
 
@@ -427,7 +440,8 @@ class SglangEngineTarget:
 
     def __init__(self, num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
                  policy: str = "fcfs", caching: bool = True, spec: int = 0,
-                 max_model_len: int = 0, version: str | None = None):
+                 max_model_len: int = 0, version: str | None = None,
+                 schedule_conservativeness: float = 1.0):
         import torch
 
         if num_blocks < 1 or block_size < 1:
@@ -439,6 +453,8 @@ class SglangEngineTarget:
                               "SGLang's ChunkCache, not driven")
         if policy not in ("fcfs", "priority"):
             raise MisuseError(f"unknown policy {policy!r}")
+        if not schedule_conservativeness >= 0:  # the release's validation_hook asserts it
+            raise MisuseError("schedule_conservativeness must be non-negative")
         ns = load(version)
         self.ns = ns
         self.version = ns["__sglang_version__"]
@@ -463,7 +479,7 @@ class SglangEngineTarget:
             page_size=block_size)
         self.tree = mods[f"{mem}.radix_cache"].RadixCache(params)
         self.policy = ns["SchedulePolicy"]("fcfs", self.tree, False, policy == "priority", True)
-        self.ratio = ns["NewTokenRatioTracker"].from_config()
+        self.ratio = _ratio_tracker(ns, schedule_conservativeness)
         self.Batch = type("ScheduleBatch", (_Batch,), dict(ns["BatchMethods"]))
         self.waiting_queue: list = []
         self.running_batch = self.Batch([], self)
@@ -473,6 +489,10 @@ class SglangEngineTarget:
         self.ids: dict[int, int] = {}  # id(Req) -> request id
         self.arrivals = 0
         self.kv_calls: list[KVCall] = []
+        # update_running_batch's retractions: the requests retract_decode returned, and
+        # the steps whose check_decode_mem failed (SGLang's num_retracted_reqs, summed)
+        self.stats = {"retractions": 0, "retract_steps": 0, "retract_aborts": 0}
+        self._ran_last = False  # the loop's last_batch was not None
         # what Scheduler.init_req_max_new_tokens reads (TpModelWorker's limits: max_req_len =
         # min(context_len - 1, max_total_num_tokens - 1))
         self.scheduler = type("Scheduler", (), dict(ns["SchedulerMethods"]))()
@@ -528,7 +548,12 @@ class SglangEngineTarget:
         batch, prefill = self._next_batch()
         calls_in_schedule = list(self.kv_calls)
         scheduled, writes, sampled = {}, {}, {}
+        ran_last, self._ran_last = self._ran_last, batch is not None
         if batch is None:
+            # on_idle: is_fully_idle (no running, chunked, waiting request, nor a batch run
+            # the iteration before) resets the new-token ratio to its initial value
+            if not (self.waiting_queue or self._live() or ran_last):
+                self.ratio.reset()
             return StepResult({}, {}, {}, {}, {}, calls_in_schedule, [])
         for req in batch.reqs:
             q = self.ids[id(req)]
@@ -614,6 +639,9 @@ class SglangEngineTarget:
             free_before = self.num_free()
             retracted, ratio, aborted = running.retract_decode()
             self.ratio.current = ratio
+            self.stats["retract_steps"] += 1
+            self.stats["retractions"] += len(retracted)
+            self.stats["retract_aborts"] += len(aborted)
             for r in retracted + aborted:  # release_req's release_kv_cache
                 self._call("free", r, None, held[id(r)], free_before)
             self.waiting_queue.extend(retracted)
@@ -753,3 +781,21 @@ def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
     ``chunked_prefill_size``) and ``max_seqs`` running requests (see the module doc)."""
     return SglangEngineTarget(num_blocks, block_size, budget, max_seqs, policy, caching, spec,
                               max_model_len or 0, version)
+
+
+OPTIMISTIC = 0.05  # sglang/test/cache_consistency_jitter.py's schedule_conservativeness
+
+
+def make_optimistic(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
+                    policy: str = "fcfs", caching: bool = True, spec: int = 0,
+                    version: str | None = None,
+                    max_model_len: int | None = None) -> SglangEngineTarget:
+    """``kvcheck.impl.thirdparty.sglang_engine:make_optimistic`` (an engine TARGET as
+    ``module:attr``): ``make`` with ``--schedule-conservativeness 0.05``, the
+    optimistic admission SGLang's own retraction test configures (its
+    ``cache_consistency_jitter.py``: "optimistic admission into the deliberately
+    undersized pool ... verify that retraction occurred"): the new-token ratio starts at
+    0.7 x 0.05, so running requests' remaining tokens are barely reserved and decode
+    outgrows the pool -- ``check_decode_mem`` fails and ``retract_decode`` runs."""
+    return SglangEngineTarget(num_blocks, block_size, budget, max_seqs, policy, caching, spec,
+                              max_model_len or 0, version, schedule_conservativeness=OPTIMISTIC)

@@ -2,15 +2,23 @@
 own ``Req``, ``SchedulePolicy``, ``PrefillAdder``, ``RadixCache``, paged allocator and
 allocation / release functions, driven step by step by the engine model. The pinned 0.5.23
 and 0.5.22 pass; a planted bug that frees a running request's page is caught; what the
-adapter does not drive is refused in one line."""
+adapter does not drive is refused in one line. With SGLang's own optimistic admission
+(``schedule_conservativeness`` 0.05, ``make_optimistic``) decode outgrows the pool: the
+release's ``check_decode_mem`` fails and its ``retract_decode`` runs, the run passes, and a
+planted retraction that keeps the retracted request's pages is caught on two requests."""
 
 from __future__ import annotations
 
+import copy
+
+import pytest
+
 from kvcheck.cli import main as kvcheck
+from kvcheck.impl.errors import MisuseError
 from kvcheck.impl.thirdparty import sglang_engine as se
 from kvcheck.impl.thirdparty.sglang_engine import SglangEngineTarget
-from kvcheck.models.engine.model import EngineScope
-from kvcheck.verify import verify
+from kvcheck.models.engine.model import EngineOp, EngineScope
+from kvcheck.verify import replay_ops, verify
 
 
 def _run(factory, seed=0, blocks=8, block_size=4, budget=16, requests=15):
@@ -80,3 +88,76 @@ def test_the_pinned_install_and_the_release_objects():
         "sglang/srt/managers/schedule_policy.py")
     assert t.ns["Req"].__init__.__code__.co_filename.endswith(
         "sglang/srt/managers/schedule_batch.py")
+
+
+def _counted(made, version=None):
+    def factory(*a, **k):
+        if version:
+            k["version"] = version
+        made.append(se.make_optimistic(*a, **k))
+        return made[-1]
+    return factory
+
+
+@pytest.mark.parametrize("version", [None, "0.5.22"])
+def test_optimistic_admission_retracts_and_passes(version):
+    made = []
+    r = verify(_counted(made, version), 8, 4, 2000, 1, model="engine",
+               scope=EngineScope(8, 4, budget=16), do_shrink=False, extra={"requests": 30})
+    assert r.verdict == "pass", r.violation
+    st, target = r.state.stats, made[-1]
+    assert target.version == (version or "0.5.23")
+    assert target.stats["retract_steps"] >= 1 and target.stats["retractions"] >= 1, target.stats
+    # each retracted request left the running set unfinished: the oracle saw it preempted
+    assert st["preemptions"] == target.stats["retractions"], (st, target.stats)
+    assert st["finished"] + st["aborted"] == st["requests"] == 30, st
+
+
+class KeepsRetractedPages(SglangEngineTarget):
+    """A planted bug in the retraction path: the batch's ``release_req`` (what
+    ``retract_decode`` calls per retracted request) unlocks the prefix, frees the request's
+    ``ReqToTokenPool`` row and resets the request, but never hands its KV pages back
+    (``release_kv_cache``'s ``free_kv_row`` skipped): they stay out of the allocator and the
+    tree, held by no one."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, schedule_conservativeness=se.OPTIMISTIC, **k)
+
+        def release_req(batch, idx, remaing_req_count, offload_kv=True):
+            req = batch.reqs[idx]
+            batch.tree_cache.unlock(req.lock)
+            req.lock = None
+            batch.req_to_token_pool.free(req)
+            req.kv.mark_kv_released()
+            req.reset_for_retract()
+            return True
+
+        self.Batch = type("ScheduleBatch", (self.Batch,), {"release_req": release_req})
+        self.running_batch = self.Batch([], self)
+
+
+# two requests on 4 pages of 4: 0 is admitted with its whole max_new reserved, 1 the next
+# step against 0's remaining tokens x the optimistic ratio; both decode until the pool is
+# full, and check_decode_mem fails at engine step 7 (the oracle's sweep drains the run)
+TWO = [EngineOp("add", seq=0, tokens=[2, 3, 4, 5], max_new=6, priority=0),
+       EngineOp("add", seq=1, tokens=[3], max_new=6, priority=0)]
+SMALL = {"num_blocks": 4, "block_size": 4, "budget": 16}
+
+
+def test_a_retraction_that_keeps_the_pages_is_caught_on_two_requests():
+    made = []
+    good = replay_ops("engine", _counted(made), SMALL, copy.deepcopy(TWO))
+    assert good.violation is None, good.violation
+    assert made[-1].stats["retractions"] == 1, made[-1].stats
+    bad = replay_ops("engine", KeepsRetractedPages, SMALL, copy.deepcopy(TWO))
+    v = bad.violation
+    assert v is not None and v.kind == "invariant" and v.name == "free_list", v
+    assert "engine step 7" in v.witness, v.witness
+    for one in TWO:  # 1-minimal: one request alone is never retracted
+        assert replay_ops("engine", KeepsRetractedPages, SMALL, [copy.deepcopy(one)]) \
+            .violation is None
+
+
+def test_a_negative_conservativeness_is_refused():
+    with pytest.raises(MisuseError, match="non-negative"):
+        SglangEngineTarget(4, 4, schedule_conservativeness=-1.0)
