@@ -102,6 +102,23 @@ Time statistics, metrics, logprobs, grammars, LoRA, multimodal inputs, sessions,
     off, as by default; the objects ``Req`` builds for them are stand-ins that record
     nothing (``_Inert``).
 
+Retraction: ``schedule_conservativeness`` (the server argument, default 1.0) is published
+to the release's ``NewTokenRatioTracker.from_config()``: the new-token ratio starts at
+``SGLANG_INIT_NEW_TOKEN_RATIO`` (0.7) x it, decays to 0.14 x that over 600 decode steps
+whose ``check_decode_mem`` held, is set by ``retract_decode`` after a retraction and reset
+by ``on_idle`` when the engine is fully idle. A new request is admitted against its whole
+``max_new_tokens`` (plus a page), a running one only against the ratio x its remaining
+tokens. At 1.0 kvcheck's workloads (``max_new`` at most 3 blocks, runs of a few hundred
+steps) leave less than a page of slack and ``check_decode_mem`` never fails;
+``make_optimistic`` sets 0.05, what SGLang's own ``test/cache_consistency_jitter.py`` sets
+to force retraction into an undersized pool: decode then outgrows the pool and
+``retract_decode`` runs (about a third of the seeded runs at 8 blocks x 4, one to two
+retractions a run). ``stats`` counts ``retractions`` (requests ``retract_decode``
+returned, back to the waiting queue: the oracle counts each as a preemption),
+``retract_steps`` (steps whose ``check_decode_mem`` failed) and ``retract_aborts`` (the
+last request aborted as out of memory: not reached, the driver only draws requests the
+pool holds whole).
+
 Refused in one line: speculative decoding (``--spec-tokens``), prefix caching off (SGLang's
 ``ChunkCache``, another cache, not driven), a release outside 0.5.22 .. 0.5.23 (the
 radix cache's ``checkpoint`` / ``lock`` API and ``checkpoint_kv_cache`` start at 0.5.22).
