@@ -14,7 +14,9 @@ What runs, executed from the installed wheel (``_loader``; nothing rewritten):
   ``check_decode_mem``, ``new_tokens_required_next_decode``, ``retract_decode``,
   ``_get_decode_retraction_order``, ``release_req``, ``batch_size``, ``is_empty``;
 * ``managers/schedule_policy.py``: ``SchedulePolicy`` (``calc_priority``: FCFS, or
-  priority then arrival) and ``PrefillAdder`` (``add_chunked_req``, ``add_one_req``,
+  priority then queue entry: ``time_stats.wait_queue_entry_time``, a counter of entries in
+  order, stamped at arrival and again when a retracted request re-enters, as
+  ``_add_request_to_queue`` stamps it) and ``PrefillAdder`` (``add_chunked_req``, ``add_one_req``,
   ``budget_state``, the token and memory budget);
 * ``mem_cache/prefill_budget.py`` (``PrefillBudget``, via the allocator's own
   ``create_prefill_budget``), ``mem_cache/allocation.py`` (``alloc_for_extend``,
@@ -55,9 +57,9 @@ the order of ``event_loop_normal`` (no overlap) of the release:
 2. with no prefill batch, ``update_running_batch``: ``batch.check_decode_mem()``, else
    ``batch.retract_decode()`` (the release's method: retraction order, ``release_req``:
    ``release_kv_cache(checkpoint=False)`` and ``reset_for_retract``), the retracted
-   requests back to the waiting queue, the ratio as ``retract_decode`` returns it; then
-   ``prepare_for_decode``'s allocation: ``alloc_for_decode_default(batch, 1)`` (the
-   last sampled token's slot);
+   requests back to the end of the waiting queue (their entry time stamped anew), the
+   ratio as ``retract_decode`` returns it; then ``prepare_for_decode``'s allocation:
+   ``alloc_for_decode_default(batch, 1)`` (the last sampled token's slot);
 3. the model output (kvcheck's engine model generates it): one token per request whose
    prefill is complete after this batch (``STOP``, the EOS id in ``eos_token_ids``, with
    probability 0.08, a function of ``gen`` and the request's id); a chunk samples nothing;
@@ -504,7 +506,7 @@ class SglangEngineTarget:
         self.chunked_req = None
         self.requests: dict[int, Any] = {}
         self.ids: dict[int, int] = {}  # id(Req) -> request id
-        self.arrivals = 0
+        self.arrivals = 0  # the queue-entry clock: wait_queue_entry_time, in entry order
         self.kv_calls: list[KVCall] = []
         # update_running_batch's retractions: the requests retract_decode returned, and
         # the steps whose check_decode_mem failed (SGLang's num_retracted_reqs, summed)
@@ -661,6 +663,9 @@ class SglangEngineTarget:
             self.stats["retract_aborts"] += len(aborted)
             for r in retracted + aborted:  # release_req's release_kv_cache
                 self._call("free", r, None, held[id(r)], free_before)
+            for r in retracted:  # _add_request_to_queue(is_retracted=True): the queue entry
+                r.time_stats.wait_queue_entry_time = self.arrivals  # time is stamped anew
+                self.arrivals += 1
             self.waiting_queue.extend(retracted)
             for r in aborted:
                 r.update_finish_state()
