@@ -165,4 +165,8 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
                       "SGLang's own Req, SchedulePolicy, PrefillAdder, RadixCache, paged "
                       "allocator and allocation/release functions (0.5.23; @0.5.22..0.5.23), "
                       "no model; the scheduler's loop is the adapter's, radix cache on"),
+    "sglang-engine-optimistic": ("kvcheck.impl.thirdparty.sglang_engine:make_optimistic",
+                                 "sglang-engine with --schedule-conservativeness 0.05 (SGLang's "
+                                 "own retraction test setting): decode outgrows the pool and "
+                                 "retract_decode runs"),
 }

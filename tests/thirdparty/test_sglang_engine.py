@@ -167,3 +167,12 @@ def test_a_retraction_that_keeps_the_pages_is_caught_on_two_requests():
 def test_a_negative_conservativeness_is_refused():
     with pytest.raises(MisuseError, match="non-negative"):
         SglangEngineTarget(4, 4, schedule_conservativeness=-1.0)
+
+
+def test_the_optimistic_target_is_registered_with_its_versions():
+    """``sglang-engine-optimistic[@VERSION]`` by name: the retracting setting, release by
+    release (as a campaign or a CI line would name it)."""
+    for version in ("", "@0.5.22"):
+        r = _run(f"sglang-engine-optimistic{version}", seed=1, requests=30)
+        assert r.verdict == "pass", r.violation
+        assert r.state.stats["preemptions"] >= 1, r.state.stats

@@ -87,7 +87,7 @@ def test_the_torch_path_passes(version, ops):
     assert st["slide"] > 20 and st["append"] and st["free"] and st["oob"], st
     line = vacuity.line(vacuity.of_result(r))  # the tiers model's operations, not fork & co.
     assert "refcount_conservation" in line and "fork" not in line
-    assert "the contracts of store, load, complete, evict, swap_out, swap_in (not offered)" in line
+    assert "the contracts of store, load, prefetch, complete, evict, swap_out, swap_in (not offered)" in line
 
 
 @needs
