@@ -65,8 +65,16 @@ def test_budget_exhausted_is_said(tmp_path, capsys, command, argv, minimality, f
 
 
 def test_the_campaign_takes_the_same_defaults():
+    """A campaign's runs shrink as the model's checking command does unless --shrink-budget
+    says otherwise (verify-engine's budget is its own: kvcheck.defaults.RUN["engine"])."""
+    from kvcheck.campaign.plan import shrink_budget
+    from kvcheck.defaults import RUN
+
     assert _subparser("campaign").get_default("shrink_seconds") == SHRINK_SECONDS
-    assert _subparser("campaign").get_default("shrink_budget") == SHRINK_STEPS
+    assert _subparser("campaign").get_default("shrink_budget") is None  # the model's
+    for model in ("blocks", "prefix", "scheduler", "device", "hybrid", "tiers"):
+        assert shrink_budget(model) == SHRINK_STEPS, model
+    assert shrink_budget("engine") == RUN["engine"]["shrink_steps"] != SHRINK_STEPS
 
 
 def test_a_negative_budget_is_bad_input(capsys):
