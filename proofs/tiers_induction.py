@@ -301,12 +301,14 @@ def _goal(e: _Encoding, which: int, states, sels):
     L, m = e.L, e.model
     a = FOCUS
     last = len(states) - 1
-    if which == 0:  # pending and not findable at t; its completion (publish) at u: findable
-        return L.or_(*[L.and_(states[t].storing(a), states[t].keys_naming(None, a) == 0, done,
-                              states[u + 1].keys_naming(None, a) >= 1,
+    if which == 0:  # a store started (not a prefetch: storing covers both), pending and
+        # not findable at t; its completion (publish) at u: findable
+        return L.or_(*[L.and_(start, states[t].storing(a), states[t].keys_naming(None, a) == 0,
+                              done, states[u + 1].keys_naming(None, a) >= 1,
                               L.not_(states[u + 1].pending(a)),
                               states[u + 1].meaning(a) == states[u + 1].content(a))
                        for t in range(last + 1) for u in range(t, last)
+                       for s0 in range(t) for start in _taken(sels[s0], "start_store", a)
                        for done in _taken(sels[u], "publish", a)])
     if which == 1:  # a completed store's block, then a load's hit on it: evict refused
         s = states[last]
