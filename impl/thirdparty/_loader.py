@@ -314,6 +314,27 @@ def exec_definitions(path: Path, namespace: dict, names: Sequence[str]) -> list[
     return found
 
 
+def exec_methods(path: Path, cls: str, names: Sequence[str], namespace: dict) -> dict:
+    """The methods ``names`` of the release's class ``cls`` in ``path``, each compiled from
+    its own source text in a copy of ``namespace`` (the class's other members and its bases
+    are not run): name -> function. A method the class lacks raises ``ImportError``."""
+    import ast
+
+    tree = ast.parse(path.read_text(), str(path))
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    keep = [m for m in node.body if isinstance(m, ast.FunctionDef) and m.name in names]
+    missing = set(names) - {m.name for m in keep}
+    if missing:
+        raise ImportError(f"{path} has no {cls}.{', '.join(sorted(missing))}")
+    holder = ast.ClassDef(name=f"_{cls}Methods", bases=[], keywords=[], body=keep,
+                          decorator_list=[])
+    scope = dict(namespace)
+    exec(compile(ast.fix_missing_locations(ast.Module(body=[holder], type_ignores=[])),  # noqa: S102
+                 str(path), "exec"), scope)  # (the release's own source)
+    made = scope[f"_{cls}Methods"]
+    return {n: made.__dict__[n] for n in names}
+
+
 def stub_logger(mod: types.ModuleType, _loaded: Loaded) -> None:
     """Stand-in for ``<pkg>.logger``: ``init_logger`` returns a stdlib logger under
     ``kvcheck.thirdparty`` (quiet unless the application configures logging).

@@ -137,7 +137,6 @@ recorded at the boundary: ``alloc_for_extend`` per request as a ``get_computed_b
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import logging
 import random
@@ -148,7 +147,7 @@ from typing import Any
 
 from ..errors import MisuseError
 from . import install, sglang, sglang_radix
-from ._loader import exec_definitions
+from ._loader import exec_definitions, exec_methods
 from .vllm_v1_engine import KVCall, StepResult
 
 ENGINE_KEY = "sglang-radix"  # install.ENGINES row: the radix cache API range, 0.5.22 .. 0.5.23
@@ -233,24 +232,6 @@ def _getter(value):
     def get():
         return value
     return get
-
-
-def _class_methods(path, cls: str, names, ns: dict) -> dict:
-    """The release's methods ``names`` of class ``cls`` in ``path``, each compiled from its
-    own source text in ``ns`` (the class's other members and bases are not run)."""
-    tree = ast.parse(path.read_text(), str(path))
-    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-    keep = [m for m in node.body if isinstance(m, ast.FunctionDef) and m.name in names]
-    missing = set(names) - {m.name for m in keep}
-    if missing:
-        raise ImportError(f"{path} has no {cls}.{', '.join(sorted(missing))}")
-    holder = ast.ClassDef(name=f"_{cls}Methods", bases=[], keywords=[], body=keep,
-                          decorator_list=[])
-    scope = dict(ns)
-    exec(compile(ast.fix_missing_locations(ast.Module(body=[holder], type_ignores=[])),  # noqa: S102
-                 str(path), "exec"), scope)  # (the release's own source)
-    made = scope[f"_{cls}Methods"]
-    return {n: made.__dict__[n] for n in names}
 
 
 RELEASE = {  # the release's top-level definitions executed (see the module doc)
@@ -370,9 +351,9 @@ def load(version: str | None = None) -> dict:
         missing = [n for n in names if n not in found and n not in OPTIONAL]
         if missing:
             raise ImportError(f"{rel} of sglang {dist.version} has no {', '.join(missing)}")
-    ns["BatchMethods"] = _class_methods(root / SB, "ScheduleBatch", BATCH_METHODS, ns)
-    ns["SchedulerMethods"] = _class_methods(root / SCHEDULER, "Scheduler",
-                                            ("init_req_max_new_tokens",), ns)
+    ns["BatchMethods"] = exec_methods(root / SB, "ScheduleBatch", BATCH_METHODS, ns)
+    ns["SchedulerMethods"] = exec_methods(root / SCHEDULER, "Scheduler",
+                                      ("init_req_max_new_tokens",), ns)
     ns["__mods__"], ns["__sglang_version__"] = mods, dist.version
     _cache[key] = ns
     return ns
