@@ -28,3 +28,46 @@ def test_the_engine_model_gives_the_same_trace_beside_a_cpu_hog(tmp_path):
     with hogs():
         loaded = _trace(tmp_path, "loaded")
     assert idle == loaded
+
+
+# The engine cores and tier adapters added after the test above, one command each: a FAIL
+# whose shrunk trace must match byte for byte, or a PASS whose counts must (a run that
+# read the clock would differ in its steps, hits or preemptions under load).
+LATER = {
+    "aphrodite-v1-engine": (
+        ("verify-engine", "aphrodite-v1-engine@0.22.0", "--policy", "priority",
+         "--spec-tokens", "3", "--blocks", "6", "--seed", "6"), 1),  # vLLM #43569 in the fork
+    "sglang-engine": (("verify-engine", "sglang-engine@0.5.22", "--ops", "300", "--seed", "3"), 0),
+    "sglang-hicache-storage": (
+        ("verify-tiers", "sglang-hicache-storage@0.5.5.post3", "--blocks", "8", "--block-size",
+         "1", "--host-blocks", "24", "--ops", "300", "--seed", "0"), 1),  # sglang-13501
+}
+
+
+def _run_later(tmp: Path, tag: str) -> dict[str, tuple[int, bytes | dict]]:
+    import json
+
+    out = {}
+    for name, (args, rc) in LATER.items():
+        path = tmp / f"{name}-{tag}.json"
+        r = kvcheck(*args, "--json", "--trace-out", str(path))
+        assert r.returncode == rc, (name, r.stdout[-2000:], r.stderr[-2000:])
+        if rc:
+            out[name] = (r.returncode, path.read_bytes())
+        else:
+            got = json.loads(r.stdout)
+            out[name] = (r.returncode, {k: got[k] for k in ("verdict", "ops", "operations",
+                                                            "stats")})
+    return out
+
+
+def test_later_engine_and_tier_targets_give_the_same_verdict_beside_cpu_hogs(tmp_path):
+    from kvcheck.impl.thirdparty import install
+
+    install.ensure(install.ENGINES["aphrodite"], "0.22.0")
+    install.ensure(install.ENGINES["sglang"], "0.5.22")
+    install.ensure(install.ENGINES["sglang-hicache"], "0.5.5.post3")
+    idle = _run_later(tmp_path, "idle")
+    with hogs():
+        loaded = _run_later(tmp_path, "loaded")
+    assert idle == loaded
