@@ -809,6 +809,98 @@ def replay_sglang_13501(version: str) -> tuple[bool, str]:
                          f"entries, pages on it twice: {twice}")
 
 
+def _host_pages_lost(tree, host) -> tuple[list[int], list[int]]:
+    """(free list, pages on neither the host pool's free list nor any node's host_value)."""
+    free = sorted(int(x) for x in host.free_slots.tolist())
+    held, stack = [], [tree.root_node]
+    while stack:
+        node = stack.pop()
+        if node is not tree.root_node and node.host_value is not None:
+            held += [int(x) for x in node.host_value.tolist()]
+        stack.extend(node.children.values())
+    return free, sorted(set(range(int(host.size))) - set(free) - set(held))
+
+
+def prefetch_refill(version: str, cached_first: bool = True) -> tuple[bool, str]:
+    """H2 (docs/findings.md; sglang PR #30106, closed): a storage prefetch's completion
+    (``check_prefetch_progress`` -> ``_insert_helper_host``) hangs its host-only node under
+    whatever node its key now walks to, here a device node another request cached meanwhile,
+    with no host copy. That node then looks like a device leaf (its only other child
+    evicted), and the device eviction removes it as a plain one (``_evict_regular``,
+    ``_delete_leaf``) with the prefetched node under it: 0.5.3 .. 0.5.10 lose its host page
+    (on no free list, in no node), 0.5.11 on stop at ``_evict_regular``'s ``assert
+    len(node.children) == 0, "non-leaf"`` (the scheduler's step raises).
+
+    The release's own objects as ``sglang_hicache.make_storage`` builds them (4 device, 12
+    host slots; its stand-ins: the storage backend, a dict holding every page asked about;
+    the controller's threads never started, one pass of their own loops run over the one
+    operation, ``_OneShot``), the write_through_selective policy at the release's own
+    threshold (2: a node is backed up on its second hit). R1 = [5, 6] arrives with nothing
+    cached: the scheduler's ``_prefetch_kvcache`` prefetches both tokens under the root
+    (``prefetch_from_storage``); R2 = [5, 9] runs and is cached (``insert``: one hit, no
+    host copy); the prefetch's pages both arrive (``prefetch_thread_func``,
+    ``prefetch_io_aux_func``, then ``check_prefetch_progress`` and
+    ``drain_storage_control_queues``), splitting R2's node at [5]; then the device evicts 2
+    tokens. ``cached_first=False`` is the control: the prefetch completes before R2 is
+    cached (its node [5, 6] host-only; R2's insert gives [5] a device value and hangs [9]
+    under it), and nothing is lost."""
+    import queue
+
+    from kvcheck.impl.thirdparty import sglang_hicache as hc
+
+    target = hc.make_storage(4, 1, 12, version=version)
+    tree, ctl, host, alloc = target.tree, target.ctl, target.host, target.alloc
+    tree.write_through_threshold = 2  # write_through_selective's own (make_storage: never)
+    do = _hicache_calls(version)
+    last_host = do.match(tree, [5]).last_host_node  # R1's match: nothing, the root
+    more = (None,) if hc.takes(type(tree).prefetch_from_storage, "prefix_keys") else ()
+    tree.prefetch_from_storage("r1", last_host, [5, 6], last_host.get_last_hash_value(),
+                               *more)
+    pages = [int(x) for x in tree.ongoing_prefetch["r1"][2].tolist()]
+
+    def r2_cached():
+        do.insert(tree, [5, 9], alloc.alloc(2))  # R2's KV cached (cache_finished_req)
+
+    if cached_first:
+        r2_cached()
+    stop = target._stop()
+    op = ctl.prefetch_queue.get_nowait()
+    stop.set()  # (the prefetch thread runs until its queue is empty)
+    ctl.prefetch_queue = hc._OneShot([op], stop)
+    ctl.prefetch_thread_func()  # the storage hit query: both pages
+    stop.clear()
+    ctl.prefetch_buffer = hc._OneShot(list(ctl.prefetch_buffer.queue), stop)
+    ctl.prefetch_io_aux_func()  # _page_transfer: both pages arrive
+    stop.clear()
+    ctl.prefetch_queue, ctl.prefetch_buffer = queue.Queue(), queue.Queue()
+    tree.check_prefetch_progress("r1")  # the scheduler: the refill inserted
+    tree.drain_storage_control_queues()
+    if not cached_first:
+        r2_cached()
+    five = _child(tree, 5)
+    hung = [list(c.key) for c in five.children.values()
+            if c.value is None and c.host_value is not None]
+    shape = (f"node [5] {'with' if five.backuped else 'without'} a host copy, host-only "
+             f"children {hung}")
+    try:
+        do.evict(tree, 2)  # (alloc_token_slots: the device evicts for 2 tokens)
+    except AssertionError as exc:
+        return True, (f"prefetch of [5, 6] into host pages {pages}, R2 = [5, 9] cached "
+                      f"{'before' if cached_first else 'after'} its completion: {shape}; "
+                      f"evict(2) raised AssertionError: {exc}")
+    free, lost = _host_pages_lost(tree, host)
+    return bool(lost), (f"prefetch of [5, 6] into host pages {pages}, R2 = [5, 9] cached "
+                        f"{'before' if cached_first else 'after'} its completion: {shape}; "
+                        f"after evict(2): {len(free)} of {int(host.size)} host pages free, "
+                        f"lost (free nowhere, in no node): {lost}")
+
+
+def replay_sglang_30106(version: str) -> tuple[bool, str]:
+    """H2 / sglang PR #30106 (closed): ``prefetch_refill`` with R2 cached before the
+    prefetch completes."""
+    return prefetch_refill(version, cached_first=True)
+
+
 def _swap_manager(version: str, num_gpu: int, num_cpu: int, block_size: int, caching: bool):
     """The release's own block manager v2 (``BlockSpaceManagerV2`` to 0.6.2,
     ``SelfAttnBlockSpaceManager`` from 0.6.3) with a CPU pool, watermark 0, loaded with
@@ -1134,6 +1226,7 @@ REPLAYS = {
     "sglang-4989": replay_sglang_4989,
     "sglang-5499": replay_sglang_5499,
     "sglang-27631": replay_sglang_27631,
+    "sglang-30106": replay_sglang_30106,
     "aphrodite-1556": replay_aphrodite_1556,
     "aphrodite-42571": replay_aphrodite_42571,
     "vllm-7380": replay_vllm_7380,

@@ -136,6 +136,26 @@ def test_the_18957_replay_on_the_engines_block_manager():
         assert reproduced is expected, (version, detail)
 
 
+
+def test_the_30106_replay_loses_the_refill_only_when_it_hangs_under_an_unbacked_node():
+    """H2 / sglang PR #30106's raw replay (the release's HiRadixCache with the storage tier
+    on): a prefetch completed after another request cached a device-only node on its path
+    loses a host page at the eviction on 0.5.6 and stops at the 'non-leaf' assertion on
+    0.5.13; the same requests with the prefetch completed first (the node then has a host
+    copy) lose nothing on either."""
+    from kvcheck.impl.thirdparty import install
+
+    for version, symptom in (("0.5.6", "lost (free nowhere, in no node): [1]"),
+                             ("0.5.13", "AssertionError: non-leaf")):
+        install.ensure(install.ENGINES["sglang"], version)
+        reproduced, detail = replays.replay_sglang_30106(version)
+        assert reproduced and symptom in detail, (version, detail)
+        assert "node [5] without a host copy" in detail, detail
+        control, detail = replays.prefetch_refill(version, cached_first=False)
+        assert not control and "lost (free nowhere, in no node): []" in detail, (version,
+                                                                                 detail)
+
+
 SGLANG_REPLAYS = """
 import sys
 sys.path.insert(0, sys.argv[1])
