@@ -34,7 +34,18 @@ def describe_exception(exc: BaseException, limit: int = 300) -> str:
 
 def what_it_did(exc: BaseException) -> str:
     """A target's exception as a verb phrase: ``raised Type: message``, or
-    ``called sys.exit(0)`` / ``called os._exit(0)`` for a target that tried to end the process."""
+    ``called sys.exit(0)`` / ``called os._exit(0)`` for a target that tried to end the process.
+
+    A ``StandInGap`` in the exception's chain (``kvcheck.impl.errors``: a release read
+    something one of kvcheck's stand-ins does not give) is not the target's to be judged
+    for: every place that words a target's exception as its crash comes here, so it is
+    raised on from here, to end the run with one line and exit 2 (``kvcheck.cli.dispatch``),
+    never a FAIL."""
+    from kvcheck.impl.errors import stand_in_gap
+
+    gap = stand_in_gap(exc)
+    if gap is not None:
+        raise gap
     if isinstance(exc, SystemExit):
         return f"called sys.exit({exc.code!r})" if exc.code is not None else "called sys.exit()"
     if type(exc).__name__ == "TargetExit":

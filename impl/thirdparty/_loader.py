@@ -45,6 +45,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import StandInMissing
+
 ENV_DIR = "KVCHECK_THIRDPARTY_DIR"
 INSTALL_SCRIPT = "scripts/install_thirdparty.sh"
 MARKER = ".kvcheck-installed"
@@ -333,6 +335,42 @@ def exec_methods(path: Path, cls: str, names: Sequence[str], namespace: dict) ->
                  str(path), "exec"), scope)  # (the release's own source)
     made = scope[f"_{cls}Methods"]
     return {n: made.__dict__[n] for n in names}
+
+
+class StandIn:
+    """A base for an adapter's stand-in classes (a worker's half, a scheduler shell, a
+    manager the engine builds around the KV code): reading an attribute the class does not
+    define raises ``StandInMissing`` (``kvcheck.impl.errors``) naming the class, the
+    attribute and the adapter (``WHERE``), so a release that reads more than the stand-in
+    gives stops the run with one line and exit 2 instead of seeming to crash itself."""
+
+    WHERE = "an adapter's stand-in"  # the module defining the stand-in, for the message
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise StandInMissing(f"the release reads {type(self).__name__}.{name}, which kvcheck's "
+                             f"stand-in {type(self).__name__} ({self.WHERE}) does not give")
+
+
+class Settings:
+    """A stand-in namespace of settings (a release's config objects): reading one it does
+    not hold raises ``StandInMissing`` naming its path (``vllm_config.watermark_config``)
+    and the adapter; settings are fixed for a run, so a deep copy of an engine shares
+    them."""
+
+    def __init__(self, path: str, where: str, **values):
+        self.__dict__["_path"], self.__dict__["_where"] = path, where
+        self.__dict__.update(values)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise StandInMissing(f"the release reads {self._path}.{name}, a setting kvcheck's "
+                             f"stand-in ({self._where}) does not give")
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 def stub_logger(mod: types.ModuleType, _loaded: Loaded) -> None:

@@ -1,8 +1,8 @@
 """Adapter: vLLM v1's engine core -- the release's real ``Scheduler`` with its real
 ``KVCacheManager`` and real ``Request`` objects -- driven step by step with no model.
 
-Issue 34 §1. Releases 0.6.4.post1 .. 0.33.0 (``vllm-v1-engine@VERSION``; 0.33.0 by default;
-run on 0.6.4.post1, 0.6.5, 0.6.6.post1, 0.7.0, 0.7.2, 0.8.0, 0.8.2, 0.8.4 .. 0.33.0). To 0.8.4
+Issue 34 §1. Releases 0.6.4.post1 .. 0.34.0 (``vllm-v1-engine@VERSION``; 0.33.0 by default;
+run on 0.6.4.post1, 0.6.5, 0.6.6.post1, 0.7.0, 0.7.2, 0.8.0, 0.8.2, 0.8.4 .. 0.34.0). To 0.8.4
 the manager preallocates blocks beyond a request's need (``num_preallocate_tokens``, 64,
 as the release's scheduler leaves it): ``preallocate_blocks``, the bound the engine model
 checks a table by; every release's table is also bounded by its block-table row,
@@ -383,7 +383,9 @@ def _stub_structured_output(mod: types.ModuleType, _: Loaded) -> None:
     request of ours asks for structured output, so it holds no grammar, and a request
     never waits for one. Any grammar query answers "none"."""
 
-    class StructuredOutputManager:
+    class StructuredOutputManager(_loader.StandIn):
+        WHERE = "impl/thirdparty/vllm_v1_engine.py"
+
         def __init__(self, *_a: Any, **_k: Any) -> None:
             self.backend = None
 
@@ -404,6 +406,9 @@ def _stub_structured_output(mod: types.ModuleType, _: Loaded) -> None:
 
         def accept_tokens(self, request: Any, tokens: list) -> bool:
             return True  # no grammar: every token is accepted
+
+        def trim_spec_tokens(self, request: Any, spec_tokens: list) -> list:
+            return spec_tokens  # (0.34.0 on) no grammar: the drafts are kept whole
 
         def clear_backend(self) -> None:
             pass
@@ -700,21 +705,13 @@ def scheduler_module(mods: Any) -> str:
 
 
 # -- the settings (the stand-in for VllmConfig) --------------------------------------
-class Settings:
-    """A namespace of settings; reading one it does not hold raises ``AttributeError``
-    naming it (a release reading a setting kvcheck does not give fails loudly at build)."""
+class Settings(_loader.Settings):
+    """A namespace of settings (``_loader.Settings``): a setting kvcheck does not give stops
+    the run with one line and exit 2, at build or in a step (kvcheck's gap, never blamed on
+    the engine)."""
 
     def __init__(self, path: str, **values: Any):
-        self.__dict__["_path"] = path
-        self.__dict__.update(values)
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(f"kvcheck EngineConfig has no setting {self._path}.{name}")
-
-    def __deepcopy__(self, memo):  # settings are immutable for a run: shared by clones
-        return self
+        super().__init__(path, "impl/thirdparty/vllm_v1_engine.py", **values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -732,7 +729,7 @@ class EngineSettings:
 
 
 def engine_config(s: EngineSettings, null: int = 1) -> Settings:
-    """``VllmConfig``'s stand-in: the settings of 0.33.0's config classes (and the names
+    """``VllmConfig``'s stand-in: the settings of 0.34.0's config classes (and the names
     earlier releases read) at their defaults, but for ``s``. A speculative config is the
     n-gram method's (drafts proposed without a forward pass, no lookahead slots)."""
     spec = None
@@ -744,7 +741,8 @@ def engine_config(s: EngineSettings, null: int = 1) -> Settings:
             use_eagle=lambda: False, use_eagle_block_drop=lambda: False,
             needs_eagle_block_drop=lambda: False, uses_draft_model=lambda: False,
             use_dflash=lambda: False, use_dspark=lambda: False, num_lookahead_slots=0,
-            max_num_new_slots_for_drafting=0, parallel_drafting=False)
+            max_num_new_slots_for_drafting=0, parallel_drafting=False,
+            uses_target_hidden_states=False)
     sched = Settings(
         "scheduler_config", max_num_batched_tokens=s.max_num_batched_tokens,
         max_num_scheduled_tokens=None, max_num_seqs=s.max_num_seqs, max_num_active_seqs=None,
@@ -755,7 +753,9 @@ def engine_config(s: EngineSettings, null: int = 1) -> Settings:
         disable_chunked_mm_input=False, scheduler_reserve_full_isl=True, watermark=0.0,
         prefill_schedule_interval=1, async_scheduling=False, max_model_len=s.max_model_len,
         num_lookahead_slots=0, delay_factor=0.0, preemption_mode=None,
-        max_num_partial_prefills=1, max_long_partial_prefills=1, is_multimodal_model=False)
+        max_num_partial_prefills=1, max_long_partial_prefills=1, is_multimodal_model=False,
+        cache_aware_admission_window=0, cache_aware_admission_threshold=0.5,
+        max_num_inflight_kv_loads=None)
     cache = Settings(
         "cache_config", block_size=s.block_size, num_gpu_blocks=s.num_blocks + null,
         enable_prefix_caching=s.enable_prefix_caching, enable_mamba_shared_prefix_checkpoint=False,
@@ -770,7 +770,7 @@ def engine_config(s: EngineSettings, null: int = 1) -> Settings:
     return Settings(
         "vllm_config", scheduler_config=sched, cache_config=cache, model_config=model,
         lora_config=None, kv_events_config=None, kv_transfer_config=None,
-        ec_transfer_config=None, speculative_config=spec,
+        ec_transfer_config=None, speculative_config=spec, watermark_config=None,
         parallel_config=Settings("parallel_config", data_parallel_index=0, data_parallel_rank=0,
                                  data_parallel_size=1, pipeline_parallel_size=1,
                                  decode_context_parallel_size=1,
@@ -1063,11 +1063,9 @@ class EngineTarget:
                 return key.block_hash if hasattr(key, "group_id") else key
         out = []
         off = self.block_offset
-        cached = self._owner.cached_block_hash_to_block
-        for key, val in getattr(cached, "_cache", cached).items():
-            for blk in (val.values() if isinstance(val, dict) else (val,)):
-                if blk.block_id >= off:
-                    out.append((strip(key) if strip else key, blk.block_id - off))
+        for key, blk in vllm_v1.hash_map_blocks(self._owner.cached_block_hash_to_block):
+            if blk.block_id >= off:
+                out.append((strip(key) if strip else key, blk.block_id - off))
         return out
 
     def block_hash(self, block: int):

@@ -91,6 +91,7 @@ def execute(spec: RunSpec) -> dict:
     target refused the drawn shape, or bad-target: it cannot be imported at all)."""
     from kvcheck.check.model import model_named
     from kvcheck.check.watchdog import Watchdog
+    from kvcheck.impl.errors import StandInGap
     from kvcheck.targets.loading import TargetError, load_exception, resolve
 
     start = time.perf_counter()
@@ -119,7 +120,7 @@ def execute(spec: RunSpec) -> dict:
         else:
             r = _verify(spec, model, counter)
             ops, trace, original = r.ops, r.trace, r.original_length
-    except TargetError as exc:  # this shape, or nothing ran: not a verdict
+    except (TargetError, StandInGap) as exc:  # this shape, or nothing ran: not a verdict
         return {**out, "verdict": "refused", "error": str(exc),
                 "seconds": time.perf_counter() - start}
     counter.counterexample(trace)

@@ -103,6 +103,7 @@ def dispatch(args) -> int:
     """Run one parsed command: bad input is one line on stderr and exit 2, never a traceback."""
     from kvcheck.check import interrupts
     from kvcheck.check.trace import TraceError
+    from kvcheck.impl.errors import StandInGap
     from kvcheck.targets.loading import TargetError
 
     try:
@@ -111,6 +112,10 @@ def dispatch(args) -> int:
         return args.run(args)
     except (UsageError, TargetError, TraceError) as exc:
         print(f"kvcheck: error: {exc}", file=sys.stderr)
+        return 2
+    except StandInGap as exc:  # kvcheck's stand-in, not the engine: no verdict
+        print(f"kvcheck: error: cannot run this release as it is: {exc} (kvcheck's gap, not "
+              f"a verdict on the engine)", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # (a command may say how far it got)
         print(f"kvcheck: interrupted{' ' + str(exc) if str(exc) else ''}", file=sys.stderr)

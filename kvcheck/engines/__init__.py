@@ -40,6 +40,10 @@ Outcomes
     an operation's precondition): raise these from an adapter, or answer
     ``is_out_of_blocks(exc)`` / ``is_refusal(exc)`` for the engine's own exceptions
     (``named_out_of_blocks`` / ``named_refusal``: the defaults, by class name).
+    ``StandInGap``: raise it from a stand-in asked for what it does not give (a setting, a
+    method of a stand-in worker): the run then ends with one line and exit 2, never a FAIL
+    blamed on the engine. ``StandIn`` (a base class) and ``Settings`` (a namespace) raise
+    it for any attribute they do not define.
     ``admits(op) -> bool`` declares the operations an engine can express only in part (an
     operation it does not admit is never issued, drawn, replayed or explored: say so in
     the adapter's documentation); ``capabilities`` (a subset of ``OPERATIONS``) the
@@ -65,11 +69,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvcheck.impl.errors import MisuseError, OutOfBlocks, Refused
+from kvcheck.impl.errors import MisuseError, OutOfBlocks, Refused, StandInGap
 from kvcheck.impl.thirdparty._loader import (
     ENV_DIR,
     Dist,
     Loaded,
+    Settings,
+    StandIn,
     StubBuilder,
     ThirdPartyMissing,
     install_dir,
@@ -109,7 +115,8 @@ def installed(key: str) -> Dist | None:
 
 __all__ = [
     "ENV_DIR", "INSTALLED", "OPERATIONS", "PINNED", "PREFIX_OBSERVATION", "Copy", "Dist",
-    "Loaded", "MisuseError", "OutOfBlocks", "Refused", "SeedAdapter", "StubBuilder", "Target",
-    "ThirdPartyMissing", "copies", "install_dir", "installed", "is_installed", "load",
+    "Loaded", "MisuseError", "OutOfBlocks", "Refused", "SeedAdapter", "Settings", "StandIn",
+    "StandInGap", "StubBuilder", "Target", "ThirdPartyMissing", "copies", "install_dir",
+    "installed", "is_installed", "load",
     "named_out_of_blocks", "named_refusal", "require", "select", "stub_logger", "takes",
 ]
