@@ -90,7 +90,8 @@ class Engine:
 
 
 ENGINES: dict[str, Engine] = {e.key: e for e in (
-    Engine("vllm-v1", "vllm", "vllm", pinned="0.33.0", low="0.10.2", high="0.33.0",
+    Engine("vllm-v1", "vllm", "vllm", pinned="0.33.0", low="0.10.2", high="0.34.0",
+           runtime_deps=("numpy",),  # (0.34.0's token ids: vllm/v1/token_buffer.py)
            note="v1 KVCacheManager with BlockPool and KV-cache coordinator"),
     Engine("vllm-v0", "vllm", "vllm", pinned="0.8.5", low="0.4.2", high="0.9.2",
            note="v0 block manager v2 (vllm/core/block/): BlockTable, naive and "

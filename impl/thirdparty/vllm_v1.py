@@ -1,6 +1,6 @@
-"""Adapter: vLLM v1 ``KVCacheManager`` / ``BlockPool`` (vllm 0.10.2 .. 0.33.0) as a ``Target``.
+"""Adapter: vLLM v1 ``KVCacheManager`` / ``BlockPool`` (vllm 0.10.2 .. 0.34.0) as a ``Target``.
 
-Releases: 0.33.0 by default; ``vllm-v1@VERSION`` loads another of 0.10.2 .. 0.33.0
+Releases: 0.33.0 by default; ``vllm-v1@VERSION`` loads another of 0.10.2 .. 0.34.0
 (``kvcheck install vllm-v1==VERSION``); a release of 0.6.4.post1 .. 0.10.1.1 is built by
 ``vllm_v1_early`` (``make`` dispatches on ``install.select``), and a plain ``vllm-v1`` loads the vLLM of this
 environment when its version is in that range (``install.select``; ``vllm-v1@pinned``
@@ -189,6 +189,9 @@ FILES = (
     "vllm.utils.math_utils",
     "vllm.utils.hashing",
     "vllm.utils.mem_constants",  # 0.11.x .. 0.12.x (GiB_bytes, for log messages)
+    "vllm.utils.gc_utils",  # 0.34.0 on: lists the cyclic GC skips (the release's, real)
+    "vllm.v1.token_buffer",  # 0.34.0 on: token ids in an int32 array (TokenBuffer; numpy)
+    "vllm.utils.collection_utils",  # (token_buffer's as_list)
 )
 
 
@@ -238,6 +241,7 @@ class Request:
         self.session_id = None
         self.shared_prefix_boundary = 0
         self.skip_reading_prefix_cache = False
+        self.prefix_cache_hit_limit = None  # 0.34.0 on: no bound (no prompt logprobs)
         self.block_hashes: list = []
         self.spec_token_ids: list[int] = []
         self._block_hasher = block_hasher
@@ -251,6 +255,12 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self._all_token_ids
 
+    def get_max_cache_hit_length(self, bound: int | None = None) -> int:
+        """0.34.0 on: the longest hit allowed (the last token is recomputed; no prompt
+        logprobs, so no limit of the request's own), tightened by ``bound``."""
+        return min(n for n in (self.num_tokens - 1, self.prefix_cache_hit_limit, bound)
+                   if n is not None)
+
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         if isinstance(token_ids, int):
             token_ids = [token_ids]
@@ -261,6 +271,21 @@ class Request:
     def update_block_hashes(self) -> None:
         if self._block_hasher is not None:
             self.block_hashes.extend(self._block_hasher(self))
+
+
+def hash_map_blocks(cached: Any) -> list[tuple[Any, Any]]:
+    """``(key, KVCacheBlock)`` for every block of a ``BlockPool``'s hash map
+    (``cached_block_hash_to_block``), in each release's layout: a dict of dicts (before
+    0.11); a ``BlockHashToBlockMap`` whose ``_cache`` holds a block, or a dict of blocks
+    when several share a key (0.11 .. 0.33); one whose ``_cache`` holds one block id per key
+    and ``_dup_ids`` all the ids of a key cached by several blocks, read through the pool's
+    ``_blocks`` (0.34.0 on)."""
+    if hasattr(cached, "_dup_ids"):
+        return [(key, cached._blocks[i])
+                for key, first in cached._cache.items()
+                for i in cached._dup_ids.get(key, (first,))]
+    return [(key, blk) for key, val in getattr(cached, "_cache", cached).items()
+            for blk in (val.values() if isinstance(val, dict) else (val,))]
 
 
 def _stub_envs(mod: types.ModuleType, _: Loaded) -> None:
@@ -700,15 +725,10 @@ class VllmV1Target:
     # observation methods): BlockPool's hash map and its one free queue, which holds both the
     # evictable blocks (a hash) and the free ones (none); vLLM's null block is left out
     def cache_entries(self) -> list[tuple[Any, int]]:
-        """``(key, block)`` for every block of the pool's hash map (a ``BlockHashToBlockMap``
-        from 0.11, a dict of dicts before)."""
-        out = []
-        cached = self.pool.cached_block_hash_to_block
-        for key, val in getattr(cached, "_cache", cached).items():
-            for blk in (val.values() if isinstance(val, dict) else (val,)):
-                if blk.block_id != 0:
-                    out.append((key, blk.block_id - 1))
-        return out
+        """``(key, block)`` for every block of the pool's hash map (``hash_map_blocks``)."""
+        return [(key, blk.block_id - 1)
+                for key, blk in hash_map_blocks(self.pool.cached_block_hash_to_block)
+                if blk.block_id != 0]
 
     def _queued(self) -> list:
         return [b for b in self.pool.free_block_queue.get_all_free_blocks() if b.block_id != 0]

@@ -533,10 +533,8 @@ class SimpleOffloadTarget:
 
     def _cached_cpu(self) -> dict:
         out = {}
-        for key, got in self.cpu.cached_block_hash_to_block._cache.items():
-            blocks = got.values() if isinstance(got, dict) else [got]
-            for blk in blocks:
-                out[blk.block_id] = (key, blk.block_id - 1, self._published.get(blk.block_id))
+        for key, blk in vllm_v1.hash_map_blocks(self.cpu.cached_block_hash_to_block):
+            out[blk.block_id] = (key, blk.block_id - 1, self._published.get(blk.block_id))
         return out
 
     def refcount(self, pool: str, b: int) -> int:

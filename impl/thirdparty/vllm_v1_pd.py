@@ -303,7 +303,8 @@ class PDTarget:
                      "RequestStatus": RequestStatus,
                      "KV_FETCH_COMPLETED_WAITING": "completed_waiting",
                      "logger": mods["vllm.logger"].init_logger(SCHEDULER)}
-        shell = type("_SchedulerShell", (), _scheduler_methods(mods, namespace))()
+        shell = type("_SchedulerShell", (_loader.StandIn,),
+                     {**_scheduler_methods(mods, namespace), "WHERE": "impl/thirdparty/vllm_v1_pd.py"})()
         shell.connector = self.connector = _NixlConnector()
         shell.requests = {}
         shell.kv_cache_manager = self.manager

@@ -1,4 +1,4 @@
-"""vLLM v1 (0.10.2 .. 0.33.0) for adapters built on kvcheck's (``kvcheck.engines``).
+"""vLLM v1 (0.10.2 .. 0.34.0) for adapters built on kvcheck's (``kvcheck.engines``).
 
 ``VllmV1Target`` is kvcheck's adapter over a real ``KVCacheManager``
 (``impl/thirdparty/vllm_v1.py`` documents every operation, stand-in and observation):

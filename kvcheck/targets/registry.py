@@ -21,7 +21,7 @@ TARGETS: dict[str, tuple[str, str]] = {
                          "the seed's four operations under a cyclic sliding window of 2 blocks "
                          "(tables reuse their blocks cyclically, as vLLM's BlockSpaceManager v1)"),
     "vllm-v1": ("kvcheck.impl.thirdparty.vllm_v1:make",
-                "vLLM v1 KVCacheManager/BlockPool (0.33.0; @0.6.4.post1..0.33.0), prefix caching, no fork"),
+                "vLLM v1 KVCacheManager/BlockPool (0.33.0; @0.6.4.post1..0.34.0), prefix caching, no fork"),
     "vllm-v1-lifecycle": ("kvcheck.impl.thirdparty.vllm_v1_lifecycle:make",
                           "vLLM 0.33.0 v1 KVCacheManager as vllm-v1, the prompt's forward pass "
                           "as commit(seq) (allocate_slots publishes hashes before it)"),
@@ -135,7 +135,7 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
 ENGINE_TARGETS: dict[str, tuple[str, str]] = {
     "vllm-v1-engine": ("kvcheck.impl.thirdparty.vllm_v1_engine:make",
                        "vLLM v1's real Scheduler, KVCacheManager and Request (0.33.0; "
-                       "@0.6.4.post1..0.33.0), no model: add_request, schedule, a generated "
+                       "@0.6.4.post1..0.34.0), no model: add_request, schedule, a generated "
                        "ModelRunnerOutput, update_from_output"),
     "nano-vllm-engine": ("kvcheck.impl.thirdparty.nano_vllm_engine:make",
                          "nano-vllm's real Scheduler, BlockManager and Sequence "

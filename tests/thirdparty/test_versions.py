@@ -72,7 +72,7 @@ def test_parse_maps_a_release_to_its_generation():
     with pytest.raises(install.InstallError, match="0.6.4.post1 .. 0.10.1.1, not 0.6.3"):
         install.select("vllm-v1", "0.6.3.post1", with_family=True)
     # an adapter of the vllm-v1 key that does not load the family keeps its range
-    with pytest.raises(install.InstallError, match="0.10.2 .. 0.33.0, not 0.7.0"):
+    with pytest.raises(install.InstallError, match="0.10.2 .. 0.34.0, not 0.7.0"):
         install.select("vllm-v1", "0.7.0")
     assert install.version_key("0.5.0.post1") > install.version_key("0.5.0")
     assert install.version_key("0.5.0rc1") < install.version_key("0.5.0")
@@ -225,12 +225,24 @@ def test_v1_early_preallocation_is_what_the_adapter_turns_off():
     assert len(t.block_table(0)) == 1
 
 
-@pytest.mark.parametrize("version", ["0.10.2", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.10.2", "0.33.0", "0.34.0"])
 def test_v1_range_ends_pass(version, capsys):
     _have("vllm-v1", version)
     assert vllm_v1.make(4, 2, version=version).version == version
     assert kvcheck(["verify", f"vllm-v1@{version}", "--blocks", "8", "--block-size", "2",
                     "--ops", "1500"]) == 0
+    # the prefix cache read back: 0.34.0 keeps block ids in its hash map (one per key,
+    # every id of a key several blocks hold in ``_dup_ids``), earlier releases blocks
+    t = vllm_v1.make(4, 2, version=version)
+    t.allocate(0, 4, [1, 2, 3, 4])
+    t.allocate(1, 4, [1, 2, 3, 4])  # hits the first block; the last token is recomputed, so
+    # its second block is a new one, cached under the key of request 0's second: two blocks
+    # under one key (0.34.0: the key's ids in ``_dup_ids``)
+    a, b = t.block_table(0), t.block_table(1)
+    assert a[0] == b[0] and a[1] != b[1], (a, b)
+    entries = t.cache_entries()
+    assert sorted(blk for _, blk in entries) == sorted({*a, *b}), entries
+    assert len({key for key, _ in entries}) == 2, entries
     out = capsys.readouterr().out
     assert out.startswith(f"PASS vllm-v1@{version}:")
     if version == install.ENGINES["vllm-v1"].pinned:
@@ -324,7 +336,7 @@ def test_install_list_shows_ranges_and_what_is_installed():
     assert p.returncode == 0, p.stderr
     lines = {ln.split(":")[0]: ln for ln in p.stdout.splitlines()}
     assert set(install.ENGINES) <= set(lines)
-    assert "vllm 0.10.2 .. 0.33.0 (pinned 0.33.0)" in lines["vllm-v1"]
+    assert "vllm 0.10.2 .. 0.34.0 (pinned 0.33.0)" in lines["vllm-v1"]
     assert "vllm 0.6.4.post1 .. 0.10.1.1" in lines["vllm-v1-early"]
     assert "0.33.0" in lines["vllm-v1"].split("installed:")[1]
 

@@ -135,16 +135,19 @@ def test_19459_is_caught_on_0_9_0_through_the_real_scheduler_and_0_9_1_passes():
     assert _engine("vllm-v1-engine@0.9.1", seed=2).verdict == "pass"
 
 
-def test_43569_is_caught_on_0_33_0_with_priority_scheduling():
+@pytest.mark.parametrize("target", ["vllm-v1-engine", "vllm-v1-engine@0.34.0"])
+def test_43569_is_caught_on_0_33_0_and_0_34_0_with_priority_scheduling(target):
     """A lower-priority request's decode completes a block that ``allocate_slots`` caches;
     a higher-priority request then preempts it inside the same ``schedule()``: the key
     names a block whose last slot is never written. FCFS never preempts a request it has
-    already scheduled in that step (the same workload passes)."""
-    r = _engine("vllm-v1-engine", seed=6, policy="priority", shrink=True)
+    already scheduled in that step (the same workload passes). Still so in 0.34.0, the
+    newest release (its int32 token buffers, block-id hash map and new settings read)."""
+    _ensure(target.partition("@")[2] or install.ENGINES["vllm-v1"].pinned)
+    r = _engine(target, seed=6, policy="priority", shrink=True)
     assert r.verdict == "fail", "expected #43569's publish-before-write"
     assert r.violation.name in ("key_after_write", "cache_content"), r.violation
     assert len(r.trace.ops) <= 6, len(r.trace.ops)
-    assert _engine("vllm-v1-engine", seed=6, policy="fcfs").verdict == "pass"
+    assert _engine(target, seed=6, policy="fcfs").verdict == "pass"
 
 
 def leaky(num_blocks, block_size, **kw):
