@@ -1094,6 +1094,86 @@ def replay_sglang_27631(version: str) -> tuple[bool, str]:
                        f"{hit or 'none'} freed under the load")
 
 
+def _unified_write_back(version: str, device: int, host: int):
+    """The release's ``UnifiedRadixCache`` (components ``(FULL,)``) with HiCache under the
+    write_back policy, built as the scheduler builds it (``UnifiedRadixCache(params)`` then
+    ``init_hicache(server_args, params)``) from the modules ``sglang_unified.load`` loads,
+    with its stand-ins (the device KV buffers, the copies' streams and events). Returns
+    (modules, tree, allocator)."""
+    import dataclasses
+    import types
+
+    import torch
+
+    from kvcheck.impl.thirdparty import sglang_hicache as hc
+    from kvcheck.impl.thirdparty import sglang_unified as su
+
+    mods = su.load(version)
+    allocators = mods[hc.sglang.ALLOCATOR]
+    alloc = allocators.TokenToKVPoolAllocator(device, torch.float16, "cpu",
+                                              hc._DevicePool(device), False)
+    rows = mods[f"{hc.MEM}.memory_pool"].ReqToTokenPool(4, 64, "cpu", False)
+    cls = mods[f"{hc.MEM}.cache_init_params"].CacheInitParams
+    given = {"disable": False, "req_to_token_pool": rows, "token_to_kv_pool_allocator": alloc,
+             "page_size": 1, "tp_cache_group": None, "enable_metrics": False,
+             "enable_kv_cache_events": False,
+             "tree_components": (mods[su.COMPONENTS].ComponentType.FULL,)}
+    params = cls(**{k: v for k, v in given.items()
+                    if k in {f.name for f in dataclasses.fields(cls)}})
+    args = types.SimpleNamespace(**{
+        **hc._server_defaults(mods.root), "hicache_ratio": host / device, "hicache_size": 0,
+        "hicache_write_policy": "write_back", "hicache_io_backend": "direct",
+        "hicache_mem_layout": "layer_first", "hicache_storage_backend": None,
+        "disable_hicache_numa_detect": True, "extra_metric_labels": None})
+    context = mods.modules.get("sglang.srt.runtime_context")
+    if context is not None:
+        context.current = args
+    tree = mods[su.UNIFIED].UnifiedRadixCache(params)
+    tree.init_hicache(args, params)
+    return mods, tree, alloc
+
+
+def hc_free(alloc) -> list:
+    """The device allocator's free slots (``free_slots``; 0.5.13's package: ``free_pages``)."""
+    from kvcheck.impl.thirdparty import sglang
+
+    if hasattr(alloc, "free_slots"):
+        return alloc.free_slots.tolist()
+    return sglang.free_pages_of(alloc)
+
+
+def replay_sglang_24585(version: str) -> tuple[bool, str]:
+    """sglang issue #24869 (fix: PR #24585, first released in 0.5.13): under the write_back
+    policy ``UnifiedRadixCache._evict_device_leaf`` writes an unbacked node back
+    (``write_backup(node, write_back=True)``: no lock, ``ongoing_write_through[id] = (node,
+    None)``) and demotes it to the host at once, without waiting for the write; the
+    write's ack, read by the scheduler's next ``check_hicache_events`` -> ``writing_check``,
+    then unlocks a node it never locked whose device value is gone: ``dec_lock_ref(node,
+    None)`` asserts in the FULL component. 4 device and 5 host slots: node A = 4 tokens,
+    ``evict(2)``, the write's copy ends, the next step's check."""
+    mods, tree, alloc = _unified_write_back(version, 4, 5)
+    base = mods["sglang.srt.mem_cache.base_prefix_cache"]
+    radix_key = mods["sglang.srt.mem_cache.radix_cache"].RadixKey
+    slots = alloc.alloc(4)
+    tree.insert(base.InsertParams(key=radix_key([100, 101, 102, 103], None), value=slots))
+    tree.evict(base.EvictParams(num_tokens=2))
+    acks = tree.cache_controller.ack_write_queue
+    pending = [a for a in acks if not a.finish_event.query()]
+    free = sorted(int(x) for x in hc_free(alloc))
+    left = (f"after evict(2): A's device slots {sorted(int(x) for x in slots.tolist())}, "
+            f"device free {free}; {len(pending)} write(s) in flight, "
+            f"ongoing_write_through {sorted(tree.ongoing_write_through)}")
+    for ack in acks:  # the write stream's copy has ended by the scheduler's next step
+        ack.finish_event.synchronize()
+    try:
+        tree.check_hicache_events()
+    except AssertionError as exc:
+        from kvcheck.impl.thirdparty.sglang_unified import _where
+
+        return True, f"{left}; check_hicache_events raised AssertionError: {_where(exc)}"
+    return False, f"{left}; check_hicache_events: nothing to unlock"
+
+
 def _cuda_tensor():
     from kvcheck.impl.thirdparty import sglang_hicache as hc
 
@@ -1226,6 +1306,7 @@ REPLAYS = {
     "sglang-4989": replay_sglang_4989,
     "sglang-5499": replay_sglang_5499,
     "sglang-27631": replay_sglang_27631,
+    "sglang-24585": replay_sglang_24585,
     "sglang-30106": replay_sglang_30106,
     "aphrodite-1556": replay_aphrodite_1556,
     "aphrodite-42571": replay_aphrodite_42571,

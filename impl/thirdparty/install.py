@@ -129,6 +129,13 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
                 "on) off (0.4.4 itself cannot build HiRadixCache: it calls "
                 "RadixCache.__init__ without page_size; 0.4.4.post1 sizes the host pool 3x "
                 "the device's; 0.5.21 on: UnifiedRadixCache, no hiradix_cache.py)"),
+    Engine("sglang-unified", "sglang", "sglang", pinned="0.5.13", low="0.5.12",
+           high="0.5.16", family="sglang",
+           note="SGLang UnifiedRadixCache (mem_cache/unified_radix_cache.py) with its HiCache "
+                "host tier (HybridCacheController, HostPoolGroup) as a tiers target "
+                "(impl/thirdparty/sglang_unified.py): 0.5.12 is the first release with the "
+                "host tier (0.5.11's tree has none); 0.5.17 on move the tree into the "
+                "unified_cache/ package (cache actions), not loaded here"),
     Engine("aphrodite", "aphrodite-engine", "aphrodite", pinned="0.24.1", low="0.20.0",
            high="0.24.1", note="aphrodite-engine's v1 KVCacheManager (a vLLM v1 fork: 0.20.0 "
                                "and 0.21.0 read as vLLM 0.20's, 0.22.0 .. 0.24.1 as 0.26 .. "

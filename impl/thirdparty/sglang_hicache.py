@@ -774,6 +774,21 @@ class _Event:
         pass
 
 
+class _Ring(list):
+    """The load-event ring with ``RING`` more slots (see the module doc), each slot's
+    ``LayerLoadingEvent`` built when the ring first reaches it (the release indexes its ring
+    only: ``events[i]``), not 4096 at every build (most of a target's build time)."""
+
+    def __init__(self, head, make, num_layers: int, total: int):
+        super().__init__(head)
+        self.make, self.num_layers, self.total = make, num_layers, total
+
+    def __getitem__(self, i):
+        if isinstance(i, int) and len(self) <= i < self.total:
+            self.extend(self.make(self.num_layers) for _ in range(i + 1 - len(self)))
+        return super().__getitem__(i)
+
+
 class _Inert:
     """A CUDA stream or a thread that is never run (the driver delivers completions)."""
 
@@ -1069,7 +1084,7 @@ class SglangHiCacheTarget:
         self.torch = torch
         self.nb, self.nh = num_blocks, host_blocks
         self.storage = storage
-        mods = self.mods = load(version)
+        mods = self.mods = self._load(version)
         self.version = mods.dist.version
         if storage and not hasattr(mods[CONTROLLER].HiCacheController, "prefetch_io_aux_func"):
             raise MisuseError(f"sglang-hicache-storage: SGLang {self.version}'s controller has "
@@ -1098,17 +1113,17 @@ class SglangHiCacheTarget:
         context = 8 * num_blocks + 16
         self.rows = pool.ReqToTokenPool(2 * num_blocks + 2, context, "cpu", False)
         self.tree = self._build(hiradix, host_blocks, write_policy)
-        if int(self.tree.token_to_kv_pool_host.size) > host_blocks:  # 0.5.5.post3 on: the
-            extra = int(self.tree.token_to_kv_pool_host.size) - host_blocks  # pool aligned
+        if int(self._host_of(self.tree).size) > host_blocks:  # 0.5.5.post3 on: the
+            extra = int(self._host_of(self.tree).size) - host_blocks  # pool aligned
             self.tree = self._build(hiradix, host_blocks - extra, write_policy)  # up a page
         self.tree.write_through_threshold = float("inf")  # store(seq) starts backups
         # 0.5.2 on: copies issued at once on the controller's streams, acked by their events
         self._events = isinstance(self.tree.cache_controller.ack_write_queue, list)
         counter = getattr(self.tree.cache_controller, "layer_done_counter", None)
         if self._events and hasattr(counter, "events"):  # a ring of one load per batch in
-            more = [type(counter.events[0])(counter.num_layers) for _ in range(RING)]
-            counter.events += more  # flight: the driver may keep a load pending long
-            counter.num_counters = len(counter.events)
+            counter.events = _Ring(counter.events, type(counter.events[0]),  # flight: the
+                                   counter.num_layers, len(counter.events) + RING)  # driver
+            counter.num_counters = counter.events.total  # may keep a load pending long
         if storage:
             self.capabilities = self.capabilities | {"prefetch"}
             import logging  # (the controller warns of every page a prefetch missed: the
@@ -1121,7 +1136,7 @@ class SglangHiCacheTarget:
         self.tree.load_back_threshold = 1
         self.ctl = self.tree.cache_controller
         self._radix_key = getattr(mods[RADIX], "RadixKey", None)
-        self.host = self.tree.token_to_kv_pool_host
+        self.host = self._host_of(self.tree)
         if int(self.host.size) != host_blocks:
             raise MisuseError(f"the host pool has {self.host.size} slots, not {host_blocks}")
         self.reqs: dict[int, _Req] = {}
@@ -1130,6 +1145,16 @@ class SglangHiCacheTarget:
         self.Dev = _device_tensor_class()
         self._epoch = 0  # bumped by every operation (refcount's memo)
         self._memo: tuple = (None, [])
+
+    Req = _Req  # (the request's fields; sglang_unified's has more)
+
+    def _load(self, version: str | None) -> Loaded:
+        return load(version)
+
+    @staticmethod
+    def _host_of(tree):
+        """The tree's host pool (sglang_unified: its FULL component's, in a group)."""
+        return tree.token_to_kv_pool_host
 
     def _build(self, hiradix, host_slots: int, write_policy: str):
         """The release's HiRadixCache over the device pool, its host pool of ``host_slots``
@@ -1281,7 +1306,7 @@ class SglangHiCacheTarget:
         if not toks:
             raise MisuseError("a prompt has at least one token")
         n, tree = len(toks), self.tree
-        req = _Req(toks, None)
+        req = self.Req(toks, None)
         by_req = takes(type(self.rows).alloc, "reqs")  # (0.5.9 on: rows given to requests)
         rows = self.rows.alloc([req] if by_req else 1)
         if rows is None:
@@ -1317,9 +1342,11 @@ class SglangHiCacheTarget:
                         params = self.mods[f"{MEM}.base_prefix_cache"].InitLoadBackParams
                         node = ("best_match_node" if "best_match_node" in getattr(
                             params, "__dataclass_fields__", ()) else "last_host_node")
-                        loaded, req.last_node = tree.init_load_back(params(**{  # (0.5.12:
-                            node: getattr(found, "best_match_node", last_global),  # the
-                            "host_hit_length": host_hit}))  # match's best_match_node)
+                        given = {node: getattr(found, "best_match_node", last_global),
+                                 "host_hit_length": host_hit}  # (0.5.12: the match's
+                        if "req" in getattr(params, "__dataclass_fields__", ()):  # best_match_node;
+                            given["req"] = req  # UnifiedRadixCache reads req.last_node)
+                        loaded, req.last_node = tree.init_load_back(params(**given))
                     else:
                         loaded, req.last_node = tree.init_load_back(last_global, host_hit)
                     req.prefix_indices = self.torch.cat(

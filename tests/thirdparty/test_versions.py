@@ -46,7 +46,8 @@ def _cli(*args, env=None):
     ("vllm", "names several engine generations"),
     ("vllm==", "no version"),
     ("sglang==0.4.3", "sglang 0.4.3 is not supported by any kvcheck adapter (sglang: "
-                      "0.4.8 .. 0.5.23; sglang-hicache: 0.4.4.post2 .. 0.5.20)"),
+                      "0.4.8 .. 0.5.23; sglang-hicache: 0.4.4.post2 .. 0.5.20; "
+                      "sglang-unified: 0.5.12 .. 0.5.16)"),
     ("sglang-radix==0.5.21", "(sglang-radix: 0.5.22 .. 0.5.23)"),
 ])
 def test_bad_requests_are_one_line_and_exit_2(req, words):
