@@ -101,7 +101,8 @@ def test_bad_input_is_one_line_and_exit_2():
     assert p.stderr.count("\n") == 1 and "has no test file test_no_such_file.py" in p.stderr
     p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "attach", "nano-vllm",
                         "test_x.py"], capture_output=True, text=True)
-    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "vllm-v1 only" in p.stderr
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and \
+        "attach observes vllm-v1, vllm-v0 only" in p.stderr
 
 
 def test_a_release_module_that_cannot_be_imported_is_unavailable_not_stood_in(tmp_path):

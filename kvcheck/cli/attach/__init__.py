@@ -1,20 +1,24 @@
 """``kvcheck attach``: an engine's own unit tests, with kvcheck's invariants checked inside.
 
-vLLM's source distribution on PyPI ships its unit tests (``tests/v1/core/``:
+vLLM's source distribution on PyPI ships its unit tests (v1: ``tests/v1/core/``:
 ``test_prefix_caching.py``, ``test_kv_cache_utils.py``, ``test_scheduler.py``,
-``test_single_type_kv_cache_manager.py`` ...). ``kvcheck attach vllm-v1==0.33.0 FILES``
+``test_single_type_kv_cache_manager.py`` ...; v0: ``tests/core/``: ``test_scheduler.py``,
+``test_chunked_prefill_scheduler.py``, ``block/test_block_manager.py`` ...).
+``kvcheck attach vllm-v1==0.33.0 FILES`` (or ``vllm-v0==0.8.5 FILES``)
 
 1. installs the release's Python files as ``kvcheck install`` does (the wheel's ``*.py``,
    into ``~/.cache/kvcheck/thirdparty/vllm-X``) and, once, the few small dependencies its
    KV-cache modules and tests import (``DEPS``, pinned, into ``~/.cache/kvcheck/attach/deps``
-   with ``pip install --target``: never into the environment);
+   with ``pip install --target``: never into the environment; for vllm-v0 also
+   ``ENGINE_DEPS``: transformers, which v0's ``vllm/config.py`` imports at module level);
 2. downloads the release's sdist from the package index at run time (once: its
    ``tests/`` folder is kept in ``~/.cache/kvcheck/attach/vllm-X/``, never in a
    repository) -- the sdist's top ``tests/conftest.py`` (model fixtures, GPU cleanup) is
    left out;
 3. runs the chosen test files with pytest in a child process, with the plugin
    ``kvcheck.cli.attach.plugin``: ``import vllm.*`` answered from the release's own files
-   (``finder.py``), and every public method of ``KVCacheManager`` observed (``observe.py``);
+   (``finder.py``), and every public method of the KV-cache manager observed (v1's
+   ``KVCacheManager``, v0's block space manager: ``observe.READERS``);
 4. prints, per test file: passed / failed by the engine's own assertions / failed by
    kvcheck (with the clause) / not run (with the reason), and the number of states kvcheck
    checked. Exit 0: nothing failed (and states were checked); 1: a test failed (by kvcheck or
@@ -52,7 +56,17 @@ DEFAULT_INDEX = "https://pypi.org/simple"
 # leave the modules importing them unavailable: finder.py)
 DEPS = ("msgspec==0.23.0", "cbor2==6.3.0", "psutil==7.2.2", "pyzmq==27.3.0", "blake3==1.0.11",
         "cachetools==8.0.3", "uvloop==0.23.0", "prometheus_client==0.26.0")
-ENGINES = ("vllm-v1",)  # engines attach knows how to observe (their KV manager's classes)
+# vLLM v0's vllm/config.py and vllm/inputs/ import transformers at module level (v1's import
+# it lazily, or from modules its KV-cache tests do not reach): without it every scheduler test
+# of v0 is not run. v0's scheduler tests build CacheConfig / SchedulerConfig directly, so
+# transformers is imported but reads no model (no hub download). Pinned to one release that
+# every v0 release in kvcheck's range accepts (0.4.2 asks >= 4.40.0, 0.8.5 and 0.9.2 >= 4.51.1),
+# with what it imports that this environment lacks; installed beside DEPS, in a folder of its own
+ENGINE_DEPS = {"vllm-v0": ("transformers==4.51.3", "tokenizers==0.21.4", "huggingface_hub==0.36.2",
+                           "safetensors==0.8.0", "tqdm==4.70.1")}
+# engines attach knows how to observe (their KV manager's classes: observe.READERS), and
+# where a bare test file name is looked for under the sdist's tests/ (after tests/ itself)
+ENGINES = {"vllm-v1": ("v1/core",), "vllm-v0": ("core", "core/block")}
 
 
 class AttachError(Exception):
@@ -70,23 +84,26 @@ def parse(release: str) -> tuple[install.Engine, str]:
     except install.InstallError as exc:
         raise AttachError(str(exc)) from None
     if engine.key not in ENGINES:
-        raise AttachError(f"attach observes {', '.join(ENGINES)} only (its KVCacheManager), "
-                          f"not {engine.key}")
+        raise AttachError(f"attach observes {', '.join(ENGINES)} only (vLLM v1's "
+                          f"KVCacheManager, v0's block space manager), not {engine.key}")
     return engine, version
 
 
-def ensure_deps(say=print) -> Path:
-    """The folder of ``DEPS`` (installed once, with ``pip install --target``)."""
-    folder = cache_dir() / f"deps-py{sys.version_info[0]}.{sys.version_info[1]}"
+def ensure_deps(say=print, engine: str = "vllm-v1") -> Path:
+    """The folder of ``DEPS`` and the engine's ``ENGINE_DEPS`` (installed once, with ``pip
+    install --target``)."""
+    extra = ENGINE_DEPS.get(engine, ())
+    py = f"py{sys.version_info[0]}.{sys.version_info[1]}"
+    folder = cache_dir() / (f"deps-{engine}-{py}" if extra else f"deps-{py}")
     marker = folder / ".kvcheck-deps"
-    want = " ".join(DEPS)
+    want = " ".join((*DEPS, *extra))
     if marker.is_file() and marker.read_text().strip() == want:
         return folder
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     say(f"kvcheck attach: installing {want} into {folder}")
     p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                        str(partial), *DEPS], capture_output=True, text=True)
+                        str(partial), *DEPS, *extra], capture_output=True, text=True)
     if p.returncode != 0:
         lines = [ln.strip() for ln in (p.stderr + p.stdout).splitlines()
                  if ln.strip() and not ln.lstrip().startswith("WARNING")]
@@ -198,7 +215,8 @@ class Outcome:
 
 def run(release: str, files: list[str], extra: list[str] | None = None, say=print) -> Outcome:
     """Attach to ``release``'s tests ``files`` (paths under the sdist's ``tests/``, or under
-    ``tests/v1/core/``); the outcome per file."""
+    ``tests/v1/core/`` for vllm-v1, ``tests/core/`` or ``tests/core/block/`` for vllm-v0); the
+    outcome per file."""
     engine, version = parse(release)
     if not files:
         raise AttachError("name at least one test file, e.g. test_prefix_caching.py")
@@ -206,12 +224,13 @@ def run(release: str, files: list[str], extra: list[str] | None = None, say=prin
         root = install.ensure(engine, version)
     except install.InstallError as exc:
         raise AttachError(str(exc)) from None
-    deps = ensure_deps(say)
+    deps = ensure_deps(say, engine.key)
     tests = ensure_tests(engine.dist, version, say)
     paths = []
     for f in files:
         name, sep, rest = f.partition("::")
-        cands = [tests / name, tests / "tests" / name, tests / "tests" / "v1" / "core" / name]
+        cands = [tests / name, tests / "tests" / name,
+                 *(tests / "tests" / sub / name for sub in ENGINES[engine.key])]
         hit = next((c for c in cands if c.is_file() and c.resolve().is_relative_to(
             (tests / "tests").resolve())), None)
         if hit is None:
@@ -223,7 +242,8 @@ def run(release: str, files: list[str], extra: list[str] | None = None, say=prin
         cmd = [sys.executable, "-m", "pytest", "-p", "kvcheck.cli.attach.plugin",
                "-p", "no:cacheprovider", f"--rootdir={tests}", "-c", os.devnull,
                f"--kvcheck-attach={root}", f"--kvcheck-attach-deps={deps}",
-               f"--kvcheck-attach-report={report}", "-q", "--no-header", "-W", "ignore",
+               f"--kvcheck-attach-report={report}", f"--kvcheck-attach-engine={engine.key}",
+               "-q", "--no-header", "-W", "ignore",
                "--tb=no", "--continue-on-collection-errors", *paths, *(extra or [])]
         env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
         p = subprocess.run(cmd, cwd=tests, env=env, capture_output=True, text=True)

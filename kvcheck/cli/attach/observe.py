@@ -1,4 +1,10 @@
-"""kvcheck's invariants on a vLLM v1 ``KVCacheManager`` that an engine's own test built.
+"""kvcheck's invariants on a KV-cache manager that an engine's own test built.
+
+One design for every engine generation: a ``Reader`` per generation (``READERS``) names the
+classes ``plugin.py`` wraps and reads a manager's state into one ``State``; ``check``
+evaluates the spec's clauses on it, the same for all. ``V1Reader``: vLLM v1's
+``KVCacheManager`` (below); ``V0Reader``: vLLM v0's block space manager (its docstring).
+What follows is the v1 reading.
 
 The state is read from the manager's own objects after each of its public methods returns
 (``plugin.py`` wraps them): the ``BlockPool``'s blocks (``ref_cnt``, ``block_hash``), its
@@ -83,6 +89,13 @@ class State:
     entries: list[tuple[object, int]]  # the hash map: (key, block)
     caching: bool
     multi_key: bool  # the pool keeps several keys per block by design (partial prefix entries)
+    # the free blocks split as the prefix cache reads them, where the release keeps them
+    # apart (vLLM v0: the hashless allocator's free ids and the evictor's); None: the free
+    # queue's blocks, those with a block_hash evictable (vLLM v1)
+    plain_free: list[int] | None = None
+    evictable: list[int] | None = None
+    names: tuple[str, ...] = ()  # the engine's name of each kvcheck block (v0: "GPU block 3")
+    ref_word: str = "ref_cnt"  # what the engine calls a block's reference count
 
 
 IN_SCOPE = ("FullAttentionManager", "SlidingWindowManager", "MambaManager")
@@ -140,12 +153,14 @@ def read(manager) -> State:
                  hasattr(pool, "cached_block_hashes_by_block"))
 
 
-def _subject(kind: str, element, names: dict[int, tuple[str, int]]) -> str:
+def _subject(kind: str, element, names: dict[int, tuple[str, int]], state: State) -> str:
     if kind == "block":
+        if state.names and 0 <= element < len(state.names):
+            return f"block {element} (vLLM {state.names[element]})"
         return f"block {element} (vLLM block {element + 1})"
     if kind == "seq":
         req, group = names[element]
-        return f"request {req!r} (KV-cache group {group})"
+        return str(req) if group is None else f"request {req!r} (KV-cache group {group})"
     return "the pool"
 
 
@@ -163,12 +178,15 @@ def check(state: State) -> Broken | None:
                     snap.blocks() if inv.domain == "block" else snap.seqs())
         for x in elements:
             if not inv.holds_for(PY, snap, x):
-                return Broken(name, _subject(inv.domain, x, names),
+                return Broken(name, _subject(inv.domain, x, names, state),
                               _block_evidence(name, snap, x, state, names), inv.doc)
     if not state.caching:
         return None
-    free = [b for b in state.queue if b not in state.hashed]
-    evictable = [b for b in state.queue if b in state.hashed]
+    if state.plain_free is not None:
+        free, evictable = state.plain_free, state.evictable or []
+    else:
+        free = [b for b in state.queue if b not in state.hashed]
+        evictable = [b for b in state.queue if b in state.hashed]
     psnap = prefix_spec.PrefixSnapshot(state.num_blocks, 1, state.refs, free, evictable,
                                        state.entries, {})
     for name in PREFIX_INVARIANTS:
@@ -178,35 +196,40 @@ def check(state: State) -> Broken | None:
         elements = [None] if inv.domain == "global" else psnap.blocks()
         for x in elements:
             if not inv.holds_for(PY, psnap, x):
-                return Broken(name, _subject(inv.domain, x, names),
+                return Broken(name, _subject(inv.domain, x, names, state),
                               _prefix_evidence(psnap, x, state), inv.doc)
     return None
 
 
+def _holder(req, group) -> str:
+    return str(req) if group is None else f"{req!r} (group {group})"
+
+
 def _holders(state: State, b: int) -> list[str]:
-    return [f"{req!r} (group {group})" for (req, group), t in state.tables.items()
+    return [_holder(req, group) for (req, group), t in state.tables.items()
             for entry in t if entry == b]
 
 
 def _block_evidence(name: str, snap: Snapshot, x, state: State, names) -> str:
     if name == "refcount_conservation":
         held = _holders(state, x)
-        return (f"ref_cnt is {snap.ref(x)}, but {len(held)} table entr"
+        return (f"{state.ref_word} is {snap.ref(x)}, but {len(held)} table entr"
                 f"{'y names' if len(held) == 1 else 'ies name'} it"
                 f"{': ' + ', '.join(held) if held else ''}")
     if name == "free_list":
-        return (f"ref_cnt is {snap.ref(x)} and it is on the free queue {snap.free_count(x)} "
+        return (f"{state.ref_word} is {snap.ref(x)} and it is on the free queue "
+                f"{snap.free_count(x)} "
                 f"time(s)")
     if name in ("free_list_in_pool", "num_free_agrees", "free_list_size"):
         zero = snap.zero_refs()
         return (f"the free queue holds {len(state.queue)} entries "
                 f"({snap.free_entries()} of them pool blocks), get_num_free_blocks() is "
-                f"{state.num_free}, {zero} block(s) have ref_cnt 0")
+                f"{state.num_free}, {zero} block(s) have {state.ref_word} 0")
     if name == "valid_block_ids":
         return f"its table is {list(snap.table_tuple(x))} (pool of {state.num_blocks} blocks)"
     if name == "no_aliasing":
         req, group = names[x]
-        others = [f"{r!r} (group {g})" for (r, g), ident in state.identities.items()
+        others = [_holder(r, g) for (r, g), ident in state.identities.items()
                   if ident == state.identities[(req, group)] and (r, g) != (req, group)]
         return f"its block list is the same object as {', '.join(others)}'s"
     return "see the rule"
@@ -220,6 +243,189 @@ def _prefix_evidence(psnap, x, state: State) -> str:
         where.append(f"on the free queue without a hash ({psnap.on_free(x)}x)")
     if psnap.on_evictable(x):
         where.append(f"on the free queue with a hash ({psnap.on_evictable(x)}x)")
-    return (f"ref_cnt is {psnap.ref(x)}, {psnap.cache_entries(x)} key(s) of the hash map name "
+    return (f"{state.ref_word} is {psnap.ref(x)}, {psnap.cache_entries(x)} key(s) of the "
+            f"hash map name "
             f"it, it has {'a' if x in state.hashed else 'no'} block_hash"
             f"{', ' + ' and '.join(where) if where else ', not on the free queue'}")
+
+
+# -- one reader per engine generation: which classes are observed, and how a state is read --
+
+def _release_class(module: str, name: str):
+    """The release's class ``module.name`` (through attach's import hook), or None where the
+    release has no such module or class, or cannot import it here (an unavailable module's
+    names are placeholders: ``finder.py``)."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return None
+    cls = getattr(mod, name, None)
+    if not isinstance(cls, type) or hasattr(cls, "__kvcheck_unavailable__"):
+        return None
+    return cls
+
+
+class Reader:
+    """How ``plugin.py`` observes one engine generation's KV-cache manager: the classes whose
+    public methods it wraps, the pool objects whose methods a test may call behind the
+    manager's back, the calls that hand references to the caller, and the reading of a
+    manager's state into a ``State`` (``check`` is the same for every engine)."""
+
+    engine = ""
+    handoff: dict[str, str] = {}
+
+    def manager_classes(self) -> list[type]:
+        raise NotImplementedError
+
+    def pool_classes(self) -> list[tuple[type, frozenset]]:
+        """(class, names of its methods that change nothing): a call of another public
+        method from outside a manager call marks the pool edited (``plugin._outside``)."""
+        return []
+
+    def pools(self, manager) -> list:
+        """The objects of ``manager`` that ``plugin._outside`` may have marked."""
+        return []
+
+    def out_of_scope(self, manager) -> str | None:
+        return None
+
+    def read(self, manager) -> State:
+        raise NotImplementedError
+
+
+class V1Reader(Reader):
+    """vLLM v1's ``KVCacheManager`` (``read``, ``out_of_scope`` above)."""
+
+    engine = "vllm-v1"
+    handoff = {"take_kv_cache_block_copies": "it handed references to its caller "
+                                             "(take_kv_cache_block_copies: a copy's endpoints, "
+                                             "released by the scheduler after the copy)",
+               "pop_blocks_for_free": "it handed a request's blocks to its caller "
+                                      "(pop_blocks_for_free: freed by the caller later)"}
+
+    def manager_classes(self) -> list[type]:
+        import vllm.v1.core.kv_cache_manager as kvm  # the release's own file, through the finder
+
+        return [kvm.KVCacheManager]
+
+    def pool_classes(self) -> list[tuple[type, frozenset]]:
+        import vllm.v1.core.block_pool as bp
+
+        return [(bp.BlockPool, frozenset({"get_num_free_blocks", "get_usage",
+                                          "get_cached_block", "take_events"}))]
+
+    def pools(self, manager) -> list:
+        return [manager.block_pool]
+
+    def out_of_scope(self, manager) -> str | None:
+        return out_of_scope(manager)
+
+    def read(self, manager) -> State:
+        return read(manager)
+
+
+class V0Reader(Reader):
+    """vLLM v0's block space manager: block manager v2 (``SelfAttnBlockSpaceManager``,
+    ``vllm/core/block_manager.py``, 0.6.3 on; ``BlockSpaceManagerV2``,
+    ``block_manager_v2.py``, 0.4.2 .. 0.6.2), the reading ``impl/thirdparty/vllm_v0.py``
+    and ``vllm_v0_engine.py`` use for ``kvcheck verify``:
+
+    * the pool: the ``CpuGpuBlockAllocator``'s GPU and CPU allocators together (their block
+      ids are disjoint, GPU first; a swap moves a table's blocks from one to the other), so
+      kvcheck's block ``b`` is the ``b``-th of their ids (on a CUDA-like platform, vLLM's
+      block id ``b``); a block's reference count is its allocator's ``RefCounter``;
+    * the free blocks: each allocator's free ids (the prefix-caching allocator's
+      ``_hashless_allocator``'s ``_free_block_indices``) and, with prefix caching, its
+      evictor's ``free_table`` (cached, unreferenced: what ``get_num_free_blocks`` counts
+      besides); ``get_num_free_blocks(device)`` summed over the two;
+    * the tables: every ``BlockTable``'s blocks (``blocks``; 0.4.2: its list ``_blocks``) of
+      ``block_tables`` (per sequence) and
+      ``cross_block_tables`` (an encoder-decoder request's encoder table); a table entry
+      that is the allocator's ``NullBlock`` (sliding window: a dropped block) reads as
+      ``NULL``, and the null block's own block, allocated once and never freed, is held by
+      the allocator (one holder, as if a table named it);
+    * the prefix cache (``enable_caching``): each allocator's ``_cached_blocks`` (content
+      hash -> block id), keyed by device.
+
+    Block manager v1 (``BlockSpaceManagerV1``, the default scheduler's to 0.6.2 when
+    ``use_v2_block_manager`` is off) is wrapped too, but not read: its managers run
+    unobserved, counted, with the reason."""
+
+    engine = "vllm-v0"
+
+    def manager_classes(self) -> list[type]:
+        found = [_release_class("vllm.core.block_manager", "SelfAttnBlockSpaceManager")
+                 or _release_class("vllm.core.block_manager_v2", "BlockSpaceManagerV2"),
+                 _release_class("vllm.core.block_manager_v1", "BlockSpaceManagerV1")]
+        return [cls for cls in found if cls is not None]
+
+    def pool_classes(self) -> list[tuple[type, frozenset]]:
+        cls = _release_class("vllm.core.block.cpu_gpu_block_allocator", "CpuGpuBlockAllocator")
+        return [] if cls is None else [(cls, frozenset({
+            "get_num_free_blocks", "get_num_total_blocks", "get_physical_block_id",
+            "get_num_full_blocks_touched", "get_common_computed_block_ids", "all_block_ids",
+            "get_prefix_cache_hit_rate", "find_cached_blocks_prefix",
+            "get_num_blocks_touched"}))]
+
+    def pools(self, manager) -> list:
+        return [getattr(manager, "block_allocator", None)]
+
+    def out_of_scope(self, manager) -> str | None:
+        if type(manager).__name__ == "BlockSpaceManagerV1":
+            return ("a BlockSpaceManagerV1 (block manager v1: kvcheck reads block manager "
+                    "v2's BlockTables only)")
+        return None
+
+    def read(self, manager) -> State:
+        alloc = manager.block_allocator
+        devices = sorted(alloc._allocators.items(), key=lambda kv: kv[0].value)
+        owner = {bid: (dev, a) for dev, a in devices for bid in a.all_block_ids}
+        ids = sorted(owner)
+        index = {bid: i for i, bid in enumerate(ids)}
+        n = len(ids)
+        names = tuple(f"{owner[bid][0].name} block {bid}" for bid in ids)
+        refs = [owner[bid][1]._refcounter.get(bid) for bid in ids]
+        plain: list[int] = []
+        evictable: list[int] = []
+        entries: list[tuple[object, int]] = []
+        num_free = 0
+        for dev, a in devices:
+            naive = getattr(a, "_hashless_allocator", a)
+            plain += [index.get(b, n) for b in naive._free_block_indices]
+            evictor = getattr(a, "evictor", None)
+            if evictor is not None:
+                evictable += [index.get(b, n) for b in evictor.free_table]
+            for key, bid in getattr(a, "_cached_blocks", {}).items():
+                entries.append(((dev.name, key), index.get(bid, n)))
+            num_free += alloc.get_num_free_blocks(dev)
+        null = getattr(alloc, "_null_block", None)
+        null_id = None if null is None else null.block_id
+
+        def entry(block) -> object:
+            if null is not None and (block is null or type(block).__name__ == "NullBlock"):
+                return NULL
+            return index.get(block.block_id, n)
+
+        tables: dict[tuple[str, object], tuple] = {}
+        identities: dict[tuple[str, object], int] = {}
+        for kind, held in (("sequence", manager.block_tables),
+                           ("the encoder table of request",
+                            getattr(manager, "cross_block_tables", {}))):
+            for key, table in held.items():
+                label = (f"{kind} {key!r}", None)
+                blocks = table.blocks if hasattr(table, "blocks") else table._blocks  # (0.4.2)
+                tables[label] = tuple(entry(b) for b in blocks)
+                identities[label] = id(table)
+        if null_id is not None:
+            label = ("the null block (the allocator's, never freed)", None)
+            tables[label] = (index.get(null_id, n),)
+            identities[label] = id(null)
+        return State(n, refs, plain + evictable, {b for _, b in entries} | set(evictable),
+                     num_free, tables, identities, entries,
+                     bool(getattr(manager, "enable_caching", False)), False,
+                     plain_free=plain, evictable=evictable, names=names, ref_word="refcount")
+
+
+READERS: dict[str, Reader] = {r.engine: r for r in (V1Reader(), V0Reader())}

@@ -1,7 +1,8 @@
 """The pytest side of ``kvcheck attach``: an engine's own tests, with kvcheck's checks inside.
 
     python -m pytest -p kvcheck.cli.attach.plugin --kvcheck-attach=RELEASE_DIR \\
-        [--kvcheck-attach-deps=DIR] [--kvcheck-attach-report=FILE] TEST_FILES...
+        [--kvcheck-attach-engine=vllm-v1|vllm-v0] [--kvcheck-attach-deps=DIR] \\
+        [--kvcheck-attach-report=FILE] TEST_FILES...
 
 (``kvcheck attach`` runs exactly this, in a child process, from the folder where it put the
 release's sdist tests; the plugin composes with any other pytest option.)
@@ -10,16 +11,21 @@ release's sdist tests; the plugin composes with any other pytest option.)
   ``kvcheck install`` left it; ``import vllm.*`` is answered from there (``finder.py``).
   ``--kvcheck-attach-deps=DIR``: a folder of the small dependencies kvcheck installed for it,
   appended to ``sys.path`` (the environment's own packages come first).
-* Every public method of the release's ``KVCacheManager`` (``allocate_slots``, ``free``,
-  ``get_computed_blocks``, ``cache_blocks``, ``reset_prefix_cache`` ...: whatever the
-  release's class defines without a leading underscore) is wrapped on the class, so every
+  ``--kvcheck-attach-engine``: the engine generation, whose ``observe.Reader`` names the
+  manager classes to wrap and reads their state (default vllm-v1).
+* Every public method of the release's KV-cache manager class -- vLLM v1's
+  ``KVCacheManager`` (``allocate_slots``, ``free``, ``get_computed_blocks``, ``cache_blocks``,
+  ``reset_prefix_cache`` ...), vLLM v0's block space manager (``SelfAttnBlockSpaceManager``
+  or ``BlockSpaceManagerV2``: ``allocate``, ``append_slots``, ``fork``, ``free``,
+  ``swap_out``, ``swap_in``, ...): whatever the release's class defines without a leading
+  underscore -- is wrapped on the class, so every
   manager a test builds -- directly or through a ``Scheduler`` -- is observed: when the
   outermost call returns normally, kvcheck reads the manager's state and evaluates its
   invariants (``observe.py``). A broken one fails the test with the clause, the element, what
   was read and the rule (``KvcheckViolation``, an ``AssertionError``); it is also recorded, so
   a test whose own code swallows the exception still fails. A call that raises is not
   checked (the test may expect the raise; vLLM gives no guarantee about the state then).
-  A manager kvcheck cannot read (a release without an attribute ``observe.read`` expects)
+  A manager kvcheck cannot read (a release without an attribute the reader expects)
   runs unobserved with that reason: kvcheck's shortcoming never fails an engine's test.
 * Each test's outcome is one of: ``passed``; ``engine`` (failed by the engine's own
   assertion or error); ``kvcheck`` (failed by kvcheck, with the clause); ``not run`` (with
@@ -44,6 +50,9 @@ CANNOT_RUN = (
     ("Failed to infer device type",
      "needs a device platform (vLLM: 'Failed to infer device type': no CUDA, and the wheel's "
      "Python files are no CPU build)"),
+    ("Device string must not be empty",  # vLLM 0.9's DeviceConfig on no platform: torch.device('')
+     "needs a device platform (vLLM's DeviceConfig: no platform detected here, so its device "
+     "type is empty and torch.device('') raises 'Device string must not be empty')"),
 )
 
 
@@ -67,6 +76,10 @@ def pytest_addoption(parser) -> None:
                     help="a folder of dependencies to append to sys.path")
     group.addoption("--kvcheck-attach-report", default=None, metavar="FILE",
                     help="write each test's outcome as JSON")
+    group.addoption("--kvcheck-attach-engine", default="vllm-v1", metavar="ENGINE",
+                    help="the engine generation whose KV-cache manager to observe: vllm-v1 "
+                         "(KVCacheManager) or vllm-v0 (the v0 block space manager) "
+                         "(default: vllm-v1)")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -77,30 +90,34 @@ def pytest_configure(config) -> None:
     deps = config.getoption("kvcheck_attach_deps")
     if deps:
         sys.path.append(str(deps))
-    from kvcheck.cli.attach import finder
+    from kvcheck.cli.attach import finder, observe
 
+    engine = config.getoption("kvcheck_attach_engine")
+    if engine not in observe.READERS:
+        raise pytest.UsageError(f"--kvcheck-attach-engine: {engine!r} is not one of "
+                                f"{', '.join(observe.READERS)}")
+    READER["reader"] = reader = observe.READERS[engine]
     finder.install(Path(root))
     for marker in ("cpu_test", "slow_test", "skip_global_cleanup", "core_model", "hybrid_model",
                    "cpu_model", "split", "distributed", "optional"):  # the sdist's markers
         config.addinivalue_line("markers", f"{marker}: a marker of the engine's test suite")
-    import vllm.v1.core.block_pool as bp
-    import vllm.v1.core.kv_cache_manager as kvm  # the release's own file, through the finder
+    for cls in reader.manager_classes():  # the release's own files, through the finder
+        wrap(cls)
+    for cls, read_only in reader.pool_classes():
+        for name, value in list(vars(cls).items()):
+            if not name.startswith("_") and callable(value) and name not in read_only and \
+                    not isinstance(value, (type, staticmethod, classmethod)):
+                setattr(cls, name, _outside(value))
 
-    wrap(kvm.KVCacheManager)
-    for name, value in list(vars(bp.BlockPool).items()):
-        if not name.startswith("_") and callable(value) and name not in READ_ONLY and \
-                not isinstance(value, (type, staticmethod, classmethod)):
-            setattr(bp.BlockPool, name, _outside(value))
 
-
-# BlockPool methods that change no block (a test may call them between the manager's calls)
-READ_ONLY = frozenset({"get_num_free_blocks", "get_usage", "get_cached_block", "take_events"})
+READER: dict = {}  # "reader": the engine's observe.Reader (set by pytest_configure)
 
 
 def _outside(method):
-    """A ``BlockPool`` method called other than from inside a ``KVCacheManager`` call (by the
-    test itself, staging a scenario: taking blocks, caching them) changes the pool behind
-    the manager's back: the pool is marked, and a manager over it is no longer judged."""
+    """A pool method (v1's ``BlockPool``, v0's ``CpuGpuBlockAllocator``) called other than
+    from inside a manager call (by the test itself, staging a scenario: taking blocks,
+    caching them) changes the pool behind the manager's back: the pool is marked, and a
+    manager over it is no longer judged."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         if getattr(_state, "depth", 0) == 0:
@@ -117,18 +134,9 @@ def wrap(cls) -> list[str]:
         if name.startswith("_") or not callable(value) or isinstance(value, (type, staticmethod,
                                                                               classmethod)):
             continue
-        setattr(cls, name, _observed(name, value))
+        setattr(cls, name, _observed(f"{cls.__name__}.{name}", value))
         names.append(name)
     return names
-
-
-# methods handing references over to their caller (who releases them later, outside the
-# manager): from then on, references no table of the manager names are legitimately held
-HANDOFF = {"take_kv_cache_block_copies": "it handed references to its caller "
-                                         "(take_kv_cache_block_copies: a copy's endpoints, "
-                                         "released by the scheduler after the copy)",
-           "pop_blocks_for_free": "it handed a request's blocks to its caller "
-                                  "(pop_blocks_for_free: freed by the caller later)"}
 
 
 def _hands_off(name: str, result) -> bool:
@@ -139,7 +147,9 @@ def _hands_off(name: str, result) -> bool:
         return True  # a release returning something else: not judged from then on
 
 
-def _observed(name: str, method):
+def _observed(qualname: str, method):
+    name = qualname.rpartition(".")[2]
+
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         depth = getattr(_state, "depth", 0)
@@ -150,10 +160,11 @@ def _observed(name: str, method):
             result = method(self, *args, **kwargs)
         finally:
             _state.depth = depth
-        if depth == 0 and name in HANDOFF and _hands_off(name, result):
-            self.__kvcheck_handoff__ = HANDOFF[name]
+        handoff = READER["reader"].handoff
+        if depth == 0 and name in handoff and _hands_off(name, result):
+            self.__kvcheck_handoff__ = handoff[name]
         if depth == 0 and not getattr(self, "__kvcheck_broken__", False):
-            _check(self, f"KVCacheManager.{name}()")
+            _check(self, f"{qualname}()")
         return result
 
     call.__kvcheck_wrapped__ = method
@@ -168,10 +179,8 @@ def _before(manager) -> None:
     last = getattr(manager, "__kvcheck_last__", None)
     if last is None or getattr(manager, "__kvcheck_scope__", None) is not None:
         return
-    from kvcheck.cli.attach import observe
-
     try:
-        edited = observe.read(manager) != last
+        edited = READER["reader"].read(manager) != last
     except Exception as exc:  # noqa: BLE001 - kvcheck's reading, never the test's failure
         _unreadable(manager, exc)
         return
@@ -193,23 +202,25 @@ def _unreadable(manager, exc: BaseException) -> None:
 def _check(manager, call: str) -> None:
     from kvcheck.cli.attach import observe
 
+    reader = READER["reader"]
     scope = getattr(manager, "__kvcheck_scope__", False)
     if scope is False:
         try:
-            scope = manager.__kvcheck_scope__ = observe.out_of_scope(manager)
+            scope = manager.__kvcheck_scope__ = reader.out_of_scope(manager)
         except Exception as exc:  # noqa: BLE001 - kvcheck's reading, never the test's failure
             _unreadable(manager, exc)
             return
     if scope is None and getattr(manager, "__kvcheck_handoff__", None):
         scope = manager.__kvcheck_scope__ = manager.__kvcheck_handoff__
-    if scope is None and getattr(manager.block_pool, "__kvcheck_edited__", False):
-        scope = manager.__kvcheck_scope__ = ("the test changed its BlockPool directly (not "
+    if scope is None and any(getattr(pool, "__kvcheck_edited__", False)
+                             for pool in reader.pools(manager)):
+        scope = manager.__kvcheck_scope__ = ("the test changed its block pool directly (not "
                                              "through the manager)")
     if scope is not None:
         _current["unobserved"] = scope
         return
     try:
-        state = observe.read(manager)
+        state = reader.read(manager)
         broken = observe.check(state)
     except Exception as exc:  # noqa: BLE001 - kvcheck's reading, never the test's failure
         _unreadable(manager, exc)

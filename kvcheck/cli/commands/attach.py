@@ -12,17 +12,20 @@ def add_parser(sub) -> None:
                     "named test files with pytest on the release's own files (kvcheck install's "
                     "copy; modules that cannot be imported here make the tests that reach them "
                     "'not run'), and check kvcheck's block-manager and prefix-cache invariants on "
-                    "every KVCacheManager state a test produces. Prints, per file: passed, failed "
+                    "every KV-cache manager state a test produces (v1's KVCacheManager, v0's "
+                    "block space manager). Prints, per file: passed, failed "
                     "by the engine's own assertions, failed by kvcheck (with the clause), not run "
                     "(with the reason). Exit 0 nothing failed (and kvcheck checked states), 1 a "
                     "test failed, 2 bad input or a download that could not be done, 4 nothing "
                     "failed but kvcheck checked no state. The same checks inside any pytest run: "
                     "-p kvcheck.cli.attach.plugin --kvcheck-attach=DIR (docs/attach.md).")
     p.add_argument("release", metavar="ENGINE==VERSION",
-                   help="the release whose tests to run (vllm-v1, e.g. vllm-v1==0.33.0) (required)")
+                   help="the release whose tests to run (vllm-v1 or vllm-v0, e.g. "
+                        "vllm-v1==0.33.0, vllm-v0==0.8.5) (required)")
     p.add_argument("files", nargs="+", metavar="FILE",
-                   help="test files of the sdist (test_prefix_caching.py: under tests/v1/core/; "
-                        "or a path under tests/), optionally FILE::TEST (required)")
+                   help="test files of the sdist (test_prefix_caching.py: under tests/v1/core/ "
+                        "for vllm-v1, tests/core/ or tests/core/block/ for vllm-v0; or a path "
+                        "under tests/), optionally FILE::TEST (required)")
     p.add_argument("-k", dest="keyword", default=None, metavar="EXPR",
                    help="only the tests matching pytest's -k expression (default: all)")
     p.add_argument("--pytest-arg", dest="pytest_args", action="append", default=[],
