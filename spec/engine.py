@@ -37,6 +37,13 @@ APPENDS_DOC = ("A request's table keeps its blocks and grows by the hits and the
                "(vLLM v0's promotion of a full block to an identical cached one, "
                "PrefixCachingBlockAllocator.promote_to_immutable_block), and the step may then "
                "write the same tokens' KV into it again.")
+WINDOW = "allocate_slots: a block leaves a request's table only behind its sliding window"
+WINDOW_DOC = ("With a sliding window of S tokens, the KV a request's next token attends to is its "
+              "last S tokens: a call may replace a table entry by the null block (and release the "
+              "block) only where the block holds none of them -- (i + 1) * block_size + S <= "
+              "the request's tokens for its entry i (the spec's drop_behind_window; vLLM "
+              "v0's BlockTable.append_token_ids drops what lies before max_block_sliding_window "
+              "blocks back). The entry keeps its place, so the table's length is unchanged.")
 FREED = "free: the request holds no block afterwards"
 LIVENESS = "every request the pool can hold finishes within the bound"
 COMPUTES = "a scheduled request computes at least one token"

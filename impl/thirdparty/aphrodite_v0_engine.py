@@ -3,7 +3,9 @@
 step with no model.
 
 Issue 34 §2. ``aphrodite-v0-engine[@VERSION]`` (chunked prefill off) and
-``aphrodite-v0-engine-chunked[@VERSION]`` (``enable_chunked_prefill``); 0.6.5 by default,
+``aphrodite-v0-engine-chunked[@VERSION]`` (``enable_chunked_prefill``) and
+``aphrodite-v0-engine-window[@VERSION]`` (a sliding window: ``vllm_v0_engine_window``, whose
+module doc says what it sets and what it stands in for); 0.6.5 by default,
 0.6.0 .. 0.6.5 (the ``aphrodite-v0`` install key: ``kvcheck install
 aphrodite-engine==VERSION``). aphrodite 0.6.x carries vLLM v0's scheduler, block manager v2
 and sequence files under its own module names (``aphrodite/processing/scheduler.py``,
@@ -23,6 +25,7 @@ stand-in config; ``is_valid_encoder_decoder_llm_inputs`` is cut out of whichever
 from __future__ import annotations
 
 from .vllm_v0_engine import VllmV0EngineTarget
+from .vllm_v0_engine_window import VllmV0EngineWindowTarget
 
 ENGINE_KEY = "aphrodite-v0"  # its row in install.ENGINES
 
@@ -42,3 +45,14 @@ def make_chunked(num_blocks: int, block_size: int, budget: int = 16, max_seqs: i
     """aphrodite's v0 scheduler with chunked prefill (``enable_chunked_prefill``)."""
     return VllmV0EngineTarget(num_blocks, block_size, budget, max_seqs, policy, caching, spec,
                               max_model_len or 0, True, version, engine=ENGINE_KEY)
+
+
+def make_window(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
+                policy: str = "fcfs", caching: bool = False, spec: int = 0,
+                version: str | None = None,
+                max_model_len: int | None = None) -> VllmV0EngineWindowTarget:
+    """aphrodite's v0 scheduler with a sliding window of ``block_size`` tokens
+    (``CacheConfig.sliding_window``; ``vllm_v0_engine_window.make`` on aphrodite's files)."""
+    return VllmV0EngineWindowTarget(num_blocks, block_size, block_size, budget, max_seqs,
+                                    policy, caching, spec, max_model_len or 0, version,
+                                    engine=ENGINE_KEY)

@@ -152,12 +152,20 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
     "vllm-v0-engine-chunked": ("kvcheck.impl.thirdparty.vllm_v0_engine:make_chunked",
                                "vllm-v0-engine with chunked prefill on "
                                "(enable_chunked_prefill)"),
+    "vllm-v0-engine-window": ("kvcheck.impl.thirdparty.vllm_v0_engine_window:make",
+                              "vllm-v0-engine with a sliding window of one block's tokens "
+                              "(CacheConfig.sliding_window, as the engine sets it for a "
+                              "sliding-window model): the release's windowed can_allocate, "
+                              "allocate and append_slots; prefix caching off"),
     "aphrodite-v0-engine": ("kvcheck.impl.thirdparty.aphrodite_v0_engine:make",
                             "vllm-v0-engine on aphrodite-engine 0.6.x's own Scheduler, "
                             "BlockSpaceManagerV2 and SequenceGroup (0.6.5; @0.6.0..0.6.5)"),
     "aphrodite-v0-engine-chunked": ("kvcheck.impl.thirdparty.aphrodite_v0_engine:make_chunked",
                                     "aphrodite-v0-engine with chunked prefill on "
                                     "(enable_chunked_prefill)"),
+    "aphrodite-v0-engine-window": ("kvcheck.impl.thirdparty.aphrodite_v0_engine:make_window",
+                                   "aphrodite-v0-engine with a sliding window of one block's "
+                                   "tokens, as vllm-v0-engine-window"),
     "aphrodite-v1-engine": ("kvcheck.impl.thirdparty.aphrodite_v1_engine:make",
                             "vllm-v1-engine on aphrodite-engine's own v1 Scheduler, "
                             "KVCacheManager and Request (0.24.1; @0.20.0..0.24.1)"),

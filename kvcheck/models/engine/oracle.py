@@ -9,8 +9,10 @@ refcounts, free queue and hash map) and checks, with the spec's text:
    order the scheduler made them): a cache lookup (``get_computed_blocks``) returns only
    blocks holding the requested prefix (``spec.prefix.cache_hits``'s rule, read on the
    ghost contents below); ``allocate_slots`` either refuses and changes nothing or
-   appends to the request's blocks (its hits, then the fresh blocks it returns); ``free``
-   leaves the request holding nothing;
+   appends to the request's blocks (its hits, then the fresh blocks it returns), and, on
+   a target with a sliding window (``sliding_window`` tokens; ``null_block``, the engine's
+   id of its null block), may replace an entry by the null block only wholly behind the
+   window (``WINDOW``); ``free`` leaves the request holding nothing;
 2. **what the forward pass writes**: each scheduled token at its position, into the
    request's block for that position, which must be a block the request was given fresh
    (never a cache hit: nothing is written into a shared or cached block); the oracle's
@@ -70,6 +72,8 @@ from kvcheck.spec.engine import (
     ROW_DOC,
     SLOTS,
     SLOTS_DOC,
+    WINDOW,
+    WINDOW_DOC,
     WRITE_FRESH,
     WRITE_FRESH_DOC,
 )
@@ -348,6 +352,23 @@ class EngineOracle:
             return None
         new = result_blocks(c.result)
         kept = after[:len(before)]
+        null = getattr(self.target, "null_block", None)
+        window = getattr(self.target, "sliding_window", 0)
+        dropped = [i for i, (b, a) in enumerate(zip(before, kept, strict=False))
+                   if window and null is not None and a == null and b != null]
+        if dropped:  # entries replaced by the null block: dropped behind the window (WINDOW)
+            bad = [i for i in dropped if (i + 1) * self.bs + window > len(c.tokens)]
+            if bad:
+                return Violation(n, "contract", WINDOW, q, subject="seq", doc=WINDOW_DOC,
+                                 witness=(
+                    f"{c.name} for request {q} ({len(c.tokens)} tokens, a window of {window}) "
+                    f"replaced its block {bad[0]} (block {before[bad[0]] - self.off}, tokens "
+                    f"{bad[0] * self.bs} .. {(bad[0] + 1) * self.bs - 1}) by the null block: "
+                    f"it holds some of the last {window} tokens"))
+            self.stats["dropped"] = self.stats.get("dropped", 0) + len(dropped)
+            for i in dropped:
+                self.fresh.get(q, set()).discard(before[i])
+            before = [null if i in dropped else b for i, b in enumerate(before)]
         swaps = [i for i, (b, a) in enumerate(zip(before, kept, strict=False)) if a != b]
         if swaps and len(kept) == len(before):
             chain = self.ghost.chain(self.target.token_ids(q))

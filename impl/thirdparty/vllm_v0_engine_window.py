@@ -1,0 +1,129 @@
+"""Adapter: vLLM v0's engine core with a sliding window -- ``vllm_v0_engine``'s target (the
+release's own ``Scheduler``, ``SelfAttnBlockSpaceManager``, ``Sequence`` and ``SequenceGroup``,
+driven step by step with no model: its module doc) with the cache configured as vLLM's own
+engine configures it for a sliding-window model.
+
+``vllm-v0-engine-window[@VERSION]`` (vLLM 0.5.1 .. 0.9.2, 0.8.5 by default) and
+``aphrodite-v0-engine-window[@VERSION]`` (aphrodite-engine 0.6.0 .. 0.6.5): chunked prefill
+off (v0's default), prefix caching off.
+
+The setting. ``EngineArgs.create_engine_config`` builds ``CacheConfig(...,
+sliding_window=model_config.get_sliding_window(), ...)`` (the model's ``sliding_window``, in
+tokens), and ``Scheduler.__init__`` hands it to its block manager:
+``BlockSpaceManagerImpl(..., sliding_window=self.cache_config.sliding_window, ...)``. The
+stand-in ``CacheConfig`` (``vllm_v0_engine``'s record of the settings the scheduler reads)
+carries ``sliding_window = S``; everything from there is the release's: the manager's
+``max_block_sliding_window = S // block_size + 2``, its ``can_allocate`` (which caps the
+blocks a prompt needs at that many: vLLM #11168), ``allocate`` (``BlockTable.allocate`` takes
+a block for every prompt token) and ``append_slots`` (``BlockTable.append_token_ids`` replaces
+every entry before block ``num_computed_tokens // block_size - max_block_sliding_window`` by
+the allocator's ``NullBlock`` and frees the block). ``make``: ``S = block_size`` (the window
+keeps 3 blocks; the spec's window of ``vllm_v0_sliding.make``); ``make_window(S)``: any ``S``.
+
+Refused in one line, as the release refuses them: prefix caching with a sliding window
+(``CacheConfig._verify_prefix_caching``: "Prefix caching is not supported with sliding
+window"; v0 on every release here); chunked prefill with a window is not modelled here (vLLM
+0.4.3 .. 0.6.2 and aphrodite 0.6.x refuse it in their engine arguments; later releases run
+it, but the adapter's reading of the runner's windowed chunks is not verified).
+
+Stand-in, in one place (beyond ``vllm_v0_engine``'s): **the null block is taken at
+construction**. v0 has no reserved null block: ``CpuGpuBlockAllocator.
+allocate_or_get_null_block`` takes an ordinary GPU block the first time any windowed table
+appends and keeps it for the allocator's life (refcount 1, in no table). The target builds a
+pool of ``num_blocks + 1`` (``CacheConfig.num_gpu_blocks``) and asks the release's allocator
+for its null block at once -- vLLM's block 0, outside the oracle's ids (``block_offset`` 1:
+oracle id ``b`` is vLLM's ``b + 1``, and vLLM's 0 reads as ``spec.state.NULL``, as vLLM v1
+reserves its block 0) -- which is the state the engine is in after its first windowed
+append, so every later step is checked with ``num_blocks`` usable blocks. (Taken lazily, that
+first append takes a block no table names: ``vllm_v0_sliding.make_lazy``, docs/findings.md
+F8.) The manager's ``num_total_gpu_blocks`` and watermark are then those of ``num_blocks + 1``
+(the watermark is ``int(0.01 * blocks)``: 0 below 99 blocks).
+
+The oracle (``kvcheck.models.engine.oracle``) reads ``null_block`` (vLLM's id of the null
+block, as the KV calls name it) and ``sliding_window``: a table entry replaced by the null
+block at an ``append_slots`` is a block dropped behind the window (``spec.engine.WINDOW``:
+legal only when it holds none of the last ``S`` tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import MisuseError
+from .vllm_v0 import free_block_ids
+from .vllm_v0_engine import ENGINE_KEY, VllmV0EngineTarget, _Recorder
+
+NULL_ID = 0  # vLLM's id of the null block the target takes at construction
+
+
+class VllmV0EngineWindowTarget(VllmV0EngineTarget):
+    """vLLM v0's engine core with ``CacheConfig.sliding_window`` set (see the module doc)."""
+
+    block_offset = 1  # vLLM's block 0 is the null block, outside the oracle's ids
+    null_block = NULL_ID
+
+    def __init__(self, num_blocks: int, block_size: int, sliding_window: int,
+                 budget: int = 16, max_seqs: int = 8, policy: str = "fcfs",
+                 caching: bool = False, spec: int = 0, max_model_len: int = 0,
+                 version: str | None = None, engine: str = ENGINE_KEY):
+        if type(sliding_window) is not int or sliding_window < 1:
+            raise MisuseError(f"the sliding window must be at least 1 token, got "
+                              f"{sliding_window!r}")
+        if caching:
+            raise MisuseError("Prefix caching is not supported with sliding window (vLLM v0's "
+                              "CacheConfig refuses it): run with --no-prefix-caching")
+        if num_blocks < 1:
+            raise MisuseError("vLLM v0 needs num_blocks >= 1 and block_size >= 1")
+        # the release's target, on a pool one larger (the null block's), then its scheduler
+        # rebuilt on the same settings with the window
+        super().__init__(num_blocks + 1, block_size, budget, max_seqs, policy, False, spec,
+                         max_model_len, False, version, engine)
+        self.num_blocks = num_blocks
+        self.sliding_window = sliding_window
+        old = self.scheduler
+        cache_cfg = type(old.cache_config)(**{**vars(old.cache_config),
+                                              "sliding_window": sliding_window})
+        self.scheduler = type(old)(old.scheduler_config, cache_cfg, None)
+        self.manager = self.scheduler.block_manager
+        self.gpu = self.manager.block_allocator._allocators[
+            self._mods["vllm.utils"].Device.GPU]
+        for name in ("can_allocate", "allocate", "can_append_slots", "append_slots", "free"):
+            setattr(self.manager, name, _Recorder(self, self.manager, name))
+        self.window_blocks = self.manager.max_block_sliding_window
+        null = self.manager.block_allocator.allocate_or_get_null_block()
+        if null.block_id != NULL_ID:  # (the naive allocator hands out its ids in order)
+            raise MisuseError(f"{self.version}: the null block took vLLM block "
+                              f"{null.block_id}, not {NULL_ID}")
+
+    # -- observation: oracle ids (vLLM's less one; the null block reads as NULL) ---------
+    def blocks(self, seq: int) -> list[int]:
+        return [b - self.block_offset for b in self._table(self._seq(seq))]
+
+    def refcount(self, block: int) -> int:
+        return self.gpu._refcounter.get(block + self.block_offset)
+
+    def free_blocks(self) -> list[int]:
+        return [b - self.block_offset for b in free_block_ids(self.gpu)]
+
+    def block_hash(self, block: int) -> Any:
+        return None  # (no prefix caching with a window)
+
+
+def make_window(num_blocks: int, block_size: int, sliding_window: int, budget: int = 16,
+                max_seqs: int = 8, policy: str = "fcfs", caching: bool = False,
+                spec: int = 0, version: str | None = None,
+                max_model_len: int | None = None,
+                engine: str = ENGINE_KEY) -> VllmV0EngineWindowTarget:
+    """vLLM v0's scheduler with a sliding window of ``sliding_window`` tokens."""
+    return VllmV0EngineWindowTarget(num_blocks, block_size, sliding_window, budget, max_seqs,
+                                    policy, caching, spec, max_model_len or 0, version, engine)
+
+
+def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
+         policy: str = "fcfs", caching: bool = False, spec: int = 0,
+         version: str | None = None,
+         max_model_len: int | None = None) -> VllmV0EngineWindowTarget:
+    """vLLM v0's scheduler with a sliding window of ``block_size`` tokens (the window keeps
+    ``block_size // block_size + 2`` = 3 blocks)."""
+    return make_window(num_blocks, block_size, block_size, budget, max_seqs, policy, caching,
+                       spec, version, max_model_len)
