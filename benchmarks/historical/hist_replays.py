@@ -1174,6 +1174,54 @@ def replay_sglang_24585(version: str) -> tuple[bool, str]:
     return False, f"{left}; check_hicache_events: nothing to unlock"
 
 
+def replay_sglang_27444(version: str) -> tuple[bool, str]:
+    """sglang PR #27444 (first released in 0.5.14; the crash reported as #32331):
+    ``UnifiedRadixCache.load_back`` locks the device path above the nodes it loads but not
+    their host copies; when the device is short, its ``evict`` writes an unbacked device
+    leaf back (write_back), the host is short too, and ``write_backup``'s ``evict_host``
+    takes the host-only leaf being loaded: its host pages are freed (and may be the write's
+    destination) and the commit reads ``len(node.host_value)`` of None. 4 device and 5 host
+    slots: node A = 3 tokens written back and evicted to the host, node B = 4 unbacked
+    tokens filling the device, then ``init_load_back`` of A (0.5.14 on: A host-locked for
+    the load, the write-back finds no room and keeps B, the load is declined)."""
+    import dataclasses
+
+    mods, tree, alloc = _unified_write_back(version, 4, 5)
+    base = mods["sglang.srt.mem_cache.base_prefix_cache"]
+    radix_key = mods["sglang.srt.mem_cache.radix_cache"].RadixKey
+    tree.load_back_threshold = 1  # (256 tokens in the release: a short A loads back)
+    a_tokens, b_tokens = [100, 101, 102], [200, 201, 202, 203]
+    tree.insert(base.InsertParams(key=radix_key(a_tokens, None), value=alloc.alloc(3)))
+    tree.evict(base.EvictParams(num_tokens=3))  # A written back, demoted: host-only
+    a = next(c for c in tree.root_node.children.values() if list(c.key)[0] == 100)
+    src = [int(x) for x in a.component_data[0].host_value.tolist()]
+    tree.insert(base.InsertParams(key=radix_key(b_tokens, None), value=alloc.alloc(4)))
+    match = tree.match_prefix(base.MatchPrefixParams(key=radix_key(a_tokens, None)))
+    req = _load_back_req(match)
+    fields = {f.name for f in dataclasses.fields(base.InitLoadBackParams)}
+    params = base.InitLoadBackParams(**{k: v for k, v in {
+        "best_match_node": match.best_match_node, "host_hit_length": match.host_hit_length,
+        "req": req}.items() if k in fields})
+    try:
+        loaded, _last = tree.init_load_back(params)
+    except TypeError as exc:
+        host = a.component_data[0].host_value
+        return True, (f"A's host copy {src}; init_load_back raised TypeError ({exc}): A's "
+                      f"host_value is now {host}, freed by the nested evict_host")
+    host = a.component_data[0].host_value
+    return False, (f"A's host copy {src}; init_load_back loaded {len(loaded)} token(s), A's "
+                   f"host copy {None if host is None else host.tolist()}")
+
+
+def _load_back_req(match):
+    """The request fields ``init_load_back`` reads: its device match (``last_node``)."""
+    import types
+
+    return types.SimpleNamespace(last_node=match.last_device_node,
+                                 best_match_node=match.best_match_node, session=None,
+                                 swa_uuid_for_lock=None)
+
+
 def _cuda_tensor():
     from kvcheck.impl.thirdparty import sglang_hicache as hc
 
@@ -1307,6 +1355,7 @@ REPLAYS = {
     "sglang-5499": replay_sglang_5499,
     "sglang-27631": replay_sglang_27631,
     "sglang-24585": replay_sglang_24585,
+    "sglang-27444": replay_sglang_27444,
     "sglang-30106": replay_sglang_30106,
     "aphrodite-1556": replay_aphrodite_1556,
     "aphrodite-42571": replay_aphrodite_42571,

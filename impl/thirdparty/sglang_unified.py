@@ -70,12 +70,16 @@ What it finds: on 0.5.12 .. 0.5.12.post1 the first write-back eviction's ack, re
 next ``check_hicache_events``, calls ``dec_lock_ref(node, None)`` on a node the write never
 locked and whose device value the demotion dropped: ``FullComponent.release_component_lock``
 asserts (sglang issue #24869, fixed by PR #24585 in 0.5.13; the catalogue's sglang-24585).
+On 0.5.12 .. 0.5.13.post1 a load whose device allocation evicts writes a leaf back and, the
+host being short, ``evict_host`` frees the host-only node being loaded; the commit reads
+``len(None)`` (PR #27444: 0.5.14 host-locks the nodes it loads; sglang-27444).
 PR #27108's ``written == 0`` check (0.5.13) guards a case a FULL-only tree without host
 locks never reaches (the catalogue's sglang-27108 says why).
 """
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 from ..errors import MisuseError, StandInGap
@@ -206,6 +210,19 @@ def _where(exc: BaseException) -> str:
             + (f": {exc}" if str(exc) else ""))
 
 
+@contextlib.contextmanager
+def _located():
+    """The release's own bare exceptions (an assert, a ``len(None)``) said with where they
+    were raised (``_where``), same type, chained: what a developer reads first."""
+    try:
+        yield
+    except (AssertionError, TypeError, AttributeError) as exc:
+        where = _where(exc)
+        if "(sglang/" not in where:  # (not the release's: as it is)
+            raise
+        raise type(exc)(where) from exc
+
+
 def _full(node):
     """A node's FULL component data (``ComponentData``: value, host_value, lock_ref)."""
     return node.component_data[FULL]
@@ -274,11 +291,13 @@ class SglangUnifiedTarget(hc.SglangHiCacheTarget):
 
     def allocate(self, seq: int, tokens) -> None:
         self._prefill_step()
-        super().allocate(seq, tokens)
+        with _located():
+            super().allocate(seq, tokens)
 
     def load(self, seq: int, tokens):
         self._prefill_step()
-        return super().load(seq, tokens)
+        with _located():
+            return super().load(seq, tokens)
 
     # -- the tree, read through its FULL component -------------------------------------
     def _slots(self, pool: str):

@@ -2,9 +2,10 @@
 (``kvcheck.impl.thirdparty.sglang_unified:make_write_back@VERSION``, 0.5.12 .. 0.5.16):
 0.5.12.post1's write-back eviction leaves its write in flight and the scheduler's next
 ``check_hicache_events`` unlocks a node it never locked (sglang #24869, fixed by PR #24585 in
-0.5.13: the release's own assertion), caught in a few operations and gone on 0.5.13; the raw
-replay agrees; the target's view of the release's tree on a small case; what it refuses is
-one line, exit 2."""
+0.5.13: the release's own assertion), caught in a few operations and gone on 0.5.13; 0.5.13's
+load-back whose nested host eviction frees the host copy it loads (PR #27444, fixed in 0.5.14:
+a TypeError in the release's commit) caught, gone on 0.5.14; the raw replays agree; the
+target's view of the release's tree on a small case; what it refuses is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from kvcheck.verify import replay_trace, verify
 
 HIST = Path(__file__).resolve().parents[2] / "benchmarks" / "historical"
 BUGGY, FIXED = "0.5.12.post1", "0.5.13"
+LOCKED = "0.5.14"  # (load_back host-locks the nodes it loads: PR #27444)
 TARGET = "kvcheck.impl.thirdparty.sglang_unified:make_write_back"
-missing = [v for v in (BUGGY, FIXED)
+missing = [v for v in (BUGGY, FIXED, LOCKED)
            if not _loader.is_installed(install.select("sglang-unified", v))]
 needs = pytest.mark.skipif(bool(missing), reason=f"SGLang {', '.join(missing)} not installed "
                            f"(kvcheck install sglang==VERSION)")
@@ -50,7 +52,19 @@ def test_an_unwaited_write_back_is_caught_on_the_buggy_release_and_gone_on_the_f
 
 
 @needs
-def test_the_raw_replay_reproduces_on_the_buggy_release_only():
+def test_a_load_whose_eviction_frees_its_host_copy_is_caught_until_the_host_lock():
+    """0.5.13: the load's device eviction writes a leaf back, the host is short, and
+    ``evict_host`` takes the host-only node being loaded: the release's commit reads
+    ``len(None)``. The shrunk trace passes on 0.5.14, which host-locks the loaded nodes."""
+    bug = run(FIXED, 300)
+    assert not bug.ok and bug.violation.kind == "crash" and bug.violation.name == "load"
+    assert "load_back -> commit_hicache_transfer" in bug.violation.witness
+    assert "TypeError" in bug.violation.witness and len(bug.trace.ops) <= 6
+    assert replay_trace(bug.trace, f"{TARGET}@{LOCKED}").violation is None
+
+
+@needs
+def test_the_raw_replays_reproduce_on_the_buggy_releases_only():
     sys.path.insert(0, str(HIST))
     try:
         import hist_replays as r
@@ -60,6 +74,10 @@ def test_the_raw_replay_reproduces_on_the_buggy_release_only():
     assert got is True and "1 write(s) in flight" in evidence, evidence
     got, evidence = r.replay_sglang_24585(FIXED)
     assert got is False and "0 write(s) in flight" in evidence, evidence
+    got, evidence = r.replay_sglang_27444(FIXED)
+    assert got is True and "host_value is now None" in evidence, evidence
+    got, evidence = r.replay_sglang_27444(LOCKED)
+    assert got is False and "loaded 0 token(s)" in evidence, evidence
 
 
 @needs
