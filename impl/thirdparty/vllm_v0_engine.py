@@ -4,20 +4,29 @@
 
 Issue 34 §1. ``vllm-v0-engine[@VERSION]`` (chunked prefill off, v0's default) and
 ``vllm-v0-engine-chunked[@VERSION]`` (``enable_chunked_prefill``); 0.8.5 by default, the
-``vllm-v0`` install key (``kvcheck install vllm-v0==0.8.5``); every v0 release from 0.5.1 to
-0.9.2 runs (0.5.1, 0.5.2, 0.5.3.post1, 0.5.4, 0.5.5, 0.6.0, 0.6.1.post2, 0.6.2, 0.6.3.post1,
-0.6.4.post1, 0.6.5, 0.6.6.post1, 0.7.0 .. 0.7.3, 0.8.0 .. 0.8.5, 0.9.0 .. 0.9.2 checked; 0.5.x:
-``block_manager_v2.py``, ``BlockSpaceManagerV2``; to 0.5.3.post1 the scheduler imports its
-``vllm/core/policy.py``; no ``priority`` before 0.6.3, no ``extra_hash`` before 0.6.4: both
-detected by signature; 0.5.0.post1 and before are not run: their ``sequence.py`` imports
-``vllm/block.py``, not loaded). Chunked prefill with prefix
+``vllm-v0`` install key (``kvcheck install vllm-v0==0.8.5``); every v0 release from 0.4.2 to
+0.9.2 runs (0.4.2, 0.4.3, 0.5.0.post1, 0.5.1, 0.5.2, 0.5.3.post1, 0.5.4, 0.5.5, 0.6.0,
+0.6.1.post2, 0.6.2, 0.6.3.post1, 0.6.4.post1, 0.6.5, 0.6.6.post1, 0.7.0 .. 0.7.3, 0.8.0 ..
+0.8.5, 0.9.0 .. 0.9.2 checked; to 0.5.x: ``block_manager_v2.py``, ``BlockSpaceManagerV2``;
+to 0.5.3.post1 the scheduler imports its ``vllm/core/policy.py``; to 0.5.0.post1
+``sequence.py`` imports ``vllm/block.py`` (``LogicalTokenBlock``) and the scheduler
+``vllm.utils.merge_dicts`` (executed from the release's own ``utils.py``); 0.4.2's
+``Sequence`` takes the prompt text and token ids (no inputs dict) and its ``SequenceGroup``
+``sampling_params`` before ``arrival_time`` (both passed by keyword); no ``priority`` before
+0.6.3, no ``extra_hash`` before 0.6.4: all detected by signature). This target sets
+``use_v2_block_manager``: block manager v2 is the scheduler's default only from 0.6.3; to
+0.6.2 the default is ``BlockSpaceManagerV1``, run by ``vllm-v0-engine-v1``
+(``vllm_v0_engine_v1``, prefix caching off). Chunked prefill with prefix
 caching is refused in one line where the allocator's ``get_computed_block_ids`` takes
 ``skip_last_block_id`` (0.5.x .. 0.6.4.post1; detected by signature): the adapter's reading
-of which blocks a chunked step skips is not verified there; 0.6.5 on carry 0.8.5's
+of which blocks a chunked step skips is not verified there; and where the release's own model
+runner refuses the combination (``worker/model_runner.py`` raises "chunked prefill cannot be
+used with prefix caching now." on a chunked step with cached blocks: to 0.5.5, read from its
+file; 0.4.2 .. 0.5.0.post1 have no ``skip_last_block_id`` to detect); 0.6.5 on carry 0.8.5's
 allocator and tracker and run it. What runs is the release's
 ``vllm/core/scheduler.py``, ``interfaces.py``, ``block_manager.py``,
 ``placeholder_block_space_manager.py``, ``policy.py``, ``vllm/core/block/*`` (the block manager's files,
-as ``vllm_v0`` loads them) and ``vllm/sequence.py``, executed from the installed files
+as ``vllm_v0`` loads them), ``vllm/block.py`` and ``vllm/sequence.py``, executed from the installed files
 (``_loader``). The adapter plays ``LLMEngine.step`` (``vllm/engine/llm_engine.py``,
 ``output_processor/single_step.py``, ``stop_checker.py``) and the model runner:
 
@@ -59,8 +68,9 @@ Stand-ins, in one place (every other ``vllm.*`` import raises, see ``_loader``):
     ``num_gpu_blocks`` = the pool, no CPU blocks, no sliding window, prefix caching on/off.
 ``vllm.utils``
     the real module imports torch; ``Device``, ``cdiv``, ``chunk_list`` as ``vllm_v0``
-    re-implements them, and ``PyObjectCache`` and the ``STR_NOT_IMPL_*`` messages executed
-    from the release's own ``vllm/utils.py`` (their source, cut out by name).
+    re-implements them, and ``PyObjectCache``, the ``STR_NOT_IMPL_*`` messages and (to
+    0.5.0.post1) ``merge_dicts`` executed from the release's own ``vllm/utils.py`` (their
+    source, cut out by name).
 ``vllm.platforms``, ``vllm.logger``
     as ``vllm_v0`` (CUDA-like; a stdlib logger).
 ``msgspec``
@@ -148,8 +158,10 @@ blocks.
 from __future__ import annotations
 
 import enum
+import functools
 import random
 import types
+from pathlib import Path
 from typing import Any
 
 from ..errors import MisuseError
@@ -166,6 +178,7 @@ VOCAB = 8  # generated tokens: 2 .. VOCAB, or STOP
 ENGINE_FILES = ("vllm.core.scheduler", "vllm.core.interfaces", "vllm.core.block_manager",
                 "vllm.core.block_manager_v2", "vllm.core.placeholder_block_space_manager",
                 "vllm.core.block.utils", "vllm.core.policy",  # (to 0.5.3.post1)
+                "vllm.block", "vllm.core.block_manager_v1", "vllm.core.evictor_v1",  # (to 0.6.2)
                 "vllm.sequence")  # those the release has
 
 
@@ -188,10 +201,29 @@ def _from_source(mod: types.ModuleType, loaded, names: tuple[str, ...],
         _loader.exec_definitions(path, mod.__dict__, names)  # (those the release has)
 
 
+RUNNER_REFUSAL = "chunked prefill cannot be used with prefix caching"
+
+
+@functools.cache
+def _runner_text(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""
+
+
+def _runner_refuses_chunked_caching(mods) -> bool:
+    """Whether the release's model runner (``vllm/worker/model_runner.py``, to 0.5.5) raises
+    on a chunked prefill step that skips cached blocks (read from its file, once)."""
+    rel = _rename(mods)("vllm.worker.model_runner").replace(".", "/")
+    return RUNNER_REFUSAL in _runner_text(Path(mods.root) / f"{rel}.py")
+
+
 def _stub_engine_utils(mod: types.ModuleType, loaded) -> None:
+    import collections
+
     V0_STUBS["vllm.utils"](mod, loaded)
+    # (to 0.5.0.post1 the scheduler imports merge_dicts: its annotations' names)
+    mod.__dict__.update(defaultdict=collections.defaultdict, Dict=dict, List=list, Any=Any)
     _from_source(mod, loaded, ("PyObjectCache", "STR_NOT_IMPL_ENC_DEC_PREFIX_CACHE",
-                               "STR_NOT_IMPL_ENC_DEC_SWA"))
+                               "STR_NOT_IMPL_ENC_DEC_SWA", "merge_dicts"))
 
 
 def _stub_inputs_parse(mod: types.ModuleType, loaded, module: str = "vllm.inputs.parse"
@@ -399,6 +431,10 @@ class VllmV0EngineTarget:
     """vLLM v0's engine core on the release's own ``Scheduler`` (see the module doc)."""
 
     block_offset = 0  # the oracle's block ids are v0's (no null block)
+    block_manager_v2 = True  # use_v2_block_manager (vllm_v0_engine_v1: BlockSpaceManagerV1)
+
+    def _gpu_allocator(self) -> Any:
+        return self.manager.block_allocator._allocators[self._mods["vllm.utils"].Device.GPU]
 
     def __init__(self, num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
                  policy: str = "fcfs", caching: bool = True, spec: int = 0,
@@ -436,14 +472,15 @@ class VllmV0EngineTarget:
             enable_chunked_prefill=chunked, chunked_prefill_enabled=chunked,
             is_multi_step=False, num_scheduler_steps=1, preemption_mode=None,
             send_delta_data=False, policy=policy, multi_step_stream_outputs=False,
-            use_v2_block_manager=True, embedding_mode=False,  # (0.5.x: block manager v2)
+            use_v2_block_manager=self.block_manager_v2,  # (to 0.6.2: v1 the default)
+            embedding_mode=False,
             is_attention_free=False)  # (aphrodite 0.6.1 on reads it here, vLLM the cache's)
         cache_cfg = config.CacheConfig(
             block_size=block_size, num_gpu_blocks=num_blocks, num_cpu_blocks=0,
             sliding_window=None, enable_prefix_caching=caching, is_attention_free=False)
         self.scheduler = mods["vllm.core.scheduler"].Scheduler(sched_cfg, cache_cfg, None)
         self.manager = self.scheduler.block_manager
-        self.gpu = self.manager.block_allocator._allocators[mods["vllm.utils"].Device.GPU]
+        self.gpu = self._gpu_allocator()
         seqmod = mods["vllm.sequence"]
         self._Sequence, self._Group, self._Status = (seqmod.Sequence, seqmod.SequenceGroup,
                                                      seqmod.SequenceStatus)
@@ -463,8 +500,18 @@ class VllmV0EngineTarget:
                               f"modelled on a release whose allocator skips the last computed "
                               f"block (get_computed_block_ids(skip_last_block_id)); run it with "
                               f"--no-prefix-caching, or without chunked prefill")
+        if chunked and caching and _runner_refuses_chunked_caching(mods):
+            # (vLLM 0.4.2 .. 0.5.0.post1) the release's own model runner raises RuntimeError
+            # ("chunked prefill cannot be used with prefix caching now.") on a chunked step
+            # that skips computed blocks: a combination the release does not run
+            raise MisuseError(f"{self.version}: chunked prefill with prefix caching is not "
+                              f"modelled on a release whose model runner refuses it "
+                              f"(worker/model_runner.py raises '{RUNNER_REFUSAL} now.' on a "
+                              f"chunked step with cached blocks); run it with "
+                              f"--no-prefix-caching, or without chunked prefill")
         self._extra = _loader.takes(self._Block.hash_block_tokens, "extra_hash")  # 0.6.4 on
         self._priority = _loader.takes(self._Group.__init__, "priority")  # 0.6.3 on
+        self._bare_prompt = _loader.takes(self._Sequence.__init__, "prompt_token_ids")
         if policy != "fcfs" and not self._priority:
             raise MisuseError(f"vLLM {self.version}'s scheduler has no priority scheduling")
         self.kv_calls: list[KVCall] = []
@@ -488,11 +535,15 @@ class VllmV0EngineTarget:
     # -- operations ---------------------------------------------------------------------
     def add(self, seq: int, tokens: list[int], max_new: int, priority: int = 0) -> None:
         self.clock += 1.0
-        s = self._Sequence(seq, {"type": "token", "prompt_token_ids": list(tokens)},
-                           self.block_size, STOP)
+        if self._bare_prompt:  # (0.4.2: the prompt's text and token ids, no inputs dict)
+            s = self._Sequence(seq, None, list(tokens), self.block_size, STOP)
+        else:
+            s = self._Sequence(seq, {"type": "token", "prompt_token_ids": list(tokens)},
+                               self.block_size, STOP)
         more = {"priority": priority} if self._priority else {}
-        g = self._Group(str(seq), [s], self.clock, sampling_params=self._Params(max_new),
-                        **more)
+        # (0.4.2's SequenceGroup takes sampling_params before arrival_time: by keyword)
+        g = self._Group(str(seq), [s], arrival_time=self.clock,
+                        sampling_params=self._Params(max_new), **more)
         self.requests[seq] = g
         self.ids[s.seq_id] = seq
         self.scheduler.add_seq_group(g)
@@ -643,7 +694,7 @@ class VllmV0EngineTarget:
 
 
 _SHARED = ("_mods", "_Sequence", "_Group", "_Status", "_Logprob", "_Params", "_Block",
-           "_extra", "_priority")
+           "_extra", "_priority", "_bare_prompt")
 
 
 class _Id:

@@ -146,7 +146,7 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
                              "(0.0.2; @0.0.1.post1..0.0.2), driven as nano-vllm-engine"),
     "vllm-v0-engine": ("kvcheck.impl.thirdparty.vllm_v0_engine:make",
                        "vLLM v0's real Scheduler, SelfAttnBlockSpaceManager and "
-                       "SequenceGroup (0.8.5; @0.5.1..0.9.2), no model: add_seq_group, schedule, "
+                       "SequenceGroup (0.8.5; @0.4.2..0.9.2), no model: add_seq_group, schedule, "
                        "generated "
                        "tokens, free_finished_seq_groups; chunked prefill off"),
     "vllm-v0-engine-chunked": ("kvcheck.impl.thirdparty.vllm_v0_engine:make_chunked",
@@ -157,6 +157,12 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
                               "(CacheConfig.sliding_window, as the engine sets it for a "
                               "sliding-window model): the release's windowed can_allocate, "
                               "allocate and append_slots; prefix caching off"),
+    "vllm-v0-engine-v1": ("kvcheck.impl.thirdparty.vllm_v0_engine_v1:make",
+                          "vllm-v0-engine on the release's BlockSpaceManagerV1, the block "
+                          "manager its scheduler builds by default to 0.6.2 "
+                          "(0.6.2; @0.4.2..0.6.2): prefix caching off"),
+    "vllm-v0-engine-v1-chunked": ("kvcheck.impl.thirdparty.vllm_v0_engine_v1:make_chunked",
+                                  "vllm-v0-engine-v1 with chunked prefill on"),
     "aphrodite-v0-engine": ("kvcheck.impl.thirdparty.aphrodite_v0_engine:make",
                             "vllm-v0-engine on aphrodite-engine 0.6.x's own Scheduler, "
                             "BlockSpaceManagerV2 and SequenceGroup (0.6.5; @0.6.0..0.6.5)"),

@@ -13,7 +13,9 @@ The range between (0.6.0 .. 0.8.4) runs on the release's own files; three of it 
 here (``RANGE``, installed by scripts/test.sh): 0.6.3.post1 and 0.6.4.post1 (the inputs and
 config stand-ins those releases need; before #18957's cached-token count, they pass) and
 0.7.3 (#18957 through its scheduler, as on 0.8.5); 0.5.3.post1 (before 0.5.4: the scheduler's
-own policy.py) with #7380.
+own policy.py) with #7380. The releases before 0.5.1 (0.4.2, 0.4.3, 0.5.0.post1: block manager
+v2 opt-in there) fail on their own prefix-caching bugs, #4761 and #5364; block manager v1 (the
+scheduler's default to 0.6.2, ``vllm-v0-engine-v1``) passes without prefix caching.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from kvcheck.cli import main as kvcheck
 from kvcheck.engines import MisuseError
 from kvcheck.impl.thirdparty import install
 from kvcheck.impl.thirdparty import vllm_v0_engine as ve
+from kvcheck.impl.thirdparty import vllm_v0_engine_v1 as v1
 from kvcheck.models.engine.model import EngineScope
 from kvcheck.models.engine.oracle import HITS
 from kvcheck.verify import verify
@@ -236,3 +239,121 @@ def test_a_full_block_promoted_to_an_identical_cached_block_is_legal():
                do_shrink=False, extra={"requests": 20})
     assert r.verdict == "pass", r.violation
     assert r.state.stats["promoted"] >= 1, r.state.stats
+
+
+# vLLM 0.4.2 .. 0.5.0.post1 through their own scheduler, with block manager v2 (opt-in then:
+# use_v2_block_manager; v1 was the default): at the defaults each fails on its release's own
+# prefix-caching bug -- 0.4.2 on PR #4761 (a block popped from the evictor for new content
+# stays in _cached_blocks under its old key: a cached block holding no complete prefix),
+# 0.4.3 and 0.5.0.post1 on PR #5364 (a block reused from the evictor keeps computed=True: the
+# runner skips it though it holds another prefix); 0.5.1 (both fixed) passes the same run.
+OLD = {"0.4.2": "no_partial_cached", "0.4.3": HITS, "0.5.0.post1": HITS}
+
+
+@pytest.mark.parametrize("version", sorted(OLD))
+def test_releases_before_0_5_1_fail_on_their_prefix_caching_bugs(version):
+    install.ensure(install.ENGINES["vllm-v0"], version)
+    r = _run(_at(version))
+    assert r.verdict == "fail" and r.violation.name == OLD[version], r.violation
+    gpu = ve.make(8, 4, version=version).gpu  # the release's own allocator ran
+    assert type(gpu).__module__.endswith("vllm.core.block.prefix_caching_block")
+    for chunked in (False, True):  # without prefix caching: passes, with preemptions
+        r = _run(_at(version, chunked), caching=False)
+        assert r.verdict == "pass", (chunked, r.violation)
+        assert r.state.stats["preemptions"] > 0 and r.state.stats["finished"] > 10
+
+
+def test_0_5_1_passes_where_0_5_0_post1_fails():
+    install.ensure(install.ENGINES["vllm-v0"], "0.5.1")
+    r = _run(_at("0.5.1"))
+    assert r.verdict == "pass", r.violation
+    assert r.state.stats["preemptions"] > 0 and r.state.stats["hits"] > 0
+
+
+def test_4761_on_the_release_objects():
+    """0.4.2's own objects, driven by its scheduler: request 0's full block goes to the
+    evictor when it finishes; request 1's next block is popped from the evictor, and 0.4.2
+    leaves the old key in ``_cached_blocks`` (PR #4761); 0.4.3 drops it."""
+    ops = [("add", 0, [5, 5, 2], 2), ("add", 1, [6, 3, 4, 3, 2, 6], 5)]
+    stale = {}
+    for version in ("0.4.2", "0.4.3"):
+        install.ensure(install.ENGINES["vllm-v0"], version)
+        t = ve.make(3, 4, version=version)
+        for op in ops:
+            t.add(*op[1:])
+        for gen in (1013818839, 1013818839, 242886303, 1022050301, 1013818839):
+            t.step(gen)
+        keyed = {b: h for h, b in t.gpu._cached_blocks.items()}
+        # a block held by a running request and still keyed: its key must be its content's
+        stale[version] = [b for b in t.blocks(1) if b in keyed
+                          and keyed[b] not in t.block_hashes(1)]
+    assert stale["0.4.2"] and not stale["0.4.3"], stale
+
+
+def test_chunked_prefill_with_prefix_caching_is_refused_where_the_runner_refuses_it():
+    """To 0.5.5 the release's model runner raises RuntimeError on a chunked prefill step
+    that skips cached blocks; before 0.5.1 (no skip_last_block_id to detect) the adapter reads
+    that refusal from the release's worker/model_runner.py: one line, exit 2."""
+    for version in ("0.4.2", "0.5.0.post1"):
+        install.ensure(install.ENGINES["vllm-v0"], version)
+        with pytest.raises(MisuseError, match="model runner refuses it"):
+            ve.make_chunked(8, 4, version=version)
+
+
+def test_a_release_before_the_range_is_one_line(capsys):
+    assert kvcheck(["verify-engine", "vllm-v0-engine@0.4.1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "0.4.2 .. 0.9.2" in err[0], err
+
+
+# block manager v1: the scheduler's default to 0.6.2 (use_v2_block_manager=False)
+
+
+def _at_v1(version, chunked=False, lose_free=False):
+    make = v1.make_chunked if chunked else v1.make
+
+    def factory(*a, **k):
+        t = make(*a, version=version, **k)
+        if lose_free:  # a fault: the allocator's first free of a block forgets it
+            real, lost = t.gpu.free, []
+
+            def free(block):
+                if not lost and block.ref_count == 1:
+                    lost.append(block.block_number)
+                    block.ref_count = 0
+                    return None
+                return real(block)
+            t.gpu.free = free
+        return t
+    return factory
+
+
+@pytest.mark.parametrize("version", ["0.4.2", "0.5.0.post1", "0.6.2"])
+def test_block_manager_v1_runs_through_the_release_scheduler(version):
+    """The release's Scheduler builds its own BlockSpaceManagerV1 (the default to 0.6.2):
+    with prefix caching off every release passes, chunked prefill on and off, with
+    preemptions; the same run with a free the allocator forgets fails (the oracle reads v1's
+    own tables, refcounts and free list)."""
+    install.ensure(install.ENGINES["vllm-v0"], version)
+    t = v1.make(8, 4, caching=False, version=version)
+    assert type(t.manager).__name__ == "BlockSpaceManagerV1"
+    assert type(t.manager).__module__.endswith("vllm.core.block_manager_v1")
+    for chunked in (False, True):
+        r = _run(_at_v1(version, chunked), caching=False)
+        assert r.verdict == "pass", (chunked, r.violation)
+        assert r.state.stats["preemptions"] > 0 and r.state.stats["finished"] > 10
+    r = _run(_at_v1(version, lose_free=True), caching=False)
+    assert r.verdict == "fail", r
+
+
+def test_block_manager_v1_refusals_are_one_line(capsys):
+    """Prefix caching on v1 (a partial last block cached and shared: not modelled), a
+    release without v1 (0.6.3 on) and one before vllm-v0's range: one line, exit 2."""
+    install.ensure(install.ENGINES["vllm-v0"], "0.6.3.post1")
+    for args, words in ((["vllm-v0-engine-v1@0.6.2"], "partial last block"),
+                        (["vllm-v0-engine-v1@0.6.3.post1", "--no-prefix-caching"],
+                         "no block manager v1"),
+                        (["vllm-v0-engine-v1@0.4.1", "--no-prefix-caching"], "0.4.2 .. 0.9.2")):
+        assert kvcheck(["verify-engine", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
