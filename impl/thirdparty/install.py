@@ -129,7 +129,7 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
                 "on) off (0.4.4 itself cannot build HiRadixCache: it calls "
                 "RadixCache.__init__ without page_size; 0.4.4.post1 sizes the host pool 3x "
                 "the device's; 0.5.21 on: UnifiedRadixCache, no hiradix_cache.py)"),
-    Engine("sglang-unified", "sglang", "sglang", pinned="0.5.13", low="0.5.12",
+    Engine("sglang-unified", "sglang", "sglang", pinned="0.5.14", low="0.5.12",
            high="0.5.16", family="sglang",
            note="SGLang UnifiedRadixCache (mem_cache/unified_radix_cache.py) with its HiCache "
                 "host tier (HybridCacheController, HostPoolGroup) as a tiers target "

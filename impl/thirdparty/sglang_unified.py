@@ -1,6 +1,6 @@
 """Adapter: SGLang's ``UnifiedRadixCache`` with its HiCache host tier as a tiers target
 (docs/tiers.md; ``kvcheck verify-tiers
-kvcheck.impl.thirdparty.sglang_unified:make_write_back@VERSION``, 0.5.13 pinned, 0.5.12 ..
+kvcheck.impl.thirdparty.sglang_unified:make_write_back@VERSION``, 0.5.14 pinned, 0.5.12 ..
 0.5.16: ``kvcheck install sglang==VERSION``).
 
 SGLang builds this cache instead of ``HiRadixCache`` when ``SGLANG_ENABLE_UNIFIED_RADIX_TREE``
