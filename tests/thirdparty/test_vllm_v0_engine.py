@@ -357,3 +357,46 @@ def test_block_manager_v1_refusals_are_one_line(capsys):
         assert kvcheck(["verify-engine", *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
+
+
+# vLLM PR #5364 on the release's own objects (seed 0 on 0.5.0.post1, shrunk): request 8's
+# second prompt block [6, 5, 5, 4] is a cache miss; allocate_mutable takes block 3 (request 1's,
+# in the evictor) for it with computed=True, so get_common_computed_block_ids names it and the
+# runner skips a block that, before the step, the cache held under another prefix.
+OPS_5364 = [("add", 0, [3, 3], 3), ("add", 1, [6, 3, 4, 3, 2, 6, 4, 6, 6], 5),
+            ("add", 2, [6, 3, 4, 3], 4), ("add", 3, [6], 11), ("step", 1097127993),
+            ("step", 346043753), ("add", 4, [6, 3, 4, 3, 2, 6, 4, 6], 8), ("step", 1390851128),
+            ("add", 5, [6, 3, 4, 3], 6), ("add", 6, [5, 5, 2, 4, 6], 10),
+            ("add", 7, [5, 5, 2, 4], 11), ("step", 973694259),
+            ("add", 8, [5, 5, 2, 4, 6, 5, 5, 4, 3], 1), ("step", 1988601454),
+            ("add", 9, [6], 9)] + [("step", g) for g in (1112433019, 458825077, 897563738,
+                                                        1942955373, 2038265566, 1112433019)]
+
+
+def _skips(version):
+    """Each lookup's (request, skipped blocks, those the cache did not hold under the
+    request's prefix at that position before the step)."""
+    t = ve.make(8, 4, version=version)
+    out = []
+    for op in OPS_5364:
+        if op[0] == "add":
+            t.add(*op[1:])
+            continue
+        keyed = {b: h for h, b in t.cached_entries()}
+        for c in t.step(op[1]).calls:
+            if c.name == "get_computed_blocks" and c.result[0]:
+                want = t.block_hashes(int(c.request_id))
+                skipped = [b.block_id for b in c.result[0]]
+                out.append((int(c.request_id), skipped,
+                            [b for i, b in enumerate(skipped) if keyed.get(b) != want[i]]))
+    return out
+
+
+def test_5364_on_the_release_objects():
+    for version in ("0.4.3", "0.5.0.post1", "0.5.1"):
+        install.ensure(install.ENGINES["vllm-v0"], version)
+    for version in ("0.4.3", "0.5.0.post1"):
+        stale = [s for s in _skips(version) if s[2]]
+        assert [(q, bad) for q, _, bad in stale] == [(8, [3])], stale
+    fixed = _skips("0.5.1")
+    assert fixed and not [s for s in fixed if s[2]], fixed
