@@ -117,6 +117,13 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
     Engine("sglang-radix", "sglang", "sglang", pinned="0.5.23", low="0.5.22", high="0.5.23",
            note="SGLang RadixCache with the scheduler's checkpoint / lock / unlock API "
                 "(RadixCache.checkpoint, lock, unlock, path_device_indices: from 0.5.22)"),
+    Engine("sglang-engine", "sglang", "sglang", pinned="0.5.23", low="0.5.19", high="0.5.23",
+           note="SGLang's scheduling policy as an engine core (impl/thirdparty/sglang_engine.py): "
+                "the release's own scheduler calls, renamed across the range (0.5.19 .. 0.5.21: "
+                "maybe_cache_unfinished_req, alloc_for_decode, release_kv_cache(is_insert); "
+                "0.5.22 on: checkpoint_kv_cache, alloc_for_decode_default); before 0.5.19 the "
+                "request's kv record is created at allocation (0.5.18) and the allocator "
+                "modules import debug_utils (to 0.5.17)"),
     Engine("sglang-swa", "sglang", "sglang", pinned="0.5.23", low="0.5.13", high="0.5.23",
            note="SGLang SWATokenToKVPoolAllocator (mem_cache/allocator/swa.py: the package "
                 "layout, 0.5.13 on) as a tiers target with the SWA pool behind "

@@ -1,8 +1,40 @@
 """Adapter: SGLang's scheduling policy as an engine core (``sglang-engine[@VERSION]``,
-0.5.22 .. 0.5.23; issue 34 §1) -- the release's own ``Req``, ``SchedulePolicy``,
+0.5.20 .. 0.5.23; issue 34 §1) -- the release's own ``Req``, ``SchedulePolicy``,
 ``PrefillAdder`` with its ``PrefillBudget``, ``RadixCache``, paged token-to-KV allocator and
 ``ReqToTokenPool``, and the scheduler's own allocation and release functions, driven step by
 step with no model.
+
+Releases: the module doc names 0.5.23's functions; where the scheduler's calls differ in an
+earlier release the adapter calls that release's own, read from it (``RENAMED``, and the
+signatures it inspects), nothing re-enacted:
+
+* 0.5.22 .. 0.5.23: ``checkpoint_kv_cache`` (stash and unfinished prefill),
+  ``release_kv_cache(req, tree, checkpoint=True)``, ``alloc_for_decode_default``; 0.5.23's
+  ``get_num_allocatable_reqs`` also counts the rows admitted requests hold
+  (``num_held_rows``), 0.5.22's does not;
+* 0.5.21: ``maybe_cache_unfinished_req(req, tree[, chunked=True])`` (the tree's
+  ``cache_unfinished_req``), ``release_kv_cache(req, tree)`` (``is_insert`` defaults to
+  True), ``alloc_for_decode``; ``Req`` matches its prefix in ``init_next_round_input`` and
+  keeps ``prefix_indices`` / ``extend_range`` where 0.5.22 keeps ``prefix_len`` /
+  ``extend_end`` (``_prefix_len``, ``_extend_end`` read whichever the release has, as its
+  ``prepare_for_extend`` does); the paged allocator runs its Triton kernels under Triton's
+  CPU interpreter (``sglang.py``);
+* 0.5.20: as 0.5.21, and no ``mem_cache/prefill_budget.py``: ``PrefillAdder`` keeps its
+  budget itself (``_update_prefill_budget``) and reads ``is_swa_req_ring`` directly;
+* before 0.5.20 the radix cache's own imports change (``disaggregation/kv_events``'
+  metadata classes at 0.5.18 .. 0.5.19, no ``allocator/page_interleave.py`` before 0.5.20,
+  ``debug_utils/cuda_coredump`` to 0.5.17): ``sglang-radix``'s loader does not build it
+  there, so the range stops at 0.5.20.
+
+Policies (``--policy``): ``fcfs``; ``priority`` (fcfs with ``enable_priority_scheduling``:
+priority, then queue entry); SGLang's ``lpm``, ``dfs-weight`` (cache-aware: the release's
+``calc_priority`` matches every waiting request against the tree, with its in-batch
+prefix deprioritisation) and ``lof``, ``random`` -- each the server's
+``--schedule-policy``, passed to the release's ``SchedulePolicy`` and published as
+``get_schedule().schedule_policy``. None of the engine oracle's rules assumes an FCFS order
+(liveness's bound holds for any order that drains a finite queue). Not offered: ``hrrn``
+(reads the scheduler's processed-token counter), ``shortest-prefill-first`` (the scheduler's
+chunk limit), ``routing-key`` (requests' routing keys): refused in one line.
 
 What runs, executed from the installed wheel (``_loader``; nothing rewritten):
 
@@ -46,14 +78,16 @@ the order of ``event_loop_normal`` (no overlap) of the release:
    ``max_prefill_tokens`` = ``chunked_prefill_size`` = the run's ``budget``),
    ``add_chunked_req`` for the chunked request (after its ``init_next_round_input``), then
    for each waiting request: stop on ``budget_state() == OTHER``, stop when the running
-   requests plus those admitted reach ``max_running_requests`` (``max_seqs``; the
-   release's ``get_num_allocatable_reqs`` is ``ReqToTokenPool`` 's free rows, sized
-   ``max_seqs + 1`` rows as the release sizes it), ``req.init_next_round_input(tree)``,
-   ``adder.add_one_req(req, has_chunked_req, None)``, stop unless ``CONTINUE``. The
-   admitted requests leave the waiting queue; ``adder.new_chunked_req`` becomes the
-   chunked request; the batch's fields that ``prepare_for_extend`` sets before
-   allocating (``prefix_lens``, ``extend_lens``, ``seq_lens``, ``extend_num_tokens``) are
-   set as it sets them and ``alloc_for_extend(batch)`` runs;
+   requests plus those admitted reach ``max_running_requests`` (``max_seqs``) or the
+   release's own ``get_num_allocatable_reqs`` (``ReqToTokenPool`` 's free rows, sized
+   ``max_seqs + 1`` rows as the release sizes it; no admission at all, and no
+   ``calc_priority``, when it is 0 and no request is chunked, as the release returns
+   early), ``req.init_next_round_input(tree)``, ``adder.add_one_req(req,
+   has_chunked_req, None)``, stop unless ``CONTINUE``. The admitted requests leave the
+   waiting queue; ``adder.new_chunked_req`` becomes the chunked request; the batch's
+   fields that ``prepare_for_extend`` sets before allocating (``prefix_lens``,
+   ``extend_lens``, ``seq_lens``, ``extend_num_tokens``) are set as it sets them and
+   ``alloc_for_extend(batch)`` runs;
 2. with no prefill batch, ``update_running_batch``: ``batch.check_decode_mem()``, else
    ``batch.retract_decode()`` (the release's method: retraction order, ``release_req``:
    ``release_kv_cache(checkpoint=False)`` and ``reset_for_retract``), the retracted
@@ -96,6 +130,12 @@ Stand-ins, in one place:
     replay, fcfs retraction policy, low priority values first).
 ``envs`` (``sglang.srt.environ``)
     the release's own ``Envs`` (every variable at its default unless set).
+``random`` (the module ``schedule_policy.py`` shuffles the queue with, policy ``random``)
+    a ``random.Random`` seeded by the step's ``gen`` (``_publish``): the process's global
+    generator would make a run unrepeatable; seeded so, a run and its replay shuffle alike.
+``Scheduler.get_num_allocatable_reqs``' members
+    the release's method, compiled from the class, reads ``req_to_token_pool`` (the run's)
+    and ``beam_coordinator.pending_member_rows`` (0: no beam search).
 The tokenizer and detokenizer
     none: prompts are token ids; ``Req.tokenizer`` stays ``None`` (no stop strings).
 The model worker
@@ -122,8 +162,8 @@ last request aborted as out of memory: not reached, the driver only draws reques
 pool holds whole).
 
 Refused in one line: speculative decoding (``--spec-tokens``), prefix caching off (SGLang's
-``ChunkCache``, another cache, not driven), a release outside 0.5.22 .. 0.5.23 (the
-radix cache's ``checkpoint`` / ``lock`` API and ``checkpoint_kv_cache`` start at 0.5.22).
+``ChunkCache``, another cache, not driven), a policy not offered (above), a release outside
+0.5.20 .. 0.5.23 (``install.ENGINES["sglang-engine"]``; see Releases).
 
 Observation -- SGLang keeps no refcounts: a page's refcount is the number of running
 requests whose ``req_to_token`` row names it (its tree lock is not a holder): the tables
@@ -138,6 +178,7 @@ recorded at the boundary: ``alloc_for_extend`` per request as a ``get_computed_b
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import random
 import sys
@@ -146,11 +187,11 @@ from array import array
 from typing import Any
 
 from ..errors import MisuseError
-from . import install, sglang, sglang_radix
+from . import _loader, install, sglang, sglang_radix
 from ._loader import exec_definitions, exec_methods
 from .vllm_v1_engine import KVCall, StepResult
 
-ENGINE_KEY = "sglang-radix"  # install.ENGINES row: the radix cache API range, 0.5.22 .. 0.5.23
+ENGINE_KEY = "sglang-engine"  # install.ENGINES row: 0.5.21 .. 0.5.23
 STOP = 1  # the EOS id the generated output samples rarely
 VOCAB = 8
 SB = "sglang/srt/managers/schedule_batch.py"
@@ -219,7 +260,7 @@ CONFIG = {  # runtime_context's published configuration, at the launcher's defau
     "schedule": _rec(schedule_policy="fcfs", schedule_low_priority_values_first=True,
                      schedule_conservativeness=1.0,
                      retraction_policy="fcfs", prefill_max_requests=None),
-    "parallel": _rec(dcp_enabled=False, pp_max_micro_batch_size=1 << 30, tp_size=1,
+    "parallel": _rec(dcp_enabled=False, attn_dcp_size=1, pp_max_micro_batch_size=1 << 30, tp_size=1,
                      tp_rank=0),
     "exec": _rec(mamba=_rec(enable_mamba_extra_buffer=False),
                  features=_rec(enable_encoder_swa_bounded_replay=False)),
@@ -241,18 +282,21 @@ RELEASE = {  # the release's top-level definitions executed (see the module doc)
     SP: ("CLIP_MAX_NEW_TOKENS", "IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD",
          "IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD", "IGNORE_EOS_RESERVE_TOKENS",
          "WAITING_QUEUE_PREFIX_MATCH_MAX", "WAITING_PREFIX_REFRESH_INTERVAL", "_ceil_div",
-         "estimate_prefill_extend_tile_metrics", "_use_exact_chunk_fill", "CacheAwarePolicy",
+         "estimate_prefill_extend_tile_metrics", "_use_exact_chunk_fill",
+         "match_prefix_for_req", "CacheAwarePolicy",
          "CacheAgnosticPolicy", "SchedulePolicy", "AddReqResult", "_PrefillAdmission",
          "mamba_prefill_chunk_grid", "PrefillAdder"),
     TRACKER: ("NewTokenRatioTracker",),
+    "sglang/srt/utils/common.py": ("Range",),  # 0.5.21's Req.set_extend_range
     "sglang/srt/managers/utils.py": ("validate_input_length",),
     "sglang/srt/disaggregation/utils.py": ("FAKE_BOOTSTRAP_HOST", "DisaggregationMode"),
-    COMMON: ("match_kv_cache", "touch_waiting_prefix", "_req_radix_key", "checkpoint_kv_cache", "release_kv_cache",
+    COMMON: ("match_kv_cache", "touch_waiting_prefix", "_req_radix_key", "checkpoint_kv_cache",
+             "maybe_cache_unfinished_req", "release_kv_cache",
              "_release_overallocated_kv_indices"),
     ALLOCATION: ("_EMPTY_PREFIX", "get_last_loc_torch", "alloc_token_slots", "alloc_paged_token_slots_extend",
                  "ensure_mamba_capacity", "alloc_req_slots", "_alloc_page_size",
                  "_prefix_kv_indices", "alloc_for_extend", "alloc_paged_token_slots_decode",
-                 "alloc_for_decode_default", "write_cache_indices"),
+                 "alloc_for_decode_default", "alloc_for_decode", "write_cache_indices"),
 }
 BATCH_METHODS = ("check_decode_mem", "new_tokens_required_next_decode", "retract_decode",
                  "_get_decode_retraction_order", "release_req", "batch_size", "is_empty")
@@ -261,7 +305,7 @@ BATCH_METHODS = ("check_decode_mem", "new_tokens_required_next_decode", "retract
 # HiSparse, Mamba or unified cache): stand-in classes
 NOT_INSTANCES = ("SWATokenToKVPoolAllocator", "DeepSeekV4HiSparseTokenToKVPoolAllocator",
                  "UnifiedMambaTokenToKVPoolAllocator", "UnifiedMambaSWATokenToKVPoolAllocator",
-                 "UnifiedRadixCache", "HybridReqToTokenPool")
+                 "UnifiedRadixCache", "HybridReqToTokenPool", "PureSWATokenToKVPoolAllocator")
 
 # definitions a release of the range may not have (0.5.22 has no mamba chunk grid): what
 # the release does not define, its code does not call
@@ -269,9 +313,32 @@ OPTIONAL = frozenset({"mamba_prefill_chunk_grid", "touch_waiting_prefix", "_req_
                       "_use_exact_chunk_fill", "estimate_prefill_extend_tile_metrics",
                       "_PrefillAdmission", "WAITING_QUEUE_PREFIX_MATCH_MAX",
                       "WAITING_PREFIX_REFRESH_INTERVAL", "_ceil_div",
-                      "IGNORE_EOS_RESERVE_TOKENS", "split_cached_prefix_by_tier"})
+                      "IGNORE_EOS_RESERVE_TOKENS", "split_cached_prefix_by_tier",
+                      "_EMPTY_PREFIX", "ensure_mamba_capacity",  # 0.5.22 on
+                      "Range",  # to 0.5.21
+                      "match_prefix_for_req",  # to 0.5.21 (calc_priority's match)
+                      # the scheduler's calls by release (RENAMED): one of each pair
+                      "match_kv_cache", "checkpoint_kv_cache", "maybe_cache_unfinished_req",
+                      "_prefix_kv_indices", "alloc_for_decode_default", "alloc_for_decode"})
+
+# the scheduler's calls whose name changed within the range, read from the release: the
+# first name it defines (0.5.22 on | 0.5.20 .. 0.5.21). ``checkpoint``: what
+# stash_chunked_request and process_batch_result_prefill call for an unfinished request
+# (to 0.5.21 maybe_cache_unfinished_req -> RadixCache.cache_unfinished_req); ``decode``:
+# what prepare_for_decode calls to allocate (0.5.22 also defines alloc_for_decode, its
+# dispatcher to alloc_for_decode_default, so the latter is asked first). To 0.5.21 Req
+# matches its prefix in init_next_round_input itself (0.5.22 on: through match_kv_cache) and
+# alloc_for_extend reads req.prefix_indices (0.5.22 on: _prefix_kv_indices).
+RENAMED = {"checkpoint": ("checkpoint_kv_cache", "maybe_cache_unfinished_req"),
+           "decode": ("alloc_for_decode_default", "alloc_for_decode")}
 
 _cache: dict = {}
+
+# the policies the target drives: fcfs, priority (fcfs with priority scheduling on), and
+# SchedulePolicy's others that need nothing the adapter does not keep (hrrn reads the
+# scheduler's processed-token counter, shortest-prefill-first its chunk limit, routing-key
+# the requests' routing keys: not offered)
+POLICIES = ("fcfs", "priority", "lpm", "dfs-weight", "lof", "random")
 
 
 def _stub_swa(mod: types.ModuleType, loaded) -> None:
@@ -288,15 +355,19 @@ def load(version: str | None = None) -> dict:
     """The release's objects (see the module doc), executed once per release."""
     import torch
 
-    dist = install.select(ENGINE_KEY, version)  # 0.5.22 .. 0.5.23
+    dist = install.select(ENGINE_KEY, version)  # 0.5.21 .. 0.5.23
     key = (dist.version, str(dist.root))
     if key in _cache:
         return _cache[key]
-    mods = sglang.load_dist(dist, (*sglang_radix.FILES, f"{sglang_radix.MEM}.prefill_budget"),
+    # mem_cache/prefill_budget.py (the allocator's create_prefill_budget) from 0.5.21; before,
+    # PrefillAdder keeps its budget itself (_update_prefill_budget)
+    budget = (f"{sglang_radix.MEM}.prefill_budget",) if (
+        _loader.install_dir(dist) / "sglang/srt/mem_cache/prefill_budget.py").is_file() else ()
+    mods = sglang.load_dist(dist, (*sglang_radix.FILES, *budget),
                             {**sglang_radix.STUBS, f"{sglang.ALLOCATOR}.swa": _stub_swa},
                             (*sglang.FILES, f"{sglang_radix.MEM}.radix_cache",
                              f"{sglang_radix.MEM}.common", f"{sglang_radix.MEM}.memory_pool",
-                             f"{sglang_radix.MEM}.prefill_budget"))
+                             *budget))
     root = mods.root
     radix = mods[f"{sglang_radix.MEM}.radix_cache"]
     base = mods[f"{sglang_radix.MEM}.base_prefix_cache"]
@@ -321,6 +392,9 @@ def load(version: str | None = None) -> dict:
         "nullcontext": __import__("contextlib").nullcontext,
         "Counter": __import__("collections").Counter,
         "is_hip": lambda: False, "is_gfx95_supported": lambda: False,
+        # context parallelism off, as by default (to 0.5.19 PrefillAdder asks these)
+        "is_dsa_prefill_cp_in_seq_split": lambda: False,
+        "is_prefill_context_parallel_enabled": lambda: False,
         "_IS_HIP": False, "PREFILL_TILE_BUDGET": 0, "PREFILL_TILE_BUDGET_MODE": "compact",
         "_ROUTING_KEY_POLICY_DEBUG_LOG": False, "_is_npu": False, "_is_cuda": False, "_is_hip": False,
         "_is_xpu": False, "_is_cpu": True,
@@ -331,6 +405,7 @@ def load(version: str | None = None) -> dict:
         "available_and_evictable_str": lambda tree: (
             f"available {tree.token_to_kv_pool_allocator.available_size()}, evictable "
             f"{tree.evictable_size()}"),
+        "NamedTuple": __import__("typing").NamedTuple,
         "Sequence": __import__("typing").Sequence, "copy": __import__("copy"), "weakref": __import__("weakref"),
         "RadixCache": radix.RadixCache, "RadixKey": radix.RadixKey, "TreeNode": radix.TreeNode,
         "MatchPrefixParams": base.MatchPrefixParams, "InsertParams": base.InsertParams,
@@ -346,14 +421,38 @@ def load(version: str | None = None) -> dict:
         "get_context": lambda: _rec(is_config_namespace_published=lambda _n: True),
         **{f"get_{k}": _getter(v) for k, v in CONFIG.items()},
     })
+    # what the release's files import from base_prefix_cache besides the above, where the
+    # release has it (0.5.21's Req unlocks with DecLockRefParams)
+    ns.update({n: getattr(base, n) for n in ("DecLockRefParams", "IncLockRefParams",
+                                             "zero_match_result", "MatchResult")
+               if hasattr(base, n)})
+    if not budget and "\ndef is_swa_req_ring(" in (
+            root / "sglang/srt/mem_cache/allocator/swa.py").read_text():
+        # 0.5.20's PrefillAdder reads is_swa_req_ring itself (see _stub_swa)
+        swa = types.ModuleType(f"{sglang.ALLOCATOR}.swa")
+        _stub_swa(swa, mods)
+        ns["is_swa_req_ring"] = swa.is_swa_req_ring
     for rel, names in RELEASE.items():
         found = exec_definitions(root / rel, ns, names)
         missing = [n for n in names if n not in found and n not in OPTIONAL]
         if missing:
             raise ImportError(f"{rel} of sglang {dist.version} has no {', '.join(missing)}")
+    for role, names in RENAMED.items():
+        found = [n for n in names if n in ns]
+        if not found:
+            raise ImportError(f"sglang {dist.version} defines none of {', '.join(names)}")
+        ns[f"__{role}__"] = ns[found[0]]
+    # release_kv_cache(req, tree, *, checkpoint) from 0.5.22; 0.5.20 .. 0.5.21's take is_insert
+    # (default True: the tree keeps what it can key, what checkpoint=True does)
+    ns["__release_kw__"] = ({"checkpoint": True} if "checkpoint" in
+                            inspect.signature(ns["release_kv_cache"]).parameters else {})
     ns["BatchMethods"] = exec_methods(root / SB, "ScheduleBatch", BATCH_METHODS, ns)
     ns["SchedulerMethods"] = exec_methods(root / SCHEDULER, "Scheduler",
-                                      ("init_req_max_new_tokens",), ns)
+                                          ("init_req_max_new_tokens",
+                                           "get_num_allocatable_reqs"), ns)
+    # 0.5.23's counts the rows the admitted requests already hold (num_held_rows)
+    ns["__held_rows__"] = "num_held_rows" in inspect.signature(
+        ns["SchedulerMethods"]["get_num_allocatable_reqs"]).parameters
     ns["__mods__"], ns["__sglang_version__"] = mods, dist.version
     _cache[key] = ns
     return ns
@@ -370,6 +469,17 @@ def _ratio_tracker(ns: dict, conservativeness: float):
         return ns["NewTokenRatioTracker"].from_config()
     finally:
         ns["get_schedule"] = published
+
+
+def _prefix_len(req) -> int:
+    """``Req.prefix_len`` (0.5.22 on); 0.5.20 .. 0.5.21's scheduler reads ``len(req.prefix_indices)``
+    where 0.5.22's reads ``prefix_len``."""
+    return req.prefix_len if hasattr(req, "prefix_len") else len(req.prefix_indices)
+
+
+def _extend_end(req) -> int:
+    """``Req.extend_end`` (0.5.22 on); 0.5.20 .. 0.5.21's ``req.extend_range.end``."""
+    return req.extend_end if hasattr(req, "extend_end") else req.extend_range.end
 
 
 class _Page:
@@ -424,9 +534,9 @@ class _Batch:
     def set_extend_fields(self) -> None:
         """What ``prepare_for_extend`` sets before ``alloc_for_extend``."""
         t = self._torch
-        self.prefix_lens = [r.prefix_len for r in self.reqs]
-        self.extend_lens = [r.extend_len for r in self.reqs]
-        seq = [r.extend_end for r in self.reqs]
+        self.prefix_lens = [_prefix_len(r) for r in self.reqs]
+        seq = [_extend_end(r) for r in self.reqs]
+        self.extend_lens = [e - p for e, p in zip(seq, self.prefix_lens, strict=True)]
         self.seq_lens = t.tensor(seq, dtype=t.int64)
         self.seq_lens_cpu = self.seq_lens.clone()
         self.extend_num_tokens = sum(self.extend_lens)
@@ -451,13 +561,24 @@ class SglangEngineTarget:
         if not caching:
             raise MisuseError("sglang-engine drives the radix cache: prefix caching off is "
                               "SGLang's ChunkCache, not driven")
-        if policy not in ("fcfs", "priority"):
-            raise MisuseError(f"unknown policy {policy!r}")
+        if policy not in POLICIES:
+            raise MisuseError(f"sglang-engine has no {policy} policy (it drives "
+                              f"{', '.join(POLICIES)})")
         if not schedule_conservativeness >= 0:  # the release's validation_hook asserts it
             raise MisuseError("schedule_conservativeness must be non-negative")
         ns = load(version)
         self.ns = ns
         self.version = ns["__sglang_version__"]
+        # the server's --schedule-policy (priority: fcfs with --enable-priority-scheduling),
+        # one of the release's CacheAwarePolicy / CacheAgnosticPolicy values
+        self.policy_name = "fcfs" if policy == "priority" else policy
+        offered = {p.value for p in ns["CacheAwarePolicy"]} | \
+            {p.value for p in ns["CacheAgnosticPolicy"]}
+        if self.policy_name not in offered:
+            raise MisuseError(f"sglang {self.version}'s SchedulePolicy has no "
+                              f"{self.policy_name} policy")
+        self.schedule = types.SimpleNamespace(**{**vars(CONFIG["schedule"]),
+                                                 "schedule_policy": self.policy_name})
         self.torch = torch
         self.num_blocks, self.block_size = num_blocks, block_size
         self.budget, self.max_seqs = budget, max_seqs
@@ -478,7 +599,9 @@ class SglangEngineTarget:
             disable=False, req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.alloc,
             page_size=block_size)
         self.tree = mods[f"{mem}.radix_cache"].RadixCache(params)
-        self.policy = ns["SchedulePolicy"]("fcfs", self.tree, False, policy == "priority", True)
+        self._publish()
+        self.policy = ns["SchedulePolicy"](self.policy_name, self.tree, False,
+                                           policy == "priority", True)
         self.ratio = _ratio_tracker(ns, schedule_conservativeness)
         self.Batch = type("ScheduleBatch", (_Batch,), dict(ns["BatchMethods"]))
         self.waiting_queue: list = []
@@ -504,10 +627,25 @@ class SglangEngineTarget:
         sch.kv_shard_widening, sch.page_size = 1, block_size
         sch.token_to_kv_pool_allocator = self.alloc
         sch.sliding_window_size, sch.chunked_prefill_size = None, budget
+        # what get_num_allocatable_reqs reads: the row pool, and no beam search (no rows
+        # promised to beam members)
+        sch.req_to_token_pool = self.pool
+        sch.beam_coordinator = _rec(pending_member_rows=lambda _batch: 0)
 
     # -- operations ---------------------------------------------------------------------
+    def _publish(self, gen: int = 0) -> None:
+        """What the launcher publishes for this server (``get_schedule()``: its
+        ``--schedule-policy``), and the ``random`` module the release's
+        ``SchedulePolicy._sort_randomly`` shuffles with: a ``random.Random`` seeded by the
+        step's ``gen`` (a stand-in for the process's global generator, so that a run and its
+        replay shuffle alike). The release's namespace is shared by the targets of one
+        release: each publishes its own before it runs the release's code."""
+        self.ns["get_schedule"] = _getter(self.schedule)
+        self.ns["random"] = random.Random(f"sglang-engine random policy, step {gen}")
+
     def add(self, seq: int, tokens: list[int], max_new: int, priority: int = 0) -> None:
         ns = self.ns
+        self._publish()
         req = ns["Req"](str(seq), "", array("q", tokens), SamplingParams(max_new),
                         eos_token_ids={STOP}, vocab_size=VOCAB + 1, priority=priority)
         req.time_stats = _rec(wait_queue_entry_time=self.arrivals)
@@ -523,6 +661,7 @@ class SglangEngineTarget:
         self.waiting_queue.append(req)
 
     def abort(self, seq: int) -> None:
+        self._publish()
         req = self.requests[seq]
         if req in self.waiting_queue:
             self.waiting_queue.remove(req)
@@ -539,12 +678,13 @@ class SglangEngineTarget:
     def _release(self, req) -> None:
         before = self._pages(req)
         free_before = self.num_free()
-        self.ns["release_kv_cache"](req, self.tree, checkpoint=True)
+        self.ns["release_kv_cache"](req, self.tree, **self.ns["__release_kw__"])
         self._call("free", req, None, before, free_before)
 
     def step(self, gen: int) -> StepResult:
         del self.kv_calls[:]
         ns = self.ns
+        self._publish(gen)
         batch, prefill = self._next_batch()
         calls_in_schedule = list(self.kv_calls)
         scheduled, writes, sampled = {}, {}, {}
@@ -560,7 +700,7 @@ class SglangEngineTarget:
             pages = self._pages(req)
             if prefill:
                 start = self._starts[id(req)]
-                toks = list(req.full_untruncated_fill_ids[start:req.extend_end])
+                toks = list(req.full_untruncated_fill_ids[start:_extend_end(req)])
             else:
                 start = req.kv.kv_committed_len - 1
                 toks = [req.output_ids[-1]] if req.output_ids else \
@@ -580,7 +720,7 @@ class SglangEngineTarget:
             if req.finished():
                 self._release(req)
             elif prefill:
-                ns["checkpoint_kv_cache"](req, self.tree)
+                ns["__checkpoint__"](req, self.tree)
         self.last_batch = list(batch.reqs) if prefill else []
         if not prefill:
             batch.filter_batch([i for i, r in enumerate(batch.reqs) if not r.finished()])
@@ -591,16 +731,20 @@ class SglangEngineTarget:
         """``get_next_batch_to_run`` (see the module doc): (batch, is_prefill)."""
         ns = self.ns
         AddReqResult = ns["AddReqResult"]
-        if self.chunked_req is not None and self.chunked_req.extend_end > \
-                self.chunked_req.prefix_len:
-            ns["checkpoint_kv_cache"](self.chunked_req, self.tree)  # stash_chunked_request
+        if self.chunked_req is not None and _extend_end(self.chunked_req) > \
+                _prefix_len(self.chunked_req):
+            self._stash(self.chunked_req)
         merged = [r for r in self.last_batch if r is not self.chunked_req and not r.finished()]
         self.running_batch.reqs = [r for r in self.running_batch.reqs + merged
                                    if not r.finished()]
         self.last_batch = []
         running = self.running_batch
-        if self.waiting_queue or self.chunked_req is not None:
-            self.policy.calc_priority(self.waiting_queue, running, processed_tokens=0)
+        if (self.waiting_queue or self.chunked_req is not None) and (
+                self.chunked_req is not None or self._allocatable(running, 0) > 0):
+            # processed_tokens (hrrn's, not offered) from 0.5.20
+            more = {"processed_tokens": 0} if "processed_tokens" in inspect.signature(
+                self.policy.calc_priority).parameters else {}
+            self.policy.calc_priority(self.waiting_queue, running, **more)
             adder = ns["PrefillAdder"](self.block_size, self.tree, self.alloc, running,
                                        self.ratio.current, self.budget, self.budget,
                                        0, 0, max_prefill_bs=0,
@@ -615,9 +759,7 @@ class SglangEngineTarget:
                 if adder.budget_state() == AddReqResult.OTHER:
                     break
                 held = sum(r.kv.holds_kv for r in adder.can_run_list)
-                allocatable = min(self.max_seqs - len(running.reqs),
-                                  self.pool.available_size() + held)
-                if len(adder.can_run_list) >= allocatable:
+                if len(adder.can_run_list) >= self._allocatable(running, held):
                     break
                 req.init_next_round_input(self.tree)
                 res = adder.add_one_req(req, has_chunked_req=self.chunked_req is not None,
@@ -657,15 +799,26 @@ class SglangEngineTarget:
         self._decode(running)
         return running, False
 
+    def _allocatable(self, running, held: int) -> int:
+        """How many more requests admission may take: the release's
+        ``Scheduler.get_num_allocatable_reqs`` (the free ``ReqToTokenPool`` rows, plus from
+        0.5.23 the rows the admitted requests already hold), capped by
+        ``max_running_requests`` less the running requests."""
+        more = {"num_held_rows": held} if self.ns["__held_rows__"] else {}
+        rows = self.scheduler.get_num_allocatable_reqs(len(running.reqs),
+                                                       running_batch=running, **more)
+        return min(self.max_seqs - len(running.reqs), rows)
+
     def _extend(self, batch) -> None:
         """``prepare_for_extend``'s allocation; each request's KV calls recorded: a new
         one's match (``get_computed_blocks``: its prefix pages) and its pages appended."""
         ns = self.ns
         batch.set_extend_fields()
-        self._starts = {id(r): r.prefix_len for r in batch.reqs}
+        self._starts = {id(r): _prefix_len(r) for r in batch.reqs}
         before, new = {}, {}
         for r in batch.reqs:
-            ids = ns["_prefix_kv_indices"](batch, r).tolist()
+            ids = (ns["_prefix_kv_indices"](batch, r) if "_prefix_kv_indices" in ns
+                   else r.prefix_indices).tolist()
             before[id(r)] = sglang.row_pages(ids, self.block_size) if ids else []
             new[id(r)] = not r.kv.holds_kv
         free_before = self.num_free()
@@ -673,17 +826,26 @@ class SglangEngineTarget:
         for r in batch.reqs:
             hits = before[id(r)]
             if new[id(r)]:
-                self._call("get_computed_blocks", r, ([_Page(b) for b in hits], r.prefix_len),
+                self._call("get_computed_blocks", r, ([_Page(b) for b in hits], _prefix_len(r)),
                            [], free_before)
             after = self._pages(r)
             self._call("allocate_slots", r, [_Page(b) for b in after[len(hits):]], hits,
                        free_before)
 
+    def _stash(self, req) -> None:
+        """``stash_chunked_request``'s caching of the chunked request: 0.5.22 on
+        ``checkpoint_kv_cache(req, tree)``, 0.5.20 .. 0.5.21
+        ``maybe_cache_unfinished_req(req, tree, chunked=True)``."""
+        if "checkpoint_kv_cache" in self.ns:
+            self.ns["checkpoint_kv_cache"](req, self.tree)
+        else:
+            self.ns["maybe_cache_unfinished_req"](req, self.tree, chunked=True)
+
     def _decode(self, batch) -> None:
         batch.set_decode_fields()
         before = {id(r): self._pages(r) for r in batch.reqs}
         free_before = self.num_free()
-        self.ns["alloc_for_decode_default"](batch, 1)
+        self.ns["__decode__"](batch, 1)
         for r in batch.reqs:
             b = before[id(r)]
             self._call("allocate_slots", r, [_Page(x) for x in self._pages(r)[len(b):]], b,

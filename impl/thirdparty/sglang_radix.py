@@ -141,20 +141,28 @@ def _stub_common(mod: types.ModuleType, loaded: Loaded) -> None:
     import torch
 
     base = loaded.get(f"{MEM}.base_prefix_cache")
+    rel = "sglang/srt/mem_cache/common.py"
+    text = (loaded.root / rel).read_text()
+    names = ("coalesce_ranges", "free_kv_row_segments", "evict_from_tree_cache",
+             "_evict_until_allocatable")
+    # what the release defines (0.5.19, which sglang-engine@0.5.19 loads, has no
+    # coalesce_ranges nor _evict_until_allocatable: its evict_from_tree_cache evicts once)
+    names = tuple(n for n in names if f"\ndef {n}(" in text)
+    extra = {"torch": torch, "EvictParams": base.EvictParams,
+             "EvictResult": getattr(base, "EvictResult", None),
+             # to 0.5.20 evict_from_tree_cache asks isinstance(allocator, it) (the SWA arm;
+             # sglang-engine@0.5.19 .. 0.5.20): no allocator here is one
+             "SWATokenToKVPoolAllocator": type("SWATokenToKVPoolAllocator", (), {})}
+    interleave = "sglang/srt/mem_cache/allocator/page_interleave.py"  # 0.5.20 on
+    if (loaded.root / interleave).is_file():
+        class PageInterleavePoolAllocator:  # no stock allocator is one
+            pass
 
-    class PageInterleavePoolAllocator:  # no stock allocator is one
-        pass
-
-    shard = types.ModuleType("page_interleave_shard_size")
-    real_functions(shard, loaded, "sglang/srt/mem_cache/allocator/page_interleave.py",
-                   ("page_interleave_shard_size",),
-                   {"PageInterleavePoolAllocator": PageInterleavePoolAllocator})
-    real_functions(mod, loaded, "sglang/srt/mem_cache/common.py",
-                   ("coalesce_ranges", "free_kv_row_segments", "evict_from_tree_cache",
-                    "_evict_until_allocatable"),
-                   {"torch": torch, "EvictParams": base.EvictParams,
-                    "EvictResult": base.EvictResult,
-                    "page_interleave_shard_size": shard.page_interleave_shard_size})
+        shard = types.ModuleType("page_interleave_shard_size")
+        real_functions(shard, loaded, interleave, ("page_interleave_shard_size",),
+                       {"PageInterleavePoolAllocator": PageInterleavePoolAllocator})
+        extra["page_interleave_shard_size"] = shard.page_interleave_shard_size
+    real_functions(mod, loaded, rel, names, extra)
 
 
 def _stub_kv_events(mod: types.ModuleType, _: Loaded) -> None:
@@ -164,7 +172,9 @@ def _stub_kv_events(mod: types.ModuleType, _: Loaded) -> None:
 
     mod.StorageMedium = StorageMedium
     for name in ("AllBlocksCleared", "BlockRemoved", "BlockStored", "kv_event_namespace_seed",
-                 "namespaced_block_hash"):
+                 "namespaced_block_hash",
+                 # 0.5.19's events.py imports these two too (sglang-engine@0.5.19)
+                 "BlockStoredMetadata", "BlockStoredWithMetadata"):
         setattr(mod, name, _raising("KV events"))
 
 

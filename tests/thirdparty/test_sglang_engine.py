@@ -1,15 +1,19 @@
 """SGLang's scheduling policy as an engine core (``sglang-engine``, issue 34 §1): the release's
 own ``Req``, ``SchedulePolicy``, ``PrefillAdder``, ``RadixCache``, paged allocator and
 allocation / release functions, driven step by step by the engine model. The pinned 0.5.23
-and 0.5.22 pass; a planted bug that frees a running request's page is caught; what the
-adapter does not drive is refused in one line. With SGLang's own optimistic admission
-(``schedule_conservativeness`` 0.05, ``make_optimistic``) decode outgrows the pool: the
-release's ``check_decode_mem`` fails and its ``retract_decode`` runs, the run passes, and a
-planted retraction that keeps the retracted request's pages is caught on two requests."""
+and 0.5.19 .. 0.5.22 pass (each through its own scheduler calls); a planted bug that frees
+a running request's page is caught; what the adapter does not drive is refused in one line.
+With SGLang's own optimistic admission (``schedule_conservativeness`` 0.05,
+``make_optimistic``) decode outgrows the pool: the release's ``check_decode_mem`` fails and
+its ``retract_decode`` runs, the run passes, and a planted retraction that keeps the
+retracted request's pages is caught on two requests.
+SchedulePolicy's other policies (lpm, dfs-weight, lof, random) order the queue by the
+release's own calc_priority, and pass."""
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 
@@ -36,9 +40,30 @@ def test_the_pinned_release_passes_with_cache_hits_and_chunks():
         assert st["hits"] > 0 and st["kv_calls"] > 0, st
 
 
-def test_0_5_22_passes():
-    r = _run("sglang-engine@0.5.22", seed=2, blocks=5)
+@pytest.mark.parametrize("version", ["0.5.22", "0.5.21", "0.5.20", "0.5.19"])
+def test_the_earlier_releases_pass(version):
+    """0.5.19 .. 0.5.21 through their own calls where the scheduler's changed (their
+    maybe_cache_unfinished_req, alloc_for_decode, release_kv_cache(is_insert), to 0.5.20
+    PrefillAdder's own budget): the same run as 0.5.22's, step for step."""
+    made = []
+    r = verify(_counted(made, version, se.make), 5, 4, 2000, 2, model="engine",
+               scope=EngineScope(5, 4, budget=16), do_shrink=False, extra={"requests": 10})
     assert r.verdict == "pass", r.violation
+    t = made[-1]
+    assert t.version == version
+    if version != "0.5.22":
+        assert "checkpoint_kv_cache" not in t.ns and t.ns["__checkpoint__"].__name__ == \
+            "maybe_cache_unfinished_req", version
+        assert t.ns["__decode__"].__name__ == "alloc_for_decode"
+    assert r.state.stats == _reference_stats(), (r.state.stats, _reference_stats())
+
+
+@functools.cache
+def _reference_stats():
+    """0.5.22's counts of the run above."""
+    return verify("sglang-engine@0.5.22", 5, 4, 2000, 2, model="engine",
+                  scope=EngineScope(5, 4, budget=16), do_shrink=False,
+                  extra={"requests": 10}).state.stats
 
 
 class EarlyFree(SglangEngineTarget):
@@ -74,9 +99,10 @@ def test_what_the_adapter_does_not_drive_is_refused_in_one_line(capsys):
         assert kvcheck(["verify-engine", "sglang-engine", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and word in err[0] and "Traceback" not in err[0], err
-    assert kvcheck(["verify-engine", "sglang-engine@0.5.21"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "0.5.21" in err[0], err
+    for target in ("sglang-engine@0.5.18", "sglang-engine-optimistic@0.5.18"):
+        assert kvcheck(["verify-engine", target]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "0.5.18" in err[0] and "0.5.19 .. 0.5.23" in err[0], err
 
 
 def test_the_pinned_install_and_the_release_objects():
@@ -90,16 +116,16 @@ def test_the_pinned_install_and_the_release_objects():
         "sglang/srt/managers/schedule_batch.py")
 
 
-def _counted(made, version=None):
+def _counted(made, version=None, make=None):
     def factory(*a, **k):
         if version:
             k["version"] = version
-        made.append(se.make_optimistic(*a, **k))
+        made.append((make or se.make_optimistic)(*a, **k))
         return made[-1]
     return factory
 
 
-@pytest.mark.parametrize("version", [None, "0.5.22"])
+@pytest.mark.parametrize("version", [None, "0.5.22", "0.5.21", "0.5.20", "0.5.19"])
 def test_optimistic_admission_retracts_and_passes(version):
     made = []
     r = verify(_counted(made, version), 8, 4, 2000, 1, model="engine",
@@ -176,3 +202,101 @@ def test_the_optimistic_target_is_registered_with_its_versions():
         r = _run(f"sglang-engine-optimistic{version}", seed=1, requests=30)
         assert r.verdict == "pass", r.violation
         assert r.state.stats["preemptions"] >= 1, r.state.stats
+
+
+# -- SchedulePolicy's other policies: the release's own calc_priority orders the queue ------
+
+
+def _first_admitted(policy, gen=5, version=None):
+    """Three requests queued before the first step, one admitted (max_seqs 1): which."""
+    t = se.make(8, 4, budget=16, max_seqs=1, policy=policy, version=version)
+    for q, max_new in ((0, 2), (1, 5), (2, 3)):
+        t.add(q, [2 + q, 3, 4], max_new)
+    return list(t.step(gen).scheduled), t
+
+
+def test_lof_admits_the_longest_output_first():
+    assert _first_admitted("fcfs")[0] == [0]
+    first, t = _first_admitted("lof")
+    assert first == [1], first  # max_new 5 of 2, 5, 3
+    assert t.waiting() == [2, 0] and type(t.policy.policy).__name__ == "CacheAgnosticPolicy"
+
+
+def _after_a_cached_prompt(policy, version=None):
+    """A prompt of two pages and a token runs to the end (the tree keeps its pages); then a
+    stranger and a request sharing those pages arrive, in that order."""
+    t = se.make(8, 4, budget=16, max_seqs=1, policy=policy, version=version)
+    t.add(0, [2, 3, 4, 5, 6, 7, 8, 2, 3], 1)
+    g = 0
+    while not t.is_finished(0):
+        t.step(g)
+        g += 1
+    t.add(1, [5, 5, 5, 5, 5], 1)
+    t.add(2, [2, 3, 4, 5, 6, 7, 8, 2, 4], 1)
+    return list(t.step(100).scheduled)
+
+
+@pytest.mark.parametrize("version", [None, "0.5.19"])  # 0.5.19: match_prefix_for_req
+def test_cache_aware_policies_admit_the_cached_prefix_first(version):
+    assert _after_a_cached_prompt("fcfs", version) == [1]
+    assert _after_a_cached_prompt("lpm", version) == [2]  # 8 tokens matched, against none
+    assert _after_a_cached_prompt("dfs-weight", version) == [2]
+
+
+def test_random_shuffles_by_the_step_and_replays():
+    firsts = {g: _first_admitted("random", gen=g)[0][0] for g in range(12)}
+    assert set(firsts.values()) == {0, 1, 2}, firsts  # the release's shuffle ran
+    assert all(_first_admitted("random", gen=g)[0][0] == f for g, f in firsts.items())
+    # a run is a function of its seed: the same run twice
+    a, b = (_run("sglang-engine", seed=3, requests=12) for _ in range(2))
+    assert a.verdict == "pass"
+    assert a.ops == b.ops and a.state.stats == b.state.stats
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight", "lof", "random"])
+def test_each_policy_passes_and_catches_a_planted_bug(policy):
+    scope = EngineScope(8, 4, budget=16, policy=policy)
+    r = verify("sglang-engine", 8, 4, 2000, 1, model="engine", scope=scope, do_shrink=False,
+               extra={"requests": 15})
+    assert r.verdict == "pass", r.violation
+    assert r.state.stats["hits"] > 0, r.state.stats
+    bad = verify(_early_free, 8, 4, 2000, 1, model="engine", scope=scope, do_shrink=False,
+                 extra={"requests": 15})
+    assert bad.verdict == "fail" and bad.violation.kind == "invariant", bad.violation
+
+
+def test_a_policy_is_refused_where_it_is_not_driven(capsys):
+    with pytest.raises(MisuseError, match="hrrn"):
+        se.make(4, 4, policy="hrrn")
+    # another engine's own scheduler refuses it (vLLM v1: "Unknown scheduling policy: lpm")
+    for target in ("vllm-v1-engine", "nano-vllm-engine"):
+        assert kvcheck(["verify-engine", target, "--policy", "lpm"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "lpm" in err[0] and "Traceback" not in err[0], err
+
+
+def test_a_trace_names_the_policy():
+    from kvcheck.models.engine.model import EngineModel
+
+    m = EngineModel()
+    for policy in ("fcfs", "priority", "lpm", "random"):
+        scope = EngineScope(8, 4, policy=policy)
+        data = m.scope_json(scope)
+        assert m.scope_from_json(data) == scope
+        assert ("policy" in data) == (policy not in ("fcfs", "priority"))
+    assert m.scope_json(EngineScope(8, 4, policy="random"))["policy"] == 4
+    for bad in ({"policy": "lpm"}, {"policy": 5}, {"policy": 1, "priority": 1}):
+        with pytest.raises(ValueError, match="policy"):
+            m.scope_from_json({"num_blocks": 8, "block_size": 4, **bad})
+
+
+def test_a_failing_run_under_a_policy_replays_from_its_trace(tmp_path, capsys):
+    """The trace file holds the policy (an integer, as every scope field) and replay runs it."""
+    trace = tmp_path / "t.json"
+    target = f"{__file__}:_early_free"
+    assert kvcheck(["verify-engine", target, "--policy", "random", "--seed", "2",
+                    "--trace-out", str(trace)]) == 1
+    capsys.readouterr()
+    assert kvcheck(["replay", str(trace), "--target", target]) == 1
+    out = capsys.readouterr().out
+    assert "REPRODUCED" in out and "random" in out, out

@@ -19,6 +19,7 @@ FULL_HELP = ("accepted for symmetry with the other checking commands: the engine
 
 def add_parser(sub) -> None:
     from kvcheck.cli.commands.common import nonneg_int, positive_int
+    from kvcheck.models.engine.model import OTHER_POLICIES, POLICIES
 
     p = sub.add_parser("verify-engine", help="check an engine core (its own scheduler and KV-cache "
                                               "manager) step by step, no model",
@@ -43,8 +44,11 @@ def add_parser(sub) -> None:
         q.add_argument("--max-seqs", type=positive_int, default=d["max_seqs"], metavar="N",
                        help="max_num_seqs: the most requests running at once, in sequences "
                             "(default: %(default)s)")
-        q.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs",
-                       help="the scheduling policy (default: %(default)s)")
+        q.add_argument("--policy", choices=(*POLICIES, *OTHER_POLICIES), default="fcfs",
+                       help="the scheduling policy: fcfs, priority (then arrival), or, on "
+                            "sglang-engine, one of SGLang's other SchedulePolicy policies "
+                            "(lpm, dfs-weight, lof, random: the release's calc_priority "
+                            "orders the waiting queue) (default: %(default)s)")
         q.add_argument("--spec-tokens", type=nonneg_int, default=0, metavar="K",
                        help="speculative tokens per step, in tokens (n-gram style drafts the "
                             "generated output proposes and accepts in part; default: "

@@ -22,10 +22,12 @@ Operations:
 
 The scope: the KV pool (``num_blocks`` usable blocks of ``block_size`` tokens), the step's
 token budget (``budget``: chunked prefill), ``max_seqs``, the scheduling ``policy``
-(``fcfs`` or ``priority``), prefix caching (``caching``), the speculative tokens per
-step (``spec``: n-gram style drafts, 0 = none) and ``max_model_len`` (the tokens a request
-may reach, hence its block-table row: ``cdiv(max_model_len, block_size)`` blocks; 0 = the
-engine's default, which no request of the pool reaches). What the run checks lives in ``oracle``.
+(``fcfs`` or ``priority``; on ``sglang-engine`` also SGLang's ``lpm``, ``dfs-weight``, ``lof``
+and ``random``, which promise no FCFS order: no rule here assumes one), prefix caching
+(``caching``), the speculative tokens per step (``spec``: n-gram style drafts, 0 = none)
+and ``max_model_len`` (the tokens a request may reach, hence its block-table row:
+``cdiv(max_model_len, block_size)`` blocks; 0 = the engine's default, which no request of
+the pool reaches). What the run checks lives in ``oracle``.
 Shrinking works on requests and steps (the generic shrinker drops operations, truncates
 prompts, lowers counts; here: an abort dropped with its request, steps cut from the end).
 """
@@ -50,7 +52,10 @@ from kvcheck.check.model import (
     register,
 )
 
-POLICIES = ("fcfs", "priority")
+POLICIES = ("fcfs", "priority")  # a trace's ``priority`` field: 0, 1
+# SGLang's other SchedulePolicy policies (sglang-engine: the release's own calc_priority sorts
+# the waiting queue); a trace's scope holds integers: its ``policy`` field is 1 + the index
+OTHER_POLICIES = ("lpm", "dfs-weight", "lof", "random")
 
 
 @dataclass(frozen=True)
@@ -170,11 +175,14 @@ class EngineModel(Model):
         tail = [i for i in steps if i > last]
         if len(tail) > 1:
             yield ops[:last + 1 + len(tail) // 2], scope
-        # speculation off, prefix caching off, fcfs: a simpler engine showing the same bug
+        # speculation off, prefix caching off, fcfs, a smaller budget (with at most as many
+        # sequences: vLLM's SchedulerConfig refuses max_num_seqs above max_num_batched_tokens):
+        # a simpler engine showing the same bug
         import dataclasses
 
+        budget = max(scope.block_size, scope.budget // 2)
         for change in ({"spec": 0}, {"caching": False}, {"policy": "fcfs"},
-                       {"budget": max(scope.block_size, scope.budget // 2)}):
+                       {"budget": budget, "max_seqs": min(scope.max_seqs, budget)}):
             smaller = dataclasses.replace(scope, **change)
             if smaller != scope:
                 yield list(ops), smaller
@@ -219,18 +227,22 @@ class EngineModel(Model):
 
     def scope_json(self, scope: EngineScope) -> dict:
         """A trace's scope holds integers: ``priority`` 1 for priority scheduling (0: fcfs),
-        ``caching`` 1 for prefix caching on; ``max_model_len`` only when the run set it."""
+        ``caching`` 1 for prefix caching on; ``max_model_len`` only when the run set it;
+        ``policy`` only for one of SGLang's other policies: 1 + its index in
+        ``OTHER_POLICIES`` (1 lpm, 2 dfs-weight, 3 lof, 4 random)."""
         out = {"num_blocks": scope.num_blocks, "block_size": scope.block_size,
                "budget": scope.budget, "max_seqs": scope.max_seqs,
                "priority": int(scope.policy == "priority"), "caching": int(scope.caching),
                "spec": scope.spec}
+        if scope.policy in OTHER_POLICIES:
+            out["policy"] = 1 + OTHER_POLICIES.index(scope.policy)
         if scope.max_model_len:
             out["max_model_len"] = scope.max_model_len
         return out
 
     def scope_from_json(self, data: dict) -> EngineScope:
         known = {"num_blocks", "block_size", "budget", "max_seqs", "priority", "caching", "spec",
-                 "max_model_len"}
+                 "max_model_len", "policy"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown field {unknown[0]!r}")
@@ -242,8 +254,16 @@ class EngineModel(Model):
                              "must be non-negative integers")
         if data.get("priority", 0) not in (0, 1) or data.get("caching", 1) not in (0, 1):
             raise ValueError("priority and caching must be 0 or 1")
+        policy = POLICIES[data.get("priority", 0)]
+        if data.get("policy", 0):
+            code = data["policy"]
+            if type(code) is not int or not 0 < code <= len(OTHER_POLICIES) \
+                    or data.get("priority", 0):
+                raise ValueError(f"policy must be 1 .. {len(OTHER_POLICIES)} "
+                                 f"({', '.join(OTHER_POLICIES)}), with priority 0")
+            policy = OTHER_POLICIES[code - 1]
         return EngineScope(data["num_blocks"], data["block_size"], **values,
-                           policy=POLICIES[data.get("priority", 0)],
+                           policy=policy,
                            caching=bool(data.get("caching", 1)))
 
 
