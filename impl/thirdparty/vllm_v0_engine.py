@@ -66,6 +66,10 @@ Stand-ins, in one place (every other ``vllm.*`` import raises, see ``_loader``):
     ``task``), not attention-free: aphrodite 0.6.1 on reads ``is_attention_free`` here); the
     cache: ``block_size``,
     ``num_gpu_blocks`` = the pool, no CPU blocks, no sliding window, prefix caching on/off.
+    What the real ``SchedulerConfig`` refuses at start-up is refused first, in the release's
+    own words: its validation method, compiled from its own ``config.py``
+    (``vllm_config.refusal``), runs on the settings (a budget below ``max_num_seqs``;
+    without chunked prefill a budget below ``max_model_len``).
 ``vllm.utils``
     the real module imports torch; ``Device``, ``cdiv``, ``chunk_list`` as ``vllm_v0``
     re-implements them, and ``PyObjectCache``, the ``STR_NOT_IMPL_*`` messages and (to
@@ -165,7 +169,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MisuseError
-from . import _loader, install
+from . import _loader, install, vllm_config
 from .vllm_v0 import FILES, LAYOUTS, Modules, free_block_ids
 from .vllm_v0 import STUBS as V0_STUBS
 from .vllm_v1_engine import STUBS as V1_ENGINE_STUBS
@@ -385,6 +389,32 @@ def load(version: str | None = None, engine: str = ENGINE_KEY):
     return loaded if LAYOUTS[engine] is None else Modules(loaded, rename)
 
 
+def _refuses_chunk_size(mods, sched_cfg, cache_cfg, budget: int, max_seqs: int,
+                        model_len: int) -> None:
+    """0.6.5 .. 0.7.2 (``_chunk_new_tokens_to_schedule`` without a partial-prefill budget):
+    with chunked prefill and prefix caching the scheduler raises ``ValueError`` ("chunk size
+    must be dividable by block size") at the first prefill it chunks, whatever the request:
+    the release refuses the settings, only late. Asked up front of the release's own static
+    method, on the run's configs and a ``SchedulingBudget`` of the release, with one token
+    more than the budget to chunk: its ``ValueError`` is the refusal, in its words (0.7.3
+    on rounds the chunk down to a whole number of blocks instead, docs/findings.md E6;
+    0.6.0 .. 0.6.4.post1 make the same check inline, but chunked prefill with prefix
+    caching is refused there already)."""
+    sched = mods["vllm.core.scheduler"]
+    chunk = getattr(sched.Scheduler, "_chunk_new_tokens_to_schedule", None)
+    if chunk is None or _loader.takes(chunk, "partial_prefill_metadata"):
+        return
+    try:
+        chunk(sched_cfg, cache_cfg, sched.SchedulingBudget(token_budget=budget,
+                                                           max_num_seqs=max_seqs),
+              model_len, budget + 1)
+    except ValueError as exc:
+        dist = mods.dist
+        raise MisuseError(f"{dist.dist} {dist.version} refuses these settings at its first "
+                          f"chunked prefill (Scheduler._chunk_new_tokens_to_schedule): "
+                          f"{exc}") from None
+
+
 class _Recorder:
     """One ``SelfAttnBlockSpaceManager`` method, recorded at the manager's boundary as the
     engine oracle's KV calls (see the module doc). A plain object, so a deep copy of the
@@ -447,10 +477,6 @@ class VllmV0EngineTarget:
                               "decode worker needs a model)")
         if policy not in ("fcfs", "priority"):
             raise MisuseError(f"vLLM v0's scheduler has no {policy} scheduling")
-        if not chunked and max_model_len and budget < max_model_len:
-            raise MisuseError(f"vLLM v0 without chunked prefill requires "
-                              f"max_num_batched_tokens >= max_model_len ({budget} < "
-                              f"{max_model_len})")
         mods = load(version, engine)
         self.version = mods.dist.version
         self._mods = mods
@@ -463,6 +489,10 @@ class VllmV0EngineTarget:
         # of every prompt token), the chunks fill them; the table is bounded, not exact
         self.preallocate_blocks = num_blocks if chunked else 0
         model_len = max_model_len or (num_blocks * block_size if chunked else budget)
+        # what the release's SchedulerConfig refuses at start-up, in its own words (without
+        # chunked prefill a budget below max_model_len; a budget below max_num_seqs)
+        vllm_config.check(mods.dist, mods.root, budget=budget, max_seqs=max_seqs,
+                          max_model_len=model_len, chunked=chunked)
         config = mods["vllm.config"]
         sched_cfg = config.SchedulerConfig(
             runner_type="generate", task="generate",  # (0.6.4: task; 0.6.5 on: runner_type)
@@ -479,6 +509,8 @@ class VllmV0EngineTarget:
             block_size=block_size, num_gpu_blocks=num_blocks, num_cpu_blocks=0,
             sliding_window=None, enable_prefix_caching=caching, is_attention_free=False)
         self.scheduler = mods["vllm.core.scheduler"].Scheduler(sched_cfg, cache_cfg, None)
+        if chunked and caching:
+            _refuses_chunk_size(mods, sched_cfg, cache_cfg, budget, max_seqs, model_len)
         self.manager = self.scheduler.block_manager
         self.gpu = self._gpu_allocator()
         seqmod = mods["vllm.sequence"]

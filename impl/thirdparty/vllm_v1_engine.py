@@ -62,6 +62,9 @@ without vLLM's dependencies, or one that only reports:
     scheduler only *reads* settings. ``EngineConfig`` below is a namespace holding every
     setting the release's scheduler reads, each at vLLM's default unless the run sets it
     (policy, token budget, max_num_seqs, prefix caching, speculative tokens, block size).
+    What the real ``SchedulerConfig`` refuses at start-up is refused first, in the release's
+    own words: its validation method, compiled from its own source (``vllm_config.refusal``),
+    runs on the settings (a budget below ``max_num_seqs``).
 ``msgspec``
     not installed here: ``Struct`` is a plain record base (fields from the annotations,
     defaults, ``__post_init__`` called as msgspec calls it); no behaviour reads the
@@ -105,7 +108,7 @@ import types
 from typing import Any
 
 from ..errors import MisuseError
-from . import _loader, install, vllm_v1
+from . import _loader, install, vllm_config, vllm_v1
 from ._loader import Loaded
 
 ENGINE_KEY = "vllm-v1"
@@ -913,6 +916,11 @@ class EngineTarget:
         self.version = mods.dist.version
         name = "vLLM" if engine == ENGINE_KEY else mods.dist.dist
         self._mods = mods
+        # what the release's SchedulerConfig refuses at start-up, in its own words (a budget
+        # below max_num_seqs); v1 always chunks a prefill
+        vllm_config.check(mods.dist, mods.root, budget=settings.max_num_batched_tokens,
+                          max_seqs=settings.max_num_seqs, max_model_len=settings.max_model_len,
+                          chunked=True)
         # vLLM's block 0 is a null block outside the pool from 0.8.3 (the oracle's ids are
         # then vLLM's less one); before, every block is the pool's (read from block_pool.py)
         self.block_offset = int(_has_null_block(mods))

@@ -163,7 +163,7 @@ def test_chunked_abort_mid_prefill_leaves_blocks_a_later_prompt_skips(version):
     full prompt block is marked computed (mark_blocks_as_computed after schedule); aborted,
     they go to the evictor as computed, and request 1 (the same prompt) skips all three."""
     install.ensure(install.ENGINES["vllm-v0"], version)
-    t = ve.make_chunked(8, 4, budget=4, version=version)
+    t = ve.make_chunked(8, 4, budget=4, max_seqs=4, version=version)
     prompt = [2, 3, 4, 5, 6, 7, 8, 2, 3, 4, 5, 6]
     t.add(0, prompt, 3)
     r = t.step(0)

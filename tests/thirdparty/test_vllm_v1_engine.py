@@ -116,7 +116,7 @@ def test_11186_is_caught_on_0_6_4_post1_and_its_trace_passes_on_0_6_5():
     ops = [EngineOp("add", seq=3, tokens=prompt, max_new=1, priority=0),
            EngineOp("add", seq=4, tokens=prompt, max_new=4, priority=1),
            *[EngineOp("step", gen=1667407602) for _ in range(5)]]
-    scope = {"num_blocks": 2, "block_size": 4, "budget": 4, "max_seqs": 8, "priority": 0,
+    scope = {"num_blocks": 2, "block_size": 4, "budget": 4, "max_seqs": 4, "priority": 0,
              "caching": 1, "spec": 0}
     bad = replay_ops("engine", "vllm-v1-engine@0.6.4.post1", scope, copy.deepcopy(ops))
     assert bad.violation is not None and bad.violation.name == "key_after_write", bad.violation
