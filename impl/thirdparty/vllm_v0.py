@@ -214,6 +214,7 @@ def _aphrodite_name(name: str) -> str:
 LAYOUTS = {  # engine key -> its module names, from vLLM's (the names the adapter uses)
     ENGINE_KEY: None,
     "aphrodite-v0": _aphrodite_name,
+    "vllm-v0-legacy": None,  # (vllm_v0_engine_v1 on 0.4.0, 0.4.1: the releases of that row)
 }
 
 

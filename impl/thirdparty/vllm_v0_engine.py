@@ -35,7 +35,9 @@ as ``vllm_v0`` loads them), ``vllm/block.py`` and ``vllm/sequence.py``, executed
    arrival_time, sampling_params))`` (``LLMEngine._add_processed_request``);
 2. ``schedule()`` -> ``(seq_group_metadata_list, scheduler_outputs, _)``;
 3. for each scheduled group, in order: ``seq_group.update_num_computed_tokens(
-   token_chunk_size)``; if its metadata says ``do_sample``, the generated token (``STOP``
+   token_chunk_size)``; if its metadata says ``do_sample`` (0.4.0, 0.4.1 have none: once
+   its sequences are in their DECODE stage, 0.4.0 always, as their ``LLMEngine``), the
+   generated token (``STOP``
    with probability 0.08, else 2 .. ``VOCAB``, a function of the step's ``gen`` and the
    request's id) is appended, ``seq.append_token_id(token, {token: Logprob})``, and the
    stop checker's rules that apply to token ids are played (EOS -> ``FINISHED_STOPPED``;
@@ -211,6 +213,12 @@ RUNNER_REFUSAL = "chunked prefill cannot be used with prefix caching"
 @functools.cache
 def _runner_text(path: Path) -> str:
     return path.read_text() if path.is_file() else ""
+
+
+def _has(mods, name: str) -> bool:
+    """Whether the release ships module ``name`` (vLLM's name; a fork's own under
+    ``LAYOUTS``) as a file."""
+    return (Path(mods.root) / (_rename(mods)(name).replace(".", "/") + ".py")).is_file()
 
 
 def _runner_refuses_chunked_caching(mods) -> bool:
@@ -441,13 +449,13 @@ class _Recorder:
         if self.name == "can_allocate":
             if result.name != "OK":
                 call("allocate_slots", None, before)
-        elif self.name == "can_append_slots":
+        elif self.name in ("can_append_slots", "can_append_slot"):
             if not result:
                 call("allocate_slots", None, before)
         elif self.name == "allocate":  # split once the runner's view is known (step)
             t.pending[seq.seq_id] = (len(t.kv_calls), after, free_before, free_after)
             t.kv_calls.append(None)
-        elif self.name == "append_slots":
+        elif self.name in ("append_slots", "append_slot"):
             call("allocate_slots", [_Id(b) for b in after[len(before):]], before)
         elif before or seq.seq_id in t.held:  # free (not a sequence holding no table)
             call("free", None, before)
@@ -518,8 +526,11 @@ class VllmV0EngineTarget:
                                                      seqmod.SequenceStatus)
         self._Logprob = seqmod.Logprob
         self._Params = mods["vllm.sampling_params"].SamplingParams
-        self._Block = mods["vllm.core.block.prefix_caching_block"].PrefixCachingBlock
-        allocator = mods["vllm.core.block.prefix_caching_block"].PrefixCachingBlockAllocator
+        # (vllm-v0-engine-v1 on 0.4.0: no vllm/core/block/, block manager v2's files)
+        pcb = mods["vllm.core.block.prefix_caching_block"] if _has(
+            mods, "vllm.core.block.prefix_caching_block") else None
+        self._Block = getattr(pcb, "PrefixCachingBlock", None)
+        allocator = getattr(pcb, "PrefixCachingBlockAllocator", None)
         computed_ids = getattr(allocator, "get_computed_block_ids", None)  # (to 0.6.4)
         if chunked and caching and computed_ids is not None and _loader.takes(
                 computed_ids, "skip_last_block_id"):
@@ -541,7 +552,8 @@ class VllmV0EngineTarget:
                               f"(worker/model_runner.py raises '{RUNNER_REFUSAL} now.' on a "
                               f"chunked step with cached blocks); run it with "
                               f"--no-prefix-caching, or without chunked prefill")
-        self._extra = _loader.takes(self._Block.hash_block_tokens, "extra_hash")  # 0.6.4 on
+        self._extra = self._Block is not None and _loader.takes(  # 0.6.4 on
+            self._Block.hash_block_tokens, "extra_hash")
         self._priority = _loader.takes(self._Group.__init__, "priority")  # 0.6.3 on
         self._bare_prompt = _loader.takes(self._Sequence.__init__, "prompt_token_ids")
         if policy != "fcfs" and not self._priority:
@@ -550,6 +562,8 @@ class VllmV0EngineTarget:
         self.pending: dict[int, tuple] = {}  # seq_id -> its allocate, split after schedule
         self.held: set[int] = set()  # seq_ids holding a block table
         for name in ("can_allocate", "allocate", "can_append_slots", "append_slots", "free"):
+            if not hasattr(type(self.manager), name):  # (0.4.0's v1: (can_)append_slot)
+                name = name[:-1]
             setattr(self.manager, name, _Recorder(self, self.manager, name))
         self.requests: dict[int, Any] = {}  # request -> its SequenceGroup (kept finished)
         self.ids: dict[int, int] = {}  # Sequence.seq_id -> request id
@@ -624,9 +638,14 @@ class VllmV0EngineTarget:
             if g.is_finished():
                 continue
             g.update_num_computed_tokens(sg.token_chunk_size)
-            if not meta.do_sample:
-                continue
             s = g.get_seqs()[0]
+            sample = getattr(meta, "do_sample", None)
+            if sample is None:  # (0.4.0, 0.4.1: LLMEngine._process_model_outputs processes a
+                # group's outputs once its sequences are in their DECODE stage; 0.4.0: always)
+                stage = getattr(s.data, "stage", None)
+                sample = stage is None or stage.name == "DECODE"
+            if not sample:
+                continue
             q = self.ids[s.seq_id]
             rng = random.Random(gen * 1_000_003 + q)
             tok = STOP if rng.random() < 0.08 else rng.randint(2, VOCAB)

@@ -9,10 +9,17 @@ and the KV calls: its docstring) with ``use_v2_block_manager=False``, so the sch
 ``BlockSpaceManager.get_block_space_manager_class("v1")`` builds ``BlockSpaceManagerV1``
 from the release's file, with its ``vllm/block.py`` (``PhysicalTokenBlock``,
 ``LogicalTokenBlock``; ``BlockTable`` a class from 0.5.5) and ``vllm/core/evictor_v1.py``.
-Every release of the ``vllm-v0`` row that ships ``block_manager_v1.py`` runs: 0.4.2 ..
-0.6.2 (0.4.0 and 0.4.1 are outside the row's range: one line, exit 2; from 0.6.3 there is
-no v1: one line, exit 2); 0.6.2 when no version is named (``vllm-v0``'s pinned 0.8.5 has
-no v1).
+Every release with ``vllm/core/interfaces.py`` and ``block_manager_v1.py`` runs: 0.4.0 ..
+0.6.2, from the ``vllm-v0-legacy`` install row (``ENGINE_KEY``: 0.3.3 .. 0.6.2, pinned 0.4.0,
+the default here; ``kvcheck install vllm-v0-legacy==0.4.1``; the folders are the same as
+``vllm-v0``'s); 0.3.3 (no such interface) and 0.6.3 on (no v1, outside the row): one line,
+exit 2. 0.4.0 and 0.4.1 name the evictor ``vllm/core/evictor.py``; 0.4.0 has no
+``vllm/core/block/`` (block manager v2's files), which this target does not need, names the
+manager's methods ``can_append_slot`` / ``append_slot`` (recorded as the plural ones) and has
+no chunked prefill (``-chunked`` refused in one line); 0.4.0 and 0.4.1 have no
+``SequenceGroupMetadata.do_sample``: the engine processes a group's outputs once its
+sequences are in their DECODE stage (0.4.1, ``LLMEngine._process_model_outputs``), every
+scheduled group's (0.4.0), as the driver does there.
 
 Observation (instead of block manager v2's): a table is the ``block_number`` of each
 ``PhysicalTokenBlock`` in ``block_tables[seq_id]``; a block's refcount is its own
@@ -32,9 +39,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MisuseError
-from .vllm_v0_engine import ENGINE_KEY, VllmV0EngineTarget
+from .vllm_v0_engine import VllmV0EngineTarget
 
-DEFAULT_VERSION = "0.6.2"  # the last release with v1, its scheduler's default there
+ENGINE_KEY = "vllm-v0-legacy"  # the install row of 0.3.3 .. 0.6.2, pinned 0.4.0 (the releases
+# with block manager v1; vllm-v0's row starts at 0.4.2)
+LOW = "0.4.0"  # the first with vllm/core/interfaces.py (BlockSpaceManager.get_..._class)
 
 
 class VllmV0EngineV1Target(VllmV0EngineTarget):
@@ -52,17 +61,27 @@ class VllmV0EngineV1Target(VllmV0EngineTarget):
                               "partial last block (hashed over the tokens it holds), which "
                               "kvcheck's prefix-cache rules do not model; run it with "
                               "--no-prefix-caching, or vllm-v0-engine (block manager v2)")
+        from . import install
         from .vllm_v0_engine import load
 
-        version = version or DEFAULT_VERSION
+        dist = install.select(engine, version)  # (before loading: 0.3.3 has other files)
+        if install.version_key(dist.version) < install.version_key(LOW):
+            raise MisuseError(f"vllm-v0-engine-v1 runs vLLM {LOW} .. 0.6.2, not "
+                              f"{dist.version} (before 0.4.0 the scheduler has no "
+                              f"BlockSpaceManager interface: vllm-v0-legacy drives its block "
+                              f"manager)")
         mods = load(version, engine)
         if not mods.has("vllm.core.block_manager_v1"):
             raise MisuseError(f"vllm {mods.dist.version} has no block manager v1 "
                               f"(vllm/core/block_manager_v1.py: 0.4.0 .. 0.6.2); run "
                               f"vllm-v0-engine (block manager v2)")
+        if chunked and not hasattr(mods["vllm.core.scheduler"].Scheduler,
+                                   "_schedule_chunked_prefill"):
+            raise MisuseError(f"vllm {mods.dist.version}'s scheduler has no chunked prefill "
+                              f"(Scheduler._schedule_chunked_prefill: 0.4.1 on)")
         super().__init__(num_blocks, block_size, budget, max_seqs, policy, caching, spec,
                          max_model_len, chunked, version, engine)
-        manager = type(self.manager)
+        manager = type(self.manager)  # (the scheduler's own choice of class)
         if manager.__name__ != "BlockSpaceManagerV1":
             raise MisuseError(f"vllm {self.version}'s scheduler built {manager.__name__}, "
                               f"not BlockSpaceManagerV1")

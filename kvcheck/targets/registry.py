@@ -160,7 +160,7 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
     "vllm-v0-engine-v1": ("kvcheck.impl.thirdparty.vllm_v0_engine_v1:make",
                           "vllm-v0-engine on the release's BlockSpaceManagerV1, the block "
                           "manager its scheduler builds by default to 0.6.2 "
-                          "(0.6.2; @0.4.2..0.6.2): prefix caching off"),
+                          "(0.4.0; @0.4.0..0.6.2): prefix caching off"),
     "vllm-v0-engine-v1-chunked": ("kvcheck.impl.thirdparty.vllm_v0_engine_v1:make_chunked",
                                   "vllm-v0-engine-v1 with chunked prefill on"),
     "aphrodite-v0-engine": ("kvcheck.impl.thirdparty.aphrodite_v0_engine:make",

@@ -306,7 +306,8 @@ def test_a_release_before_the_range_is_one_line(capsys):
     assert len(err) == 1 and "0.4.2 .. 0.9.2" in err[0], err
 
 
-# block manager v1: the scheduler's default to 0.6.2 (use_v2_block_manager=False)
+# block manager v1: the scheduler's default to 0.6.2 (use_v2_block_manager=False); 0.4.0 and
+# 0.4.1 come from the vllm-v0-legacy install row (scripts/test.sh installs them)
 
 
 def _at_v1(version, chunked=False, lose_free=False):
@@ -328,17 +329,17 @@ def _at_v1(version, chunked=False, lose_free=False):
     return factory
 
 
-@pytest.mark.parametrize("version", ["0.4.2", "0.5.0.post1", "0.6.2"])
+@pytest.mark.parametrize("version", ["0.4.0", "0.4.1", "0.4.2", "0.5.0.post1", "0.6.2"])
 def test_block_manager_v1_runs_through_the_release_scheduler(version):
     """The release's Scheduler builds its own BlockSpaceManagerV1 (the default to 0.6.2):
     with prefix caching off every release passes, chunked prefill on and off, with
     preemptions; the same run with a free the allocator forgets fails (the oracle reads v1's
     own tables, refcounts and free list)."""
-    install.ensure(install.ENGINES["vllm-v0"], version)
+    install.ensure(install.ENGINES[v1.ENGINE_KEY], version)
     t = v1.make(8, 4, caching=False, version=version)
     assert type(t.manager).__name__ == "BlockSpaceManagerV1"
     assert type(t.manager).__module__.endswith("vllm.core.block_manager_v1")
-    for chunked in (False, True):
+    for chunked in (False, True) if version != "0.4.0" else (False,):  # (0.4.1 on: chunked)
         r = _run(_at_v1(version, chunked), caching=False)
         assert r.verdict == "pass", (chunked, r.violation)
         assert r.state.stats["preemptions"] > 0 and r.state.stats["finished"] > 10
@@ -348,12 +349,17 @@ def test_block_manager_v1_runs_through_the_release_scheduler(version):
 
 def test_block_manager_v1_refusals_are_one_line(capsys):
     """Prefix caching on v1 (a partial last block cached and shared: not modelled), a
-    release without v1 (0.6.3 on) and one before vllm-v0's range: one line, exit 2."""
-    install.ensure(install.ENGINES["vllm-v0"], "0.6.3.post1")
+    release without v1 (0.6.3 on), 0.3.3 (no BlockSpaceManager interface) and chunked
+    prefill on 0.4.0 (none in its scheduler): one line, exit 2."""
+    install.ensure(install.ENGINES[v1.ENGINE_KEY], "0.3.3")
+    install.ensure(install.ENGINES[v1.ENGINE_KEY], "0.4.0")
     for args, words in ((["vllm-v0-engine-v1@0.6.2"], "partial last block"),
                         (["vllm-v0-engine-v1@0.6.3.post1", "--no-prefix-caching"],
-                         "no block manager v1"),
-                        (["vllm-v0-engine-v1@0.4.1", "--no-prefix-caching"], "0.4.2 .. 0.9.2")):
+                         "0.3.3 .. 0.6.2"),
+                        (["vllm-v0-engine-v1@0.3.3", "--no-prefix-caching"],
+                         "runs vLLM 0.4.0 .. 0.6.2"),
+                        (["vllm-v0-engine-v1-chunked@0.4.0", "--no-prefix-caching"],
+                         "no chunked prefill")):
         assert kvcheck(["verify-engine", *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
