@@ -240,7 +240,6 @@ class Request:
         self._prompt_embeds_per_block_hashes = None
         self.session_id = None
         self.shared_prefix_boundary = 0
-        self.skip_reading_prefix_cache = False
         self.prefix_cache_hit_limit = None  # 0.34.0 on: no bound (no prompt logprobs)
         self.block_hashes: list = []
         self.spec_token_ids: list[int] = []
@@ -254,6 +253,23 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self._all_token_ids
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """No local prefix-cache lookup (a request asking prompt logprobs): the flag to
+        0.33.0; from 0.34.0 the release reads ``prefix_cache_hit_limit == 0`` instead, so
+        setting the flag sets that limit (0, or None: no bound), and both agree on every
+        release."""
+        return self.prefix_cache_hit_limit == 0
+
+    @skip_reading_prefix_cache.setter
+    def skip_reading_prefix_cache(self, skip: bool) -> None:
+        self.prefix_cache_hit_limit = 0 if skip else None
+
+    @property
+    def skip_reading_external_kv(self) -> bool:
+        """0.34.0 on: a connector's lookup is skipped for a request with any hit limit."""
+        return self.prefix_cache_hit_limit is not None
 
     def get_max_cache_hit_length(self, bound: int | None = None) -> int:
         """0.34.0 on: the longest hit allowed (the last token is recomputed; no prompt

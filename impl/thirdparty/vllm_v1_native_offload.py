@@ -2,9 +2,9 @@
 offloading manager, over the release's own ``KVCacheManager``, as a target of the tiers
 model (``kvcheck verify-tiers vllm-v1-native-offload``; protocol: docs/tiers.md).
 
-Releases: vLLM 0.21.0 .. 0.33.0 (``vllm-v1-native-offload@0.33.0``, the default; run on
+Releases: vLLM 0.21.0 .. 0.34.0 (``vllm-v1-native-offload@0.33.0``, the default; run on
 every release of the range: 0.21.0, 0.22.0, 0.22.1, 0.23.0, 0.24.0, 0.25.0, 0.25.1, 0.26.0,
-0.27.0, 0.27.1, 0.28.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0, 0.33.0). The connector's scheduler
+0.27.0, 0.27.1, 0.28.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0, 0.33.0, 0.34.0). The connector's scheduler
 lives in ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`` in all of
 them, its jobs keyed by job id (``store_jobs``, ``OffloadingWorkerMetadata``). 0.26.0
 fails, in one operation: an admission refused for room, then the request aborted (a
@@ -54,9 +54,13 @@ the CPU manager's keywords and records
 ``TransferJob``'s ``transfer_spec`` pair (to 0.24.0, ``_specs``), ``KVCacheTensor``'s
 ``shared_by`` (to 0.28.0, ``_kv_tensor``)
     the same records in their earlier shape.
-``skip_reading_prefix_cache`` in the scheduler (0.24.0 on)
+``skip_reading_prefix_cache`` in the scheduler (0.24.0 .. 0.33.0; 0.34.0 reads
+``skip_reading_external_kv``, which the stand-in request answers from the same flag)
     0.21.0 .. 0.23.0's lookup ignores it: an ``allocate`` whose lookup would hit, or
     defer, is not issued there.
+``offloading/events.py``'s ``msgspec`` (0.34.0)
+    its event-payload snapshot is a ``msgspec.Struct``: ``vllm_v1_engine``'s stand-in
+    (``_stub_msgspec``; events are off, no payload is built).
 ``on_new_request`` (0.23.0 on)
     0.21.0 / 0.22.x have none: the lookup records a new request.
 the store scan's loop (``_scan_names_all``)
@@ -104,10 +108,13 @@ the policy factory's ``importlib``
     ``CPUOffloadingManager`` as the real one does (threshold 0, no events); the real class
     imports the platform and the GPU worker.
 ``VllmConfig`` (``_settings``)
-    the fields the connector reads: block size, prefix caching off, no retention
-    interval, no speculative decoding, world size 1.
+    a ``_loader.Settings`` of the fields the connector reads (one it does not hold is
+    kvcheck's gap: one line, exit 2): block size, prefix caching off, no retention
+    interval, no speculative decoding, world size 1, and 0.34.0's
+    ``num_hash_lookahead_tokens`` (0: no drafting).
 ``Request`` (``OffloadRequest``)
-    ``vllm_v1``'s stand-in, plus ``is_finished()`` (vLLM's) and no transfer params/hints.
+    ``vllm_v1``'s stand-in, plus ``is_finished()`` (vLLM's), no transfer params/hints and
+    0.34.0's ``resumable`` (False: no streaming input); a ``_loader.StandIn``.
 the worker
     not loaded: kvcheck's driver is the worker. A job's completion is
     ``update_connector_output`` with ``OffloadingWorkerMetadata({job: 1})`` (the release's
@@ -149,7 +156,12 @@ How the scheduler drives it, one tiers operation per engine step:
     request's own references keep the sources; once the request ends, re-allocating one
     flushes the store (``spec.tiers.unheld_sources_kept``).
 ``complete(job, ok)``
-    the worker's report. There is no failed-job report (``failures`` empty).
+    the worker's report. To 0.33.0 there is no failed-job report (``failures`` empty);
+    0.34.0's worker names a failed job in ``failed_jobs`` and the scheduler drops a failed
+    store's chunks (``complete_store(success=False)``): store failures are driven there
+    (``failures = {"store"}``). A failed load is not: the scheduler then recomputes the
+    request's invalid blocks (``Scheduler._handle_invalid_blocks``), which this adapter
+    does not run.
 ``free(seq)``
     ``request_finished`` (FINISHED_ABORTED), ``KVCacheManager.free``, then the next step
     (nothing scheduled, the request in ``finished_req_ids``): its final store scan may
@@ -187,6 +199,7 @@ from ._loader import Loaded
 from .vllm_v1 import Request, RequestStatus
 
 CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"
+WHERE = "impl/thirdparty/vllm_v1_native_offload.py"  # (names this adapter in a stand-in's gap)
 NATIVE_FILES = (
     "vllm.v1.core.sched.output",
     CONNECTOR + ".scheduler", CONNECTOR + ".common", CONNECTOR + ".events",
@@ -311,8 +324,19 @@ def _stub_offload_metrics(mod: types.ModuleType, _: Loaded) -> None:
     mod._ConnectorMetricName = mod._TransferMetricName = _Names()
 
 
+def _stub_msgspec(mod: types.ModuleType, loaded: Loaded) -> None:
+    """0.34.0: ``offloading/events.py`` makes its event-payload snapshot a
+    ``msgspec.Struct`` (``_OffloadEventMetadata``, built only when KV events are on: off
+    here). msgspec is not a kvcheck dependency: ``vllm_v1_engine``'s stand-in (a plain
+    record with the annotated fields, in one place)."""
+    from . import vllm_v1_engine
+
+    vllm_v1_engine.STUBS["msgspec"](mod, loaded)
+
+
 NATIVE_STUBS = {
     CONNECTOR + ".metrics": _stub_offload_metrics,
+    "msgspec": _stub_msgspec,
     "torch": _stub_torch,
     "vllm.v1.kv_hints": _stub_kv_hints,
 }
@@ -381,14 +405,18 @@ def load(version: str | None = None) -> Loaded:
     return loaded
 
 
-class OffloadRequest(Request):
+class OffloadRequest(Request, _loader.StandIn):
     """``vllm_v1``'s stand-in for ``vllm.v1.request.Request``, with the fields and the
     method the connector reads too: ``is_finished()`` (vLLM's: its status is a finished
     one), ``kv_transfer_params`` and ``kv_hints`` (None: no per-request offload limits,
-    tier filters or hints)."""
+    tier filters or hints), ``resumable`` (0.34.0's lookup and events read it: False, no
+    streaming input). A ``_loader.StandIn``: a field a later release reads and this one
+    lacks ends the run with one line and exit 2, not a crash blamed on vLLM."""
 
+    WHERE = "impl/thirdparty/vllm_v1_native_offload.py"
     kv_transfer_params = None
     kv_hints = None
+    resumable = False
 
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)
@@ -397,14 +425,24 @@ class OffloadRequest(Request):
 def _settings(block_size: int, extra_config: dict | None = None) -> Any:
     """The ``VllmConfig`` fields the connector reads (module docstring); 0.21.0 .. 0.25.1's
     ``OffloadingSpec`` reads the connector's ``extra_config`` from it too (and no KV
-    events config: events off)."""
-    ns = types.SimpleNamespace
-    return ns(cache_config=ns(block_size=block_size, prefix_cache_retention_interval=None,
+    events config: events off). A ``_loader.Settings``: a setting a later release reads
+    and this one lacks ends the run with one line and exit 2, never a crash FAIL."""
+    def ns(path: str, **values) -> _loader.Settings:
+        return _loader.Settings(path, WHERE, **values)
+
+    return ns("vllm_config",
+              cache_config=ns("vllm_config.cache_config", block_size=block_size,
+                              prefix_cache_retention_interval=None,
                               enable_prefix_caching=False, hash_block_size=None),
-              parallel_config=ns(decode_context_parallel_size=1,
+              parallel_config=ns("vllm_config.parallel_config",
+                                 decode_context_parallel_size=1,
                                  prefill_context_parallel_size=1, world_size=1),
               speculative_config=None, kv_events_config=None,
-              kv_transfer_config=ns(kv_connector_extra_config=extra_config or {}))
+              kv_transfer_config=ns("vllm_config.kv_transfer_config",
+                                    kv_connector_extra_config=extra_config or {}),
+              # (0.34.0: tokens after a block its hash covers; 0 with no speculative
+              # config, as VllmConfig resolves it)
+              num_hash_lookahead_tokens=0)
 
 
 def _kv_tensor(iface, size: int, page: int) -> Any:
@@ -463,7 +501,8 @@ class NativeOffloadTarget:
     and ``CPUOffloadingManager`` (module docstring)."""
 
     capabilities = frozenset({"allocate", "append", "free", "store", "load", "complete"})
-    failures = frozenset()  # (a worker reports a job done; there is no failed-job report)
+    failures = frozenset()  # (to 0.33.0 a worker reports a job done, never failed; 0.34.0:
+    # failed stores, set in __init__)
     recomputes_last_token = True  # (a whole hit loads every block; the last token is
     # recomputed once the load lands: spec.tiers.load)
 
@@ -509,6 +548,12 @@ class NativeOffloadTarget:
         self.legacy = "vllm.v1.kv_offload.config" not in mods.files
         fields = getattr(self._common.TransferJob, "__dataclass_fields__", {})
         self._sync_loads = "sync" in fields
+        # 0.34.0: the worker reports a failed job (``failed_jobs``); a failed store's chunks
+        # are dropped, not published. (A failed load is not driven: the scheduler recomputes
+        # the request's invalid blocks, which this adapter does not run.)
+        report = getattr(self._common.OffloadingWorkerMetadata, "__dataclass_fields__", {})
+        if "failed_jobs" in report:
+            self.failures = frozenset({"store"})
         cpu = mods["vllm.v1.kv_offload.cpu.manager"]
         params = inspect.signature(cpu.CPUOffloadingManager.__init__).parameters
         size = "num_chunks" if "num_chunks" in params else "num_blocks"  # (to 0.29.0)
@@ -516,8 +561,11 @@ class NativeOffloadTarget:
                           **({"store_threshold": 0} if "store_threshold" in params else {})}
         source = _loader.require(mods.dist) / (CONNECTOR.replace(".", "/") + "/scheduler.py")
         text = source.read_text()
-        # 0.21.0 .. 0.23.0's lookup ignores ``skip_reading_prefix_cache`` (0.24.0 answers 0)
-        self._lookup_skips = "skip_reading_prefix_cache" in text
+        # 0.21.0 .. 0.23.0's lookup ignores ``skip_reading_prefix_cache`` (0.24.0 answers 0;
+        # 0.34.0 reads ``skip_reading_external_kv``, which the stand-in request derives
+        # from the same flag)
+        self._lookup_skips = ("skip_reading_prefix_cache" in text
+                              or "skip_reading_external_kv" in text)
         # 0.21.0 / 0.22.x's store scan walks every request a step names (yield_req_data)
         # and reads each one's ``num_scheduled_tokens``; later ones the scheduled ones
         scan = text[text.find("def _build_store_jobs"):]
@@ -813,22 +861,26 @@ class NativeOffloadTarget:
     def complete(self, job, ok: bool) -> None:
         if job not in self._jobs:
             raise MisuseError(f"unknown job {job!r}")
-        if not ok:
+        if not ok and "store" not in self.failures:
             raise MisuseError("the offloading worker reports no failed job")
+        if not ok and self._jobs[job][2] != "store":
+            raise MisuseError("a failed load is not driven (the scheduler's recompute)")
         seq, event, kind, _, dst = self._jobs.pop(job)
         self._flushed.discard(event)
-        self._report(event)  # (and the request in the worker's finished_recving:)
+        self._report(event, ok)  # (and the request in the worker's finished_recving:)
         if kind == "load" and seq in self._waiting:
             self._resume(seq, self._waiting.pop(seq))
         elif kind == "load" and seq in self._delayed:  # a finished request: _free_blocks
             self.manager.free(self._delayed.pop(seq))
-        if kind == "store":
+        if kind == "store" and ok:
             for c in dst:
                 self._published[c] = event
 
-    def _report(self, event: int) -> None:
-        """The worker's report: ``OffloadingWorkerMetadata({event: 1})`` (one worker)."""
-        worker = self._common.OffloadingWorkerMetadata(completed_jobs={event: 1})
+    def _report(self, event: int, ok: bool = True) -> None:
+        """The worker's report: ``OffloadingWorkerMetadata({event: 1})`` (one worker); a
+        failed job (0.34.0) in its ``failed_jobs`` too."""
+        failed = {} if ok else {"failed_jobs": {event}}
+        worker = self._common.OffloadingWorkerMetadata(completed_jobs={event: 1}, **failed)
         self.connector.update_connector_output(
             self._outputs.KVConnectorOutput(kv_connector_worker_meta=worker))
 

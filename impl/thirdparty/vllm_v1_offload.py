@@ -2,14 +2,17 @@
 the release's own ``KVCacheManager`` with a hybrid KV-cache config, as a target of the
 tiers model (``kvcheck verify-tiers``; protocol: docs/tiers.md).
 
-Releases: vLLM 0.20.2 .. 0.33.0 (``vllm-v1-simple-offload@VERSION``, the releases of
+Releases: vLLM 0.20.2 .. 0.34.0 (``vllm-v1-simple-offload@VERSION``, the releases of
 ``vllm_v1``'s range that ship ``vllm/v1/simple_kv_offload/manager.py``; run on 0.20.2,
-0.23.0, 0.24.0 and 0.33.0, the default) and aphrodite-engine 0.20.0 .. 0.24.1
+0.23.0, 0.24.0, 0.33.0, the default, and 0.34.0) and aphrodite-engine 0.20.0 .. 0.24.1
 (``aphrodite-simple-offload@VERSION``, the same files under ``aphrodite/``; run on all
 four). Differences are handled by feature: the manager's constructor keywords
 (``scheduler_block_size``, ``hash_block_size`` from 0.24), ``KVCacheTensor``'s fields
-(``shared_by`` to 0.32, ``layers`` and strides in 0.33), and 0.33.0's final flush on
-finish (``free``).
+(``shared_by`` to 0.32, ``layers`` and strides from 0.33), 0.33.0's final flush on
+finish (``free``), and 0.34.0's request field ``prefix_cache_hit_limit`` (0: no GPU
+lookup), which replaces ``skip_reading_prefix_cache`` (``vllm_v1.Request`` sets one with
+the other). 0.34.0's lazy store walks the GPU free queue from its head (0.33.0 kept a
+cursor) and returns its source blocks to the eviction end (``evict_first``).
 
 What runs is the release's own code, loaded from its installed files by ``_loader``
 (never imported as ``vllm``): the KV-cache manager's files (``vllm_v1.FILES``: the
@@ -49,12 +52,14 @@ why it cannot change what the connector decides:
     ``update_connector_output`` reads (``finished_recving``,
     ``kv_connector_worker_meta``, ...). The real module imports torch.
 ``VllmConfig`` (an argument)
-    A record of the settings the connector reads: no KV events, ``block_size``, data /
+    A ``_loader.Settings`` of the settings the connector reads (``_settings``; one it does
+    not hold is kvcheck's gap: one line, exit 2): no KV events, ``block_size``, data /
     prefill / decode parallel sizes 1 (world size 1: one worker reports each store),
     ``max_model_len``, ``max_num_batched_tokens``, ``max_in_flight_tokens`` (aphrodite
-    0.22.0; ``max_model_len``, as the GPU manager's default), and 0.33.0's
+    0.22.0; ``max_model_len``, as the GPU manager's default), 0.33.0's
     ``speculative_config`` (None: no speculative decoding) and
-    ``num_prefill_lookahead_tokens`` (0).
+    ``num_prefill_lookahead_tokens`` (0), and 0.34.0's ``num_hash_lookahead_tokens`` (0:
+    ``VllmConfig`` resolves it to 0 without EAGLE drafting).
 the worker and its copy kernels
     Not loaded: kvcheck's driver is the worker. A store event's completion is
     ``update_connector_output`` with ``SimpleCPUOffloadWorkerMetadata({event: 1})`` (the
@@ -153,6 +158,7 @@ ENGINE_KEY = "vllm-v1"  # the releases of vllm_v1's range (TARGET@VERSION)
 OFFLOAD_FILES = ("vllm.v1.simple_kv_offload.manager", "vllm.v1.simple_kv_offload.metadata",
                  "vllm.v1.core.sched.output")
 UTILS = "vllm.distributed.kv_transfer.kv_connector.utils"
+WHERE = "impl/thirdparty/vllm_v1_offload.py"  # (names this adapter in a stand-in's gap)
 
 
 def release_function(loaded: Loaded, module: str, name: str, namespace: dict) -> Any:
@@ -291,20 +297,29 @@ def load(engine: Engine = VLLM, version: str | None = None) -> Loaded:
 
 
 def _settings(block_size: int) -> Any:
-    """The ``VllmConfig`` fields the connector reads (module docstring)."""
-    ns = types.SimpleNamespace
-    return ns(kv_events_config=None,
-              cache_config=ns(block_size=block_size),
-              parallel_config=ns(decode_context_parallel_size=1,
+    """The ``VllmConfig`` fields the connector reads (module docstring): a
+    ``_loader.Settings``, so a setting a later release reads and this one lacks ends the
+    run with one line and exit 2 (``StandInMissing``), never a crash blamed on vLLM."""
+    def ns(path: str, **values) -> _loader.Settings:
+        return _loader.Settings(path, WHERE, **values)
+
+    return ns("vllm_config", kv_events_config=None,
+              cache_config=ns("vllm_config.cache_config", block_size=block_size),
+              parallel_config=ns("vllm_config.parallel_config",
+                                 decode_context_parallel_size=1,
                                  prefill_context_parallel_size=1, world_size=1,
                                  data_parallel_size=1),
-              model_config=ns(max_model_len=1 << 20),
-              scheduler_config=ns(max_num_batched_tokens=1 << 16),
+              model_config=ns("vllm_config.model_config", max_model_len=1 << 20),
+              scheduler_config=ns("vllm_config.scheduler_config",
+                                  max_num_batched_tokens=1 << 16),
               # (aphrodite 0.22.0: the CPU coordinator's; the GPU manager's default, None,
               # reads as max_model_len too)
               max_in_flight_tokens=1 << 20,
               speculative_config=None,  # (0.33.0: no speculative decoding)
-              num_prefill_lookahead_tokens=0)
+              num_prefill_lookahead_tokens=0,
+              # (0.34.0: tokens after a block its hash covers; 0 without EAGLE drafting,
+              # as VllmConfig resolves it with no speculative config)
+              num_hash_lookahead_tokens=0)
 
 
 class SimpleOffloadTarget:

@@ -3,9 +3,12 @@ scheduler half with the scheduler's delayed free, over the release's own
 ``KVCacheManager`` -- as a target of the tiers model (``kvcheck verify-tiers
 vllm-v1-pd@0.33.0``; protocol: docs/tiers.md).
 
-Releases: vLLM 0.33.0 (``vllm/distributed/kv_transfer/kv_connector/v1/nixl/`` with the pull
-scheduler ``pull_scheduler.py`` over ``base_scheduler.py``; earlier releases keep the
-connector in one ``nixl_connector.py``, not adapted).
+Releases: vLLM 0.33.0 and 0.34.0 (``vllm/distributed/kv_transfer/kv_connector/v1/nixl/``
+with the pull scheduler ``pull_scheduler.py`` over ``base_scheduler.py``; earlier releases
+keep the connector in one ``nixl_connector.py``, not adapted). 0.34.0's ``_free_request``
+also calls ``_unreserve_parked`` (a parked async load's cached reservation, none on the
+prefill side): the release's own method, loaded where it is defined
+(``LATER_SCHEDULER_METHODS``).
 
 Why NIXL: its scheduler half (``NixlPullConnectorScheduler``) is self-contained -- block
 ids in, block ids and a send deadline out, no transport in the scheduler process (the
@@ -50,9 +53,11 @@ objects below), each with why it cannot change what is decided about a block:
 ``kv_connector/v1/base.py`` (``vllm_v1_offload``'s, plus)
     ``KVConnectorHandshakeMetadata``: a base class of the handshake record.
 ``VllmConfig`` (``_settings``)
+    a ``_loader.Settings`` (one it does not hold is kvcheck's gap: one line, exit 2):
     world size 1, block size, a KV producer (``is_kv_producer``), every extra config at
-    the connector's defaults (lease 30 s), no lookahead tokens, hybrid allocator allowed.
-``Request`` (``vllm_v1_native_offload._Request``)
+    the connector's defaults (lease 30 s), no hash lookahead tokens, hybrid allocator
+    allowed.
+``Request`` (``vllm_v1_native_offload.OffloadRequest``)
     plus ``kv_transfer_params = {"do_remote_decode": True}`` (every request is a prefill
     for a remote decoder: the proxy's first leg).
 the connector (``_NixlConnector``)
@@ -60,10 +65,12 @@ the connector (``_NixlConnector``)
     ``connector_scheduler`` (``nixl/connector.py``: a ``SupportsHMA`` connector, so the
     scheduler calls ``request_finished_all_groups``); the real class's ``__init__`` builds
     the worker half (torch, the NIXL agent).
-the scheduler's other parts (``_SchedulerShell``)
+the scheduler's other parts (``_SchedulerShell``, a ``_loader.StandIn``)
     no encoder cache (``encoder_cache_manager.free`` a no-op: no multimodal input), no aux
     output or EC connector, no fetch-stage metrics, no deferred block free
-    (``defer_block_free`` False: no async scheduling), no per-client finished sets.
+    (``defer_block_free`` False: no async scheduling), no per-client finished sets, no
+    async load parked or aborted (0.34.0's ``_parked_reservations``, ``_aborted_kv_loads``:
+    a prefill loads nothing).
 the worker, the NIXL agent and the remote decoder
     kvcheck's driver: ``complete(job, ok)`` is the worker's ``finished_sending`` report in
     a ``KVConnectorOutput``. ``ok``: the decoder read the blocks (its notification);
@@ -127,6 +134,11 @@ PD_FILES = ("vllm.v1.core.sched.output", NIXL + ".base_scheduler", NIXL + ".pull
 SCHEDULER_METHODS = ("_free_request", "_connector_finished", "_free_blocks",
                      "_free_request_blocks", "_request_blocks_can_be_freed",
                      "_set_kv_fetch_stage", "_update_from_kv_xfer_finished")
+# ... and those a later release's ``_free_request`` calls too, loaded where the release
+# defines them: 0.34.0's ``_unreserve_parked`` (drops a parked async load's cached block
+# reservation; the prefill side parks none, so it drops nothing here, as in the engine).
+LATER_SCHEDULER_METHODS = ("_unreserve_parked",)
+WHERE = "impl/thirdparty/vllm_v1_pd.py"  # (names this adapter in a stand-in's gap)
 
 
 def _unreachable_module(what: str):
@@ -195,32 +207,53 @@ def load(version: str | None = None) -> Loaded:
 
 
 def _scheduler_methods(loaded: Loaded, namespace: dict) -> dict:
-    """The release's own ``Scheduler`` methods named in ``SCHEDULER_METHODS``: their
-    ``def``s alone, parsed from its ``scheduler.py`` and executed in ``namespace``."""
+    """The release's own ``Scheduler`` methods named in ``SCHEDULER_METHODS`` (and those of
+    ``LATER_SCHEDULER_METHODS`` it defines): their ``def``s alone, parsed from its
+    ``scheduler.py`` and executed in ``namespace``."""
     path = loaded.root / (SCHEDULER.replace(".", "/") + ".py")
     tree = ast.parse(path.read_text(), str(path))
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Scheduler"]
-    found = [n for n in cls.body if isinstance(n, ast.FunctionDef)
-             and n.name in SCHEDULER_METHODS]
-    missing = set(SCHEDULER_METHODS) - {n.name for n in found}
+    wanted = SCHEDULER_METHODS + LATER_SCHEDULER_METHODS
+    found = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in wanted]
+    names = {n.name for n in found}
+    missing = set(SCHEDULER_METHODS) - names
     if missing:
         raise MisuseError(f"{path}: Scheduler has no {sorted(missing)}")
     code = compile(ast.Module(found, type_ignores=[]), str(path), "exec")
     exec(code, namespace)  # noqa: S102 - the release's own methods, from its file
-    return {name: namespace[name] for name in SCHEDULER_METHODS}
+    return {name: namespace[name] for name in wanted if name in names}
 
 
 def _settings(block_size: int) -> Any:
-    """The ``VllmConfig`` fields the connector and the scheduler methods read."""
-    ns = types.SimpleNamespace
-    transfer = ns(is_kv_producer=True, kv_buffer_device="cuda", kv_role="kv_producer",
+    """The ``VllmConfig`` fields the connector and the scheduler methods read: a
+    ``_loader.Settings``, so a setting a later release reads and this one lacks ends the
+    run with one line and exit 2 (``StandInMissing``), never a crash blamed on vLLM."""
+    def ns(path: str, **values) -> _loader.Settings:
+        return _loader.Settings(path, WHERE, **values)
+
+    transfer = ns("vllm_config.kv_transfer_config", is_kv_producer=True,
+                  kv_buffer_device="cuda", kv_role="kv_producer",
                   get_from_extra_config=lambda _key, default: default)
-    return ns(cache_config=ns(block_size=block_size),
-              parallel_config=ns(tensor_parallel_size=1, decode_context_parallel_size=1,
-                                 data_parallel_index=0, pipeline_parallel_size=1,
-                                 world_size=1),
-              scheduler_config=ns(disable_hybrid_kv_cache_manager=False),
-              kv_transfer_config=transfer, num_prefill_lookahead_tokens=1)
+    return ns("vllm_config", cache_config=ns("vllm_config.cache_config", block_size=block_size),
+              parallel_config=ns("vllm_config.parallel_config", tensor_parallel_size=1,
+                                 decode_context_parallel_size=1, data_parallel_index=0,
+                                 pipeline_parallel_size=1, world_size=1),
+              scheduler_config=ns("vllm_config.scheduler_config",
+                                  disable_hybrid_kv_cache_manager=False),
+              kv_transfer_config=transfer, num_prefill_lookahead_tokens=1,
+              # (0.34.0: read where a prefill's prompt is truncated for the decoder; 0
+              # without EAGLE drafting, as VllmConfig resolves it)
+              num_hash_lookahead_tokens=0)
+
+
+class _EncoderCache(_loader.StandIn):
+    """The scheduler's encoder cache manager: ``free`` does nothing (kvcheck's requests
+    carry no multimodal input)."""
+
+    WHERE = WHERE
+
+    def free(self, _request) -> None:
+        pass
 
 
 class PDTarget:
@@ -304,7 +337,7 @@ class PDTarget:
                      "KV_FETCH_COMPLETED_WAITING": "completed_waiting",
                      "logger": mods["vllm.logger"].init_logger(SCHEDULER)}
         shell = type("_SchedulerShell", (_loader.StandIn,),
-                     {**_scheduler_methods(mods, namespace), "WHERE": "impl/thirdparty/vllm_v1_pd.py"})()
+                     {**_scheduler_methods(mods, namespace), "WHERE": WHERE})()
         shell.connector = self.connector = _NixlConnector()
         shell.requests = {}
         shell.kv_cache_manager = self.manager
@@ -313,7 +346,10 @@ class PDTarget:
         shell.aux_output_connector = shell.ec_connector = None
         shell._inflight_prefills = set()
         shell._kv_fetch_stages = None
-        shell.encoder_cache_manager = types.SimpleNamespace(free=lambda _request: None)
+        shell.encoder_cache_manager = _EncoderCache()
+        # (0.34.0: no async load parked nor aborted -- a prefill loads nothing)
+        shell._parked_reservations, shell._parked_reserved_blocks = {}, 0
+        shell._aborted_kv_loads = set()
         shell._pending_encoder_input_ids = {}
         shell.finished_req_ids = set()
         shell.finished_req_ids_dict = None

@@ -105,7 +105,7 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
                    "size > 1: the full pool and the SWA pool behind full_to_swa_index_mapping"),
     "vllm-v1-simple-offload": ("kvcheck.impl.thirdparty.vllm_v1_offload:make",
                                "vLLM v1 SimpleCPUOffloadConnector, scheduler side, eager (0.33.0; "
-                               "@0.20.2..0.33.0) over the release's KVCacheManager, full attention "
+                               "@0.20.2..0.34.0) over the release's KVCacheManager, full attention "
                                "+ sliding window 2 x block size; stores completed by the driver"),
     "vllm-v1-simple-offload-lazy": ("kvcheck.impl.thirdparty.vllm_v1_offload:make_lazy",
                                     "vllm-v1-simple-offload in lazy mode: a step's store copies "
@@ -115,7 +115,7 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
                                  "0.24.1; @0.20.0..0.24.1), as vllm-v1-simple-offload"),
     "vllm-v1-native-offload": ("kvcheck.impl.thirdparty.vllm_v1_native_offload:make",
                                "vLLM v1 OffloadingConnector, scheduler side, with its "
-                               "CPUOffloadingManager (LRU; 0.33.0; @0.11.0..0.33.0; to 0.20.2 jobs "
+                               "CPUOffloadingManager (LRU; 0.33.0; @0.11.0..0.34.0; to 0.20.2 jobs "
                                "keyed by request, stored at a request's end) over the release's "
                                "KVCacheManager: stores, final stores, loads, flushes; completions by the "
                                "driver"),
@@ -123,7 +123,7 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
                                    "vllm-v1-native-offload with the CPU manager's ARC policy"),
     "vllm-v1-pd": ("kvcheck.impl.thirdparty.vllm_v1_pd:make",
                    "vLLM v1 disaggregated prefill, prefill side: the NIXL connector's scheduler "
-                   "half (0.33.0) with the release's Scheduler delayed free over its "
+                   "half (0.33.0; @0.33.0..0.34.0) with the release's Scheduler delayed free over its "
                    "KVCacheManager: a finished prefill's blocks held until finished_sending"),
     "vllm-v1-pd-early-free": ("kvcheck.impl.thirdparty.vllm_v1_pd:make_early_free",
                               "vllm-v1-pd deliberately broken: blocks freed at request_finished, "

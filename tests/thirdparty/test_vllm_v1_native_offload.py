@@ -14,11 +14,19 @@ import collections
 import pytest
 
 from kvcheck.impl.errors import MisuseError
+from kvcheck.impl.thirdparty import install
 from kvcheck.impl.thirdparty import vllm_v1_native_offload as native
 from kvcheck.models.tiers.model import MODEL, TierOp, TierScope
 from kvcheck.verify import verify
 
 SCOPE = TierScope(8, 1, 4)  # 8 device + 4 host blocks of 1 slot
+
+
+def _ensure(version: str) -> str:
+    """A release outside scripts/test.sh's first line (0.34.0, the newest: the script
+    installs it; installed here if not)."""
+    install.ensure(install.ENGINES["vllm-v1"], version)
+    return version
 
 
 class Counting(native.NativeOffloadTarget):
@@ -57,9 +65,14 @@ class NoFlush(native.NativeOffloadTarget):
         return meta
 
 
-def test_0_33_0_passes_with_stores_loads_flushes_and_evictions():
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_0_33_0_and_0_34_0_pass_with_stores_loads_flushes_and_evictions(version):
+    """0.34.0 (the newest release) reads ``num_hash_lookahead_tokens`` (0: no drafting),
+    ``Request.resumable`` (False) and ``skip_reading_external_kv``, and makes its events'
+    payload a ``msgspec.Struct`` (events off); the same counts happen as on 0.33.0."""
     Counting.seen = collections.Counter()
-    r = verify(lambda n, b, h: Counting(n, b, h, version="0.33.0"), SCOPE.num_blocks,
+    _ensure(version)
+    r = verify(lambda n, b, h: Counting(n, b, h, version=version), SCOPE.num_blocks,
                SCOPE.block_size, 400, 0, model="tiers", scope=SCOPE)
     assert r.ok, r.violation
     st = r.state.stats
@@ -70,18 +83,20 @@ def test_0_33_0_passes_with_stores_loads_flushes_and_evictions():
     assert seen["evictions"] > 20 and seen["refused stores"] > 5, seen
 
 
-def test_arc_policy_passes():
-    r = verify("vllm-v1-native-offload-arc@0.33.0", SCOPE.num_blocks, SCOPE.block_size,
-               300, 1, model="tiers", scope=SCOPE)
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_arc_policy_passes(version):
+    r = verify(f"vllm-v1-native-offload-arc@{_ensure(version)}", SCOPE.num_blocks,
+               SCOPE.block_size, 300, 1, model="tiers", scope=SCOPE)
     assert r.ok, r.violation
     assert r.state.stats["store"] > 20 and r.state.stats["load"] > 3, r.state.stats
 
 
-@pytest.mark.parametrize(("version", "seed"), [("0.33.0", 0), ("0.21.0", 3)])
+@pytest.mark.parametrize(("version", "seed"), [("0.33.0", 0), ("0.34.0", 0), ("0.21.0", 3)])
 def test_ignoring_a_flush_is_caught(version, seed):
     """Without the worker's flush, a finished request's final store still reads a block
     another request was given: ``unheld_sources_kept``, shrunk to a handful of steps.
     (0.21.0 fences a block when a step names it: its scan reads every named request.)"""
+    _ensure(version)
     r = verify(lambda n, b, h: NoFlush(n, b, h, version=version), SCOPE.num_blocks,
                SCOPE.block_size, 300, seed, model="tiers", scope=SCOPE)
     assert r.verdict == "fail", r.verdict
@@ -222,12 +237,12 @@ def test_0_20_2_freeing_at_request_finished_is_caught():
     assert len(r.trace.ops) <= 6, r.trace.ops
 
 
-@pytest.mark.parametrize("version", ["0.33.0", "0.20.2"])
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0", "0.20.2"])
 def test_an_abort_mid_load_keeps_the_blocks_until_the_load_reports(version):
     """The #49889 scenario: a request waiting for its asynchronous load is aborted. The
     scheduler frees its blocks only once the load reports (``delay_free_blocks``): a pin
     until then, free after; the connector neither crashes nor starts a store."""
-    t = native.make(4, 1, 4, version=version)
+    t = native.make(4, 1, 4, version=_ensure(version))
     t.allocate(0, [5, 6])
     t.complete(t.free(0), True)
     load = t.load(1, [5, 6])
@@ -254,3 +269,44 @@ def test_arc_0_16_0_dies_touching_a_block_it_is_storing():
     assert "KeyError" in r.violation.witness, r.violation.witness
     ops = [MODEL.describe(op) for op in r.trace.ops]
     assert len(ops) == 2 and ops[1].startswith("free("), ops
+
+
+def test_0_34_0_a_failed_store_publishes_nothing_and_frees_its_chunks():
+    """0.34.0's worker reports a failed job (``failed_jobs``): the scheduler calls the CPU
+    manager's ``complete_store(success=False)``, which drops the chunks. The adapter offers
+    store failures there only (``failures``); the same prompt then misses, its chunks free.
+    Driven with failures drawn (the default mix), the release passes with failed stores,
+    successful ones and load hits."""
+    assert native.make(8, 1, 4, version="0.33.0").failures == frozenset()
+    t = native.make(4, 1, 4, version=_ensure("0.34.0"))
+    assert t.failures == frozenset({"store"})
+    t.allocate(0, [5, 6])
+    job = t.free(0)
+    assert t.pending_jobs()[job]["kind"] == "store"
+    t.complete(job, False)
+    assert not t.cache_entries("host") and sorted(t.free_blocks("host")) == [0, 1, 2, 3]
+    assert t.load(1, [5, 6]) is None  # (a miss: nothing was published)
+    t.complete(t.free(1), True)
+    assert len(t.cache_entries("host")) == 2
+    seen = collections.Counter()
+
+    class Counted(native.NativeOffloadTarget):
+        def complete(self, job, ok):
+            seen[(self._jobs[job][2], ok)] += 1
+            super().complete(job, ok)
+
+    r = verify(lambda n, b, h: Counted(n, b, h, version="0.34.0"), SCOPE.num_blocks,
+               SCOPE.block_size, 400, 0, model="tiers", scope=SCOPE)
+    assert r.ok, r.violation
+    assert seen[("store", False)] > 5 and seen[("store", True)] > 20, seen
+    assert seen[("load", True)] > 5 and not seen[("load", False)], seen
+
+    class FailureDropped(native.NativeOffloadTarget):
+        def _report(self, event, ok=True):
+            super()._report(event, True)  # (the worker's failure never reaches the connector)
+
+    r = verify(lambda n, b, h: FailureDropped(n, b, h, version="0.34.0"), SCOPE.num_blocks,
+               SCOPE.block_size, 400, 0, model="tiers", scope=SCOPE)
+    assert r.verdict == "fail", r.verdict
+    assert r.violation.name == "complete: a failed store leaves its destinations free"
+    assert [MODEL.describe(op) for op in r.trace.ops][-1].endswith("ok=False)"), r.trace.ops

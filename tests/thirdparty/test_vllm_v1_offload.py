@@ -103,3 +103,34 @@ def test_0_33_0_passes_with_its_final_flush():
     assert r.ok, r.violation
     st = r.state.stats
     assert st["store"] > 20 and st["complete"] > 10 and st["free"] and st["oob"], st
+
+
+def test_0_34_0_passes_eager_and_lazy_and_keeps_42571_fixed():
+    """vLLM 0.34.0, the newest release (scripts/test.sh installs it): its connector reads
+    ``num_hash_lookahead_tokens`` (0 in the stand-in settings: no EAGLE drafting) and the
+    request's ``prefix_cache_hit_limit`` instead of ``skip_reading_prefix_cache`` (the
+    stand-in request sets the limit 0 with the flag: the re-admitted prompt below finds no
+    GPU hit although its blocks are cached there), and its lazy store walks the free queue
+    from its head (no cursor). The eager and lazy runs pass; #42571's sequence counts each
+    block once (as 0.24.0); the final flush on finish leaves nothing held."""
+    install.ensure(install.ENGINES["vllm-v1"], "0.34.0")
+    t = make(8, 1, 4, version="0.34.0")
+    assert t.version == "0.34.0"
+    t.allocate(0, [0, 1, 0])
+    t.append(0, 0)
+    t.complete(t.store(0), True)
+    block, _ = t.append(0, 0)
+    job = t.store(0)
+    assert t.pending_jobs()[job]["src"] == ("device", [block, block])
+    t.free(0)
+    t.complete(job, True)
+    assert t.num_free("device") == len(list(t.free_blocks("device"))) == 8
+    assert not t.pending_jobs() and not t.pins("device") and not t.pins("host")
+    assert len(t.cache_entries("host")) >= 2, t.cache_entries("host")
+    t.allocate(1, [0, 1, 0])  # (a GPU hit here would be refused as a MisuseError)
+    assert t.manager.prefix_cache_lookup_enabled(t.requests[1]) is False
+    for name in ("vllm-v1-simple-offload", "vllm-v1-simple-offload-lazy"):
+        r = run(f"{name}@0.34.0", 300)
+        assert r.ok, (name, r.violation)
+        st = r.state.stats
+        assert st["store"] > 20 and st["complete"] > 10 and st["free"] and st["oob"], st

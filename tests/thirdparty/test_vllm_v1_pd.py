@@ -11,11 +11,19 @@ import collections
 
 import pytest
 
+from kvcheck.impl.errors import StandInGap
+from kvcheck.impl.thirdparty import install
 from kvcheck.impl.thirdparty import vllm_v1_pd as pd
 from kvcheck.models.tiers.model import MODEL, TierScope
 from kvcheck.verify import verify
 
 SCOPE = TierScope(8, 2, 1)  # 8 device blocks of 2 slots (no host pool: the peer is remote)
+
+
+def _ensure(version: str) -> str:
+    """0.34.0, the newest release (scripts/test.sh installs it; installed here if not)."""
+    install.ensure(install.ENGINES["vllm-v1"], version)
+    return version
 
 
 class Counting(pd.PDTarget):
@@ -38,10 +46,12 @@ class Counting(pd.PDTarget):
         return super().allocate(seq, tokens)
 
 
-def test_0_33_0_passes_with_sends_completions_and_aborts_in_flight():
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_0_33_0_and_0_34_0_pass_with_sends_completions_and_aborts_in_flight(version):
     Counting.seen = collections.Counter()
+    _ensure(version)
     for seed in (0, 1):
-        r = verify(lambda n, b, h: Counting(n, b, version="0.33.0"), SCOPE.num_blocks,
+        r = verify(lambda n, b, h: Counting(n, b, version=version), SCOPE.num_blocks,
                    SCOPE.block_size, 300, seed, model="tiers", scope=SCOPE)
         assert r.ok, r.violation
         assert r.state.stats["complete"] > 10 and r.state.stats["oob"] > 10, r.state.stats
@@ -52,9 +62,10 @@ def test_0_33_0_passes_with_sends_completions_and_aborts_in_flight():
     assert seen["ends with another send in flight"] > 10, seen
 
 
-def test_freeing_before_the_send_finishes_is_caught():
-    r = verify("vllm-v1-pd-early-free@0.33.0", SCOPE.num_blocks, SCOPE.block_size, 300, 0,
-               model="tiers", scope=SCOPE)
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_freeing_before_the_send_finishes_is_caught(version):
+    r = verify(f"vllm-v1-pd-early-free@{_ensure(version)}", SCOPE.num_blocks,
+               SCOPE.block_size, 300, 0, model="tiers", scope=SCOPE)
     assert r.verdict == "fail", r.verdict
     assert r.violation.name == "free: a refcount drops by the entries the request held"
     ops = [MODEL.describe(op) for op in r.trace.ops]
@@ -76,12 +87,16 @@ def test_never_freeing_after_the_send_is_caught():
     assert len(ops) <= 4 and ops[-1].startswith("complete("), (ops, r.violation)
 
 
-def test_the_release_s_own_calls_delay_the_free_until_finished_sending():
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_the_release_s_own_calls_delay_the_free_until_finished_sending(version):
     """A raw replay: the scheduler's ``_free_request`` keeps a finished prefill's blocks
     (the connector's ``delay_free_blocks``, the request named in ``reqs_to_send``) until
     ``_update_from_kv_xfer_finished`` sees ``finished_sending``; an abort frees at once; a
-    second report for the same request is refused by the scheduler's own assertion."""
-    t = pd.make(4, 2, version="0.33.0")
+    second report for the same request is refused by the scheduler's own assertion.
+    0.34.0's ``_free_request`` also drops a parked load's reservation
+    (``_unreserve_parked``, the release's own method: none here)."""
+    t = pd.make(4, 2, version=_ensure(version))
+    assert hasattr(t.shell, "_unreserve_parked") == (version >= "0.34.0")
     t.allocate(0, [1, 2, 3])
     t.append(0, 4)
     table = t.table(0)[1]
@@ -98,3 +113,17 @@ def test_the_release_s_own_calls_delay_the_free_until_finished_sending():
     with pytest.raises(AssertionError):  # (scheduler.py: ``assert req_id in self.requests``)
         t.shell._update_from_kv_xfer_finished(again)
     assert sorted(t.free_blocks("device")) == [0, 1, 2, 3]
+
+
+def test_0_34_0_without_the_release_s_unreserve_parked_is_a_stand_in_gap(monkeypatch):
+    """Had the adapter not loaded 0.34.0's ``Scheduler._unreserve_parked``, the release's
+    ``_free_request`` would read it from the scheduler shell (a ``_loader.StandIn``): the
+    run stops on kvcheck's gap, naming the method and the adapter, never a crash verdict
+    on vLLM; the settings stand-in says the same of a setting it does not hold."""
+    _ensure("0.34.0")
+    monkeypatch.setattr(pd, "LATER_SCHEDULER_METHODS", ())
+    with pytest.raises(StandInGap, match=r"_SchedulerShell\._unreserve_parked.*vllm_v1_pd"):
+        verify("vllm-v1-pd@0.34.0", SCOPE.num_blocks, SCOPE.block_size, 300, 0,
+               model="tiers", scope=SCOPE)
+    with pytest.raises(StandInGap, match=r"vllm_config\.cache_config\.sliding_window"):
+        pd._settings(2).cache_config.sliding_window  # noqa: B018 - the read is the test
