@@ -96,6 +96,7 @@ class State:
     evictable: list[int] | None = None
     names: tuple[str, ...] = ()  # the engine's name of each kvcheck block (v0: "GPU block 3")
     ref_word: str = "ref_cnt"  # what the engine calls a block's reference count
+    unreached: frozenset = frozenset()  # blocks no table, list or map reaches (v0's manager v1)
 
 
 IN_SCOPE = ("FullAttentionManager", "SlidingWindowManager", "MambaManager")
@@ -216,6 +217,9 @@ def _block_evidence(name: str, snap: Snapshot, x, state: State, names) -> str:
         return (f"{state.ref_word} is {snap.ref(x)}, but {len(held)} table entr"
                 f"{'y names' if len(held) == 1 else 'ies name'} it"
                 f"{': ' + ', '.join(held) if held else ''}")
+    if name == "free_list" and x in state.unreached:
+        return (f"no table, free list, hash map or evictor holds it, so its {state.ref_word} "
+                f"cannot be read (read as 0): a block lost")
     if name == "free_list":
         return (f"{state.ref_word} is {snap.ref(x)} and it is on the free queue "
                 f"{snap.free_count(x)} "
@@ -291,6 +295,14 @@ class Reader:
     def out_of_scope(self, manager) -> str | None:
         return None
 
+    def outside_contract(self, manager, name: str, args: tuple, kwargs: dict,
+                         by_test: bool) -> str | None:
+        """Why the outermost call ``name(*args, **kwargs)`` about to be made on ``manager`` is
+        outside its contract, staged by the test (``by_test``: the test itself calls it, not
+        the release's own code), or None; the manager then stops being judged, with the
+        reason (``plugin.py``)."""
+        return None
+
     def read(self, manager) -> State:
         raise NotImplementedError
 
@@ -350,8 +362,8 @@ class V0Reader(Reader):
       hash -> block id), keyed by device.
 
     Block manager v1 (``BlockSpaceManagerV1``, the default scheduler's to 0.6.2 when
-    ``use_v2_block_manager`` is off) is wrapped too, but not read: its managers run
-    unobserved, counted, with the reason."""
+    ``use_v2_block_manager`` is off) is wrapped and read too (``_read_v1``), but for one with
+    a sliding window (``out_of_scope``)."""
 
     engine = "vllm-v0"
 
@@ -373,12 +385,59 @@ class V0Reader(Reader):
         return [getattr(manager, "block_allocator", None)]
 
     def out_of_scope(self, manager) -> str | None:
-        if type(manager).__name__ == "BlockSpaceManagerV1":
-            return ("a BlockSpaceManagerV1 (block manager v1: kvcheck reads block manager "
-                    "v2's BlockTables only)")
+        if type(manager).__name__ == "BlockSpaceManagerV1" and \
+                getattr(manager, "block_sliding_window", None) is not None:
+            return ("a BlockSpaceManagerV1 with a sliding window (block manager v1's cyclic "
+                    "window: a table names a block at several positions, and its ref_count "
+                    "counts sequences, not entries)")
+        return None
+
+    def outside_contract(self, manager, name: str, args: tuple, kwargs: dict,
+                         by_test: bool) -> str | None:
+        """Two preconditions the engine's callers keep and some of v0's tests break to stage a
+        scenario (the manager then replaces a sequence's table without freeing it):
+
+        * ``fork(parent, child)`` into a child that already holds a table, called by the
+          test itself (the ``Scheduler`` forks into a new sequence);
+        * ``allocate(seq_group)`` of a ``Sequence`` whose ``seq_id`` a *different* live
+          ``Sequence`` object already holds a table under (the test built two sequences with
+          one id, e.g. 0.4.2's ``create_dummy_prompt("1", ...)`` twice; the engine numbers
+          sequences from a counter), whoever calls it. ``SelfAttnBlockSpaceManager.allocate``
+          asserts "block table already exists"; ``BlockSpaceManagerV1`` does not. The same
+          ``Sequence`` allocated twice is still judged (that would be the engine's)."""
+        tables = getattr(manager, "block_tables", {})
+        known = manager.__dict__.setdefault("__kvcheck_sequences__", {})
+        if name == "fork":
+            child = args[1] if len(args) > 1 else kwargs.get("child_seq")
+            seq_id = getattr(child, "seq_id", None)
+            if seq_id is None:
+                return None
+            known[seq_id] = child
+            if by_test and seq_id in tables:
+                return (f"the test called fork() into sequence {seq_id}, which already holds "
+                        f"a block table (fork's precondition, kept by the Scheduler: a new "
+                        f"sequence; the old table is replaced, its references never freed)")
+        elif name == "allocate":
+            group = args[0] if args else kwargs.get("seq_group")
+            try:
+                seqs = list(group.get_seqs())
+            except Exception:  # noqa: BLE001 - not a SequenceGroup: the release's call decides
+                return None
+            why = None
+            for seq in seqs:
+                seq_id = getattr(seq, "seq_id", None)
+                if seq_id in tables and known.get(seq_id, seq) is not seq and why is None:
+                    why = (f"the test made two sequences with seq_id {seq_id} (allocate() of "
+                           f"one while the other holds a block table under that id: the "
+                           f"engine numbers sequences from a counter; the old table is "
+                           f"replaced, its references never freed)")
+                known[seq_id] = seq
+            return why
         return None
 
     def read(self, manager) -> State:
+        if type(manager).__name__ == "BlockSpaceManagerV1":
+            return self._read_v1(manager)
         alloc = manager.block_allocator
         devices = sorted(alloc._allocators.items(), key=lambda kv: kv[0].value)
         owner = {bid: (dev, a) for dev, a in devices for bid in a.all_block_ids}
@@ -426,6 +485,69 @@ class V0Reader(Reader):
                      num_free, tables, identities, entries,
                      bool(getattr(manager, "enable_caching", False)), False,
                      plain_free=plain, evictable=evictable, names=names, ref_word="refcount")
+
+
+    def _read_v1(self, manager) -> State:
+        """Block manager v1 (``vllm/core/block_manager_v1.py``, 0.4.2 .. 0.6.2; without a
+        sliding window): ``PhysicalTokenBlock`` objects with their own ``ref_count``, one
+        allocator per device (block numbers from 0 on each; kvcheck's block is the GPU's
+        number, or ``num_gpu_blocks`` + the CPU's). ``UncachedBlockAllocator`` (caching off):
+        its ``free_blocks`` list. ``CachedBlockAllocator`` (caching on): a block is made the
+        first time it is needed (``current_num_blocks``), so the numbers from there up are
+        free (unmade, no hash); a made block is in ``cached_blocks`` (hash -> block, in use) or
+        in its evictor's ``free_table`` (hash -> block, unreferenced: evictable, its hash still
+        a key). A block reachable from no table, free list, map or evictor has no reading of
+        its ``ref_count``: it reads as 0 and on no list, which ``free_list`` reports (a block
+        lost)."""
+        devices = [("GPU", manager.gpu_allocator), ("CPU", manager.cpu_allocator)]
+        base = {"GPU": 0, "CPU": manager.gpu_allocator.num_blocks}
+        n = sum(a.num_blocks for _, a in devices)
+        names = tuple(f"{dev} block {b}" for dev, a in devices for b in range(a.num_blocks))
+
+        def kid(block) -> int:
+            dev = getattr(block.device, "name", str(block.device))
+            return base.get(dev, n) + block.block_number
+
+        refs = [0] * n
+        seen: dict[int, object] = {}
+        plain: list[int] = []
+        evictable: list[int] = []
+        entries: list[tuple[object, int]] = []
+        num_free = 0
+        for dev, a in devices:
+            num_free += a.get_num_free_blocks()
+            for blk in getattr(a, "free_blocks", ()):
+                plain.append(kid(blk))
+                seen[kid(blk)] = blk
+            if hasattr(a, "current_num_blocks"):
+                plain += [base[dev] + b for b in range(a.current_num_blocks, a.num_blocks)]
+                for key, blk in a.cached_blocks.items():
+                    entries.append(((dev, key), kid(blk)))
+                    seen[kid(blk)] = blk
+                for key, blk in a.evictor.free_table.items():
+                    entries.append(((dev, key), kid(blk)))
+                    evictable.append(kid(blk))
+                    seen[kid(blk)] = blk
+        tables: dict[tuple[str, object], tuple] = {}
+        identities: dict[tuple[str, object], int] = {}
+        for kind, held in (("sequence", manager.block_tables),
+                           ("the encoder table of request",
+                            getattr(manager, "cross_block_tables", {}))):
+            for key, table in held.items():
+                label = (f"{kind} {key!r}", None)
+                tables[label] = tuple(kid(b) for b in table)
+                identities[label] = id(table)
+                for b in table:
+                    seen[kid(b)] = b
+        for b, blk in seen.items():
+            if 0 <= b < n:
+                refs[b] = blk.ref_count
+        unreached = frozenset(range(n)) - set(seen) - set(plain)
+        return State(n, refs, plain + evictable, set(evictable) | {b for _, b in entries},
+                     num_free, tables, identities, entries,
+                     bool(getattr(manager, "enable_caching", False)), False,
+                     plain_free=plain, evictable=evictable, names=names, ref_word="ref_count",
+                     unreached=unreached)
 
 
 READERS: dict[str, Reader] = {r.engine: r for r in (V1Reader(), V0Reader())}

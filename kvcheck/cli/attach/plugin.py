@@ -97,6 +97,7 @@ def pytest_configure(config) -> None:
         raise pytest.UsageError(f"--kvcheck-attach-engine: {engine!r} is not one of "
                                 f"{', '.join(observe.READERS)}")
     READER["reader"] = reader = observe.READERS[engine]
+    READER["roots"] = (str(Path(root)) + "/", str(Path(root).resolve()) + "/")
     finder.install(Path(root))
     for marker in ("cpu_test", "slow_test", "skip_global_cleanup", "core_model", "hybrid_model",
                    "cpu_model", "split", "distributed", "optional"):  # the sdist's markers
@@ -155,6 +156,11 @@ def _observed(qualname: str, method):
         depth = getattr(_state, "depth", 0)
         if depth == 0:
             _before(self)
+            why = READER["reader"].outside_contract(self, name, args, kwargs,
+                                                    not _from_release(sys._getframe(1)))
+            if why is not None and getattr(self, "__kvcheck_scope__", None) is None:
+                self.__kvcheck_scope__ = why
+                _current["unobserved"] = why
         _state.depth = depth + 1
         try:
             result = method(self, *args, **kwargs)
@@ -169,6 +175,11 @@ def _observed(qualname: str, method):
 
     call.__kvcheck_wrapped__ = method
     return call
+
+
+def _from_release(frame) -> bool:
+    """Whether the call comes from the release's own code (its scheduler), not a test's."""
+    return frame.f_code.co_filename.startswith(READER.get("roots", ()) or ("\0",))
 
 
 def _before(manager) -> None:
