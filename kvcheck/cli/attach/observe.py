@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvcheck.impl.thirdparty.vllm_v1 import hash_map_blocks
 from kvcheck.spec import invariants as block_spec
 from kvcheck.spec import prefix as prefix_spec
 from kvcheck.spec.logic import PY
@@ -143,12 +144,9 @@ def read(manager) -> State:
             key = (f"<pending copy-on-write {i}>", group)
             tables[key] = tuple(b.block_id - 1 for b in pair)
             identities[key] = id(pair)
-    entries = []
-    cached = pool.cached_block_hash_to_block
-    for key, val in getattr(cached, "_cache", cached).items():
-        for blk in (val.values() if isinstance(val, dict) else (val,)):
-            if blk.block_id != 0:
-                entries.append((key, blk.block_id - 1))
+    entries = [(key, blk.block_id - 1)
+               for key, blk in hash_map_blocks(pool.cached_block_hash_to_block)
+               if blk.block_id != 0]
     return State(n, refs, queue, hashed, pool.get_num_free_blocks(), tables, identities, entries,
                  bool(getattr(pool, "enable_caching", False)),
                  hasattr(pool, "cached_block_hashes_by_block"))
