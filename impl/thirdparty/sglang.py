@@ -192,7 +192,7 @@ def single_file(root) -> bool:
     return (Path(root) / "sglang/srt/mem_cache/allocator.py").is_file()
 
 
-def _stub_swa_pool(mod: types.ModuleType, _: Loaded) -> None:
+def stub_swa_pool(mod: types.ModuleType, _: Loaded) -> None:
     class SWAKVPool:  # no pool the adapters build is one (the SWA allocator asserts it)
         pass
 
@@ -268,7 +268,7 @@ def files_and_stubs(root, files=FILES, stubs=STUBS) -> tuple[tuple, dict, tuple]
     if single_file(root):  # the module holds the kernels: all of it under the interpreter
         files = (ALLOCATOR, *(f for f in files if not f.startswith(ALLOCATOR)))
         stubs = {k: v for k, v in stubs.items() if k not in KERNELS}
-        stubs.setdefault("sglang.srt.mem_cache.memory_pool", _stub_swa_pool)
+        stubs.setdefault("sglang.srt.mem_cache.memory_pool", stub_swa_pool)
         return files, stubs, (ALLOCATOR,)
     if torch_path(root):
         return tuple(files), dict(stubs), ()

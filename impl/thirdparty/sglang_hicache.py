@@ -162,7 +162,7 @@ the storage keys' hash (``make_storage``, 0.5.15: ``cpp_utils.native_hash``)
     arguments the cache is being built with (set by the adapter just before it builds one;
     HiRadixCache reads them in ``__init__`` only); ``get_server_args`` (metrics only) raises.
 ``Req``
-    the fields the radix cache reads (``_Req``; 0.5.19's ``req.kv`` is the request itself,
+    the fields the radix cache reads (``ReqStandIn``; 0.5.19's ``req.kv`` is the request itself,
     which holds the same fields ``ReqKvInfo`` does), 0.5.5.post3's
     ``pop_committed_kv_cache`` without speculative decoding (the committed length: every
     token with a KV slot), 0.5.6's ``cache_protected_len`` (set as ``init_next_round_input``
@@ -389,7 +389,7 @@ def _stub_mmap(mod: types.ModuleType, _: Loaded) -> None:
     mod.alloc_mmap = _alloc_mmap
 
 
-def _stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
+def stub_memory_pool(mod: types.ModuleType, loaded: Loaded) -> None:
     import abc
     import logging
     import threading
@@ -621,11 +621,11 @@ def _stub_dp_attention(mod: types.ModuleType, _: Loaded) -> None:
 
 def _stub_utils(mod: types.ModuleType, loaded: Loaded) -> None:
     """sglang's own utility functions (``sglang._stub_utils``), CUDA's device module the
-    stand-in one (``_Cuda``), on no NPU or XPU."""
+    stand-in one (``CudaStandIn``), on no NPU or XPU."""
     import ast
 
     sglang.STUBS["sglang.srt.utils"](mod, loaded)
-    mod.get_device_module = lambda: _Cuda
+    mod.get_device_module = lambda: CudaStandIn
     mod.is_npu = mod.is_xpu = mod.is_cuda = mod.is_hip = mod.is_mps = lambda: False
 
     def bind_to_closest_numa_node_cuda():  # (0.5.8 on: off by disable_hicache_numa_detect)
@@ -700,7 +700,7 @@ def _stub_mem_utils(mod: types.ModuleType, loaded: Loaded) -> None:
     _loader.exec_definitions(loaded.root / rel, mod.__dict__, MEM_UTILS_TABLES)  # its table
 
 
-STUBS = {f"{MEM}.memory_pool": _stub_memory_pool, f"{MEM}.memory_pool_host": _stub_memory_pool,
+STUBS = {f"{MEM}.memory_pool": stub_memory_pool, f"{MEM}.memory_pool_host": stub_memory_pool,
          "sglang.srt.managers.schedule_batch": _stub_schedule_batch,
          "sglang.srt.disaggregation.kv_events": _stub_kv_events,
          "sglang.srt.distributed": _stub_distributed, "sglang.srt.utils": _stub_utils,
@@ -714,7 +714,7 @@ STUBS = {f"{MEM}.memory_pool": _stub_memory_pool, f"{MEM}.memory_pool_host": _st
          "psutil": _stub_psutil, f"{MEM}.mmap_allocator": _stub_mmap,
          f"{MEM}.storage.mmap": _stub_mmap,  # (0.5.17 on: where alloc_mmap lives)
          "sglang.srt.runtime_context": _stub_runtime_context,
-         f"{MEM}.pool_host.mha": _stub_memory_pool,  # (0.5.16 on: the MHA host pool there)
+         f"{MEM}.pool_host.mha": stub_memory_pool,  # (0.5.16 on: the MHA host pool there)
          f"{MEM}.pool_host.mla": _stub_off,  # (no pool here is an MLA one)
          **{f"{MEM}.{name}": _stub_off for name in (  # the storage backends (0.4.10 on)
              "mooncake_store.mooncake_store", "nixl.hicache_nixl", "storage",
@@ -808,7 +808,7 @@ class _Inert:
         pass
 
 
-class _Cuda:
+class CudaStandIn:
     """``torch.cuda`` (and 0.5.5's ``device_module``) as the controller sees it: inert
     streams, events that end when the driver says (``_Event``)."""
 
@@ -826,7 +826,7 @@ class _Cuda:
         return contextlib.nullcontext()
 
 
-def _patch_modules(mods: Loaded) -> None:
+def patch_modules(mods: Loaded) -> None:
     """The stand-ins that live in the release's own modules' globals (see the module doc):
     the controller's streams and threads, and hiradix_cache's tensor-parallel group."""
     import threading
@@ -848,10 +848,10 @@ def _patch_modules(mods: Loaded) -> None:
             return getattr(threading, name)
 
     ctl_torch = _CtlTorch("torch")
-    ctl_torch.cuda = _Cuda
+    ctl_torch.cuda = CudaStandIn
     ctl.torch = ctl_torch
     if hasattr(ctl, "device_module"):  # (0.5.5 on: get_device_module(), read at import)
-        ctl.device_module = _Cuda
+        ctl.device_module = CudaStandIn
     ctl.threading = _Threading("threading")
 
     class _OneRank(types.ModuleType):
@@ -969,7 +969,7 @@ def load(version: str | None = None) -> Loaded:
                                   (sglang.ALLOCATOR, HIRADIX))
     else:
         loaded = _loader.load(dist, files, STUBS, (HIRADIX,))
-    _patch_modules(loaded)
+    patch_modules(loaded)
     return loaded
 
 
@@ -1017,7 +1017,7 @@ def _server_defaults(root) -> dict:
     return found
 
 
-class _Req:
+class ReqStandIn:
     """The fields of ``Req`` the radix cache reads."""
 
     def __init__(self, tokens: Sequence[int], row: int | None):
@@ -1051,7 +1051,7 @@ class _Req:
         return self.kv_committed_len
 
     @property
-    def kv(self) -> _Req:  # (0.5.19 on: the request's KV fields in a ReqKvInfo: here the
+    def kv(self) -> ReqStandIn:  # (0.5.19 on: the request's KV fields in a ReqKvInfo: here the
         return self  # same fields, on the request itself)
 
     @property
@@ -1139,14 +1139,14 @@ class SglangHiCacheTarget:
         self.host = self._host_of(self.tree)
         if int(self.host.size) != host_blocks:
             raise MisuseError(f"the host pool has {self.host.size} slots, not {host_blocks}")
-        self.reqs: dict[int, _Req] = {}
+        self.reqs: dict[int, ReqStandIn] = {}
         self.jobs: dict[tuple, dict] = {}  # ("w" | "l", node id) -> {op, seq, kind}
         self._sampled = itertools.count(1 << 20)
         self.Dev = _device_tensor_class()
         self._epoch = 0  # bumped by every operation (refcount's memo)
         self._memo: tuple = (None, [])
 
-    Req = _Req  # (the request's fields; sglang_unified's has more)
+    Req = ReqStandIn  # (the request's fields; sglang_unified's has more)
 
     def _load(self, version: str | None) -> Loaded:
         return load(version)
@@ -1247,11 +1247,11 @@ class SglangHiCacheTarget:
     def _t(self, values, dtype=None):
         return self.torch.tensor(list(values), dtype=dtype or self.torch.int64)
 
-    def _row(self, req: _Req, n: int | None = None):
+    def _row(self, req: ReqStandIn, n: int | None = None):
         n = len(req.fill_ids) if n is None else n
         return self.rows.req_to_token[req.req_pool_idx, :n].to(self.torch.int64)
 
-    def _live(self, seq: int) -> _Req:
+    def _live(self, seq: int) -> ReqStandIn:
         req = self.reqs.get(seq)
         if req is None:
             raise MisuseError(f"unknown sequence {seq!r}")

@@ -47,7 +47,7 @@ psutil, mmap, the storage backends, the runtime context), and here:
 ``utils.common``
     ``ceil_div`` / ``ceil_align`` (the streaming session's), compiled from the file.
 ``Req``
-    ``sglang_hicache._Req`` plus ``best_match_node``, ``swa_uuid_for_lock`` and ``session``
+    ``sglang_hicache.ReqStandIn`` plus ``best_match_node``, ``swa_uuid_for_lock`` and ``session``
     (None: no streaming session).
 the write-back's copy that 0.5.12 never waits for
     0.5.13 on, ``_evict_device_leaf`` waits for a write-back (``writing_check(write_back=True)``:
@@ -103,7 +103,7 @@ FULL = 0  # ComponentType.FULL
 def _stub_host_pool(mod: types.ModuleType, loaded: Loaded) -> None:
     """``memory_pool_host``: the MHA host pool as ``sglang_hicache`` compiles it, the host
     pool group and its entries (the release's own), the other models' host pools as names."""
-    hc._stub_memory_pool(mod, loaded)
+    hc.stub_memory_pool(mod, loaded)
     rel = f"{mod.__kvcheck_real_name__.replace('.', '/')}.py"
     import dataclasses
     from collections.abc import Callable
@@ -156,7 +156,7 @@ STUBS = {f"{MEM}.memory_pool_host": _stub_host_pool,
          f"{MEM}.pool_host.mha": _stub_host_pool,  # (0.5.16 on: the MHA host pool there)
          "sglang.srt.utils.common": _stub_utils_common,
          "sglang.srt.server_args": _stub_server_args,
-         f"{MEM}.swa_memory_pool": sglang._stub_swa_pool}  # (the assembler's isinstance
+         f"{MEM}.swa_memory_pool": sglang.stub_swa_pool}  # (the assembler's isinstance
 # test: the device pool is no SWAKVPool)
 
 
@@ -174,17 +174,17 @@ def load(version: str | None = None) -> Loaded:
     stubs.update(STUBS)
     loaded = sglang.load_dist(dist, (*files, *sglang.FILES), stubs,
                               (sglang.ALLOCATOR, hc.HIRADIX, UNIFIED, ASSEMBLER))
-    hc._patch_modules(loaded)
+    hc.patch_modules(loaded)
     ctl = loaded[HYBRID_CONTROLLER]
     if not getattr(ctl, "__kvcheck_patched__", False):
-        ctl.device_module = hc._Cuda  # (the copies' streams and events: sglang_hicache)
+        ctl.device_module = hc.CudaStandIn  # (the copies' streams and events: sglang_hicache)
         ctl.torch = loaded[hc.CONTROLLER].torch
         ctl.__kvcheck_patched__ = True
     return loaded
 
 
-class _Req(hc._Req):
-    """``sglang_hicache._Req`` with the fields the unified tree reads besides."""
+class _Req(hc.ReqStandIn):
+    """``sglang_hicache.ReqStandIn`` with the fields the unified tree reads besides."""
 
     def __init__(self, tokens, row):
         super().__init__(tokens, row)

@@ -423,7 +423,7 @@ def _refuses_chunk_size(mods, sched_cfg, cache_cfg, budget: int, max_seqs: int,
                           f"{exc}") from None
 
 
-class _Recorder:
+class KVCallRecorder:
     """One ``SelfAttnBlockSpaceManager`` method, recorded at the manager's boundary as the
     engine oracle's KV calls (see the module doc). A plain object, so a deep copy of the
     scheduler records into the copy."""
@@ -564,7 +564,7 @@ class VllmV0EngineTarget:
         for name in ("can_allocate", "allocate", "can_append_slots", "append_slots", "free"):
             if not hasattr(type(self.manager), name):  # (0.4.0's v1: (can_)append_slot)
                 name = name[:-1]
-            setattr(self.manager, name, _Recorder(self, self.manager, name))
+            setattr(self.manager, name, KVCallRecorder(self, self.manager, name))
         self.requests: dict[int, Any] = {}  # request -> its SequenceGroup (kept finished)
         self.ids: dict[int, int] = {}  # Sequence.seq_id -> request id
         self.clock = 0.0  # arrival times: the add order

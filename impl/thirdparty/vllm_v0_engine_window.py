@@ -51,7 +51,7 @@ from typing import Any
 
 from ..errors import MisuseError
 from .vllm_v0 import free_block_ids
-from .vllm_v0_engine import ENGINE_KEY, VllmV0EngineTarget, _Recorder
+from .vllm_v0_engine import ENGINE_KEY, KVCallRecorder, VllmV0EngineTarget
 
 NULL_ID = 0  # vLLM's id of the null block the target takes at construction
 
@@ -88,7 +88,7 @@ class VllmV0EngineWindowTarget(VllmV0EngineTarget):
         self.gpu = self.manager.block_allocator._allocators[
             self._mods["vllm.utils"].Device.GPU]
         for name in ("can_allocate", "allocate", "can_append_slots", "append_slots", "free"):
-            setattr(self.manager, name, _Recorder(self, self.manager, name))
+            setattr(self.manager, name, KVCallRecorder(self, self.manager, name))
         self.window_blocks = self.manager.max_block_sliding_window
         null = self.manager.block_allocator.allocate_or_get_null_block()
         if null.block_id != NULL_ID:  # (the naive allocator hands out its ids in order)
