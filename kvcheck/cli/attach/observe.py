@@ -152,6 +152,16 @@ def read(manager) -> State:
                  hasattr(pool, "cached_block_hashes_by_block"))
 
 
+def _v0_tables(manager) -> list[tuple[tuple[str, None], object]]:
+    """``(label, table)`` for every block table a vLLM v0 block manager (v1 or v2) holds: a
+    sequence's, and an encoder request's (``cross_block_tables``, cross attention)."""
+    return [((f"{kind} {key!r}", None), table)
+            for kind, held in (("sequence", manager.block_tables),
+                               ("the encoder table of request",
+                                getattr(manager, "cross_block_tables", {})))
+            for key, table in held.items()]
+
+
 def _subject(kind: str, element, names: dict[int, tuple[str, int]], state: State) -> str:
     if kind == "block":
         if state.names and 0 <= element < len(state.names):
@@ -467,14 +477,10 @@ class V0Reader(Reader):
 
         tables: dict[tuple[str, object], tuple] = {}
         identities: dict[tuple[str, object], int] = {}
-        for kind, held in (("sequence", manager.block_tables),
-                           ("the encoder table of request",
-                            getattr(manager, "cross_block_tables", {}))):
-            for key, table in held.items():
-                label = (f"{kind} {key!r}", None)
-                blocks = table.blocks if hasattr(table, "blocks") else table._blocks  # (0.4.2)
-                tables[label] = tuple(entry(b) for b in blocks)
-                identities[label] = id(table)
+        for label, table in _v0_tables(manager):
+            blocks = table.blocks if hasattr(table, "blocks") else table._blocks  # (0.4.2)
+            tables[label] = tuple(entry(b) for b in blocks)
+            identities[label] = id(table)
         if null_id is not None:
             label = ("the null block (the allocator's, never freed)", None)
             tables[label] = (index.get(null_id, n),)
@@ -528,15 +534,11 @@ class V0Reader(Reader):
                     seen[kid(blk)] = blk
         tables: dict[tuple[str, object], tuple] = {}
         identities: dict[tuple[str, object], int] = {}
-        for kind, held in (("sequence", manager.block_tables),
-                           ("the encoder table of request",
-                            getattr(manager, "cross_block_tables", {}))):
-            for key, table in held.items():
-                label = (f"{kind} {key!r}", None)
-                tables[label] = tuple(kid(b) for b in table)
-                identities[label] = id(table)
-                for b in table:
-                    seen[kid(b)] = b
+        for label, table in _v0_tables(manager):
+            tables[label] = tuple(kid(b) for b in table)
+            identities[label] = id(table)
+            for b in table:
+                seen[kid(b)] = b
         for b, blk in seen.items():
             if 0 <= b < n:
                 refs[b] = blk.ref_count
