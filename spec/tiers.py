@@ -91,6 +91,8 @@ SEND = "send"  # a P/D connector's send of a finished request's blocks to a remo
 PREFETCH = "prefetch"  # a storage tier's pages fetched into host blocks (SGLang's HiCache L3)
 STORAGE = "storage"  # a pseudo pool: the storage tier a prefetch reads (no blocks, no
 # free list, no invariants: content-addressed pages named by the prefix they hold)
+REMOTE = "remote"  # a pseudo pool: a remote peer's memory (a P/D send's destination, a
+# P/D receive's source: vLLM's NIXL connector); no blocks, no free list, no invariants
 RELEASED_ONCE = "complete: a prefetched page it does not keep is released once, by one owner"
 
 
@@ -716,7 +718,11 @@ def load(L, pre, post, op):
     leading blocks of the first len - 1 tokens; the request gets ceil(len / B) device
     blocks, every one free before, and the job holds the hit host blocks (they stay valid
     until it completes) and the device blocks they are copied into. No hit: no job, an
-    allocation."""
+    allocation. A load from a remote peer (``REMOTE``: a P/D receive, vLLM's NIXL
+    connector on the decode instance) has no sources: its destinations are leading blocks
+    of the request's table (the request's own, or the job's), written by the peer's prefill
+    of the request's prompt; they stay the request's until the job completes, and an
+    abort meanwhile keeps them by a pin (``free``)."""
     q = op.seq
     t = post.table(q)
     yield "load: the request is live on the device", q, L.and_(
@@ -740,6 +746,11 @@ def load(L, pre, post, op):
     yield new_job(LOAD), q, L.and_(
         job is not None, name not in pre.jobs, job is not None and job.kind == LOAD)
     if job is None:
+        return
+    if job.src_pool == REMOTE:
+        yield "load: a remote load writes leading blocks of the request's table", q, L.and_(
+            not job.src, job.dst_pool == DEVICE, 1 <= len(job.dst) <= len(t),
+            tuple(job.dst) == tuple(t[: len(job.dst)]))
         return
     B = pre.block_size
     # blocks wholly within the first len - 1 tokens; or within all of them for an engine

@@ -102,8 +102,8 @@ How the scheduler drives it, one tiers operation per engine step:
 
 No store, load or host pool: the send's destination is the remote decoder's memory, which
 kvcheck does not see (the job's ``dst`` is ``("remote", [])``). The decode side (a remote
-prefill's receive, ``finished_recving``) is not adapted: its source is the remote peer,
-not a host cache the tiers model can key and check.
+prefill's receive, ``finished_recving``) is ``vllm_v1_pd_recv``: a load from the
+``remote`` pseudo pool, over this class.
 
 ``broken=True`` (``make_early_free``): the delayed free ignored -- the blocks go back to
 the pool at ``request_finished`` while the send still reads them (the bug family's "read
@@ -206,17 +206,20 @@ def load(version: str | None = None) -> Loaded:
                         entry=("vllm.v1.core.kv_cache_manager", NIXL + ".pull_scheduler"))
 
 
-def _scheduler_methods(loaded: Loaded, namespace: dict) -> dict:
-    """The release's own ``Scheduler`` methods named in ``SCHEDULER_METHODS`` (and those of
-    ``LATER_SCHEDULER_METHODS`` it defines): their ``def``s alone, parsed from its
-    ``scheduler.py`` and executed in ``namespace``."""
+def _scheduler_methods(loaded: Loaded, namespace: dict,
+                       required: Sequence[str] = SCHEDULER_METHODS,
+                       later: Sequence[str] | None = None) -> dict:
+    """The release's own ``Scheduler`` methods named in ``required`` (``SCHEDULER_METHODS``;
+    and those of ``later``, ``LATER_SCHEDULER_METHODS``, it defines): their ``def``s alone,
+    parsed from its ``scheduler.py`` and executed in ``namespace``."""
+    later = tuple(LATER_SCHEDULER_METHODS if later is None else later)
     path = loaded.root / (SCHEDULER.replace(".", "/") + ".py")
     tree = ast.parse(path.read_text(), str(path))
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Scheduler"]
-    wanted = SCHEDULER_METHODS + LATER_SCHEDULER_METHODS
+    wanted = tuple(required) + later
     found = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in wanted]
     names = {n.name for n in found}
-    missing = set(SCHEDULER_METHODS) - names
+    missing = set(required) - names
     if missing:
         raise MisuseError(f"{path}: Scheduler has no {sorted(missing)}")
     code = compile(ast.Module(found, type_ignores=[]), str(path), "exec")
@@ -224,15 +227,18 @@ def _scheduler_methods(loaded: Loaded, namespace: dict) -> dict:
     return {name: namespace[name] for name in wanted if name in names}
 
 
-def _settings(block_size: int) -> Any:
+def _settings(block_size: int, producer: bool = True) -> Any:
     """The ``VllmConfig`` fields the connector and the scheduler methods read: a
     ``_loader.Settings``, so a setting a later release reads and this one lacks ends the
-    run with one line and exit 2 (``StandInMissing``), never a crash blamed on vLLM."""
+    run with one line and exit 2 (``StandInMissing``), never a crash blamed on vLLM.
+    ``producer``: a prefill instance (``kv_producer``), else a decode one (``kv_consumer``,
+    vllm_v1_pd_recv)."""
     def ns(path: str, **values) -> _loader.Settings:
         return _loader.Settings(path, WHERE, **values)
 
-    transfer = ns("vllm_config.kv_transfer_config", is_kv_producer=True,
-                  kv_buffer_device="cuda", kv_role="kv_producer",
+    transfer = ns("vllm_config.kv_transfer_config", is_kv_producer=producer,
+                  kv_buffer_device="cuda",
+                  kv_role="kv_producer" if producer else "kv_consumer",
                   get_from_extra_config=lambda _key, default: default)
     return ns("vllm_config", cache_config=ns("vllm_config.cache_config", block_size=block_size),
               parallel_config=ns("vllm_config.parallel_config", tensor_parallel_size=1,
@@ -262,6 +268,9 @@ class PDTarget:
 
     capabilities = frozenset({"allocate", "append", "free", "complete"})
     failures = frozenset({"send"})  # (the lease expired unread: the same report)
+    PRODUCER = True  # (the prefill instance; vllm_v1_pd_recv's decode instance: False)
+    METHODS: tuple[str, ...] = SCHEDULER_METHODS  # (the release's Scheduler methods run)
+    LATER_METHODS: tuple[str, ...] | None = None  # (None: LATER_SCHEDULER_METHODS)
 
     def __init__(self, num_blocks: int, block_size: int, version: str | None = None,
                  broken: bool = False):
@@ -295,7 +304,7 @@ class PDTarget:
         self.manager = cls(config, **{k: v for k, v in kwargs.items() if k in params})
         self._hasher = utils.get_request_block_hasher(block_size, sha256)
         self.pool = self.manager.block_pool
-        settings = _settings(block_size)
+        settings = _settings(block_size, self.PRODUCER)
         pull = mods[NIXL + ".pull_scheduler"].NixlPullConnectorScheduler
 
         class SupportsHMA:  # (the scheduler's isinstance test: NixlConnector is one)
@@ -336,8 +345,10 @@ class PDTarget:
                      "RequestStatus": RequestStatus,
                      "KV_FETCH_COMPLETED_WAITING": "completed_waiting",
                      "logger": mods["vllm.logger"].init_logger(SCHEDULER)}
+        self._extend_namespace(mods, namespace)
         shell = type("_SchedulerShell", (_loader.StandIn,),
-                     {**_scheduler_methods(mods, namespace), "WHERE": WHERE})()
+                     {**_scheduler_methods(mods, namespace, self.METHODS,
+                                           self.LATER_METHODS), "WHERE": WHERE})()
         shell.connector = self.connector = _NixlConnector()
         shell.requests = {}
         shell.kv_cache_manager = self.manager
@@ -359,6 +370,9 @@ class PDTarget:
         self.requests: dict[int, Any] = {}
         self._jobs: dict[str, tuple[int, Any, list[int]]] = {}  # job -> seq, request, src
         self._ids = itertools.count()
+
+    def _extend_namespace(self, mods: Loaded, namespace: dict) -> None:
+        """Names the release's methods read beyond the send side's (vllm_v1_pd_recv)."""
 
     # -- operations ---------------------------------------------------------------------
     def _step(self) -> Any:

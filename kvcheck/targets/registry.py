@@ -128,6 +128,15 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
     "vllm-v1-pd-early-free": ("kvcheck.impl.thirdparty.vllm_v1_pd:make_early_free",
                               "vllm-v1-pd deliberately broken: blocks freed at request_finished, "
                               "before the send completes (caught)"),
+    "vllm-v1-pd-recv": ("kvcheck.impl.thirdparty.vllm_v1_pd_recv:make",
+                        "vLLM v1 disaggregated prefill, decode side: the NIXL connector's "
+                        "scheduler half receiving a remote prefill (0.33.0; @0.33.0..0.34.0) with "
+                        "the release's Scheduler wait, promotion and abort over its "
+                        "KVCacheManager: blocks held while WAITING_FOR_REMOTE_KVS"),
+    "vllm-v1-pd-recv-abort-frees": ("kvcheck.impl.thirdparty.vllm_v1_pd_recv:make_abort_frees",
+                                    "vllm-v1-pd-recv deliberately broken: an abort while "
+                                    "receiving frees the blocks before the receive completes "
+                                    "(caught)"),
 }
 
 # Engine cores (``kvcheck verify-engine``): the engine's own scheduler with its own KV-cache

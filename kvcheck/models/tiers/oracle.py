@@ -43,15 +43,23 @@ DATA = ("holds_its_tokens", "key_content")  # tier invariants about contents: ki
 HOST_OPS = ("store", "load", "evict", "swap_out", "swap_in", T.PREFETCH)  # what needs a host pool
 
 
-def pool_sizes(scope, reported: dict, capabilities) -> dict:
+def pool_sizes(scope, reported: dict, capabilities, load_from: str = T.HOST) -> dict:
     """The pools the oracle reads: the device; the host where the target reports one or
-    has an operation that needs it; every other pool the target reports (one behind a
-    mapping, sized by the target)."""
+    has an operation that needs it (a load needs none where it reads a remote peer, the
+    target's ``load_from``); every other pool the target reports (one behind a mapping,
+    sized by the target)."""
     sizes = {T.DEVICE: scope.num_blocks}
-    if T.HOST in reported or set(HOST_OPS) & set(capabilities):
+    host_ops = set(HOST_OPS) - ({"load"} if load_from == T.REMOTE else set())
+    if T.HOST in reported or host_ops & set(capabilities):
         sizes[T.HOST] = scope.host_blocks
     sizes.update({p: n for p, n in reported.items() if p not in (T.DEVICE, T.HOST)})
     return sizes
+
+
+def load_from(target) -> str:
+    """Where a target's loads read: the host pool, or a remote peer (``load_from =
+    spec.tiers.REMOTE``: a P/D receive, docs/tiers.md)."""
+    return T.REMOTE if getattr(target, "load_from", T.HOST) == T.REMOTE else T.HOST
 
 
 def lookahead_slots(target) -> int:
@@ -84,7 +92,8 @@ def build(factory, scope, options):
     except BaseException as exc:  # noqa: BLE001 - the factory refused: bad input
         raise TargetError(f"cannot build target with {where}: it {what_it_did(exc)}") from None
     caps = getattr(target, "capabilities", T.CONTRACTS)
-    want = {p: n for p, n in pool_sizes(scope, pools, caps).items() if p in (T.DEVICE, T.HOST)}
+    want = {p: n for p, n in pool_sizes(scope, pools, caps, load_from(target)).items()
+            if p in (T.DEVICE, T.HOST)}
     if {k: pools.get(k) for k in want} != want or not all(
             isinstance(p, str) and type(n) is int and n >= 1 for p, n in pools.items()):
         raise TargetError(f"{type(target).__name__}.pools() is {pools!r:.80}, expected at least "
@@ -109,7 +118,8 @@ class TierOracle:
         self.nb, self.bs, self.nh = scope.num_blocks, scope.block_size, scope.host_blocks
         self.capabilities = frozenset(getattr(target, "capabilities", T.CONTRACTS))
         self.failures = frozenset(getattr(target, "failures", (T.STORE, T.LOAD)))
-        self.sizes = pool_sizes(scope, dict(target.pools()), self.capabilities)
+        self.sizes = pool_sizes(scope, dict(target.pools()), self.capabilities,
+                                load_from(target))
         self.mapped_pools = [p for p in self.sizes if p not in (T.DEVICE, T.HOST)]
         self.slid: dict[int, int] = {}  # live request -> tokens behind its window (slide)
         self.steps = 0
@@ -343,6 +353,12 @@ class TierOracle:
             op.recompute_last = bool(getattr(self.target, "recomputes_last_token", False))
             job = post.jobs.get(name) if op.job is not None else None
             op.hits = len(job.src) if job is not None else 0
+            if job is not None and job.src_pool == T.REMOTE:  # (what the peer's prefill
+                # of the prompt lands in each destination, whoever holds it by then)
+                table, wants = post.table(q), self._wants(self.tokens[q])
+                self.jobs[name]["copy"] = tuple(
+                    wants[table.index(d)] if d in table and table.index(d) < len(wants)
+                    else None for d in job.dst)
         if kind in ("store", "free") and op.job is not None and name in post.jobs:
             self._key_store(name, pre, post, freed.get(q))
         if kind == T.PREFETCH and op.job is not None and name in post.jobs:
@@ -437,6 +453,14 @@ class TierOracle:
                     if key is not None and i < len(job.keys) and job.keys[i] is not None:
                         host[d] = job.keys[i]
                         self.meanings.setdefault(key, job.keys[i])
+            elif job.kind == T.LOAD and job.src_pool == T.REMOTE:
+                wants = self._wants(self.tokens.get(job.seq, []))
+                table = post.table(job.seq) if post.live(job.seq) else []
+                for d, c in zip(job.dst, done.get("copy", ()), strict=False):
+                    if op.ok and c is not None:
+                        dev[d] = c  # (the copy lands in d whoever holds it now)
+                    elif not op.ok and d in table and table.index(d) < len(wants):
+                        dev[d] = wants[table.index(d)]  # (recomputed)
             elif job.kind == T.LOAD:
                 host = self.content[T.HOST]
                 wants = self._wants(self.tokens.get(job.seq, []))

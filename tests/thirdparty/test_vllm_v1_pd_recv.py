@@ -1,0 +1,106 @@
+"""vLLM v1's disaggregated prefill, decode side (``vllm-v1-pd-recv@0.33.0``, the tiers
+model): the NIXL connector's scheduler half receiving a remote prefill, with the release's
+own ``Scheduler`` wait (WAITING_FOR_REMOTE_KVS), promotion and abort over its
+``KVCacheManager``. 0.33.0 and 0.34.0 pass with receives, local requests and aborts while
+receiving; the same engine freeing an aborted request's blocks while the receive still
+writes them is caught once a new request takes one and the copy lands there."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from kvcheck.impl.thirdparty import install
+from kvcheck.impl.thirdparty import vllm_v1_pd_recv as recv
+from kvcheck.models.tiers.model import MODEL, TierScope
+from kvcheck.verify import verify
+
+SCOPE = TierScope(8, 2, 1)  # 8 device blocks of 2 slots (no host pool: the peer is remote)
+
+
+def _ensure(version: str) -> str:
+    install.ensure(install.ENGINES["vllm-v1"], version)
+    return version
+
+
+class Counting(recv.PDRecvTarget):
+    """The adapter, counting what the release decided."""
+
+    seen: collections.Counter = collections.Counter()
+
+    def free(self, seq):
+        req = self.requests.get(seq)
+        waiting = req is not None and req.status == recv.RequestStatus.WAITING_FOR_REMOTE_KVS
+        out = super().free(seq)
+        if waiting:
+            kept = req.request_id in self.shell.requests
+            self.seen["aborts while receiving, blocks kept" if kept
+                      else "aborts while receiving, blocks freed"] += 1
+        return out
+
+    def load(self, seq, tokens):
+        self.seen["receives with another in flight"] += bool(self._jobs)
+        return super().load(seq, tokens)
+
+    def complete(self, job, ok):
+        seq, req, _ = self._jobs[job]
+        live = self.requests.get(seq) is req
+        super().complete(job, ok)
+        self.seen["promoted" if live else "aborted receive reported"] += 1
+        if live:
+            assert req.status == recv.RequestStatus.RUNNING
+            assert req.num_computed_tokens == req.num_tokens
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_0_33_0_and_0_34_0_pass_with_receives_and_aborts_in_flight(version):
+    Counting.seen = collections.Counter()
+    _ensure(version)
+    for seed in (0, 1, 2):
+        r = verify(lambda n, b, h: Counting(n, b, version=version), SCOPE.num_blocks,
+                   SCOPE.block_size, 400, seed, model="tiers", scope=SCOPE)
+        assert r.ok, r.violation
+        assert r.state.stats["load"] > 10 and r.state.stats["oob"] > 10, r.state.stats
+    seen = Counting.seen
+    assert seen["promoted"] > 20 and seen["aborted receive reported"] > 5, seen
+    assert seen["aborts while receiving, blocks kept"] > 5, seen
+    assert seen["aborts while receiving, blocks freed"] == 0, seen
+    assert seen["receives with another in flight"] > 10, seen
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_freeing_an_aborted_receive_s_blocks_before_it_completes_is_caught(version):
+    r = verify(f"vllm-v1-pd-recv-abort-frees@{_ensure(version)}", SCOPE.num_blocks,
+               SCOPE.block_size, 300, 0, model="tiers", scope=SCOPE)
+    assert r.verdict == "fail", r.verdict
+    assert r.violation.name == "holds_its_tokens", r.violation
+    ops = [MODEL.describe(op) for op in r.trace.ops]
+    assert len(ops) <= 6 and ops[-1].startswith("complete("), ops
+    assert any(op.startswith("load(") for op in ops), ops
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_the_release_s_own_calls_hold_a_receive_s_blocks(version):
+    """A raw replay on the release's objects: the connector names the parked request's
+    blocks in ``reqs_to_recv``; ``finish_requests`` while it waits keeps them
+    (``delay_free_blocks``) until ``_update_from_kv_xfer_finished`` sees
+    ``finished_recving``; a completed receive is promoted and runs its last token."""
+    t = recv.make(6, 2, version=_ensure(version))
+    job = t.load(0, [1, 2, 3])
+    req = t.requests[0]
+    assert req.status == recv.RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert t.pending_jobs()[job]["dst"] == ("device", t.table(0)[1]) == ("device", [0, 1])
+    t.complete(job, True)
+    assert req.status == recv.RequestStatus.RUNNING and req.num_computed_tokens == 3
+    assert t.append(0, 4) == (1, 1)
+    job = t.load(1, [5, 6, 7, 8])
+    rid = t.requests[1].request_id
+    t.free(1)
+    assert rid in t.shell.requests and t.pins("device") == {f"delayed free {rid}": [2, 3]}
+    assert sorted(t.free_blocks("device")) == [4, 5]
+    t.complete(job, True)
+    assert rid not in t.shell.requests and t.pins("device") == {}
+    assert sorted(t.free_blocks("device")) == [2, 3, 4, 5]
+    t.free(0)
+    assert sorted(t.free_blocks("device")) == list(range(6))
