@@ -104,3 +104,23 @@ def test_the_release_s_own_calls_hold_a_receive_s_blocks(version):
     assert sorted(t.free_blocks("device")) == [2, 3, 4, 5]
     t.free(0)
     assert sorted(t.free_blocks("device")) == list(range(6))
+
+
+class TailFirst(recv.PDRecvTarget):
+    """A connector naming the request's blocks out of order: the peer's KV would land in
+    the wrong blocks."""
+
+    def pending_jobs(self):
+        jobs = super().pending_jobs()
+        for job in jobs.values():
+            job["dst"] = ("device", job["dst"][1][::-1])
+        return jobs
+
+
+def test_a_receive_into_blocks_other_than_the_request_s_leading_ones_is_caught():
+    r = verify(lambda n, b, h: TailFirst(n, b, version=_ensure("0.33.0")), SCOPE.num_blocks,
+               SCOPE.block_size, 300, 0, model="tiers", scope=SCOPE)
+    assert r.verdict == "fail", r.verdict
+    assert r.violation.name == "load: a remote load writes leading blocks of the request's table"
+    ops = [MODEL.describe(op) for op in r.trace.ops]
+    assert ops[-1].startswith("load(") and len(ops) <= 2, ops
