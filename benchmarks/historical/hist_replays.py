@@ -830,6 +830,11 @@ def prefetch_refill(version: str, cached_first: bool = True) -> tuple[bool, str]
     ``_delete_leaf``) with the prefetched node under it: 0.5.3 .. 0.5.10 lose its host page
     (on no free list, in no node), 0.5.11 on stop at ``_evict_regular``'s ``assert
     len(node.children) == 0, "non-leaf"`` (the scheduler's step raises).
+    0.5.16 .. 0.5.18 allocate the prefetch's host pages only in the scheduler's drain,
+    once the prefetch thread's storage hit query has queued the operation on
+    ``prefetch_hit_queue`` (``drain_storage_control_queues`` ->
+    ``_drain_and_alloc_storage_hit``): that drain runs between the prefetch thread's pass
+    and the aux thread's, and the replay raises the same AssertionError there.
 
     The release's own objects as ``sglang_hicache.make_storage`` builds them (4 device, 12
     host slots; its stand-ins: the storage backend, a dict holding every page asked about;
@@ -856,7 +861,8 @@ def prefetch_refill(version: str, cached_first: bool = True) -> tuple[bool, str]
     more = (None,) if hc.takes(type(tree).prefetch_from_storage, "prefix_keys") else ()
     tree.prefetch_from_storage("r1", last_host, [5, 6], last_host.get_last_hash_value(),
                                *more)
-    pages = [int(x) for x in tree.ongoing_prefetch["r1"][2].tolist()]
+    lazy = hasattr(ctl, "prefetch_hit_queue")  # 0.5.16 on: host pages allocated later
+    pages = [] if lazy else [int(x) for x in tree.ongoing_prefetch["r1"][2].tolist()]
 
     def r2_cached():
         do.insert(tree, [5, 9], alloc.alloc(2))  # R2's KV cached (cache_finished_req)
@@ -869,6 +875,9 @@ def prefetch_refill(version: str, cached_first: bool = True) -> tuple[bool, str]
     ctl.prefetch_queue = hc._OneShot([op], stop)
     ctl.prefetch_thread_func()  # the storage hit query: both pages
     stop.clear()
+    if lazy:  # the scheduler's drain (_drain_and_alloc_storage_hit): the host pages
+        tree.drain_storage_control_queues()  # allocated for the hit, op to prefetch_buffer
+        pages = [int(x) for x in op.host_indices.tolist()]
     ctl.prefetch_buffer = hc._OneShot(list(ctl.prefetch_buffer.queue), stop)
     ctl.prefetch_io_aux_func()  # _page_transfer: both pages arrive
     stop.clear()

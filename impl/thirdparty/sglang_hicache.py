@@ -141,7 +141,9 @@ the storage tier's threads (``make_storage``)
     runs one pass of each prefetch loop over that one operation, a completion runs one
     pass of the backup loop over every queued backup (``_OneShot``: a queue that hands out
     its items and then sets the storage threads' stop event, ``storage_stop_event`` from
-    0.5.9, so the loop returns). The driver chooses when a prefetch's pages arrive and how
+    0.5.9, so the loop returns; 0.5.16 .. 0.5.18: the prefetch thread's pass runs in
+    ``prefetch``, followed by the scheduler's ``check_hicache_events``, whose drain
+    allocates the pages). The driver chooses when a prefetch's pages arrive and how
     many (``filled``); backups are acked in the step that queued them (a backup's protection
     of the host copy lasts no longer than the write's completion).
 the storage keys' hash (``make_storage``, 0.5.15: ``cpp_utils.native_hash``)
@@ -250,10 +252,26 @@ The caller -- the scheduler, one request per batch, as 0.4.5's
     host nodes when short) and queues a ``PrefetchOperation`` (a job: ``("p", seq)``, its
     destinations ``ongoing_prefetch[rid][2]``); None when it is rate-limited (0.8 x (host -
     device) tokens in flight) or finds no room. The request itself is never admitted.
+    0.5.16 .. 0.5.18: ``prefetch_from_storage`` queues the operation with no host pages;
+    they are allocated by the scheduler's drain once the storage hit is known, so
+    ``prefetch`` goes on with what follows in the same scheduler iteration: the prefetch
+    thread's pass (``prefetch_thread_func``, ``_storage_hit_query``: every page hit, the
+    operation put on ``prefetch_hit_queue``), then the scheduler's
+    ``check_hicache_events`` (``get_next_batch_to_run`` calls it right after
+    ``process_input_requests``, where ``_prefetch_kvcache`` runs), whose
+    ``drain_storage_control_queues`` -> ``_drain_and_alloc_storage_hit`` allocates the
+    host pages (evicting host nodes when short; the prefetch revoked when none are
+    found: None) and puts the operation on ``prefetch_buffer``; the job's destinations
+    are the operation's ``host_indices``. This fixes one order of the prefetch thread and
+    the scheduler (the query done before the scheduler's next drain); the driver still
+    chooses when the pages arrive. 0.5.19 on (the pages reported through the
+    controller's ``ack_prefetch_queue``, and no cache factory builds HiRadixCache) are
+    refused.
 ``complete(job, ok, filled)`` of a prefetch (``make_storage``)
     the prefetch thread's pass (``_storage_hit_query``: every page hit; the pages past the
-    hit queued for release), the aux thread's pass (``_page_transfer``: ``filled`` pages
-    come back, the rest queued for release -- twice before 0.5.6, sglang #13501), the
+    hit queued for release; 0.5.16 on: already run by ``prefetch``), the aux thread's
+    pass (``_page_transfer``: ``filled`` pages come back, the rest queued for release --
+    twice before 0.5.6, sglang #13501), the
     scheduler's ``check_prefetch_progress(rid)`` (the filled pages inserted as host-only
     nodes, those the tree already had freed, the protection released) and
     ``check_hicache_events()`` (``drain_storage_control_queues``: the queued pages freed).
@@ -1089,20 +1107,23 @@ class SglangHiCacheTarget:
         if storage and not hasattr(mods[CONTROLLER].HiCacheController, "prefetch_io_aux_func"):
             raise MisuseError(f"sglang-hicache-storage: SGLang {self.version}'s controller has "
                               f"no storage prefetch (prefetch_io_aux_func, 0.5.x); "
-                              f"0.5.3 .. 0.5.15 are driven")
+                              f"0.5.3 .. 0.5.18 are driven")
         ctl_file = mods.root / "sglang/srt/managers/cache_controller.py"
         tree_file = mods.root / "sglang/srt/mem_cache/hiradix_cache.py"
-        if storage and "_drain_and_alloc_storage_hit" in tree_file.read_text():
-            raise MisuseError(f"sglang-hicache-storage: SGLang {self.version} allocates a "
-                              f"prefetch's host pages only once the storage hit is known "
-                              f"(_drain_and_alloc_storage_hit, 0.5.16 on), a prefetch the "
-                              f"tiers model's (destinations at its start) does not describe; "
-                              f"0.5.3 .. 0.5.15 are driven")
+        if storage and "ack_prefetch_queue" in ctl_file.read_text():
+            raise MisuseError(f"sglang-hicache-storage: SGLang {self.version}'s prefetch "
+                              f"reports its pages through the controller's "
+                              f"ack_prefetch_queue (0.5.19 on), which no stand-in here "
+                              f"feeds, and no cache factory of the release builds "
+                              f"HiRadixCache; 0.5.3 .. 0.5.18 are driven")
+        # 0.5.16 on: a prefetch's host pages allocated by the scheduler's drain once the
+        # storage hit is known (_drain_and_alloc_storage_hit; see prefetch)
+        self._lazy_hit = storage and "_drain_and_alloc_storage_hit" in tree_file.read_text()
         if storage and "StorageBackendFactory" not in ctl_file.read_text():
             raise MisuseError(f"sglang-hicache-storage: SGLang {self.version}'s controller "
                               f"builds its storage backends by name (no "
                               f"StorageBackendFactory, before 0.5.3), no stand-in backend "
-                              f"here; 0.5.3 .. 0.5.15 are driven")
+                              f"here; 0.5.3 .. 0.5.18 are driven")
         pool = mods[f"{MEM}.memory_pool"]
         hiradix = mods[HIRADIX]
         allocators = pool if hasattr(pool, "TokenToKVPoolAllocator") else mods[sglang.ALLOCATOR]
@@ -1451,9 +1472,50 @@ class SglangHiCacheTarget:
                                         last_host.get_last_hash_value(), *more)  # 0.5.3.post3 on)
         if rid not in self.tree.ongoing_prefetch:
             return None
-        self.jobs[job] = {"seq": seq, "kind": "prefetch", "rid": rid,
-                          "op": self.tree.ongoing_prefetch[rid][3]}
+        op = self._prefetch_op(rid)
+        if self._lazy_hit:  # 0.5.16 on: the prefetch thread's storage hit query, then the
+            self._hit_and_alloc(op)  # scheduler's next drain allocates the host pages
+            if rid not in self.tree.ongoing_prefetch:
+                return None  # (revoked: too few hits, or no host room)
+        self.jobs[job] = {"seq": seq, "kind": "prefetch", "rid": rid, "op": op}
         return job
+
+    def _prefetch_op(self, rid: str):
+        """A pending prefetch's ``PrefetchOperation``, last in its ``ongoing_prefetch``
+        entry: (last host node, key, host pages, operation) to 0.5.15, (last host node,
+        key, operation) from 0.5.16."""
+        return self.tree.ongoing_prefetch[rid][-1]
+
+    def _prefetch_pages(self, rid: str):
+        """A pending prefetch's host pages (0.5.16 on: its operation's, allocated by the
+        drain)."""
+        if self._lazy_hit:
+            return self._prefetch_op(rid).host_indices
+        return self.tree.ongoing_prefetch[rid][2]
+
+    def _hit_and_alloc(self, op) -> None:
+        """0.5.16 .. 0.5.18: ``prefetch_from_storage`` queues the operation with no host
+        pages; the prefetch thread's pass (``prefetch_thread_func``: the storage hit query,
+        every page a hit, the operation put on ``prefetch_hit_queue``) and then the
+        scheduler's ``check_hicache_events`` (``drain_storage_control_queues`` ->
+        ``_drain_and_alloc_storage_hit``: the host pages allocated, evicting host nodes
+        when short, or the prefetch revoked; the operation put on ``prefetch_buffer``).
+        The scheduler calls ``check_hicache_events`` in ``get_next_batch_to_run`` right
+        after ``process_input_requests`` (where ``_prefetch_kvcache`` runs): with the
+        prefetch thread's query done meanwhile, this is the order of one scheduler
+        iteration. The operation is then taken off ``prefetch_buffer`` (the aux thread's
+        queue) until the driver completes it (``_prefetched``)."""
+        import queue
+
+        ctl = self.ctl
+        ctl.prefetch_queue.queue.remove(op)  # (taken off its queue by this thread alone)
+        self._stop().set()  # (prefetch_thread_func runs until its queue is empty)
+        self._thread_step(ctl.prefetch_thread_func, "prefetch_queue", [op])
+        self.tree.check_hicache_events()
+        got = list(ctl.prefetch_buffer.queue)
+        ctl.prefetch_buffer = queue.Queue()
+        if any(o is not op for o in got):  # (each prefetch's operation is taken here)
+            raise AssertionError(f"prefetch_buffer held other operations: {got}")
 
     def _stop(self):
         """The storage threads' stop event (0.5.9 on: ``storage_stop_event``, their own)."""
@@ -1483,10 +1545,13 @@ class SglangHiCacheTarget:
         import queue
 
         ctl, op = self.ctl, rec["op"]
-        ctl.prefetch_queue.queue.remove(op)  # (taken off its queue by this thread alone)
-        self._stop().set()  # (prefetch_thread_func runs until its queue is empty)
-        self._thread_step(ctl.prefetch_thread_func, "prefetch_queue", [op])
-        got = list(ctl.prefetch_buffer.queue)
+        if self._lazy_hit:  # 0.5.16 on: the query and the drain ran in prefetch
+            got = [op]
+        else:
+            ctl.prefetch_queue.queue.remove(op)  # (taken off its queue by this thread
+            self._stop().set()  # alone; prefetch_thread_func runs until its queue is empty)
+            self._thread_step(ctl.prefetch_thread_func, "prefetch_queue", [op])
+            got = list(ctl.prefetch_buffer.queue)
         ctl.storage_backend.limit = filled
         try:
             self._thread_step(ctl.prefetch_io_aux_func, "prefetch_buffer", got)
@@ -1513,7 +1578,7 @@ class SglangHiCacheTarget:
         if rec is None:
             raise MisuseError(f"no pending job {job!r}")
         if job[0] == "p":
-            n = len(self.tree.ongoing_prefetch[rec["rid"]][2])
+            n = len(self._prefetch_pages(rec["rid"]))
             filled = (n if ok else 0) if filled is None else filled
             if not 0 <= filled <= n:
                 raise MisuseError(f"filled {filled} is not in 0..{n}")
@@ -1562,7 +1627,7 @@ class SglangHiCacheTarget:
 
     def _prefetches(self):
         """(job, its host pages) of every pending prefetch (``ongoing_prefetch``)."""
-        return [(job, [int(x) for x in self.tree.ongoing_prefetch[rec["rid"]][2].tolist()])
+        return [(job, [int(x) for x in self._prefetch_pages(rec["rid"]).tolist()])
                 for job, rec in self.jobs.items() if job[0] == "p"]
 
     def _protected(self) -> dict:
@@ -1744,8 +1809,9 @@ def make_write_back(num_blocks: int, block_size: int, host_blocks: int,
 
 def make_storage(num_blocks: int, block_size: int, host_blocks: int,
                  version: str | None = None) -> SglangHiCacheTarget:
-    """The storage tier on (``sglang-hicache-storage@VERSION``, 0.5.3 .. 0.5.15: the
-    releases with the storage prefetch and its host-release queue): the stand-in backend
+    """The storage tier on (``sglang-hicache-storage@VERSION``, 0.5.3 .. 0.5.18: the
+    releases with the storage prefetch and its host-release queue; 0.5.16 on the host
+    pages allocated by the scheduler's drain, see ``prefetch``): the stand-in backend
     (``_dict_backend``), prefetches (``prefetch``) completed by the driver with the pages
     that came back (``complete(job, ok, filled)``), every write backed up to the storage
     tier and acked in the same step. The release limits prefetches to 0.8 x (host - device)

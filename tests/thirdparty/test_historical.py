@@ -141,12 +141,15 @@ def test_the_30106_replay_loses_the_refill_only_when_it_hangs_under_an_unbacked_
     """H2 / sglang PR #30106's raw replay (the release's HiRadixCache with the storage tier
     on): a prefetch completed after another request cached a device-only node on its path
     loses a host page at the eviction on 0.5.6 and stops at the 'non-leaf' assertion on
-    0.5.13; the same requests with the prefetch completed first (the node then has a host
-    copy) lose nothing on either."""
+    0.5.13 and 0.5.16 (its host pages allocated by the scheduler's drain,
+    _drain_and_alloc_storage_hit) and 0.5.18; the same requests with the prefetch completed
+    first (the node then has a host copy) lose nothing on any."""
     from kvcheck.impl.thirdparty import install
 
     for version, symptom in (("0.5.6", "lost (free nowhere, in no node): [1]"),
-                             ("0.5.13", "AssertionError: non-leaf")):
+                             ("0.5.13", "AssertionError: non-leaf"),
+                             ("0.5.16", "AssertionError: non-leaf"),
+                             ("0.5.18", "AssertionError: non-leaf")):
         install.ensure(install.ENGINES["sglang"], version)
         reproduced, detail = replays.replay_sglang_30106(version)
         assert reproduced and symptom in detail, (version, detail)

@@ -10,7 +10,9 @@ of the release's tree on small cases; the later releases' code paths, one releas
 stale host leaf (0.5.9 .. 0.5.10's ``evictable_host_leaves``), a leaked host block that
 0.5.20 does not leak on the same trace. With the storage tier on
 (``sglang-hicache-storage``): sglang PR #13501 (a prefetch's unfilled host pages released
-twice) caught on 0.5.5.post3, gone on 0.5.6; 0.5.6 and 0.5.14 pass short runs."""
+twice) caught on 0.5.5.post3, gone on 0.5.6; 0.5.6, 0.5.14, 0.5.16 and 0.5.18 pass short
+runs (0.5.16 on: a prefetch's host pages allocated by the scheduler's drain); H2 (sglang PR
+#30106) caught on 0.5.16 and 0.5.18 with the catalogue's command."""
 
 from __future__ import annotations
 
@@ -186,7 +188,11 @@ def test_host_leaf_left_stale_by_a_write_back_eviction():
 
 
 # -- the storage tier on (make_storage: sglang-hicache-storage@VERSION) -----------------
-STORAGE = ("0.5.5.post3", "0.5.6", "0.5.14")  # #13501's pair, the last driven release
+STORAGE = ("0.5.5.post3", "0.5.6", "0.5.14")  # #13501's pair, a late release
+LAZY = ("0.5.16", "0.5.18")  # host pages allocated by the drain, first and last driven
+needs_lazy = pytest.mark.skipif(
+    any(not _loader.is_installed(install.select("sglang-hicache", v)) for v in LAZY),
+    reason=f"SGLang {', '.join(LAZY)} not installed (kvcheck install sglang==VERSION)")
 needs_storage = pytest.mark.skipif(
     any(not _loader.is_installed(install.select("sglang-hicache", v)) for v in STORAGE),
     reason=f"SGLang {', '.join(STORAGE)} not installed (kvcheck install sglang==VERSION)")
@@ -227,6 +233,58 @@ def test_storage_fixed_releases_pass(version, seed):
     assert stats["prefetch"] and stats["store"] and stats["load"] and stats["evict"], stats
 
 
+@needs_lazy
+@pytest.mark.parametrize("version,seed", [("0.5.16", 0), ("0.5.16", 3), ("0.5.18", 1)])
+def test_storage_drain_allocated_releases_pass(version, seed):
+    """0.5.16 .. 0.5.18: ``prefetch`` runs the prefetch thread's storage hit query and the
+    scheduler's drain (``_drain_and_alloc_storage_hit``: the host pages allocated for the
+    hit); no false alarm where nothing is wrong, prefetches and their completions ran."""
+    res = run_storage(version, 250, seed)
+    assert res.ok, res.violation
+    stats = res.state.stats
+    assert stats["prefetch"] and stats["store"] and stats["load"] and stats["evict"], stats
+
+
+@needs_lazy
+@pytest.mark.parametrize("version", LAZY)
+def test_storage_drain_allocates_the_prefetch_pages(version):
+    """0.5.16 on: ``prefetch_from_storage`` queues an operation with no host pages; after
+    ``prefetch`` (the hit query, the drain) the job holds the 3 pages the drain allocated,
+    nothing is left on ``prefetch_hit_queue`` or ``prefetch_buffer``, and a completion with
+    1 page filled keeps that page under its prefix and frees the other 2 once."""
+    from kvcheck.impl.thirdparty.sglang_hicache import make_storage
+
+    t = make_storage(8, 1, 24, version=version)
+    free = len(t.free_blocks(T.HOST))
+    job = t.prefetch(0, [4, 5, 6])
+    pages = t.pending_jobs()[job]["dst"][1]
+    op = t.jobs[job]["op"]
+    assert [int(x) for x in op.host_indices.tolist()] == pages and len(pages) == 3
+    assert t.ctl.prefetch_hit_queue.empty() and t.ctl.prefetch_buffer.empty()
+    assert [t.refcount(T.HOST, b) for b in pages] == [1, 1, 1]
+    assert len(t.free_blocks(T.HOST)) == free - 3
+    t.complete(job, True, 1)
+    assert t.pending_jobs() == {} and t.pins(T.HOST) == {}
+    assert t.cache_entries(T.HOST) == [((4,), pages[0])]
+    after = t.free_blocks(T.HOST)
+    assert len(after) == len(set(after)) == free - 1
+
+
+@needs_lazy
+@pytest.mark.parametrize("version", LAZY)
+def test_h2_caught_where_the_drain_allocates(version):
+    """H2 (sglang PR #30106) with the catalogue's command (seed 1): the refill hung under a
+    device-only node, the eviction's 'non-leaf' AssertionError, in the catalogue's 7
+    operations."""
+    from kvcheck.models.tiers.model import TierScope
+
+    res = verify(f"sglang-hicache-storage@{version}", 12, 1, 3000, 1, model="tiers",
+                 scope=TierScope(12, 1, 36))
+    assert not res.ok and "non-leaf" in str(res.violation), res.violation
+    assert [o.kind for o in res.trace.ops] == ["load", "store", "prefetch", "load", "complete",
+                                               "free", "allocate"]
+
+
 @needs_storage
 def test_storage_target_reads_a_partial_prefetch_and_a_backup():
     """A prefetch of 3 pages is a job from the storage tier into 3 host pages the job alone
@@ -261,7 +319,7 @@ def test_storage_target_reads_a_partial_prefetch_and_a_backup():
 
 
 @pytest.mark.parametrize("version,why", [("0.5.2", "StorageBackendFactory"),
-                                         ("0.5.20", "once the storage hit")])
+                                         ("0.5.20", "ack_prefetch_queue")])
 def test_storage_refused_outside_its_range(version, why):
     if not _loader.is_installed(install.select("sglang-hicache", version)):
         pytest.skip(f"SGLang {version} not installed")
