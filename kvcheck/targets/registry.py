@@ -95,7 +95,7 @@ TIERS_TARGETS: dict[str, tuple[str, str]] = {
                        "load-back, host eviction; completions delivered by the driver"),
     "sglang-hicache-storage": ("kvcheck.impl.thirdparty.sglang_hicache:make_storage",
                                "sglang-hicache with the storage tier on (0.5.6; "
-                               "@0.5.3..0.5.15; host well above device): prefetches "
+                               "@0.5.3..0.5.18; host well above device): prefetches "
                                "filled partly by a stand-in backend, backups acked"),
     "reference-swa": ("kvcheck.impl.swa_cache:SWACache",
                       "the reference full-attention pool with a sliding-window pool behind a "
