@@ -34,10 +34,14 @@ How the scheduler drives it, one tiers operation per engine step:
     cached, the last prompt token to recompute) promotes it, and the step schedules it:
     ``allocate_slots`` for that token (0.34.0: ``_unreserve_parked``), RUNNING. For a
     request aborted while receiving the same report frees its blocks (``_free_blocks``).
-    ``ok`` False is not offered (``failures`` empty): a failed receive
-    (``failed_recving`` / ``invalid_block_ids``) frees the blocks and sends the request back
-    to the waiting queue for a full local prefill, a state (waiting, no blocks) the tiers
-    model has no word for yet.
+    ``ok`` False: the receive failed (the NIXL worker names the request in both
+    ``failed_recving`` and ``finished_recving``): ``_handle_failed_recving`` first, as
+    ``update_from_output`` orders them (the recompute policy, the default: no computed
+    tokens), then the same report; ``_update_waiting_for_remote_kv`` frees the request's
+    blocks and the step schedules its whole prompt again (``allocate_slots``: as many
+    blocks as it just freed, so it always fits; they may be other blocks), computed
+    locally. The block-id report (``invalid_block_ids``, which the worker sends too) is
+    not passed: the request-keyed one decides the same here (one group, one request).
 ``free(seq)``
     the client's end: the release's ``Scheduler.finish_requests`` (``FINISHED_ABORTED``
     while the request waits for its KV or has generated nothing, else
@@ -87,7 +91,7 @@ WHERE = "impl/thirdparty/vllm_v1_pd_recv.py"
 # The release's own Scheduler methods the receive runs through (module doc).
 RECV_METHODS = pd.SCHEDULER_METHODS + (
     "finish_requests", "_update_waiting_for_remote_kv", "_handle_blocked_waiting_request",
-    "_mark_prefix_replay", "_load_restores_replay_window")
+    "_mark_prefix_replay", "_load_restores_replay_window", "_handle_failed_recving")
 # ... and those 0.34.0 adds on that path: a parked load's cached reservation.
 LATER_RECV_METHODS = ("_unreserve_parked", "_reserve_parked", "_request_remaining_blocks")
 
@@ -113,7 +117,7 @@ class PDRecvTarget(pd.PDTarget):
     (a decode instance) and the ``Scheduler``'s receive path (module docstring)."""
 
     capabilities = frozenset({"allocate", "load", "append", "free", "complete"})
-    failures: frozenset = frozenset()
+    failures = frozenset({"load"})  # (the worker's failed_recving: recomputed locally)
     load_from = "remote"  # (spec.tiers.REMOTE: its loads read the prefill instance)
     PRODUCER = False
     METHODS = RECV_METHODS
@@ -228,11 +232,13 @@ class PDRecvTarget(pd.PDTarget):
         """The worker's ``finished_recving`` and the next step's promotion (module doc)."""
         if job not in self._jobs:
             raise MisuseError(f"unknown job {job!r}")
-        if not ok:
-            raise MisuseError("a failed receive is not offered (module doc)")
         _, req, _ = self._jobs.pop(job)
         rid = req.request_id
         out = self._outputs.KVConnectorOutput(finished_recving={rid})
+        if not ok:  # (the worker names a failed receive in both sets; the scheduler's
+            # update_from_output handles failed_recving before finished_recving)
+            out.failed_recving = {rid}
+            self.shell._handle_failed_recving(out.failed_recving)
         self.shell._update_from_kv_xfer_finished(out)
         if rid not in self.shell.requests:  # (aborted while receiving: freed now)
             self._step()
@@ -245,8 +251,9 @@ class PDRecvTarget(pd.PDTarget):
             self.shell._unreserve_parked(req)
         todo = req.num_tokens - req.num_computed_tokens
         if todo and self.manager.allocate_slots(req, todo) is None:
+            # (a failed receive freed the request's blocks a moment ago: as many are free)
             raise MisuseError(f"vLLM allocate_slots returned None for the {todo} recomputed "
-                              f"token(s) of a request whose blocks it holds")
+                              f"token(s) of a request that held their blocks a step ago")
         req.num_computed_tokens = req.num_tokens
         seq = next(q for q, r in self.requests.items() if r is req)
         del self.requests[seq]

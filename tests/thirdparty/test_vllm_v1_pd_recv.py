@@ -1,9 +1,10 @@
 """vLLM v1's disaggregated prefill, decode side (``vllm-v1-pd-recv@0.33.0``, the tiers
 model): the NIXL connector's scheduler half receiving a remote prefill, with the release's
 own ``Scheduler`` wait (WAITING_FOR_REMOTE_KVS), promotion and abort over its
-``KVCacheManager``. 0.33.0 and 0.34.0 pass with receives, local requests and aborts while
-receiving; the same engine freeing an aborted request's blocks while the receive still
-writes them is caught once a new request takes one and the copy lands there."""
+``KVCacheManager``. 0.33.0 and 0.34.0 pass with receives (some failing: recomputed
+locally), local requests and aborts while receiving; the same engine freeing an
+aborted request's blocks while the receive still writes them is caught once a new
+request takes one and the copy lands there."""
 
 from __future__ import annotations
 
@@ -44,13 +45,15 @@ class Counting(recv.PDRecvTarget):
         return super().load(seq, tokens)
 
     def complete(self, job, ok):
-        seq, req, _ = self._jobs[job]
+        seq, req, dst = self._jobs[job]
         live = self.requests.get(seq) is req
         super().complete(job, ok)
         self.seen["promoted" if live else "aborted receive reported"] += 1
+        self.seen["failed receives" if not ok else "receives"] += 1
         if live:
             assert req.status == recv.RequestStatus.RUNNING
             assert req.num_computed_tokens == req.num_tokens
+            self.seen["recomputed in other blocks"] += (not ok) and self.table(seq)[1] != dst
 
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
@@ -67,6 +70,7 @@ def test_0_33_0_and_0_34_0_pass_with_receives_and_aborts_in_flight(version):
     assert seen["aborts while receiving, blocks kept"] > 5, seen
     assert seen["aborts while receiving, blocks freed"] == 0, seen
     assert seen["receives with another in flight"] > 10, seen
+    assert seen["failed receives"] > 10 and seen["recomputed in other blocks"] > 5, seen
 
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])

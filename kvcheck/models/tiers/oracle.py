@@ -456,11 +456,13 @@ class TierOracle:
             elif job.kind == T.LOAD and job.src_pool == T.REMOTE:
                 wants = self._wants(self.tokens.get(job.seq, []))
                 table = post.table(job.seq) if post.live(job.seq) else []
-                for d, c in zip(job.dst, done.get("copy", ()), strict=False):
-                    if op.ok and c is not None:
-                        dev[d] = c  # (the copy lands in d whoever holds it now)
-                    elif not op.ok and d in table and table.index(d) < len(wants):
-                        dev[d] = wants[table.index(d)]  # (recomputed)
+                if op.ok:
+                    for d, c in zip(job.dst, done.get("copy", ()), strict=False):
+                        if c is not None:
+                            dev[d] = c  # (the copy lands in d whoever holds it now)
+                else:  # (failed: the engine recomputes the prompt in the request's table)
+                    for i, b in enumerate(table[: len(wants)]):
+                        dev[b] = wants[i]
             elif job.kind == T.LOAD:
                 host = self.content[T.HOST]
                 wants = self._wants(self.tokens.get(job.seq, []))
