@@ -128,3 +128,18 @@ def test_a_receive_into_blocks_other_than_the_request_s_leading_ones_is_caught()
     assert r.violation.name == "load: a remote load writes leading blocks of the request's table"
     ops = [MODEL.describe(op) for op in r.trace.ops]
     assert ops[-1].startswith("load(") and len(ops) <= 2, ops
+
+
+@pytest.mark.parametrize("version", ["0.7.0", "9.9.9", "banana"])
+def test_a_release_it_cannot_load_is_one_line_and_exit_2(version):
+    """Outside vLLM v1's range, or not a version at all: one line naming it, exit 2."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "kvcheck", "verify-tiers",
+                        f"vllm-v1-pd-recv@{version}", "--ops", "5"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvcheck: error: "), r.stderr
+    assert version in lines[0] and "Traceback" not in r.stderr, lines
