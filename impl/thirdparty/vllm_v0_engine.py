@@ -477,7 +477,9 @@ class VllmV0EngineTarget:
     def __init__(self, num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
                  policy: str = "fcfs", caching: bool = True, spec: int = 0,
                  max_model_len: int = 0, chunked: bool = False,
-                 version: str | None = None, engine: str = ENGINE_KEY):
+                 version: str | None = None, engine: str = ENGINE_KEY,
+                 sliding_window: int | None = None):
+        # sliding_window: CacheConfig.sliding_window (vllm_v0_engine_window; None: no window)
         if num_blocks < 1 or block_size < 1:
             raise MisuseError("vLLM v0 needs num_blocks >= 1 and block_size >= 1")
         if spec:
@@ -515,7 +517,8 @@ class VllmV0EngineTarget:
             is_attention_free=False)  # (aphrodite 0.6.1 on reads it here, vLLM the cache's)
         cache_cfg = config.CacheConfig(
             block_size=block_size, num_gpu_blocks=num_blocks, num_cpu_blocks=0,
-            sliding_window=None, enable_prefix_caching=caching, is_attention_free=False)
+            sliding_window=sliding_window, enable_prefix_caching=caching,
+            is_attention_free=False)
         self.scheduler = mods["vllm.core.scheduler"].Scheduler(sched_cfg, cache_cfg, None)
         if chunked and caching:
             _refuses_chunk_size(mods, sched_cfg, cache_cfg, budget, max_seqs, model_len)

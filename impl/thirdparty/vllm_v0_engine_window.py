@@ -51,7 +51,7 @@ from typing import Any
 
 from ..errors import MisuseError
 from .vllm_v0 import free_block_ids
-from .vllm_v0_engine import ENGINE_KEY, KVCallRecorder, VllmV0EngineTarget
+from .vllm_v0_engine import ENGINE_KEY, VllmV0EngineTarget
 
 NULL_ID = 0  # vLLM's id of the null block the target takes at construction
 
@@ -74,21 +74,12 @@ class VllmV0EngineWindowTarget(VllmV0EngineTarget):
                               "CacheConfig refuses it): run with --no-prefix-caching")
         if num_blocks < 1:
             raise MisuseError("vLLM v0 needs num_blocks >= 1 and block_size >= 1")
-        # the release's target, on a pool one larger (the null block's), then its scheduler
-        # rebuilt on the same settings with the window
+        # the release's target, on a pool one larger (the null block's), its CacheConfig
+        # carrying the window
         super().__init__(num_blocks + 1, block_size, budget, max_seqs, policy, False, spec,
-                         max_model_len, False, version, engine)
+                         max_model_len, False, version, engine, sliding_window=sliding_window)
         self.num_blocks = num_blocks
         self.sliding_window = sliding_window
-        old = self.scheduler
-        cache_cfg = type(old.cache_config)(**{**vars(old.cache_config),
-                                              "sliding_window": sliding_window})
-        self.scheduler = type(old)(old.scheduler_config, cache_cfg, None)
-        self.manager = self.scheduler.block_manager
-        self.gpu = self.manager.block_allocator._allocators[
-            self._mods["vllm.utils"].Device.GPU]
-        for name in ("can_allocate", "allocate", "can_append_slots", "append_slots", "free"):
-            setattr(self.manager, name, KVCallRecorder(self, self.manager, name))
         self.window_blocks = self.manager.max_block_sliding_window
         null = self.manager.block_allocator.allocate_or_get_null_block()
         if null.block_id != NULL_ID:  # (the naive allocator hands out its ids in order)
