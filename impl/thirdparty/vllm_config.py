@@ -9,7 +9,8 @@ refuses to start with (``max_num_batched_tokens`` below ``max_num_seqs``; below
 ``SchedulerConfig`` validation method (``_verify_args``, 0.3 .. 0.11.0; from 0.11.1
 ``verify_max_model_len(max_model_len)``), compiled from its own source text
 (``_loader.exec_methods``; the class's other members, pydantic and its imports are not run)
-and called on a record of the run's settings, every other field at ``SchedulerConfig``'s
+and called on a record of the run's settings (``_loader.Settings``: a field it does not
+hold stops the run with one line and exit 2), every other field at ``SchedulerConfig``'s
 default. Stand-ins in its namespace: ``logger`` (a stdlib logger: the release only warns
 through it), ``model_validator`` (pydantic's decorator, 0.9.2 .. 0.11.0: the identity,
 the method is called directly) and ``Self`` (an annotation).
@@ -26,20 +27,6 @@ from typing import Any
 from . import _loader
 
 METHODS = ("verify_max_model_len", "_verify_args")  # the newer name first
-
-
-class _Fields:
-    """The ``SchedulerConfig`` fields the validation reads; one it does not hold raises
-    ``AttributeError`` naming it (a release reading a new field fails loudly)."""
-
-    def __init__(self, **values: Any):
-        self.__dict__.update(values)
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(f"kvcheck's SchedulerConfig record has no field {name!r} "
-                             f"(vllm_config.refusal)")
 
 
 def _candidates(root: Path, top: str) -> list[Path]:
@@ -85,12 +72,14 @@ def refusal(root: Path | str, top: str, *, budget: int, max_seqs: int, max_model
     if compiled is None:
         return None
     name, method = compiled
-    fields = _Fields(max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-                     max_model_len=max_model_len, enable_chunked_prefill=chunked,
-                     chunked_prefill_enabled=chunked, num_lookahead_slots=0,
-                     num_scheduler_steps=1, max_num_partial_prefills=1,
-                     max_long_partial_prefills=1, long_prefill_token_threshold=0,
-                     max_num_active_seqs=None)
+    # (the SchedulerConfig fields the validation reads; one not held raises StandInMissing,
+    # an AttributeError naming it: kvcheck's gap, one line and exit 2)
+    fields = _loader.Settings(
+        "SchedulerConfig", "impl/thirdparty/vllm_config.py", max_num_batched_tokens=budget,
+        max_num_seqs=max_seqs, max_model_len=max_model_len, enable_chunked_prefill=chunked,
+        chunked_prefill_enabled=chunked, num_lookahead_slots=0, num_scheduler_steps=1,
+        max_num_partial_prefills=1, max_long_partial_prefills=1,
+        long_prefill_token_threshold=0, max_num_active_seqs=None)
     try:
         if name == "verify_max_model_len":
             method(fields, max_model_len)
