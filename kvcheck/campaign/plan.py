@@ -358,11 +358,10 @@ def _drawn(settings: Settings, run: int, key: str, small: bool) -> RunSpec:
 def _engine_scope(nb: int, bs: int, budget: int, max_seqs: int, policy: str, caching: bool,
                   spec: int, model_len: int) -> dict:
     """An engine run's scope, as its trace records it (``EngineModel.scope_json``)."""
-    scope = {"num_blocks": nb, "block_size": bs, "budget": budget, "max_seqs": max_seqs,
-             "priority": int(policy == "priority"), "caching": int(caching), "spec": spec}
-    if model_len:
-        scope["max_model_len"] = model_len
-    return scope
+    from kvcheck.models.engine.model import MODEL, EngineScope
+
+    return MODEL.scope_json(EngineScope(nb, bs, budget, max_seqs, policy, caching, spec,
+                                        model_len))
 
 
 def accepted(settings: Settings, name: str) -> tuple:
