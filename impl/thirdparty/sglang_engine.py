@@ -450,6 +450,10 @@ def load(version: str | None = None) -> dict:
     ns["SchedulerMethods"] = exec_methods(root / SCHEDULER, "Scheduler",
                                           ("init_req_max_new_tokens",
                                            "get_num_allocatable_reqs"), ns)
+    # calc_priority's processed_tokens (hrrn's, not offered) from 0.5.20
+    ns["__priority_kw__"] = ({"processed_tokens": 0} if "processed_tokens" in
+                             inspect.signature(ns["SchedulePolicy"].calc_priority).parameters
+                             else {})
     # 0.5.23's counts the rows the admitted requests already hold (num_held_rows)
     ns["__held_rows__"] = "num_held_rows" in inspect.signature(
         ns["SchedulerMethods"]["get_num_allocatable_reqs"]).parameters
@@ -741,10 +745,7 @@ class SglangEngineTarget:
         running = self.running_batch
         if (self.waiting_queue or self.chunked_req is not None) and (
                 self.chunked_req is not None or self._allocatable(running, 0) > 0):
-            # processed_tokens (hrrn's, not offered) from 0.5.20
-            more = {"processed_tokens": 0} if "processed_tokens" in inspect.signature(
-                self.policy.calc_priority).parameters else {}
-            self.policy.calc_priority(self.waiting_queue, running, **more)
+            self.policy.calc_priority(self.waiting_queue, running, **ns["__priority_kw__"])
             adder = ns["PrefillAdder"](self.block_size, self.tree, self.alloc, running,
                                        self.ratio.current, self.budget, self.budget,
                                        0, 0, max_prefill_bs=0,
