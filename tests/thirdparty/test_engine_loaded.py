@@ -41,6 +41,17 @@ LATER = {
     "sglang-hicache-storage": (
         ("verify-tiers", "sglang-hicache-storage@0.5.5.post3", "--blocks", "8", "--block-size",
          "1", "--host-blocks", "24", "--ops", "300", "--seed", "0"), 1),  # sglang-13501
+    # and those added after them
+    "vllm-v1-pd-recv": (("verify-tiers", "vllm-v1-pd-recv-abort-frees@0.33.0", "--seed", "0"),
+                        1),  # the planted early free at an abort while receiving
+    "sglang-unified": (
+        ("verify-tiers", "kvcheck.impl.thirdparty.sglang_unified:make_write_back@0.5.12.post1",
+         "--blocks", "4", "--block-size", "1", "--host-blocks", "5", "--ops", "200", "--seed",
+         "0"), 1),  # sglang-24585
+    "sglang-engine-random": (("verify-engine", "sglang-engine@0.5.22", "--policy", "random",
+                              "--ops", "300", "--seed", "3"), 0),  # its shuffle seeded by step
+    "vllm-v0-engine-v1": (("verify-engine", "vllm-v0-engine-v1@0.4.2", "--no-prefix-caching",
+                           "--seed", "1"), 0),  # block manager v1 under its own scheduler
 }
 
 
@@ -67,6 +78,9 @@ def test_later_engine_and_tier_targets_give_the_same_verdict_beside_cpu_hogs(tmp
     install.ensure(install.ENGINES["aphrodite"], "0.22.0")
     install.ensure(install.ENGINES["sglang"], "0.5.22")
     install.ensure(install.ENGINES["sglang-hicache"], "0.5.5.post3")
+    install.ensure(install.ENGINES["sglang-unified"], "0.5.12.post1")
+    install.ensure(install.ENGINES["vllm-v1"], "0.33.0")
+    install.ensure(install.ENGINES["vllm-v0-legacy"], "0.4.2")
     idle = _run_later(tmp_path, "idle")
     with hogs():
         loaded = _run_later(tmp_path, "loaded")
