@@ -93,7 +93,8 @@ RECV_METHODS = pd.SCHEDULER_METHODS + (
     "finish_requests", "_update_waiting_for_remote_kv", "_handle_blocked_waiting_request",
     "_mark_prefix_replay", "_load_restores_replay_window", "_handle_failed_recving")
 # ... and those 0.34.0 adds on that path: a parked load's cached reservation.
-LATER_RECV_METHODS = ("_unreserve_parked", "_reserve_parked", "_request_remaining_blocks")
+LATER_RECV_METHODS = pd.LATER_SCHEDULER_METHODS + ("_reserve_parked",
+                                                   "_request_remaining_blocks")
 
 
 class _Queue(_loader.StandIn):
@@ -121,7 +122,7 @@ class PDRecvTarget(pd.PDTarget):
     load_from = "remote"  # (spec.tiers.REMOTE: its loads read the prefill instance)
     PRODUCER = False
     METHODS = RECV_METHODS
-    LATER_METHODS = pd.LATER_SCHEDULER_METHODS + LATER_RECV_METHODS[1:]
+    LATER_METHODS = LATER_RECV_METHODS
 
     def __init__(self, num_blocks: int, block_size: int, version: str | None = None,
                  broken: bool = False):
