@@ -1508,14 +1508,20 @@ class SglangHiCacheTarget:
         import queue
 
         ctl = self.ctl
-        ctl.prefetch_queue.queue.remove(op)  # (taken off its queue by this thread alone)
-        self._stop().set()  # (prefetch_thread_func runs until its queue is empty)
-        self._thread_step(ctl.prefetch_thread_func, "prefetch_queue", [op])
+        self._hit_query(op)
         self.tree.check_hicache_events()
         got = list(ctl.prefetch_buffer.queue)
         ctl.prefetch_buffer = queue.Queue()
         if any(o is not op for o in got):  # (each prefetch's operation is taken here)
             raise AssertionError(f"prefetch_buffer held other operations: {got}")
+
+    def _hit_query(self, op) -> None:
+        """The prefetch thread's pass over one operation (``prefetch_thread_func``: the
+        storage hit query; the stand-in backend holds every page)."""
+        ctl = self.ctl
+        ctl.prefetch_queue.queue.remove(op)  # (taken off its queue by this thread alone)
+        self._stop().set()  # (prefetch_thread_func runs until its queue is empty)
+        self._thread_step(ctl.prefetch_thread_func, "prefetch_queue", [op])
 
     def _stop(self):
         """The storage threads' stop event (0.5.9 on: ``storage_stop_event``, their own)."""
@@ -1548,9 +1554,7 @@ class SglangHiCacheTarget:
         if self._lazy_hit:  # 0.5.16 on: the query and the drain ran in prefetch
             got = [op]
         else:
-            ctl.prefetch_queue.queue.remove(op)  # (taken off its queue by this thread
-            self._stop().set()  # alone; prefetch_thread_func runs until its queue is empty)
-            self._thread_step(ctl.prefetch_thread_func, "prefetch_queue", [op])
+            self._hit_query(op)
             got = list(ctl.prefetch_buffer.queue)
         ctl.storage_backend.limit = filled
         try:
