@@ -22,6 +22,7 @@ leaves the name as it was.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 from kvcheck.check.copies import deep_copy
@@ -386,8 +387,7 @@ class TierOracle:
             # kept until the copy lands -- spec.tiers.unheld_sources_kept -- is what it copies)
             dev = self.content.get(job.src_pool, {})
             self.jobs[j]["copy"] = tuple(dev.get(b) for b in job.src)
-        post.jobs[j] = T.Job(job.kind, job.seq, job.src_pool, job.src, job.dst_pool, job.dst,
-                             keys, job.holds_src, job.holds_dst, job.flushed)
+        post.jobs[j] = dataclasses.replace(job, keys=keys)
 
     def _key_prefetch(self, j: tuple, op, post) -> None:
         """A prefetch's keys: the prefix ids of the prompt's last full blocks, one per
@@ -400,8 +400,7 @@ class TierOracle:
         keys = tuple(wants[at: at + len(job.dst)])
         keys += (None,) * (len(job.dst) - len(keys))  # (more pages than full blocks: the
         self.jobs[j]["keys"] = keys  # contract names it)
-        post.jobs[j] = T.Job(job.kind, job.seq, job.src_pool, job.src, job.dst_pool, job.dst,
-                             keys, job.holds_src, job.holds_dst, job.flushed)
+        post.jobs[j] = dataclasses.replace(job, keys=keys)
 
     def _write(self, op, pre, post, done) -> None:
         """The engine's and its worker's writes after a successful step (the ghost)."""
