@@ -350,13 +350,14 @@ class TierOracle:
         if kind == "free" and op.job is not None and name in post.jobs:
             self.jobs[name]["kind"] = post.jobs[name].kind  # (a final store, or a send)
         if kind == "load":
-            op.wanted = self._wants(self.tokens[q])[: (len(op.tokens)) // self.bs]
+            wants = self._wants(self.tokens[q])
+            op.wanted = wants[: (len(op.tokens)) // self.bs]
             op.recompute_last = bool(getattr(self.target, "recomputes_last_token", False))
             job = post.jobs.get(name) if op.job is not None else None
             op.hits = len(job.src) if job is not None else 0
             if job is not None and job.src_pool == T.REMOTE:  # (what the peer's prefill
                 # of the prompt lands in each destination, whoever holds it by then)
-                table, wants = post.table(q), self._wants(self.tokens[q])
+                table = post.table(q)
                 self.jobs[name]["copy"] = tuple(
                     wants[table.index(d)] if d in table and table.index(d) < len(wants)
                     else None for d in job.dst)
