@@ -1538,8 +1538,7 @@ class SglangHiCacheTarget:
             if items:
                 func()
         finally:
-            if getattr(ctl, attr) is not kept and attr != "prefetch_buffer":
-                setattr(ctl, attr, kept)
+            setattr(ctl, attr, kept)
             stop.clear()
 
     def _prefetched(self, rec, filled: int) -> None:
