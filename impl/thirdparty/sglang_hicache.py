@@ -1108,9 +1108,10 @@ class SglangHiCacheTarget:
             raise MisuseError(f"sglang-hicache-storage: SGLang {self.version}'s controller has "
                               f"no storage prefetch (prefetch_io_aux_func, 0.5.x); "
                               f"0.5.3 .. 0.5.18 are driven")
-        ctl_file = mods.root / "sglang/srt/managers/cache_controller.py"
+        ctl_text = ((mods.root / "sglang/srt/managers/cache_controller.py").read_text()
+                    if storage else "")
         tree_file = mods.root / "sglang/srt/mem_cache/hiradix_cache.py"
-        if storage and "ack_prefetch_queue" in ctl_file.read_text():
+        if storage and "ack_prefetch_queue" in ctl_text:
             raise MisuseError(f"sglang-hicache-storage: SGLang {self.version}'s prefetch "
                               f"reports its pages through the controller's "
                               f"ack_prefetch_queue (0.5.19 on), which no stand-in here "
@@ -1119,7 +1120,7 @@ class SglangHiCacheTarget:
         # 0.5.16 on: a prefetch's host pages allocated by the scheduler's drain once the
         # storage hit is known (_drain_and_alloc_storage_hit; see prefetch)
         self._lazy_hit = storage and "_drain_and_alloc_storage_hit" in tree_file.read_text()
-        if storage and "StorageBackendFactory" not in ctl_file.read_text():
+        if storage and "StorageBackendFactory" not in ctl_text:
             raise MisuseError(f"sglang-hicache-storage: SGLang {self.version}'s controller "
                               f"builds its storage backends by name (no "
                               f"StorageBackendFactory, before 0.5.3), no stand-in backend "
