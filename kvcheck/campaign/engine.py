@@ -64,13 +64,13 @@ def probe(target: str, timeout: float | None, beat=lambda: None) -> dict:
     d = RUN["engine"]
     base = EngineScope(d["num_blocks"], d["block_size"], d["budget"], d["max_seqs"])
 
-    built = []
+    built = []  # the last target built (only the base's is read: ``whole``)
 
     def builds(scope) -> bool:
         beat()
         try:
             with Watchdog(timeout):
-                built.append(build(factory, scope))
+                built[:] = [build(factory, scope)]
         except TargetError:
             return False
         return True
