@@ -355,7 +355,7 @@ class EngineOracle:
         null = getattr(self.target, "null_block", None)
         window = getattr(self.target, "sliding_window", 0)
         dropped = [i for i, (b, a) in enumerate(zip(before, kept, strict=False))
-                   if window and null is not None and a == null and b != null]
+                   if a == null and b != null] if window and null is not None else []
         if dropped:  # entries replaced by the null block: dropped behind the window (WINDOW)
             bad = [i for i in dropped if (i + 1) * self.bs + window > len(c.tokens)]
             if bad:
@@ -369,7 +369,8 @@ class EngineOracle:
             for i in dropped:
                 self.fresh.get(q, set()).discard(before[i])
             before = [null if i in dropped else b for i, b in enumerate(before)]
-        swaps = [i for i, (b, a) in enumerate(zip(before, kept, strict=False)) if a != b]
+        swaps = [i for i, (b, a) in enumerate(zip(before, kept, strict=False))
+                 if a != b] if kept != before else []  # (the usual call: none, no pass)
         if swaps and len(kept) == len(before):
             chain = self.ghost.chain(self.target.token_ids(q))
             fresh = self.fresh.get(q, set())
