@@ -620,6 +620,8 @@ class SglangEngineTarget:
         # the steps whose check_decode_mem failed (SGLang's num_retracted_reqs, summed)
         self.stats = {"retractions": 0, "retract_steps": 0, "retract_aborts": 0}
         self._ran_last = False  # the loop's last_batch was not None
+        self._epoch = 0  # bumped by every operation (the observation's memo, _observed)
+        self._memo: tuple = (None, {}, {})
         # what Scheduler.init_req_max_new_tokens reads (TpModelWorker's limits: max_req_len =
         # min(context_len - 1, max_total_num_tokens - 1))
         self.scheduler = type("Scheduler", (), dict(ns["SchedulerMethods"]))()
@@ -648,6 +650,7 @@ class SglangEngineTarget:
         self.ns["random"] = random.Random(f"sglang-engine random policy, step {gen}")
 
     def add(self, seq: int, tokens: list[int], max_new: int, priority: int = 0) -> None:
+        self._epoch += 1
         ns = self.ns
         self._publish()
         req = ns["Req"](str(seq), "", array("q", tokens), SamplingParams(max_new),
@@ -665,6 +668,7 @@ class SglangEngineTarget:
         self.waiting_queue.append(req)
 
     def abort(self, seq: int) -> None:
+        self._epoch += 1
         self._publish()
         req = self.requests[seq]
         if req in self.waiting_queue:
@@ -686,6 +690,7 @@ class SglangEngineTarget:
         self._call("free", req, None, before, free_before)
 
     def step(self, gen: int) -> StepResult:
+        self._epoch += 1
         del self.kv_calls[:]
         ns = self.ns
         self._publish(gen)
@@ -897,8 +902,23 @@ class SglangEngineTarget:
     def waiting(self) -> list[int]:
         return [self.ids[id(r)] for r in self.waiting_queue]
 
+    def _observed(self) -> tuple[dict, dict]:
+        """(page -> running requests whose row names it, page -> the first key the tree
+        walk gives it), kept until the next operation: the engine oracle asks
+        ``refcount`` and ``block_hash`` of every block in each check."""
+        if self._memo[0] != self._epoch:
+            refs: dict = {}
+            for r in self._live():
+                for b in set(self._pages(r)):
+                    refs[b] = refs.get(b, 0) + 1
+            keys: dict = {}
+            for b, key, _node in self._tree_pages():
+                keys.setdefault(b, key)
+            self._memo = (self._epoch, refs, keys)
+        return self._memo[1], self._memo[2]
+
     def refcount(self, block: int) -> int:
-        return sum(block in self._pages(r) for r in self._live())
+        return self._observed()[0].get(block, 0)
 
     def _tree_pages(self):
         ps = self.block_size
@@ -933,10 +953,7 @@ class SglangEngineTarget:
         return [(key, b) for b, key, _node in self._tree_pages()]
 
     def block_hash(self, block: int):
-        for b, key, _node in self._tree_pages():
-            if b == block:
-                return key
-        return None
+        return self._observed()[1].get(block)
 
 
 def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
