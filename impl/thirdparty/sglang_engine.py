@@ -1,5 +1,5 @@
 """Adapter: SGLang's scheduling policy as an engine core (``sglang-engine[@VERSION]``,
-0.5.20 .. 0.5.23; issue 34 §1) -- the release's own ``Req``, ``SchedulePolicy``,
+0.5.19 .. 0.5.23; issue 34 §1) -- the release's own ``Req``, ``SchedulePolicy``,
 ``PrefillAdder`` with its ``PrefillBudget``, ``RadixCache``, paged token-to-KV allocator and
 ``ReqToTokenPool``, and the scheduler's own allocation and release functions, driven step by
 step with no model.
@@ -19,12 +19,14 @@ signatures it inspects), nothing re-enacted:
   ``extend_end`` (``_prefix_len``, ``_extend_end`` read whichever the release has, as its
   ``prepare_for_extend`` does); the paged allocator runs its Triton kernels under Triton's
   CPU interpreter (``sglang.py``);
-* 0.5.20: as 0.5.21, and no ``mem_cache/prefill_budget.py``: ``PrefillAdder`` keeps its
-  budget itself (``_update_prefill_budget``) and reads ``is_swa_req_ring`` directly;
-* before 0.5.20 the radix cache's own imports change (``disaggregation/kv_events``'
-  metadata classes at 0.5.18 .. 0.5.19, no ``allocator/page_interleave.py`` before 0.5.20,
-  ``debug_utils/cuda_coredump`` to 0.5.17): ``sglang-radix``'s loader does not build it
-  there, so the range stops at 0.5.20.
+* 0.5.19 .. 0.5.20: as 0.5.21, and no ``mem_cache/prefill_budget.py``: ``PrefillAdder``
+  keeps its budget itself (``_update_prefill_budget``; 0.5.20's reads ``is_swa_req_ring``
+  directly); 0.5.19's radix cache is built as ``sglang-radix``'s loader builds it (its
+  ``disaggregation/kv_events`` metadata classes, no ``allocator/page_interleave.py``, a
+  ``mem_cache/common.py`` without ``_evict_until_allocatable``);
+* before 0.5.19 the request's KV record is created at allocation (0.5.18) and the
+  allocator modules import ``debug_utils/cuda_coredump`` (to 0.5.17): the range stops at
+  0.5.19 (``install.ENGINES["sglang-engine"]``'s note).
 
 Policies (``--policy``): ``fcfs``; ``priority`` (fcfs with ``enable_priority_scheduling``:
 priority, then queue entry); SGLang's ``lpm``, ``dfs-weight`` (cache-aware: the release's
@@ -163,7 +165,7 @@ pool holds whole).
 
 Refused in one line: speculative decoding (``--spec-tokens``), prefix caching off (SGLang's
 ``ChunkCache``, another cache, not driven), a policy not offered (above), a release outside
-0.5.20 .. 0.5.23 (``install.ENGINES["sglang-engine"]``; see Releases).
+0.5.19 .. 0.5.23 (``install.ENGINES["sglang-engine"]``; see Releases).
 
 Observation -- SGLang keeps no refcounts: a page's refcount is the number of running
 requests whose ``req_to_token`` row names it (its tree lock is not a holder): the tables
@@ -191,7 +193,7 @@ from . import _loader, install, sglang, sglang_radix
 from ._loader import exec_definitions, exec_methods
 from .vllm_v1_engine import KVCall, StepResult
 
-ENGINE_KEY = "sglang-engine"  # install.ENGINES row: 0.5.21 .. 0.5.23
+ENGINE_KEY = "sglang-engine"  # install.ENGINES row: 0.5.19 .. 0.5.23
 STOP = 1  # the EOS id the generated output samples rarely
 VOCAB = 8
 SB = "sglang/srt/managers/schedule_batch.py"
@@ -322,7 +324,7 @@ OPTIONAL = frozenset({"mamba_prefill_chunk_grid", "touch_waiting_prefix", "_req_
                       "_prefix_kv_indices", "alloc_for_decode_default", "alloc_for_decode"})
 
 # the scheduler's calls whose name changed within the range, read from the release: the
-# first name it defines (0.5.22 on | 0.5.20 .. 0.5.21). ``checkpoint``: what
+# first name it defines (0.5.22 on | 0.5.19 .. 0.5.21). ``checkpoint``: what
 # stash_chunked_request and process_batch_result_prefill call for an unfinished request
 # (to 0.5.21 maybe_cache_unfinished_req -> RadixCache.cache_unfinished_req); ``decode``:
 # what prepare_for_decode calls to allocate (0.5.22 also defines alloc_for_decode, its
@@ -355,7 +357,7 @@ def load(version: str | None = None) -> dict:
     """The release's objects (see the module doc), executed once per release."""
     import torch
 
-    dist = install.select(ENGINE_KEY, version)  # 0.5.21 .. 0.5.23
+    dist = install.select(ENGINE_KEY, version)  # 0.5.19 .. 0.5.23
     key = (dist.version, str(dist.root))
     if key in _cache:
         return _cache[key]
@@ -442,7 +444,7 @@ def load(version: str | None = None) -> dict:
         if not found:
             raise ImportError(f"sglang {dist.version} defines none of {', '.join(names)}")
         ns[f"__{role}__"] = ns[found[0]]
-    # release_kv_cache(req, tree, *, checkpoint) from 0.5.22; 0.5.20 .. 0.5.21's take is_insert
+    # release_kv_cache(req, tree, *, checkpoint) from 0.5.22; 0.5.19 .. 0.5.21's take is_insert
     # (default True: the tree keeps what it can key, what checkpoint=True does)
     ns["__release_kw__"] = ({"checkpoint": True} if "checkpoint" in
                             inspect.signature(ns["release_kv_cache"]).parameters else {})
@@ -476,13 +478,13 @@ def _ratio_tracker(ns: dict, conservativeness: float):
 
 
 def _prefix_len(req) -> int:
-    """``Req.prefix_len`` (0.5.22 on); 0.5.20 .. 0.5.21's scheduler reads ``len(req.prefix_indices)``
+    """``Req.prefix_len`` (0.5.22 on); 0.5.19 .. 0.5.21's scheduler reads ``len(req.prefix_indices)``
     where 0.5.22's reads ``prefix_len``."""
     return req.prefix_len if hasattr(req, "prefix_len") else len(req.prefix_indices)
 
 
 def _extend_end(req) -> int:
-    """``Req.extend_end`` (0.5.22 on); 0.5.20 .. 0.5.21's ``req.extend_range.end``."""
+    """``Req.extend_end`` (0.5.22 on); 0.5.19 .. 0.5.21's ``req.extend_range.end``."""
     return req.extend_end if hasattr(req, "extend_end") else req.extend_range.end
 
 
@@ -840,7 +842,7 @@ class SglangEngineTarget:
 
     def _stash(self, req) -> None:
         """``stash_chunked_request``'s caching of the chunked request: 0.5.22 on
-        ``checkpoint_kv_cache(req, tree)``, 0.5.20 .. 0.5.21
+        ``checkpoint_kv_cache(req, tree)``, 0.5.19 .. 0.5.21
         ``maybe_cache_unfinished_req(req, tree, chunked=True)``."""
         if "checkpoint_kv_cache" in self.ns:
             self.ns["checkpoint_kv_cache"](req, self.tree)
