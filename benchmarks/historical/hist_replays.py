@@ -780,33 +780,55 @@ def replay_sglang_13501(version: str) -> tuple[bool, str]:
     ``prefetch_io_aux_func`` loops over that operation (``_OneShot``: a queue that stops
     its loop after the last item), then the scheduler's ``check_prefetch_progress`` and
     ``drain_storage_control_queues``; the host pool's ``free_slots`` read back."""
-    import queue
-
     from kvcheck.impl.thirdparty import sglang_hicache as hc
 
     target = hc.make_storage(4, 1, 8, version=version)
-    tree, ctl, host = target.tree, target.ctl, target.host
-    stop = target._stop()
+    tree, host = target.tree, target.host
     before = sorted(int(x) for x in host.free_slots.tolist())
     tree.prefetch_from_storage("r", tree.root_node, [5, 6, 7], None)  # (no prefix keys)
     pages = sorted(int(x) for x in tree.ongoing_prefetch["r"][2].tolist())
-    op = ctl.prefetch_queue.get_nowait()
-    stop.set()  # the prefetch thread: its loop runs until its queue is empty
-    ctl.prefetch_queue = hc._OneShot([op], stop)
-    ctl.prefetch_thread_func()
-    stop.clear()
-    ctl.prefetch_buffer = hc._OneShot(list(ctl.prefetch_buffer.queue), stop)
-    ctl.storage_backend.limit = 0  # (the storage returns none of the pages it said it had)
-    ctl.prefetch_io_aux_func()  # the aux thread: _page_transfer, then its own release
-    stop.clear()
-    ctl.prefetch_queue, ctl.prefetch_buffer = queue.Queue(), queue.Queue()
-    tree.check_prefetch_progress("r")
-    tree.drain_storage_control_queues()
+    _prefetch_query(target)
+    # (the storage returns none of the pages it said it had)
+    _prefetch_transfer(target, "r", filled=0)
     free = [int(x) for x in host.free_slots.tolist()]
     twice = sorted({x for x in free if free.count(x) > 1})
     return bool(twice), (f"a prefetch of 3 host pages {pages} (free list before: "
                          f"{len(before)} slots), 0 filled, drained: {len(free)} free-list "
                          f"entries, pages on it twice: {twice}")
+
+
+def _prefetch_query(target):
+    """The prefetch thread's pass (its own ``prefetch_thread_func`` loop: the storage hit
+    query) over the one queued operation, on a ``_OneShot`` queue that stops the loop
+    after it; returns the operation."""
+    from kvcheck.impl.thirdparty import sglang_hicache as hc
+
+    ctl, stop = target.ctl, target._stop()
+    op = ctl.prefetch_queue.get_nowait()
+    stop.set()  # (the prefetch thread's loop runs until its queue is empty)
+    ctl.prefetch_queue = hc._OneShot([op], stop)
+    ctl.prefetch_thread_func()
+    stop.clear()
+    return op
+
+
+def _prefetch_transfer(target, rid: str, filled: int | None = None) -> None:
+    """The aux thread's pass (its own ``prefetch_io_aux_func`` loop: ``_page_transfer``,
+    ``filled`` pages back, every page when None, then its own release of the rest) over
+    what ``prefetch_buffer`` holds, then the scheduler's ``check_prefetch_progress(rid)``
+    and ``drain_storage_control_queues``."""
+    import queue
+
+    from kvcheck.impl.thirdparty import sglang_hicache as hc
+
+    tree, ctl, stop = target.tree, target.ctl, target._stop()
+    ctl.prefetch_buffer = hc._OneShot(list(ctl.prefetch_buffer.queue), stop)
+    ctl.storage_backend.limit = filled
+    ctl.prefetch_io_aux_func()
+    stop.clear()
+    ctl.prefetch_queue, ctl.prefetch_buffer = queue.Queue(), queue.Queue()
+    tree.check_prefetch_progress(rid)
+    tree.drain_storage_control_queues()
 
 
 def _host_pages_lost(tree, host) -> tuple[list[int], list[int]]:
@@ -849,8 +871,6 @@ def prefetch_refill(version: str, cached_first: bool = True) -> tuple[bool, str]
     tokens. ``cached_first=False`` is the control: the prefetch completes before R2 is
     cached (its node [5, 6] host-only; R2's insert gives [5] a device value and hangs [9]
     under it), and nothing is lost."""
-    import queue
-
     from kvcheck.impl.thirdparty import sglang_hicache as hc
 
     target = hc.make_storage(4, 1, 12, version=version)
@@ -869,21 +889,11 @@ def prefetch_refill(version: str, cached_first: bool = True) -> tuple[bool, str]
 
     if cached_first:
         r2_cached()
-    stop = target._stop()
-    op = ctl.prefetch_queue.get_nowait()
-    stop.set()  # (the prefetch thread runs until its queue is empty)
-    ctl.prefetch_queue = hc._OneShot([op], stop)
-    ctl.prefetch_thread_func()  # the storage hit query: both pages
-    stop.clear()
+    op = _prefetch_query(target)  # the storage hit query: both pages
     if lazy:  # the scheduler's drain (_drain_and_alloc_storage_hit): the host pages
         tree.drain_storage_control_queues()  # allocated for the hit, op to prefetch_buffer
         pages = [int(x) for x in op.host_indices.tolist()]
-    ctl.prefetch_buffer = hc._OneShot(list(ctl.prefetch_buffer.queue), stop)
-    ctl.prefetch_io_aux_func()  # _page_transfer: both pages arrive
-    stop.clear()
-    ctl.prefetch_queue, ctl.prefetch_buffer = queue.Queue(), queue.Queue()
-    tree.check_prefetch_progress("r1")  # the scheduler: the refill inserted
-    tree.drain_storage_control_queues()
+    _prefetch_transfer(target, "r1")  # both pages arrive; the scheduler: the refill inserted
     if not cached_first:
         r2_cached()
     five = _child(tree, 5)
