@@ -1167,6 +1167,7 @@ class SglangHiCacheTarget:
         self.Dev = _device_tensor_class()
         self._epoch = 0  # bumped by every operation (refcount's memo)
         self._memo: tuple = (None, [])
+        self._kept: tuple = (None, {})  # (epoch, _protected's nodes)
 
     Req = ReqStandIn  # (the request's fields; sglang_unified's has more)
 
@@ -1638,13 +1639,17 @@ class SglangHiCacheTarget:
         """Nodes whose host copy a protection keeps from host eviction (``protect_host``: a
         pending prefetch's last host node, a backup to storage not yet acked) and the
         nodes above it (``evict_host`` takes leaves only), a pin on their host slots
-        whether or not the device holds them too: id -> node."""
+        whether or not the device holds them too: id -> node. Derived once per state
+        (``evictable_blocks`` and ``pins`` of the host both ask it)."""
+        if self._kept[0] == self._epoch:
+            return self._kept[1]
         out = {}
         for node, _path in self._nodes():
             if getattr(node, "host_ref_counter", 0) > 0:
                 for n in self._path(node):
                     if n.host_value is not None and len(n.host_value):
                         out[id(n)] = n
+        self._kept = (self._epoch, out)
         return out
 
     def _pending_host(self) -> set:
