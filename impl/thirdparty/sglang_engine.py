@@ -145,6 +145,18 @@ The model worker
 Time statistics, metrics, logprobs, grammars, LoRA, multimodal inputs, sessions, hicache
     off, as by default; the objects ``Req`` builds for them are stand-ins that record
     nothing (``_Inert``).
+The release's other imports (the names ``load`` sets in the release's namespace)
+    each the answer for a feature this run has off: ``ReqDllmMixin`` (``_ReqDllmMixin``:
+    no diffusion LLM); the classes ``isinstance`` tests ask about (``NOT_INSTANCES``, and
+    ``allocator/swa.py``'s ``SWATokenToKVPoolAllocator`` in ``_stub_swa``: no SWA,
+    HiSparse, Mamba or unified cache, no hybrid row pool), classes nothing here is an
+    instance of; ``page_interleave_shard_size`` 1 (no interleaved pages); context
+    parallelism off (``is_dsa_prefill_cp_in_seq_split``,
+    ``is_prefill_context_parallel_enabled``); no beam search (``num_beam_member_rows`` 0,
+    ``beam_retraction_order`` the order given); the torch-native attention backends
+    (``attention_backends``, ``support_triton`` False); a CPU device (``_is_cpu``; no
+    CUDA, HIP, NPU or XPU; no pinned memory); ``CaptureHiddenMode`` its three names (no
+    hidden states returned); ``CacheRequestHandle`` inert (``_Inert``).
 
 Retraction: ``schedule_conservativeness`` (the server argument, default 1.0) is published
 to the release's ``NewTokenRatioTracker.from_config()``: the new-token ratio starts at
