@@ -190,7 +190,7 @@ class RunSpec:
         words = f"{s['num_blocks']} x {s['block_size']}"
         if self.model == "engine":
             words += (f", {self.extra.get('requests')} requests, budget {s['budget']}, "
-                      f"{s['max_seqs']} seqs, {'priority' if s['priority'] else 'fcfs'}, "
+                      f"{s['max_seqs']} seqs, {_engine_policy(s)}, "
                       f"caching {'on' if s['caching'] else 'off'}")
             if s.get("spec"):
                 words += f", {s['spec']} speculative tokens"
@@ -223,7 +223,7 @@ class RunSpec:
         elif self.model == "engine":
             argv += ["--ops", str(self.ops), "--requests", str(self.extra["requests"]),
                      "--budget", str(s["budget"]), "--max-seqs", str(s["max_seqs"]),
-                     "--policy", "priority" if s["priority"] else "fcfs",
+                     "--policy", _engine_policy(s),
                      "--spec-tokens", str(s["spec"])]
             if not s["caching"]:
                 argv += ["--no-prefix-caching"]
@@ -362,6 +362,14 @@ def _engine_scope(nb: int, bs: int, budget: int, max_seqs: int, policy: str, cac
 
     return MODEL.scope_json(EngineScope(nb, bs, budget, max_seqs, policy, caching, spec,
                                         model_len))
+
+
+def _engine_policy(scope: dict) -> str:
+    """An engine run's scheduling policy, as ``EngineModel.scope_from_json`` reads it from
+    the scope (fcfs, priority, or one of SGLang's other policies)."""
+    from kvcheck.models.engine.model import MODEL
+
+    return MODEL.scope_from_json(scope).policy
 
 
 def accepted(settings: Settings, name: str) -> tuple:

@@ -336,6 +336,20 @@ def test_an_engine_run_s_command_parses_to_the_run():
     assert len(seen) > 6
 
 
+def test_an_engine_run_keeps_sglang_s_other_policies():
+    """A run whose scope holds one of SGLang's other policies (a trace's ``policy`` field:
+    lpm, dfs-weight, lof, random) is described and re-run with that policy, not as fcfs."""
+    from kvcheck.campaign.plan import _engine_scope
+    from kvcheck.models.engine.model import MODEL, OTHER_POLICIES
+
+    for policy in ("fcfs", "priority", *OTHER_POLICIES):
+        scope = _engine_scope(8, 4, 16, 8, policy, True, 0, 0)
+        x = RunSpec(1, "engine", "sglang-engine", 5, scope, 100, {"requests": 4})
+        a = build_parser().parse_args(shlex.split(x.command())[1:])
+        assert a.policy == policy == MODEL.scope_from_json(x.scope).policy
+        assert f" seqs, {policy}, caching on" in x.describe()
+
+
 def test_engine_coverage_counts_its_oracle_s_stats():
     """An engine run's classes are its verify-engine figures; abort is an operation its
     target may lack; cache hits are not applicable where the target accepts prefix caching
