@@ -35,6 +35,7 @@ the files are still executed by this loader, never imported as ``vllm``).
 from __future__ import annotations
 
 import builtins
+import functools
 import importlib.util
 import logging
 import os
@@ -316,25 +317,48 @@ def exec_definitions(path: Path, namespace: dict, names: Sequence[str]) -> list[
     return found
 
 
-def exec_methods(path: Path, cls: str, names: Sequence[str], namespace: dict) -> dict:
-    """The methods ``names`` of the release's class ``cls`` in ``path``, each compiled from
-    its own source text in a copy of ``namespace`` (the class's other members and its bases
-    are not run): name -> function. A method the class lacks raises ``ImportError``."""
+def exec_methods(path: Path, cls: str, names: Sequence[str], namespace: dict,
+                 optional: Sequence[str] = ()) -> dict:
+    """The methods ``names`` of the release's class ``cls`` in ``path`` (and those of
+    ``optional`` the class defines), each compiled from its own source text in a copy of
+    ``namespace`` (the class's other members and its bases are not run): name -> function,
+    in the order asked. A method of ``names`` the class lacks raises ``ImportError``. The
+    methods are parsed and compiled once per file and process (``_compiled_methods``)."""
+    code, found = _compiled_methods(*_stamp(path), cls, tuple(names), tuple(optional))
+    scope = dict(namespace)
+    exec(code, scope)  # noqa: S102 - the release's own source
+    made = scope[f"_{cls}Methods"]
+    return {n: made.__dict__[n] for n in (*names, *optional) if n in found}
+
+
+def _stamp(path: Path) -> tuple[str, int, int]:
+    """``path`` with its modification time and size: ``_compiled_methods``' key (an
+    installed release's files never change; a rewritten file is compiled again)."""
+    st = path.stat()
+    return str(path), st.st_mtime_ns, st.st_size
+
+
+@functools.cache
+def _compiled_methods(path: str, _mtime: int, _size: int, cls: str, names: tuple[str, ...],
+                      optional: tuple[str, ...]) -> tuple[types.CodeType, tuple[str, ...]]:
+    """``exec_methods``' code (the methods of ``cls``, in a holder class
+    ``_<cls>Methods``) and the names found, once per file and process: a shrink builds a
+    target hundreds of times, and parsing a release's file (vLLM's scheduler.py, 2,000+
+    lines) was most of a build."""
     import ast
 
-    tree = ast.parse(path.read_text(), str(path))
+    tree = ast.parse(Path(path).read_text(), path)
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-    keep = [m for m in node.body if isinstance(m, ast.FunctionDef) and m.name in names]
-    missing = set(names) - {m.name for m in keep}
+    wanted = {*names, *optional}
+    keep = [m for m in node.body if isinstance(m, ast.FunctionDef) and m.name in wanted]
+    found = tuple(m.name for m in keep)
+    missing = set(names) - set(found)
     if missing:
         raise ImportError(f"{path} has no {cls}.{', '.join(sorted(missing))}")
     holder = ast.ClassDef(name=f"_{cls}Methods", bases=[], keywords=[], body=keep,
                           decorator_list=[])
-    scope = dict(namespace)
-    exec(compile(ast.fix_missing_locations(ast.Module(body=[holder], type_ignores=[])),  # noqa: S102
-                 str(path), "exec"), scope)  # (the release's own source)
-    made = scope[f"_{cls}Methods"]
-    return {n: made.__dict__[n] for n in names}
+    module = ast.fix_missing_locations(ast.Module(body=[holder], type_ignores=[]))
+    return compile(module, path, "exec"), found
 
 
 class StandIn:

@@ -112,13 +112,10 @@ after reuse"); ``tests/thirdparty/test_vllm_v1_pd.py`` shows it caught.
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import functools
 import itertools
 import types
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from ..errors import MisuseError, OutOfBlocks
@@ -213,29 +210,12 @@ def _scheduler_methods(loaded: Loaded, namespace: dict,
                        later: Sequence[str] | None = None) -> dict:
     """The release's own ``Scheduler`` methods named in ``required`` (``SCHEDULER_METHODS``;
     and those of ``later``, ``LATER_SCHEDULER_METHODS``, it defines): their ``def``s alone,
-    parsed from its ``scheduler.py`` and executed in ``namespace``."""
-    later = tuple(LATER_SCHEDULER_METHODS if later is None else later)
+    parsed from its ``scheduler.py`` (once per release and process: parsing it was nine
+    tenths of building a target, and a shrink builds hundreds) and executed in
+    ``namespace`` (``_loader.exec_methods``)."""
+    later = LATER_SCHEDULER_METHODS if later is None else later
     path = loaded.root / (SCHEDULER.replace(".", "/") + ".py")
-    code, names = _compiled_methods(str(path), tuple(required), later)
-    exec(code, namespace)  # noqa: S102 - the release's own methods, from its file
-    return {name: namespace[name] for name in (*required, *later) if name in names}
-
-
-@functools.cache
-def _compiled_methods(path: str, required: tuple[str, ...],
-                      later: tuple[str, ...]) -> tuple[types.CodeType, frozenset[str]]:
-    """``_scheduler_methods``' ``def``s compiled, and their names: once per release and
-    process (parsing the release's scheduler.py was nine tenths of building a target, and
-    a shrink builds hundreds)."""
-    tree = ast.parse(Path(path).read_text(), path)
-    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Scheduler"]
-    wanted = required + later
-    found = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in wanted]
-    names = frozenset(n.name for n in found)
-    missing = set(required) - names
-    if missing:
-        raise MisuseError(f"{path}: Scheduler has no {sorted(missing)}")
-    return compile(ast.Module(found, type_ignores=[]), path, "exec"), names
+    return _loader.exec_methods(path, "Scheduler", required, namespace, optional=later)
 
 
 def _settings(block_size: int, producer: bool = True) -> Any:

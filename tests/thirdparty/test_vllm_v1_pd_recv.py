@@ -143,3 +143,20 @@ def test_a_release_it_cannot_load_is_one_line_and_exit_2(version):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvcheck: error: "), r.stderr
     assert version in lines[0] and "Traceback" not in r.stderr, lines
+
+
+def test_a_rewritten_file_is_compiled_again(tmp_path):
+    """``_loader``'s compiled definitions are keyed by the file as it is: one rewritten (a
+    reinstall, a test's own file) is parsed again, never served stale."""
+    from kvcheck.impl.thirdparty import _loader
+
+    path = tmp_path / "m.py"
+    for value in (1, 22):
+        path.write_text(f"import nothing_here\nX = {value}\n\nclass C:\n"
+                        f"    def f(self):\n        return {value}\n")
+        ns: dict = {}
+        assert _loader.exec_definitions(path, ns, ("X", "Y")) == ["X"] and ns["X"] == value
+        methods = _loader.exec_methods(path, "C", ("f",), {}, optional=("g",))
+        assert list(methods) == ["f"] and methods["f"](None) == value
+    with pytest.raises(ImportError, match="has no C.g"):
+        _loader.exec_methods(path, "C", ("f", "g"), {})
