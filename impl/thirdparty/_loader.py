@@ -294,11 +294,58 @@ def exec_definitions(path: Path, namespace: dict, names: Sequence[str]) -> list[
     ``names`` in the release's file ``path`` -- functions, classes and assignments (a
     table, a constant), each as its own source text has it -- and nothing else of the file
     (whose imports may need what cannot run here). The names found, in the file's order: a
-    name the release does not define is not executed (the caller decides if that is bad)."""
+    name the release does not define is not executed (the caller decides if that is bad).
+    The definitions are parsed and compiled once per file and process (``_compiled``)."""
+    code, found = _compiled(*_stamp(path), "", tuple(names), ())
+    exec(code, namespace)  # noqa: S102 - the release's own source
+    return list(found)
+
+
+def exec_methods(path: Path, cls: str, names: Sequence[str], namespace: dict,
+                 optional: Sequence[str] = ()) -> dict:
+    """The methods ``names`` of the release's class ``cls`` in ``path`` (and those of
+    ``optional`` the class defines), each compiled from its own source text in a copy of
+    ``namespace`` (the class's other members and its bases are not run): name -> function,
+    in the order asked. A method of ``names`` the class lacks raises ``ImportError``. The
+    methods are parsed and compiled once per file and process (``_compiled``)."""
+    code, found = _compiled(*_stamp(path), cls, tuple(names), tuple(optional))
+    scope = dict(namespace)
+    exec(code, scope)  # noqa: S102 - the release's own source
+    made = scope[f"_{cls}Methods"]
+    return {n: made.__dict__[n] for n in (*names, *optional) if n in found}
+
+
+def _stamp(path: Path) -> tuple[str, int, int]:
+    """``path`` with its modification time and size: ``_compiled``'s key (an installed
+    release's files never change; a rewritten file is compiled again)."""
+    st = path.stat()
+    return str(path), st.st_mtime_ns, st.st_size
+
+
+@functools.cache
+def _compiled(path: str, _mtime: int, _size: int, cls: str, names: tuple[str, ...],
+              optional: tuple[str, ...]) -> tuple[types.CodeType, tuple[str, ...]]:
+    """The code and the names found of ``exec_definitions`` (``cls`` empty: the file's
+    top-level definitions of ``names``) or of ``exec_methods`` (the methods of ``cls``, in
+    a holder class ``_<cls>Methods``), once per file and process: a shrink builds a target
+    hundreds of times, and parsing a release's file (vLLM's scheduler.py, 2,000+ lines) was
+    most of a build."""
     import ast
 
-    tree = ast.parse(path.read_text(), str(path))
-    keep, found = [], []
+    tree = ast.parse(Path(path).read_text(), path)
+    if cls:
+        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+        wanted = {*names, *optional}
+        keep = [m for m in node.body if isinstance(m, ast.FunctionDef) and m.name in wanted]
+        found = tuple(m.name for m in keep)
+        missing = set(names) - set(found)
+        if missing:
+            raise ImportError(f"{path} has no {cls}.{', '.join(sorted(missing))}")
+        holder = ast.ClassDef(name=f"_{cls}Methods", bases=[], keywords=[], body=keep,
+                              decorator_list=[])
+        module = ast.fix_missing_locations(ast.Module(body=[holder], type_ignores=[]))
+        return compile(module, path, "exec"), found
+    keep, found_list = [], []
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             defined = [node.name]
@@ -311,54 +358,8 @@ def exec_definitions(path: Path, namespace: dict, names: Sequence[str]) -> list[
         hit = [n for n in defined if n in names]
         if hit:
             keep.append(node)
-            found += [n for n in hit if n not in found]
-    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"),  # noqa: S102
-         namespace)  # (the release's own source)
-    return found
-
-
-def exec_methods(path: Path, cls: str, names: Sequence[str], namespace: dict,
-                 optional: Sequence[str] = ()) -> dict:
-    """The methods ``names`` of the release's class ``cls`` in ``path`` (and those of
-    ``optional`` the class defines), each compiled from its own source text in a copy of
-    ``namespace`` (the class's other members and its bases are not run): name -> function,
-    in the order asked. A method of ``names`` the class lacks raises ``ImportError``. The
-    methods are parsed and compiled once per file and process (``_compiled_methods``)."""
-    code, found = _compiled_methods(*_stamp(path), cls, tuple(names), tuple(optional))
-    scope = dict(namespace)
-    exec(code, scope)  # noqa: S102 - the release's own source
-    made = scope[f"_{cls}Methods"]
-    return {n: made.__dict__[n] for n in (*names, *optional) if n in found}
-
-
-def _stamp(path: Path) -> tuple[str, int, int]:
-    """``path`` with its modification time and size: ``_compiled_methods``' key (an
-    installed release's files never change; a rewritten file is compiled again)."""
-    st = path.stat()
-    return str(path), st.st_mtime_ns, st.st_size
-
-
-@functools.cache
-def _compiled_methods(path: str, _mtime: int, _size: int, cls: str, names: tuple[str, ...],
-                      optional: tuple[str, ...]) -> tuple[types.CodeType, tuple[str, ...]]:
-    """``exec_methods``' code (the methods of ``cls``, in a holder class
-    ``_<cls>Methods``) and the names found, once per file and process: a shrink builds a
-    target hundreds of times, and parsing a release's file (vLLM's scheduler.py, 2,000+
-    lines) was most of a build."""
-    import ast
-
-    tree = ast.parse(Path(path).read_text(), path)
-    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-    wanted = {*names, *optional}
-    keep = [m for m in node.body if isinstance(m, ast.FunctionDef) and m.name in wanted]
-    found = tuple(m.name for m in keep)
-    missing = set(names) - set(found)
-    if missing:
-        raise ImportError(f"{path} has no {cls}.{', '.join(sorted(missing))}")
-    holder = ast.ClassDef(name=f"_{cls}Methods", bases=[], keywords=[], body=keep,
-                          decorator_list=[])
-    module = ast.fix_missing_locations(ast.Module(body=[holder], type_ignores=[]))
-    return compile(module, path, "exec"), found
+            found_list += [n for n in hit if n not in found_list]
+    return compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), tuple(found_list)
 
 
 class StandIn:

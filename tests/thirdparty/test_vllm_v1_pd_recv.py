@@ -145,6 +145,22 @@ def test_a_release_it_cannot_load_is_one_line_and_exit_2(version):
     assert version in lines[0] and "Traceback" not in r.stderr, lines
 
 
+def test_a_build_after_the_first_parses_no_release_file(monkeypatch):
+    """The release's ``Scheduler`` methods and its ``remove_all`` (sched/utils.py) are parsed
+    and compiled once per release and process (``_loader``: a shrink builds a target hundreds
+    of times); each build still gets functions of its own."""
+    import ast
+
+    first = recv.make(8, 2)
+    parsed: list = []
+    parse = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda *a, **k: parsed.append(a[1:2]) or parse(*a, **k))
+    second = recv.make(8, 2)
+    assert parsed == []
+    method = "_update_waiting_for_remote_kv"
+    assert getattr(type(first.shell), method) is not getattr(type(second.shell), method)
+
+
 def test_a_rewritten_file_is_compiled_again(tmp_path):
     """``_loader``'s compiled definitions are keyed by the file as it is: one rewritten (a
     reinstall, a test's own file) is parsed again, never served stale."""
