@@ -192,6 +192,36 @@ def test_a_manager_that_reorders_a_table_is_caught():
                                 "the new blocks returned"), r.violation
 
 
+ASKED: dict = {}  # request -> how often its block hashes were read after it finished
+
+
+def counting(num_blocks, block_size, **kw):
+    """The release's engine, counting the reads of a finished request's block hashes."""
+    t = vllm_v1_engine.make(num_blocks, block_size, **kw)
+    read = t.block_hashes
+
+    def block_hashes(seq):
+        if t.is_finished(seq):
+            ASKED[seq] = ASKED.get(seq, 0) + 1
+        return read(seq)
+
+    t.block_hashes = block_hashes
+    return t
+
+
+def test_a_finished_request_s_block_hashes_are_learned_once():
+    """The oracle learns what each block hash means from every request's hashes; once a
+    request has finished (or was aborted) its tokens and hashes no longer change, so they
+    are read once more after it ends and then no more (not at every later check: a run's
+    checks x its requests)."""
+    ASKED.clear()
+    r = _engine(counting, spec=0, seed=1)
+    assert r.verdict == "pass", r.violation
+    st = r.state.stats
+    assert st["finished"] + st["aborted"] == st["requests"] == len(ASKED) == 30, st
+    assert set(ASKED.values()) == {1}, ASKED
+
+
 def test_every_stand_in_is_declared_with_its_reason():
     """The adapter says, in one place, which objects it replaces and why: every module the
     load stood in is in ``STUBS`` (each builder documented) or under a prefix of ``OFF``

@@ -109,6 +109,9 @@ class EngineOracle:
         self.slots: dict[int, list] = {}  # vLLM block id -> [parent prefix id, {offset: token}]
         self.ghost = Ghost(self.bs)
         self.meanings: dict = {}  # block hash -> prefix id (what the release hashed it from)
+        # requests finished or aborted whose block hashes were learned since: their tokens,
+        # and so their hashes, no longer change (``_prefix`` reads them no more)
+        self.settled: set[int] = set()
         self.stats = {"requests": 0, "finished": 0, "aborted": 0, "steps": 0,
                       "scheduled_tokens": 0, "preemptions": 0, "hits": 0, "kv_calls": 0}
         self.implied: list = []
@@ -531,7 +534,10 @@ class EngineOracle:
     def _prefix(self, n: int, tables, computed, refs, entries, what: str) -> Violation | None:
         t, bs = self.target, self.bs
         for q in self.requests:  # what the release hashed each request's blocks from
-            self._learn(t.block_hashes(q), t.token_ids(q))
+            if q not in self.settled:
+                self._learn(t.block_hashes(q), t.token_ids(q))
+                if q not in self.unfinished:
+                    self.settled.add(q)
         queue = t.free_blocks()
         keyed = {b for _, b in entries}
         partial = set()
