@@ -71,7 +71,11 @@ Stand-ins, in one place (every other ``vllm.*`` import raises, see ``_loader``):
     What the real ``SchedulerConfig`` refuses at start-up is refused first, in the release's
     own words: its validation method, compiled from its own ``config.py``
     (``vllm_config.refusal``), runs on the settings (a budget below ``max_num_seqs``;
-    without chunked prefill a budget below ``max_model_len``).
+    without chunked prefill a budget below ``max_model_len``); then what its worker refuses
+    of the pool (``vllm_config.check_pool``: ``raise_if_cache_size_invalid``, a
+    ``max_model_len`` above ``block_size * num_gpu_blocks``; aphrodite 0.6.x's only logs).
+    ``max_model_len`` unset: the largest the worker accepts on the pool, at most 65,536
+    (``vllm_config.largest_len``), without chunked prefill at most the budget.
 ``vllm.utils``
     the real module imports torch; ``Device``, ``cdiv``, ``chunk_list`` as ``vllm_v0``
     re-implements them, and ``PyObjectCache``, the ``STR_NOT_IMPL_*`` messages and (to
@@ -491,18 +495,27 @@ class VllmV0EngineTarget:
         self.version = mods.dist.version
         self._mods = mods
         self.num_blocks, self.block_size, self.caching = num_blocks, block_size, caching
+        # max_model_len unset: the largest the release's worker accepts on this pool
+        # (vllm_config.largest_len: block_size * num_gpu_blocks, at most 65,536), without
+        # chunked prefill at most the budget (its SchedulerConfig refuses more)
+        model_len = max_model_len
+        if not model_len:
+            most = vllm_config.largest_len(mods, num_blocks, block_size)
+            model_len = most if chunked else min(budget, most)
         # without chunked prefill a prompt (with its outputs, once preempted) is admitted
-        # whole: the engine model draws requests that fit the budget
-        self.longest_request = 0 if chunked else (max_model_len or budget)
-        self.max_model_len = max_model_len
+        # whole: the engine model draws requests that fit max_model_len (<= the budget)
+        self.longest_request = 0 if chunked else model_len
+        self.max_model_len = model_len
         # chunked prefill: admission allocates the whole prompt's blocks (BlockTable.allocate
         # of every prompt token), the chunks fill them; the table is bounded, not exact
         self.preallocate_blocks = num_blocks if chunked else 0
-        model_len = max_model_len or (num_blocks * block_size if chunked else budget)
         # what the release's SchedulerConfig refuses at start-up, in its own words (without
-        # chunked prefill a budget below max_model_len; a budget below max_num_seqs)
+        # chunked prefill a budget below max_model_len; a budget below max_num_seqs), then
+        # what its worker refuses of the pool (a max_model_len above block_size * num_blocks)
         vllm_config.check(mods.dist, mods.root, budget=budget, max_seqs=max_seqs,
                           max_model_len=model_len, chunked=chunked)
+        if max_model_len:
+            vllm_config.check_pool(mods, num_blocks, block_size, max_model_len)
         config = mods["vllm.config"]
         sched_cfg = config.SchedulerConfig(
             runner_type="generate", task="generate",  # (0.6.4: task; 0.6.5 on: runner_type)

@@ -389,7 +389,8 @@ def _engine(settings: Settings, run: int, rng: random.Random, small: bool) -> Ru
     the time, prefix caching off a third of the time, speculative tokens half the time
     (fewer than the budget: vLLM's config refuses a budget without room for a token beside
     the drafts, ``max_num_batched_tokens <= num_lookahead_tokens``), a
-    max_model_len a quarter of the time (within the budget where the target requires it).
+    max_model_len a quarter of the time (within the budget where the target requires it,
+    and within the pool's tokens, which every engine accepts at start-up).
     Where the run's seeded workload would have no request at all (none of the driver's
     tries at its first fits: a tiny pool, a short max_model_len, a budget that an engine
     admitting a request whole cannot fit one into), the pool, max_model_len and that budget
@@ -422,6 +423,9 @@ def _engine(settings: Settings, run: int, rng: random.Random, small: bool) -> Ru
         model_len = rng.randint(2, 6 * bs + 6)  # about the longest request drawn
         if mode == "within":
             model_len = min(model_len, budget)
+        # at most what the pool holds: every engine starts with that (vLLM refuses more at
+        # start-up, vllm_config.pool_refusal); the pool and it grow together below
+        model_len = min(model_len, nb * bs)
     whole = bool((settings.accepts or {}).get("whole"))
     for _ in range(64):  # at most: each round grows the pool, max_model_len or the budget
         scope = _engine_scope(nb, bs, budget, max_seqs, policy, caching, spec, model_len)

@@ -59,7 +59,10 @@ def add_parser(sub) -> None:
                        help="max_model_len, in tokens: the most a request may reach (longer "
                             "prompts are not drawn) and so its block-table row, "
                             "cdiv(TOKENS, block size) blocks, which no request's table may "
-                            "exceed (default: the engine's, 65,536 tokens, never reached)")
+                            "exceed; one the engine refuses at start-up on this pool (vLLM: "
+                            "more than the KV pool holds) is refused in its words, exit 2 "
+                            "(default: the largest the engine accepts on this pool, at most "
+                            "65,536: vLLM's max_model_len=-1 auto-fit; nano-vllm: the budget)")
         q.add_argument("--requests", type=positive_int, default=d["requests"], metavar="N",
                        help="requests in the seeded workload (default: %(default)s)")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kvcheck.check.watchdog import Interrupted, OperationTimeout, guarded, record_phase
 from kvcheck.errors import describe_exception
+from kvcheck.impl.errors import MisuseError
 from kvcheck.targets.loading import TargetError, _import_attr, location, with_version
 
 NEEDS = ("add", "abort", "step", "status", "computed", "blocks", "running", "waiting",
@@ -50,8 +51,10 @@ def build(factory, scope):
             except (OperationTimeout, Interrupted):
                 raise
             except BaseException as exc:  # noqa: BLE001 - the engine refused: bad input
+                # (an adapter's refusal in full: it quotes the release's own words)
+                limit = 2000 if isinstance(exc, MisuseError) else 300
                 raise TargetError(f"cannot build the engine with {scope.describe()}: "
-                                  f"{describe_exception(exc)}") from None
+                                  f"{describe_exception(exc, limit)}") from None
     except OperationTimeout as exc:
         raise TargetError(f"building the engine {exc}") from None
     missing = [a for a in NEEDS if not callable(getattr(target, a, None))]
