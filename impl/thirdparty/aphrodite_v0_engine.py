@@ -5,7 +5,10 @@ step with no model.
 Issue 34 §2. ``aphrodite-v0-engine[@VERSION]`` (chunked prefill off) and
 ``aphrodite-v0-engine-chunked[@VERSION]`` (``enable_chunked_prefill``) and
 ``aphrodite-v0-engine-window[@VERSION]`` (a sliding window: ``vllm_v0_engine_window``, whose
-module doc says what it sets and what it stands in for); 0.6.5 by default,
+module doc says what it sets and what it stands in for) and
+``aphrodite-v0-engine-window-chunked[@VERSION]`` (the window with chunked prefill: aphrodite's
+``args_tools.py`` refuses the pair only without block manager v2, which the target uses);
+0.6.5 by default,
 0.6.0 .. 0.6.5 (the ``aphrodite-v0`` install key: ``kvcheck install
 aphrodite-engine==VERSION``). aphrodite 0.6.x carries vLLM v0's scheduler, block manager v2
 and sequence files under its own module names (``aphrodite/processing/scheduler.py``,
@@ -56,3 +59,13 @@ def make_window(num_blocks: int, block_size: int, budget: int = 16, max_seqs: in
     return VllmV0EngineWindowTarget(num_blocks, block_size, block_size, budget, max_seqs,
                                     policy, caching, spec, max_model_len or 0, version,
                                     engine=ENGINE_KEY)
+
+
+def make_window_chunked(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
+                        policy: str = "fcfs", caching: bool = False, spec: int = 0,
+                        version: str | None = None,
+                        max_model_len: int | None = None) -> VllmV0EngineWindowTarget:
+    """``make_window`` with chunked prefill on (``enable_chunked_prefill``)."""
+    return VllmV0EngineWindowTarget(num_blocks, block_size, block_size, budget, max_seqs,
+                                    policy, caching, spec, max_model_len or 0, version,
+                                    engine=ENGINE_KEY, chunked=True)

@@ -3,9 +3,14 @@ release's own ``Scheduler``, ``SelfAttnBlockSpaceManager``, ``Sequence`` and ``S
 driven step by step with no model: its module doc) with the cache configured as vLLM's own
 engine configures it for a sliding-window model.
 
-``vllm-v0-engine-window[@VERSION]`` (vLLM 0.5.1 .. 0.9.2, 0.8.5 by default) and
+``vllm-v0-engine-window[@VERSION]`` (vLLM 0.4.3 .. 0.9.2, 0.8.5 by default) and
 ``aphrodite-v0-engine-window[@VERSION]`` (aphrodite-engine 0.6.0 .. 0.6.5): chunked prefill
-off (v0's default), prefix caching off.
+off (v0's default), prefix caching off. ``vllm-v0-engine-window-chunked[@VERSION]`` and
+``aphrodite-v0-engine-window-chunked[@VERSION]`` (the same releases): the same target with
+chunked prefill on (``enable_chunked_prefill``, ``vllm_v0_engine``'s setting: the scheduler's
+``_schedule_chunked_prefill``, ``update_num_computed_tokens`` by chunks), which those
+releases accept with a window on block manager v2 (below). 0.4.2's block manager v2 asserts
+"Sliding window not yet supported" when built with one: that assertion, in one line.
 
 The setting. ``EngineArgs.create_engine_config`` builds ``CacheConfig(...,
 sliding_window=model_config.get_sliding_window(), ...)`` (the model's ``sliding_window``, in
@@ -22,9 +27,28 @@ keeps 3 blocks; the spec's window of ``vllm_v0_sliding.make``); ``make_window(S)
 
 Refused in one line, as the release refuses them: prefix caching with a sliding window
 (``CacheConfig._verify_prefix_caching``: "Prefix caching is not supported with sliding
-window"; v0 on every release here); chunked prefill with a window is not modelled here (vLLM
-0.4.3 .. 0.6.2 and aphrodite 0.6.x refuse it in their engine arguments; later releases run
-it, but the adapter's reading of the runner's windowed chunks is not verified).
+window"; v0 on every release here, aphrodite 0.6.x too); chunked prefill with a window where
+the release's engine arguments refuse it (``window_refusal``: vLLM 0.4.3 .. 0.6.2's
+``EngineArgs.create_engine_config`` and aphrodite 0.6.x's raise "Chunked prefill is not
+supported with sliding window" when ``chunked_prefill_enabled and not
+use_v2_block_manager``; the condition and the words are the release's own, compiled from
+its ``engine/arg_utils.py`` / ``engine/args_tools.py``, evaluated on the target's settings).
+The target sets ``use_v2_block_manager``, which those releases accept the combination with;
+0.6.3 on has no such check (v2 the only manager; 0.6.3 .. 0.9.2's ``config.py`` refuses
+nothing else of it: their arguments only leave chunked prefill off by default for a
+windowed model). So the check refuses nothing here today: it is there so that a release
+whose arguments refuse the target's settings stops in its own words.
+
+With chunked prefill the window is the release's too: ``append_slots`` passes
+``num_computed_slots = get_num_computed_tokens()`` (before the step's chunk), and
+``BlockTable.append_token_ids`` drops the entries before block ``num_computed_slots //
+block_size - max_block_sliding_window`` (its docstring: "Without chunked prefill, it should
+be the same as _num_full_slots"), so a chunk's own blocks (from ``num_computed_slots //
+block_size`` on) are never dropped before it is written. The adapter's forward pass writes
+every token of the chunk (``vllm_v0_engine``'s rule); the release's runner leaves the first
+``query_len - sliding_window`` tokens of a windowed prompt chunk unwritten
+(``compute_slot_mapping_start_idx``: ``PAD_SLOT_ID``), a subset, so the adapter writes at
+least what the runner writes, into the same blocks.
 
 Stand-in, in one place (beyond ``vllm_v0_engine``'s): **the null block is taken at
 construction**. v0 has no reserved null block: ``CpuGpuBlockAllocator.
@@ -47,13 +71,69 @@ legal only when it holds none of the last ``S`` tokens).
 
 from __future__ import annotations
 
+import ast
+import functools
+from pathlib import Path
 from typing import Any
 
 from ..errors import MisuseError
+from . import _loader, install
 from .vllm_v0 import free_block_ids
 from .vllm_v0_engine import ENGINE_KEY, VllmV0EngineTarget
 
 NULL_ID = 0  # vLLM's id of the null block the target takes at construction
+ARGS_FILES = ("engine/arg_utils.py", "engine/args_tools.py")  # vLLM's, aphrodite's
+
+
+@functools.cache
+def _window_checks(root: str, top: str) -> tuple:
+    """The release's engine-argument checks refusing chunked prefill with a sliding window:
+    ``(condition, words)`` for each ``if`` in its ``engine/arg_utils.py`` (aphrodite:
+    ``args_tools.py``) whose body raises ``ValueError`` with a literal message naming both,
+    the condition compiled from the release's own source (once per release and process)."""
+    path = next((Path(root) / top / rel for rel in ARGS_FILES
+                 if (Path(root) / top / rel).is_file()), None)
+    if path is None:
+        return ()
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.If):
+            continue
+        for stmt in node.body:
+            exc = stmt.exc if isinstance(stmt, ast.Raise) else None
+            if not (isinstance(exc, ast.Call) and isinstance(exc.func, ast.Name)
+                    and exc.func.id == "ValueError" and exc.args):
+                continue
+            try:
+                words = ast.literal_eval(exc.args[0])
+            except ValueError:
+                continue
+            if (isinstance(words, str) and "sliding window" in words.lower()
+                    and "chunked prefill" in words.lower()):
+                condition = compile(ast.Expression(node.test), str(path), "eval")
+                found.append((condition, words))
+    return tuple(found)
+
+
+def window_refusal(root: Path | str, top: str, *, sliding_window: int, chunked: bool,
+                   v2: bool) -> str | None:
+    """The release's own words refusing chunked prefill with a window of ``sliding_window``
+    tokens at start-up (``EngineArgs.create_engine_config``; see the module doc), or
+    ``None`` when it accepts the settings. ``v2``: ``use_v2_block_manager``. A setting the
+    release's condition reads that the stand-ins do not hold raises ``StandInMissing`` (one
+    line, exit 2)."""
+    where = "impl/thirdparty/vllm_v0_engine_window.py"
+    scope = {
+        "model_config": _loader.Settings("ModelConfig", where,
+                                         get_sliding_window=lambda: sliding_window),
+        "scheduler_config": _loader.Settings("SchedulerConfig", where,
+                                             chunked_prefill_enabled=chunked,
+                                             enable_chunked_prefill=chunked,
+                                             use_v2_block_manager=v2)}
+    for condition, words in _window_checks(str(root), top):
+        if eval(condition, {"__builtins__": {}}, dict(scope)):  # noqa: S307 (the release's)
+            return words
+    return None
 
 
 class VllmV0EngineWindowTarget(VllmV0EngineTarget):
@@ -65,7 +145,8 @@ class VllmV0EngineWindowTarget(VllmV0EngineTarget):
     def __init__(self, num_blocks: int, block_size: int, sliding_window: int,
                  budget: int = 16, max_seqs: int = 8, policy: str = "fcfs",
                  caching: bool = False, spec: int = 0, max_model_len: int = 0,
-                 version: str | None = None, engine: str = ENGINE_KEY):
+                 version: str | None = None, engine: str = ENGINE_KEY,
+                 chunked: bool = False):
         if type(sliding_window) is not int or sliding_window < 1:
             raise MisuseError(f"the sliding window must be at least 1 token, got "
                               f"{sliding_window!r}")
@@ -74,10 +155,18 @@ class VllmV0EngineWindowTarget(VllmV0EngineTarget):
                               "CacheConfig refuses it): run with --no-prefix-caching")
         if num_blocks < 1:
             raise MisuseError("vLLM v0 needs num_blocks >= 1 and block_size >= 1")
+        # what the release's engine arguments refuse, before it builds anything
+        dist = install.select(engine, version)
+        said = window_refusal(_loader.require(dist), dist.top, sliding_window=sliding_window,
+                              chunked=chunked, v2=self.block_manager_v2)
+        if said is not None:
+            raise MisuseError(f"{dist.dist} {dist.version} refuses these settings at start-up "
+                              f"(its EngineArgs.create_engine_config): {said}")
         # the release's target, on a pool one larger (the null block's), its CacheConfig
-        # carrying the window
+        # carrying the window; chunked prefill as the release's SchedulerConfig sets it
         super().__init__(num_blocks + 1, block_size, budget, max_seqs, policy, False, spec,
-                         max_model_len, False, version, engine, sliding_window=sliding_window)
+                         max_model_len, chunked, version, engine, sliding_window=sliding_window)
+        self.chunked = chunked
         self.num_blocks = num_blocks
         self.sliding_window = sliding_window
         self.window_blocks = self.manager.max_block_sliding_window
@@ -103,11 +192,13 @@ class VllmV0EngineWindowTarget(VllmV0EngineTarget):
 def make_window(num_blocks: int, block_size: int, sliding_window: int, budget: int = 16,
                 max_seqs: int = 8, policy: str = "fcfs", caching: bool = False,
                 spec: int = 0, version: str | None = None,
-                max_model_len: int | None = None,
-                engine: str = ENGINE_KEY) -> VllmV0EngineWindowTarget:
-    """vLLM v0's scheduler with a sliding window of ``sliding_window`` tokens."""
+                max_model_len: int | None = None, engine: str = ENGINE_KEY,
+                chunked: bool = False) -> VllmV0EngineWindowTarget:
+    """vLLM v0's scheduler with a sliding window of ``sliding_window`` tokens (``chunked``:
+    chunked prefill on)."""
     return VllmV0EngineWindowTarget(num_blocks, block_size, sliding_window, budget, max_seqs,
-                                    policy, caching, spec, max_model_len or 0, version, engine)
+                                    policy, caching, spec, max_model_len or 0, version, engine,
+                                    chunked)
 
 
 def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
@@ -118,3 +209,13 @@ def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
     ``block_size // block_size + 2`` = 3 blocks)."""
     return make_window(num_blocks, block_size, block_size, budget, max_seqs, policy, caching,
                        spec, version, max_model_len)
+
+
+def make_chunked(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
+                 policy: str = "fcfs", caching: bool = False, spec: int = 0,
+                 version: str | None = None,
+                 max_model_len: int | None = None) -> VllmV0EngineWindowTarget:
+    """``make``'s window (``block_size`` tokens) with chunked prefill on
+    (``enable_chunked_prefill``)."""
+    return make_window(num_blocks, block_size, block_size, budget, max_seqs, policy, caching,
+                       spec, version, max_model_len, chunked=True)

@@ -166,6 +166,10 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
                               "(CacheConfig.sliding_window, as the engine sets it for a "
                               "sliding-window model): the release's windowed can_allocate, "
                               "allocate and append_slots; prefix caching off"),
+    "vllm-v0-engine-window-chunked": ("kvcheck.impl.thirdparty.vllm_v0_engine_window:"
+                                      "make_chunked",
+                                      "vllm-v0-engine-window with chunked prefill on "
+                                      "(@0.4.3..0.9.2: accepted with block manager v2)"),
     "vllm-v0-engine-v1": ("kvcheck.impl.thirdparty.vllm_v0_engine_v1:make",
                           "vllm-v0-engine on the release's BlockSpaceManagerV1, the block "
                           "manager its scheduler builds by default to 0.6.2 "
@@ -181,6 +185,10 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
     "aphrodite-v0-engine-window": ("kvcheck.impl.thirdparty.aphrodite_v0_engine:make_window",
                                    "aphrodite-v0-engine with a sliding window of one block's "
                                    "tokens, as vllm-v0-engine-window"),
+    "aphrodite-v0-engine-window-chunked": ("kvcheck.impl.thirdparty.aphrodite_v0_engine:"
+                                           "make_window_chunked",
+                                           "aphrodite-v0-engine-window with chunked prefill "
+                                           "on"),
     "aphrodite-v1-engine": ("kvcheck.impl.thirdparty.aphrodite_v1_engine:make",
                             "vllm-v1-engine on aphrodite-engine's own v1 Scheduler, "
                             "KVCacheManager and Request (0.24.1; @0.20.0..0.24.1)"),
