@@ -66,7 +66,13 @@ F8.) The manager's ``num_total_gpu_blocks`` and watermark are then those of ``nu
 The oracle (``kvcheck.models.engine.oracle``) reads ``null_block`` (vLLM's id of the null
 block, as the KV calls name it) and ``sliding_window``: a table entry replaced by the null
 block at an ``append_slots`` is a block dropped behind the window (``spec.engine.WINDOW``:
-legal only when it holds none of the last ``S`` tokens).
+legal only when it holds none of the last ``S`` tokens of the KV call's ``tokens``). The
+tokens an ``append_slots`` call is recorded with are the request's up to and including the
+next one the forward pass computes (``get_num_computed_tokens() + 1``, read before the
+call): while decoding that is every token (the sampled one is next), but mid-way through a
+chunked prefill the rest of the prompt is not attended to yet, and the window the next chunk
+needs ends at its first token -- judged by the whole prompt, a drop of a block the next chunk
+still reads would pass.
 """
 
 from __future__ import annotations
@@ -136,6 +142,26 @@ def window_refusal(root: Path | str, top: str, *, sliding_window: int, chunked: 
     return None
 
 
+class _UpToNext:
+    """The manager's recorded ``append_slots`` whose KV call carries the request's tokens up
+    to and including the next one computed (the module doc: what the window rule reads). A
+    plain object, so a deep copy of the target records into the copy."""
+
+    def __init__(self, target: VllmV0EngineWindowTarget, recorder: Any):
+        self.target, self.recorder = target, recorder
+
+    def __call__(self, *args, **kwargs):
+        seq = args[0] if args else next(iter(kwargs.values()))  # seq= (the scheduler's call)
+        upto = seq.data.get_num_computed_tokens() + 1
+        calls = self.target.kv_calls
+        at = len(calls)
+        try:
+            return self.recorder(*args, **kwargs)
+        finally:
+            for c in calls[at:]:
+                c.tokens = c.tokens[:upto]
+
+
 class VllmV0EngineWindowTarget(VllmV0EngineTarget):
     """vLLM v0's engine core with ``CacheConfig.sliding_window`` set (see the module doc)."""
 
@@ -167,6 +193,8 @@ class VllmV0EngineWindowTarget(VllmV0EngineTarget):
         super().__init__(num_blocks + 1, block_size, budget, max_seqs, policy, False, spec,
                          max_model_len, chunked, version, engine, sliding_window=sliding_window)
         self.chunked = chunked
+        name = "append_slots" if hasattr(type(self.manager), "append_slots") else "append_slot"
+        setattr(self.manager, name, _UpToNext(self, getattr(self.manager, name)))
         self.num_blocks = num_blocks
         self.sliding_window = sliding_window
         self.window_blocks = self.manager.max_block_sliding_window

@@ -15,6 +15,7 @@ the chunked windowed runs pass while blocks leave the table mid-prefill.
 
 from __future__ import annotations
 
+import copy
 import traceback
 
 import pytest
@@ -24,9 +25,10 @@ from kvcheck.engines import MisuseError
 from kvcheck.impl.thirdparty import _loader, install
 from kvcheck.impl.thirdparty import aphrodite_v0_engine as ae
 from kvcheck.impl.thirdparty import vllm_v0_engine_window as w
-from kvcheck.models.engine.model import EngineScope
+from kvcheck.models.engine.model import EngineOp, EngineScope
+from kvcheck.models.engine.oracle import WINDOW
 from kvcheck.spec.state import NULL
-from kvcheck.verify import verify
+from kvcheck.verify import replay_ops, verify
 
 REFUSAL = "Chunked prefill is not supported with sliding window"
 
@@ -86,6 +88,29 @@ def test_a_prompt_is_chunked_and_its_first_block_dropped_mid_prefill():
     assert [s[:2] for s in seen] == [(8, 8), (8, 16), (8, 24)], seen
     assert seen[1][2] != NULL and seen[2][2] == NULL, seen
     assert len(t.blocks(0)) == 6 and NULL not in t.free_blocks()
+
+
+def test_a_drop_mid_prefill_inside_the_window_is_caught():
+    """A target claiming a window of 16 tokens on a release that keeps 3 blocks of 4: the
+    third chunk's ``append_slots`` (16 of a 24-token prompt computed) drops block 0, tokens
+    0 .. 3, which the next token (16) still attends to under the claim. The KV call carries
+    the tokens up to the next one computed (17), so the window rule sees it; judged by the
+    whole prompt (24) it would pass, and the request, finished by its first sampled token,
+    never decodes to show it later. The honest target passes the same operations."""
+    ops = [EngineOp("add", seq=0, tokens=[2 + i % 5 for i in range(24)], max_new=1,
+                    priority=0), *(EngineOp("step", gen=g) for g in range(3))]
+    scope = {"num_blocks": 8, "block_size": 4, "budget": 8, "max_seqs": 8, "caching": False}
+
+    def wide(*a, **k):
+        t = w.make_chunked(*a, **k)
+        t.sliding_window = 16  # (the release keeps 3 blocks: 12 .. 15 tokens back)
+        return t
+    good = replay_ops("engine", lambda *a, **k: w.make_chunked(*a, **k), scope,
+                      copy.deepcopy(ops))
+    assert good.violation is None, good.violation
+    bad = replay_ops("engine", wide, scope, copy.deepcopy(ops)).violation
+    assert bad is not None and bad.name == WINDOW and bad.step == 4, bad
+    assert "(17 tokens, a window of 16) replaced its block 0" in bad.witness, bad.witness
 
 
 def test_11168_is_reached_through_the_chunked_scheduler_raw():
