@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kvcheck.check import watchdog as watchdog_module
+
 # Roles of an operation's arguments: what the checker may do with them.
 SEQ = "seq"  # a live sequence id (renumbered; drawn from the live ones)
 NEW_SEQ = "new_seq"  # a fresh sequence id (renumbered; drawn fresh)
@@ -136,6 +138,42 @@ class RunState(Protocol):
 
     def observed_json(self) -> dict:
         """The state observed after the last step, as JSON (for traces)."""
+
+
+def recorded_step(state: Any, op, watchdog, check: Callable[[Any, Any], Any]):
+    """``RunState.step`` for an oracle whose ``valid`` is its operations' precondition (the
+    scheduler's and the engine's): the run's violation again once there is one;
+    ``ValueError`` for an ``op`` not valid now; else ``recorded``."""
+    if state.violation is not None:
+        return state.violation
+    if not state.valid(op):
+        raise ValueError(f"{op.kind} is not valid now: {op}")
+    return recorded(state, op, watchdog, check)
+
+
+def recorded(state: Any, op, watchdog, check: Callable[[Any, Any], Any]):
+    """The rest of ``RunState.step`` once ``op`` met its precondition: the operation counted
+    (``state.steps``: the number ``check`` reads as its step's), ``check(op, watchdog)``
+    (the violation or None) under ``watchdog`` (default: the active one, also what
+    ``check`` gets), the operation and its outcome given to the run's recorder
+    (``kvcheck.check.watchdog.RECORDER``), and the violation kept as the run's."""
+    state.steps += 1
+    if watchdog is None:
+        watchdog = watchdog_module.active_watchdog()
+    recorder = watchdog_module.RECORDER
+    if recorder is not None:
+        recorder.op(op)
+    if watchdog is not None:
+        watchdog.enter()
+    try:
+        v = check(op, watchdog)
+    finally:
+        if watchdog is not None:
+            watchdog.leave()
+    if recorder is not None:
+        recorder.outcome(op, v)
+    state.violation = v
+    return v
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ import copy
 from operator import index
 
 from kvcheck.check import evidence
-from kvcheck.check import watchdog as watchdog_module
 from kvcheck.check.copies import deep_copy
+from kvcheck.check.model import recorded
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, Watchdog, active_watchdog, record_phase
 from kvcheck.compile.tracer import Untraceable
@@ -228,15 +228,10 @@ class Oracle:
             if not self._precondition(op):
                 raise ValueError(f"precondition of {op.kind} fails: {op}")
         self._approved = None
-        self.steps += 1
         op.cycle = self.cycle
-        if watchdog is None:
-            watchdog = active_watchdog()
-        recorder = watchdog_module.RECORDER
-        if recorder is not None:
-            recorder.op(op)
-        if watchdog is not None:
-            watchdog.enter()
+        return recorded(self, op, watchdog, self._checked)
+
+    def _checked(self, op: Op, watchdog: Watchdog | None) -> Violation | None:
         try:
             v = self._step(op, watchdog)
             if v is None and self.mode == "fast" and self.steps % self.sweep_every == 0:
@@ -244,12 +239,6 @@ class Oracle:
         except OperationTimeout as exc:  # while observing or checking: the call itself is judged in _invoke
             v = Violation(self.steps, "hang", op.kind, witness=(
                 f"observing the allocator after {op.kind} {exc}"))
-        finally:
-            if watchdog is not None:
-                watchdog.leave()
-        if recorder is not None:
-            recorder.outcome(op, v)
-        self.violation = v
         return v
 
     def resync(self, op: Op) -> bool:

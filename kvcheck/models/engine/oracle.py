@@ -43,8 +43,8 @@ The run's ``sweep`` drains the engine (steps while a request is unfinished, reco
 from __future__ import annotations
 
 from kvcheck.check import evidence
-from kvcheck.check import watchdog as watchdog_module
 from kvcheck.check.copies import deep_copy
+from kvcheck.check.model import recorded_step
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import Interrupted, OperationTimeout, Watchdog, active_watchdog
 from kvcheck.errors import what_it_did
@@ -152,30 +152,14 @@ class EngineOracle:
         return False
 
     def step(self, op, watchdog: Watchdog | None = None) -> Violation | None:
-        if self.violation is not None:
-            return self.violation
-        if not self.valid(op):
-            raise ValueError(f"{op.kind} is not valid now: {op}")
-        self.steps += 1
+        return recorded_step(self, op, watchdog, self._checked)
+
+    def _checked(self, op, _watchdog) -> Violation | None:
         n = self.steps
-        if watchdog is None:
-            watchdog = active_watchdog()
-        recorder = watchdog_module.RECORDER
-        if recorder is not None:
-            recorder.op(op)
-        if watchdog is not None:
-            watchdog.enter()
         try:
-            v = getattr(self, "_" + op.kind)(op, n)
+            return getattr(self, "_" + op.kind)(op, n)
         except OperationTimeout as exc:
-            v = Violation(n, "hang", op.kind, witness=f"{op.kind} hung: {exc}")
-        finally:
-            if watchdog is not None:
-                watchdog.leave()
-        if recorder is not None:
-            recorder.outcome(op, v)
-        self.violation = v
-        return v
+            return Violation(n, "hang", op.kind, witness=f"{op.kind} hung: {exc}")
 
     def sweep(self, watchdog: Watchdog | None = None) -> Violation | None:
         """Drain the engine (steps while a request is unfinished, recorded in ``implied``;

@@ -38,8 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvcheck.check import evidence
-from kvcheck.check import watchdog as watchdog_module
 from kvcheck.check.copies import deep_copy
+from kvcheck.check.model import recorded_step
 from kvcheck.check.violation import Violation
 from kvcheck.check.watchdog import CONTROL, Interrupted, OperationTimeout, Watchdog, active_watchdog
 from kvcheck.compile.tracer import Untraceable
@@ -212,32 +212,17 @@ class SchedOracle:
 
     def step(self, op, watchdog: Watchdog | None = None) -> Violation | None:
         """Run ``op`` and check it (``ValueError`` for one that is not valid now)."""
-        if self.violation is not None:
-            return self.violation
-        if not self.valid(op):
-            raise ValueError(f"{op.kind} is not valid now: {op}")
-        self.steps += 1
+        return recorded_step(self, op, watchdog, self._checked)
+
+    def _checked(self, op, _watchdog) -> Violation | None:
         n = self.steps
-        if watchdog is None:
-            watchdog = active_watchdog()
-        recorder = watchdog_module.RECORDER
-        if recorder is not None:
-            recorder.op(op)
-        if watchdog is not None:
-            watchdog.enter()
         try:
-            v = self._add(op, n) if op.kind == "add" else self._step(op, n)
+            return self._add(op, n) if op.kind == "add" else self._step(op, n)
         except ObservationError as exc:
-            v = Violation(n, "malformed", "observation", witness=str(exc))
+            return Violation(n, "malformed", "observation", witness=str(exc))
         except OperationTimeout as exc:
-            v = Violation(n, "hang", "observation", witness=f"reading the scheduler's queues {exc}")
-        finally:
-            if watchdog is not None:
-                watchdog.leave()
-        if recorder is not None:
-            recorder.outcome(op, v)
-        self.violation = v
-        return v
+            return Violation(n, "hang", "observation",
+                             witness=f"reading the scheduler's queues {exc}")
 
     def sweep(self, watchdog: Watchdog | None = None) -> Violation | None:
         """Drain the workload (steps while there is work, each recorded in ``implied``), then:
