@@ -13,12 +13,13 @@ adapter asks for vLLM's module names and gets aphrodite's; what differs is read 
 files, as for vLLM's releases).
 
 Stand-ins: ``vllm_v1_engine``'s (``STUBS``, ``OFF``: each named there with its reason) under
-aphrodite's names, and below (``EXTRA``) what only the fork imports: its config module
-(``aphrodite.config``: the settings come from ``vllm_v1_engine.EngineConfig``, the
-scheduler's constructor takes them as ``aphrodite_config``) and
-``aphrodite.utils.mem_utils`` (a log message's ``format_gib``; the real module imports
-psutil). The environment settings are the release's own ``aphrodite/envs.py``, as vLLM's
-are.
+aphrodite's names, and what only the fork imports: its config module (``aphrodite.config``:
+the settings come from ``vllm_v1_engine.EngineConfig``, the scheduler's constructor takes
+them as ``aphrodite_config``) and ``aphrodite.utils.mem_utils`` (a log message's
+``format_gib``; the real module imports psutil: ``EXTRA``, the fork's entry in
+``vllm_v1_engine.FORKS``, held there so that a load of the fork finds it whichever module
+was imported first). The environment settings are the release's own ``aphrodite/envs.py``,
+as vLLM's are.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ from __future__ import annotations
 from . import aphrodite, vllm_v1_engine
 from .vllm_v1_engine import EngineTarget
 
-ENGINE_KEY = "aphrodite"  # its row in install.ENGINES: aphrodite-engine 0.20.0 .. 0.24.1
-EXTRA = {"vllm.utils.mem_utils": aphrodite.STUBS["aphrodite.utils.mem_utils"]}
-vllm_v1_engine.FORKS[ENGINE_KEY] = ("aphrodite", EXTRA)
+ENGINE_KEY = aphrodite.ENGINE_KEY  # "aphrodite", its row in install.ENGINES: 0.20.0 .. 0.24.1
+EXTRA = vllm_v1_engine.FORKS[ENGINE_KEY][1]
 
 
 def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,

@@ -73,6 +73,27 @@ def test_a_manager_that_does_not_free_is_caught():
                                 "free: the request holds no block afterwards"), r.violation
 
 
+def test_the_fork_is_known_to_vllm_v1_engine_before_its_adapter_is_imported():
+    """``vllm_v1_engine.FORKS`` holds aphrodite itself: in a fresh interpreter that never
+    imports ``aphrodite_v1_engine``, a load of the fork's key gets the fork's package and
+    stand-ins (it was registered only by that import: a load asked first read aphrodite's
+    files under vLLM's names)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from kvcheck.impl.thirdparty import vllm_v1_engine as e\n"
+            "top, extra = e.FORKS['aphrodite']\n"
+            "assert 'kvcheck.impl.thirdparty.aphrodite_v1_engine' not in sys.modules\n"
+            "print(top, sorted(extra))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == f"aphrodite {sorted(aphrodite_v1_engine.EXTRA)}"
+    assert vllm_v1_engine.FORKS[aphrodite_v1_engine.ENGINE_KEY] == ("aphrodite",
+                                                                    aphrodite_v1_engine.EXTRA)
+
+
 def test_every_stand_in_is_declared_with_its_reason():
     mods = vllm_v1_engine.load(None, aphrodite_v1_engine.ENGINE_KEY)
     stubs = {**vllm_v1_engine.STUBS, **aphrodite_v1_engine.EXTRA}
