@@ -6,7 +6,13 @@ run on 0.6.4.post1, 0.6.5, 0.6.6.post1, 0.7.0, 0.7.2, 0.8.0, 0.8.2, 0.8.4 .. 0.3
 the manager preallocates blocks beyond a request's need (``num_preallocate_tokens``, 64,
 as the release's scheduler leaves it): ``preallocate_blocks``, the bound the engine model
 checks a table by; every release's table is also bounded by its block-table row,
-``cdiv(max_model_len, block_size)`` (``max_model_len``, 65,536 unless the run sets it).
+``cdiv(max_model_len, block_size)``. ``max_model_len`` is checked against the pool as the
+release checks it at start-up (``vllm_config.check_pool``: its own
+``check_enough_kv_cache_memory``, 0.7.0 on, or its v1 worker's ``initialize_cache``, 0.6.x,
+compiled from its source): one it refuses is refused in its words (one line, exit 2); unset,
+it is the largest the release accepts on the pool, at most 65,536 (``vllm_config.largest_len``:
+vLLM's ``max_model_len=-1`` auto-fit) -- the usable blocks' tokens from 0.29.0 and to 0.8.2,
+one block more in 0.8.3 .. 0.28.0, whose check counts the null block in.
 
 The early releases (to 0.8.2: the scheduler in ``vllm/v1/core/scheduler.py`` to 0.8.0, in
 ``vllm/v1/core/sched/`` in 0.8.2) are driven the same way; what differs is read from the
@@ -64,7 +70,9 @@ without vLLM's dependencies, or one that only reports:
     (policy, token budget, max_num_seqs, prefix caching, speculative tokens, block size).
     What the real ``SchedulerConfig`` refuses at start-up is refused first, in the release's
     own words: its validation method, compiled from its own source (``vllm_config.refusal``),
-    runs on the settings (a budget below ``max_num_seqs``).
+    runs on the settings (a budget below ``max_num_seqs``); then what its KV-cache sizing
+    refuses of the pool (``vllm_config.pool_refusal``: a ``max_model_len`` one request of
+    which the pool cannot hold).
 ``msgspec``
     not installed here: ``Struct`` is a plain record base (fields from the annotations,
     defaults, ``__post_init__`` called as msgspec calls it); no behaviour reads the
@@ -734,7 +742,8 @@ class EngineSettings:
     policy: str = "fcfs"  # or "priority"
     enable_prefix_caching: bool = True
     num_speculative_tokens: int = 0  # n-gram style drafts (no drafter forward pass)
-    max_model_len: int = 1 << 16
+    # 0: the largest the release accepts on this pool, at most 65,536 (vllm_config.largest_len)
+    max_model_len: int = 0
 
 
 def engine_config(s: EngineSettings, null: int = 1) -> Settings:
@@ -769,7 +778,8 @@ def engine_config(s: EngineSettings, null: int = 1) -> Settings:
         "cache_config", block_size=s.block_size, num_gpu_blocks=s.num_blocks + null,
         enable_prefix_caching=s.enable_prefix_caching, enable_mamba_shared_prefix_checkpoint=False,
         mamba_cache_mode="none", num_preallocate_tokens=None, sliding_window=None,
-        prefix_caching_hash_algo="sha256", cpu_offload_gb=0, num_cpu_blocks=None)
+        prefix_caching_hash_algo="sha256", cpu_offload_gb=0, num_cpu_blocks=None,
+        enable_extensible_kv_cache=False)
     model = Settings(
         "model_config", uses_mrope=False, uses_xdrope=False, is_encoder_decoder=False,
         runner_type="generate",
@@ -915,21 +925,33 @@ class EngineTarget:
                  engine: str = ENGINE_KEY):
         if settings.num_blocks < 1 or settings.block_size < 1:
             raise MisuseError("num_blocks and block_size must be positive")
-        self.settings = settings
         self.num_blocks, self.block_size = settings.num_blocks, settings.block_size
-        self.max_model_len = settings.max_model_len  # a request's block-table row, in tokens
         mods = load(version, engine)
         self.version = mods.dist.version
         name = "vLLM" if engine == ENGINE_KEY else mods.dist.dist
         self._mods = mods
+        # vLLM's block 0 is a null block outside the pool from 0.8.3 (the oracle's ids are
+        # then vLLM's less one); before, every block is the pool's (read from block_pool.py)
+        self.block_offset = int(_has_null_block(mods))
+        # the pool at start-up (vllm_config.pool_refusal): the release's own check of
+        # max_model_len against num_gpu_blocks; unset, the largest it accepts (<= 65,536)
+        gpu_blocks = settings.num_blocks + self.block_offset
+        asked = settings.max_model_len
+        pool = (engine_config(dataclasses.replace(settings, max_model_len=asked or 1),
+                              self.block_offset), _layer_spec(mods, settings.block_size))
+        if not asked:
+            settings = dataclasses.replace(settings, max_model_len=vllm_config.largest_len(
+                mods, gpu_blocks, settings.block_size, pool))
+        self.settings = settings
+        self.max_model_len = settings.max_model_len  # a request's block-table row, in tokens
         # what the release's SchedulerConfig refuses at start-up, in its own words (a budget
         # below max_num_seqs); v1 always chunks a prefill
         vllm_config.check(mods.dist, mods.root, budget=settings.max_num_batched_tokens,
                           max_seqs=settings.max_num_seqs, max_model_len=settings.max_model_len,
                           chunked=True)
-        # vLLM's block 0 is a null block outside the pool from 0.8.3 (the oracle's ids are
-        # then vLLM's less one); before, every block is the pool's (read from block_pool.py)
-        self.block_offset = int(_has_null_block(mods))
+        if asked:  # then the KV pool's check, as the engine makes them (config, then cache)
+            vllm_config.check_pool(mods, gpu_blocks, settings.block_size, asked, pool,
+                                   self.block_offset)
         self.config = engine_config(settings, self.block_offset)
         if settings.num_speculative_tokens and "spec_token_ids" not in {
                 f.name for f in dataclasses.fields(mods["vllm.v1.outputs"].ModelRunnerOutput)} \
@@ -1220,15 +1242,26 @@ def _build_scheduler(mods: Loaded, config: Settings, s: EngineSettings, null: in
     return cls(**{k: v for k, v in values.items() if k in params})
 
 
+def _layer_spec(mods: Loaded, block_size: int):
+    """The engine's one layer: the release's ``FullAttentionSpec`` (one KV head of size 1 in
+    float16), or ``None`` where the release has no ``kv_cache_interface`` (to 0.6.6.post1)."""
+    if not mods.has("vllm.v1.kv_cache_interface"):
+        return None
+    import torch
+
+    iface = mods["vllm.v1.kv_cache_interface"]
+    values = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1,
+              "dtype": torch.float16, "use_mla": False, "sliding_window": None,
+              "attention_chunk_size": None}
+    fields = {f.name for f in dataclasses.fields(iface.FullAttentionSpec)}
+    return iface.FullAttentionSpec(**{k: v for k, v in values.items() if k in fields})
+
+
 def _kv_cache_config(mods: Loaded, s: EngineSettings, torch: Any, null: int):
     """One full-attention KV-cache group of ``num_blocks + 1`` blocks (vLLM's null block on
     top), in the release's ``KVCacheConfig`` shape."""
     iface = mods["vllm.v1.kv_cache_interface"]
-    values = {"block_size": s.block_size, "num_kv_heads": 1, "head_size": 1,
-              "dtype": torch.float16, "use_mla": False, "sliding_window": None,
-              "attention_chunk_size": None}
-    fields = {f.name for f in dataclasses.fields(iface.FullAttentionSpec)}
-    spec = iface.FullAttentionSpec(**{k: v for k, v in values.items() if k in fields})
+    spec = _layer_spec(mods, s.block_size)
     group = iface.KVCacheGroupSpec(["layer.0"], spec)
     cfg_fields = {f.name for f in dataclasses.fields(iface.KVCacheConfig)}
     cfg = {"num_blocks": s.num_blocks + null, "tensors": {}, "kv_cache_tensors": [],
@@ -1243,7 +1276,9 @@ def make(num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
     """The engine target: the release's scheduler over ``num_blocks`` usable blocks of
     ``block_size``, a step's token budget ``budget``, ``max_seqs``, the scheduling
     ``policy``, prefix caching on or off, ``spec`` speculative tokens per step, and
-    ``max_model_len`` (the model's context length; 65,536 unless given)."""
+    ``max_model_len`` (the model's context length: refused in the release's words where its
+    start-up check refuses it on this pool; unset, the largest it accepts, at most
+    65,536)."""
     more = {} if not max_model_len else {"max_model_len": max_model_len}
     return EngineTarget(EngineSettings(num_blocks, block_size, max_num_batched_tokens=budget,
                                        max_num_seqs=max_seqs, policy=policy,
