@@ -94,6 +94,21 @@ def test_each_v1_generation_refuses_in_its_own_check(version, most, where, says)
                                max_model_len=most).max_model_len == most
 
 
+def test_aphrodite_s_v1_refuses_in_its_own_copy_of_the_check():
+    """aphrodite-engine's v1 carries vLLM's check under its own names: 0.22.0 counts the null
+    block in, 0.24.1 holds it back (as vLLM 0.29.0 on)."""
+    from kvcheck.impl.thirdparty import aphrodite_v1_engine
+
+    for version, most in (("0.22.0", 36), ("0.24.1", 32)):
+        install.ensure(install.ENGINES[aphrodite_v1_engine.ENGINE_KEY], version)
+        assert aphrodite_v1_engine.make(8, 4, version=version).max_model_len == most
+        err = _refusal(aphrodite_v1_engine.make, num_blocks=8, block_size=4, version=version,
+                       max_model_len=most + 1)
+        assert (f"aphrodite-engine {version} refuses max_model_len {most + 1} at start-up"
+                in err and "its aphrodite/v1/core/kv_cache_utils.py: To serve at least one "
+                           "request with the model" in err), err
+
+
 def test_v0_refuses_in_its_worker_s_words_and_aphrodite_v0_only_logs():
     """vLLM v0's worker (``raise_if_cache_size_invalid``; 0.4.0's ``check_block_size_valid``)
     refuses a length past ``block_size * num_gpu_blocks``; aphrodite 0.6.x's copy logs an
