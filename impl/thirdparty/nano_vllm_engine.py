@@ -46,7 +46,11 @@ off (the ``BlockManager`` always caches), priority scheduling, speculative decod
 stops a request only at its EOS or ``max_tokens``: a sequence (re)admitted by prefill must
 fit the step's budget whole, so the engine model draws only requests whose prompt and
 output fit ``longest_request`` tokens (``max_model_len`` where the run sets it, else the
-budget): the requests the real ``Config`` lets a user send.
+budget): the requests the real ``Config`` lets a user send. nano-vllm checks no
+``max_model_len`` against the pool at start-up (its ``ModelRunner`` sizes the pool from the
+free memory and asks only for one block at least; upstream's and the npu fork's too), so
+no length is refused for the pool
+here, unlike vLLM's targets (``vllm_config.check_pool``).
 
 KV calls, recorded at the ``BlockManager``'s boundary and given to the engine oracle under
 the names whose contracts they satisfy (``KVCall``):

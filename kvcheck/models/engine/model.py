@@ -26,8 +26,9 @@ token budget (``budget``: chunked prefill), ``max_seqs``, the scheduling ``polic
 and ``random``, which promise no FCFS order: no rule here assumes one), prefix caching
 (``caching``), the speculative tokens per step (``spec``: n-gram style drafts, 0 = none)
 and ``max_model_len`` (the tokens a request may reach, hence its block-table row:
-``cdiv(max_model_len, block_size)`` blocks; 0 = the engine's default, which no request of
-the pool reaches). What the run checks lives in ``oracle``.
+``cdiv(max_model_len, block_size)`` blocks; 0 = the engine's default: for vLLM's targets the
+largest its release accepts on the pool at start-up, which no request the pool holds
+reaches). What the run checks lives in ``oracle``.
 Shrinking works on requests and steps (the generic shrinker drops operations, truncates
 prompts, lowers counts; here: an abort dropped with its request, steps cut from the end).
 """
@@ -69,7 +70,7 @@ class EngineScope:
     policy: str = "fcfs"
     caching: bool = True
     spec: int = 0
-    max_model_len: int = 0  # tokens a request may reach (0: the engine's default, unbounded)
+    max_model_len: int = 0  # tokens a request may reach (0: the engine's default for the pool)
 
     def describe(self) -> str:
         return (f"{self.num_blocks} blocks x {self.block_size} slots, budget {self.budget} "
