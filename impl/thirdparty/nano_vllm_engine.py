@@ -49,8 +49,7 @@ output fit ``longest_request`` tokens (``max_model_len`` where the run sets it, 
 budget): the requests the real ``Config`` lets a user send. nano-vllm checks no
 ``max_model_len`` against the pool at start-up (its ``ModelRunner`` sizes the pool from the
 free memory and asks only for one block at least; upstream's and the npu fork's too), so
-no length is refused for the pool
-here, unlike vLLM's targets (``vllm_config.check_pool``).
+no length is refused for the pool here, unlike vLLM's targets (``vllm_config.check_pool``).
 
 KV calls, recorded at the ``BlockManager``'s boundary and given to the engine oracle under
 the names whose contracts they satisfy (``KVCall``):
