@@ -10,6 +10,10 @@ idempotent, nothing downloaded when installed), runs the entry's kvcheck command
 * caught: the buggy release fails with the expected violation (clause; a list: any of
   them, one bug with several symptoms); another verdict is a miss, printed with what
   kvcheck said;
+* inconclusive: a run that did not finish -- cut by ``--timeout`` (a wall-clock limit that
+  guards against a hang, never a verdict: time decides nothing) or ending INCONCLUSIVE
+  (exit 4, kvcheck's own budget) -- is neither a catch, nor a miss, nor a false alarm; it
+  is printed as such and counted apart;
 * false alarm: the fixed release does not pass (a documented deviation allowed by the
   command's ``--allow`` is not an alarm; it is counted in the command's output). A fixed
   release that still has another, documented bug (``fixed_findings``: finding id -> the
@@ -34,11 +38,14 @@ that operation).
 Entries out of reach, and pending ones, are listed with what kvcheck lacks and their raw
 replay (when they have one); they are not in the totals. The last line is
 ``caught X/Y on buggy releases, N of them on the release's own code, Z false alarms on fixed
-releases``: N counts the entries caught whose ``runs_release_code`` is ``yes``.
+releases``: N counts the entries caught whose ``runs_release_code`` is ``yes``; when a
+run did not finish, ``, K inconclusive (a release whose run did not finish: not counted
+either way)`` follows (K counts releases, an entry's buggy and fixed apart).
 
 ``--dry-run`` checks the catalogue's schema and prints each command, installing and
 running nothing. Exit 0 when every entry in reach was caught with no false alarm and
-every raw replay agreed, 1 otherwise, 2 on a bad catalogue.
+every raw replay agreed, 1 on a miss, a false alarm or a disagreeing replay, 4 when nothing
+failed but some run did not finish (inconclusive), 2 on a bad catalogue.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 CATALOGUE = HERE / "catalogue.json"
+INCONCLUSIVE = 4  # kvcheck's exit for a run a budget cut short (kvcheck.errors.INCONCLUSIVE)
 
 REQUIRED = ("id", "engine", "generation", "issue", "title", "buggy", "fixed", "reach",
             "runs_release_code")
@@ -177,8 +185,11 @@ def run_kvcheck(entry: dict, version: str, timeout: float, seed: int | None = No
         p = subprocess.run([sys.executable, "-m", "kvcheck.cli", *args], cwd=ROOT,
                            capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"rc": None, "verdict": f"did not finish in {timeout:.0f} s", "wall": timeout}
+        return {"rc": None, "verdict": f"did not finish in {timeout:.0f} s (--timeout)",
+                "wall": timeout, "unfinished": True}
     out = {"rc": p.returncode, "wall": time.monotonic() - start, "args": args}
+    if p.returncode == INCONCLUSIVE:
+        out["unfinished"] = True
     try:
         data = json.loads(p.stdout)
     except ValueError:
@@ -206,16 +217,20 @@ def clause(violation: dict) -> str | None:
     return name
 
 
-def replay_on(entry: dict, trace: Path, version: str, timeout: float) -> tuple[bool, str]:
-    """Whether ``trace`` passes on ``version`` of the entry's target (``kvcheck replay``)."""
+def replay_on(entry: dict, trace: Path, version: str,
+              timeout: float) -> tuple[bool | None, str]:
+    """Whether ``trace`` passes on ``version`` of the entry's target (``kvcheck replay``);
+    None when the replay did not finish (cut by ``--timeout``, or INCONCLUSIVE)."""
     target = next(a for a in entry["command"] if "{version}" in a).replace("{version}", version)
     try:
         p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "replay", str(trace),
                             "--target", target], cwd=ROOT, capture_output=True, text=True,
                            timeout=timeout)
     except subprocess.TimeoutExpired:
-        return False, f"replay did not finish in {timeout:.0f} s"
+        return None, f"replay did not finish in {timeout:.0f} s (--timeout)"
     line = (p.stdout.strip().splitlines() or p.stderr.strip().splitlines() or ["no output"])[0]
+    if p.returncode == INCONCLUSIVE:
+        return None, line
     return p.returncode == 0, line
 
 
@@ -236,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=None, metavar="ID")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--no-raw", action="store_true", help="skip the raw replays")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per kvcheck run")
+    ap.add_argument("--timeout", type=float, default=1200.0,
+                    help="seconds per kvcheck run before it is reported INCONCLUSIVE (a guard "
+                         "against a hang, never a verdict; default 1200)")
     ap.add_argument("--seeds", type=int, default=1, metavar="N",
                     help="run each command with N seeds (the catalogue's, then 1, 2, ...): a "
                          "catch counts when every seed finds the expected clause, a false alarm "
@@ -254,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         entries = [e for e in entries if e["id"] in args.only]
     in_reach = [e for e in entries if e["reach"] == "yes"]
-    caught = alarms = raw_bad = own = 0
+    caught = alarms = raw_bad = own = unfinished = missed = 0
     for e in in_reach:
         versions = [("buggy", e["buggy"])] + ([("fixed", e["fixed"])] if e["fixed"] else [])
         print(f"{e['id']} ({e['engine']}, {e['issue']}): buggy {e['buggy']}, fixed "
@@ -281,17 +298,23 @@ def main(argv: list[str] | None = None) -> int:
                            range(1, args.seeds)]
         b = results["buggy"]
         want = expected(e)
+        cut = [r for r in [b] + extra["buggy"] if r.get("unfinished")]
         ok = b.get("rc") == 1 and b.get("violation") in want and all(
             r.get("rc") == 1 and r.get("violation") in want for r in extra["buggy"])
         caught += ok
         own += ok and e["runs_release_code"] == "yes"
-        if ok:
+        if cut and not ok:
+            unfinished += 1
+            print(f"  INCONCLUSIVE on {e['buggy']}: {cut[0]['verdict']} (not a miss: the run "
+                  f"did not finish)")
+        elif ok:
             print(f"  caught on {e['buggy']}: {b['violation']!r} in {b['seconds']:.2f} s, trace of "
                   f"{b['length']} operations (shrunk from {b['original']})")
             for seed, r in enumerate(extra["buggy"], 1):
                 other = "" if r["violation"] == b["violation"] else f" ({r['violation']!r})"
                 print(f"    seed {seed}: in {r['seconds']:.2f} s, {r['length']} operations{other}")
         else:
+            missed += 1
             print(f"  MISSED on {e['buggy']}: {b.get('violation') or b.get('verdict')} "
                   f"(expected {e['expected']!r})")
         if "fixed" in results:
@@ -300,13 +323,21 @@ def main(argv: list[str] | None = None) -> int:
             if f.get("rc") == 0 and bad:
                 f = bad[0]
             other = _documented(known, [f] + bad)
-            if f.get("rc") == 0:
+            if f.get("unfinished"):
+                unfinished += 1
+                print(f"  INCONCLUSIVE on {e['fixed']}: {f['verdict']} (not an alarm: the run "
+                      f"did not finish)")
+            elif f.get("rc") == 0:
                 dev = f" ({f['deviations']} allowed deviations)" if f.get("deviations") else ""
                 seeds = f" ({args.seeds} seeds)" if args.seeds > 1 else ""
                 print(f"  no alarm on {e['fixed']}: pass in {f['seconds']:.2f} s{dev}{seeds}")
             elif other and trace is not None and trace.is_file() and ok:
                 passes, said = replay_on(e, trace, e["fixed"], args.timeout)
-                if passes:
+                if passes is None:
+                    unfinished += 1
+                    print(f"  INCONCLUSIVE on {e['fixed']}: the buggy release's counterexample's "
+                          f"replay did not finish ({said}); documented finding {other} reported")
+                elif passes:
                     print(f"  no alarm on {e['fixed']}: the buggy release's counterexample "
                           f"passes there ({said}); documented finding {other} reported: "
                           f"{f.get('violation')!r}, trace of {f.get('length')} operations")
@@ -338,9 +369,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{len(others)} catalogued bug(s) pending or out of reach (not counted), "
           f"{raw_bad} raw replay(s) disagreeing")
+    cut = (f", {unfinished} inconclusive (a release whose run did not finish: not counted "
+           f"either way)" if unfinished else "")
     print(f"caught {caught}/{len(in_reach)} on buggy releases, {own} of them on the release's "
-          f"own code, {alarms} false alarms on fixed releases")
-    return 0 if caught == len(in_reach) and alarms == 0 and raw_bad == 0 else 1
+          f"own code, {alarms} false alarms on fixed releases{cut}")
+    if alarms or raw_bad or missed:
+        return 1
+    return INCONCLUSIVE if unfinished else 0
 
 
 def _documented(known: dict, runs: list) -> str | None:

@@ -333,3 +333,17 @@ def test_the_early_v1_entries_end_to_end():
         assert line in out, out
     assert out.splitlines()[-1] == ("caught 3/3 on buggy releases, 3 of them on the release's "
                                     "own code, 0 false alarms on fixed releases")
+
+
+def test_a_run_cut_by_the_wall_clock_is_inconclusive_never_a_miss_or_an_alarm():
+    # time never decides a verdict: --timeout only guards against a hang
+    p = _run("--only", "nano-vllm-144", "--no-raw", "--timeout", "0.01")
+    assert p.returncode == 4, p.stdout + p.stderr
+    out = p.stdout
+    assert "INCONCLUSIVE on 20260210: did not finish in 0 s (--timeout)" in out, out
+    assert "MISSED" not in out and "FALSE ALARM" not in out, out
+    assert out.splitlines()[-1].startswith("caught 0/1 on buggy releases, 0 of them on the "
+                                           "release's own code, 0 false alarms on fixed "
+                                           "releases, "), out
+    assert out.splitlines()[-1].endswith(" inconclusive (a release whose run did not finish: "
+                                         "not counted either way)"), out
