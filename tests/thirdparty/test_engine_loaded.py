@@ -52,6 +52,9 @@ LATER = {
                               "--ops", "300", "--seed", "3"), 0),  # its shuffle seeded by step
     "vllm-v0-engine-v1": (("verify-engine", "vllm-v0-engine-v1@0.4.2", "--no-prefix-caching",
                            "--seed", "1"), 0),  # block manager v1 under its own scheduler
+    "vllm-v0-engine-window-chunked": (
+        ("verify-engine", "vllm-v0-engine-window-chunked@0.8.5", "--no-prefix-caching",
+         "--block-size", "2", "--seed", "0"), 1),  # vllm-11168 through chunked prefill
 }
 
 
@@ -81,6 +84,7 @@ def test_later_engine_and_tier_targets_give_the_same_verdict_beside_cpu_hogs(tmp
     install.ensure(install.ENGINES["sglang-unified"], "0.5.12.post1")
     install.ensure(install.ENGINES["vllm-v1"], "0.33.0")
     install.ensure(install.ENGINES["vllm-v0-legacy"], "0.4.2")
+    install.ensure(install.ENGINES["vllm-v0"], "0.8.5")
     idle = _run_later(tmp_path, "idle")
     with hogs():
         loaded = _run_later(tmp_path, "loaded")
