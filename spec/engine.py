@@ -36,7 +36,10 @@ APPENDS_DOC = ("A request's table keeps its blocks and grows by the hits and the
                "just filled may be swapped for a cached block holding exactly the same prefix "
                "(vLLM v0's promotion of a full block to an identical cached one, "
                "PrefixCachingBlockAllocator.promote_to_immutable_block), and the step may then "
-               "write the same tokens' KV into it again.")
+               "write the same tokens' KV into it again; on a target that shares a partial "
+               "block (vLLM v0's BlockSpaceManagerV1 with prefix caching), its last entry, "
+               "shared with another request, may be swapped for a fresh copy of it (copy on "
+               "write, the call's blocks_to_copy), returned as the call's new block.")
 WINDOW = "allocate_slots: a block leaves a request's table only behind its sliding window"
 WINDOW_DOC = ("With a sliding window of S tokens, the KV a request's next token attends to is its "
               "last S tokens: a call may replace a table entry by the null block (and release the "

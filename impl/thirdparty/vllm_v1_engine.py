@@ -856,6 +856,11 @@ class KVCall:
     free_after: int
     hashes: list  # the request's block hashes after the call, and its token ids
     tokens: list
+    # {shared block: its fresh copy} a copy-on-write swapped into the request's last entry
+    # (vLLM v0's BlockSpaceManagerV1 with prefix caching shares a partial block: its
+    # append_slots' blocks_to_copy); the engine oracle reads it only on a target with
+    # ``keys_partial_blocks``
+    copies: dict = dataclasses.field(default_factory=dict)
 
 
 def _hashes(manager: Any, request: Any) -> list:

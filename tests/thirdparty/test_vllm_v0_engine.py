@@ -15,7 +15,8 @@ config stand-ins those releases need; before #18957's cached-token count, they p
 0.7.3 (#18957 through its scheduler, as on 0.8.5); 0.5.3.post1 (before 0.5.4: the scheduler's
 own policy.py) with #7380. The releases before 0.5.1 (0.4.2, 0.4.3, 0.5.0.post1: block manager
 v2 opt-in there) fail on their own prefix-caching bugs, #4761 and #5364; block manager v1 (the
-scheduler's default to 0.6.2, ``vllm-v0-engine-v1``) passes without prefix caching.
+scheduler's default to 0.6.2, ``vllm-v0-engine-v1``) passes without prefix caching (with it:
+test_vllm_v0_engine_v1_prefix.py).
 """
 
 from __future__ import annotations
@@ -348,12 +349,14 @@ def test_block_manager_v1_runs_through_the_release_scheduler(version):
 
 
 def test_block_manager_v1_refusals_are_one_line(capsys):
-    """Prefix caching on v1 (a partial last block cached and shared: not modelled), a
+    """Chunked prefill with prefix caching on v1 where the model runner refuses it (to
+    0.5.5, in its words), a
     release without v1 (0.6.3 on), 0.3.3 (no BlockSpaceManager interface) and chunked
     prefill on 0.4.0 (none in its scheduler): one line, exit 2."""
     install.ensure(install.ENGINES[v1.ENGINE_KEY], "0.3.3")
     install.ensure(install.ENGINES[v1.ENGINE_KEY], "0.4.0")
-    for args, words in ((["vllm-v0-engine-v1@0.6.2"], "partial last block"),
+    for args, words in ((["vllm-v0-engine-v1-chunked@0.5.5"],
+                         "chunked prefill cannot be used with prefix caching"),
                         (["vllm-v0-engine-v1@0.6.3.post1", "--no-prefix-caching"],
                          "0.3.3 .. 0.6.2"),
                         (["vllm-v0-engine-v1@0.3.3", "--no-prefix-caching"],

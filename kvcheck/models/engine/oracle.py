@@ -17,7 +17,11 @@ refcounts, free queue and hash map) and checks, with the spec's text:
    request's block for that position, which must be a block the request was given fresh
    (never a cache hit: nothing is written into a shared or cached block); the oracle's
    ghost records each block's written slots and so its content (a prefix id, as the
-   prefix model's ``Ghost`` interns them);
+   prefix model's ``Ghost`` interns them); on a target with ``keys_partial_blocks`` (vLLM
+   v0's BlockSpaceManagerV1 with prefix caching: a key shares a block before the runner may
+   skip it, a partial one included) a block given fresh may be one another request holds
+   and wrote: each writes its own tokens' KV, the same at the same slot, and the ghost
+   keeps the other's slots;
 3. **the engine-level properties**: a request that is not running (finished, aborted,
    waiting, preempted) holds no block; a running request's blocks hold exactly what its
    computed tokens need (``spec.invariants.table_length``, with the slots up to the
@@ -106,6 +110,11 @@ class EngineOracle:
         # request -> {cached vLLM block id: its index} a block the request just filled was
         # swapped for (v0's promotion to an identical cached block; spec.engine.APPENDS_DOC)
         self.swapped: dict[int, dict[int, int]] = {}
+        # a target whose cache keys a partial block and shares it, and shares a full block
+        # before it is computed (vLLM v0's BlockSpaceManagerV1 with prefix caching): a
+        # shared block given "fresh" keeps what its other holder wrote, a copy on write of
+        # the last entry is read as one, a same-token rewrite keeps the slots after it
+        self.shares = bool(getattr(target, "keys_partial_blocks", False))
         self.slots: dict[int, list] = {}  # vLLM block id -> [parent prefix id, {offset: token}]
         self.ghost = Ghost(self.bs)
         self.meanings: dict = {}  # block hash -> prefix id (what the release hashed it from)
@@ -217,6 +226,8 @@ class EngineOracle:
             return self._crash(n, "finish_requests (abort)", exc, op.seq)
         self.unfinished.pop(op.seq, None)
         self.stats["aborted"] += 1
+        if self.shares:  # (its free is not among a step's calls: it holds nothing now)
+            self.fresh[op.seq] = set()
         return self._check(n, f"abort({op.seq})")
 
     def _bound(self) -> int:
@@ -356,15 +367,32 @@ class EngineOracle:
             for i in dropped:
                 self.fresh.get(q, set()).discard(before[i])
             before = [null if i in dropped else b for i, b in enumerate(before)]
+        copied: dict = {}
+        if self.shares and c.copies and before:  # copy on write of the last entry (APPENDS_DOC)
+            i = len(before) - 1
+            old = before[i]
+            cp = c.copies.get(old)
+            if (cp is not None and i < len(kept) and kept[i] == cp and cp in new
+                    and cp not in before and self._held_elsewhere(old, q)):
+                slot = self.slots.get(old, [None, {}])
+                copied[cp] = [slot[0], dict(slot[1])]
+                self.fresh.get(q, set()).discard(old)
+                before = [*before[:i], cp]
+                self.stats["copied"] = self.stats.get("copied", 0) + 1
         swaps = [i for i, (b, a) in enumerate(zip(before, kept, strict=False))
                  if a != b] if kept != before else []  # (the usual call: none, no pass)
         if swaps and len(kept) == len(before):
-            chain = self.ghost.chain(self.target.token_ids(q))
+            toks = self.target.token_ids(q)
+            chain = self.ghost.chain(toks)
             fresh = self.fresh.get(q, set())
-            if all(before[i] in fresh and i < len(chain) and self._content(kept[i]) == chain[i]
+            if all(before[i] in fresh and i < len(chain)
+                   and (self._content(kept[i]) == chain[i]
+                        or self.shares and self._agrees(kept[i], chain, toks, i))
                    for i in swaps):  # promoted to an identical cached block (APPENDS_DOC)
                 for i in swaps:
                     self.swapped.setdefault(q, {})[kept[i]] = i
+                    if self.shares:  # (released: another request may be given it fresh)
+                        fresh.discard(before[i])
                 self.stats["promoted"] = self.stats.get("promoted", 0) + len(swaps)
                 before = kept
         if kept != before or (new and after[len(after) - len(new):] != new):
@@ -372,9 +400,25 @@ class EngineOracle:
                 f"{c.name} for request {q}: its blocks went from {c.blocks_before} to {after}, "
                 f"returning new blocks {new}"))
         for b in new:
-            self.slots[b] = [None, {}]
+            if b in copied:
+                self.slots[b] = copied[b]
+            elif not (self.shares and self._held_elsewhere(b, q)):
+                self.slots[b] = [None, {}]
         self.fresh.setdefault(q, set()).update(new)
         return None
+
+    def _held_elsewhere(self, b: int, q: int) -> bool:
+        """Whether another request holds block ``b``, given it fresh (``shares``)."""
+        return any(b in f for r, f in self.fresh.items() if r != q)
+
+    def _agrees(self, b: int, chain, toks, i: int) -> bool:
+        """Block ``b``'s written slots are those of the prefix ``chain[i]`` (the same parent
+        and tokens), some maybe not written yet: a block another request promoted in the
+        same step, whose last slot that step's forward pass writes (``shares``)."""
+        slot = self.slots.get(b)
+        parent = chain[i - 1] if i > 0 else -1
+        return (slot is not None and slot[0] == parent
+                and all(toks[i * self.bs + o] == t for o, t in slot[1].items()))
 
     def _writes(self, n: int, r) -> Violation | None:
         bs = self.bs
@@ -395,6 +439,9 @@ class EngineOracle:
                     slot = self.slots.get(b, [None, {}])
                     if slot[0] == parent and slot[1].get(p % bs) == tok:
                         continue  # the same token's KV again, into the block it was promoted to
+                    if self.shares and slot[0] == parent and p % bs not in slot[1]:
+                        slot[1][p % bs] = tok  # its slot not written yet (``_agrees``)
+                        continue
                 if b not in fresh:
                     return Violation(n, "contract", WRITE_FRESH, b - self.off, subject="block",
                                      doc=WRITE_FRESH_DOC, witness=(
@@ -405,6 +452,8 @@ class EngineOracle:
                 if slot[0] != parent:
                     slot[0], slot[1] = parent, {}
                 written = slot[1]
+                if self.shares and written.get(p % bs) == tok:
+                    continue  # the same KV again (a sharer's rewrite): the slots after it hold
                 for o in [o for o in written if o > p % bs]:
                     del written[o]  # the KV after a rewritten slot was computed on other tokens
                 written[p % bs] = tok
