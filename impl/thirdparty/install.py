@@ -118,8 +118,9 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
            note="SGLang RadixCache with the scheduler's checkpoint / lock / unlock API "
                 "(RadixCache.checkpoint, lock, unlock, path_device_indices: from 0.5.22)"),
     Engine("sglang-engine", "sglang", "sglang", pinned="0.5.23", low="0.5.19", high="0.5.23",
-           note="SGLang's scheduling policy as an engine core (impl/thirdparty/sglang_engine.py): "
-                "the release's own scheduler calls, renamed across the range (0.5.19 .. 0.5.21: "
+           note="SGLang's scheduler as an engine core (impl/thirdparty/sglang_engine.py): "
+                "each release's own scheduler loop and the calls it makes, renamed across the "
+                "range (0.5.19 .. 0.5.21: "
                 "maybe_cache_unfinished_req, alloc_for_decode, release_kv_cache(is_insert); "
                 "0.5.22 on: checkpoint_kv_cache, alloc_for_decode_default); before 0.5.19 the "
                 "request's kv record is created at allocation (0.5.18) and the allocator "

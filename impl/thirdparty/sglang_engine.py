@@ -1,12 +1,14 @@
-"""Adapter: SGLang's scheduling policy as an engine core (``sglang-engine[@VERSION]``,
-0.5.19 .. 0.5.23; issue 34 §1) -- the release's own ``Req``, ``SchedulePolicy``,
-``PrefillAdder`` with its ``PrefillBudget``, ``RadixCache``, paged token-to-KV allocator and
-``ReqToTokenPool``, and the scheduler's own allocation and release functions, driven step by
-step with no model.
+"""Adapter: SGLang's scheduler as an engine core (``sglang-engine[@VERSION]``, 0.5.19 ..
+0.5.23; issue 34 §1) -- the release's own ``Scheduler`` loop (``get_next_batch_to_run``,
+``update_running_batch``, ``process_batch_result``, ...), ``ScheduleBatch``, ``Req``,
+``SchedulePolicy``, ``PrefillAdder`` with its ``PrefillBudget``, ``RadixCache``, paged
+token-to-KV allocator and ``ReqToTokenPool``, and the scheduler's own allocation and release
+functions, driven step by step with no model.
 
-Releases: the module doc names 0.5.23's functions; where the scheduler's calls differ in an
-earlier release the adapter calls that release's own, read from it (``RENAMED``, and the
-signatures it inspects), nothing re-enacted:
+Releases: each release runs its own scheduler loop, which calls its own functions; the
+module doc names 0.5.23's. Where they differ in an earlier release (``RENAMED``; the
+adapter reads them only to load them, to observe -- ``_prefix_len``, ``_extend_end``,
+``_prefix_kv_indices`` -- and to release an aborted request, ``__release_kw__``):
 
 * 0.5.22 .. 0.5.23: ``checkpoint_kv_cache`` (stash and unfinished prefill),
   ``release_kv_cache(req, tree, checkpoint=True)``, ``alloc_for_decode_default``; 0.5.23's
@@ -38,93 +40,116 @@ prefix deprioritisation) and ``lof``, ``random`` -- each the server's
 (reads the scheduler's processed-token counter), ``shortest-prefill-first`` (the scheduler's
 chunk limit), ``routing-key`` (requests' routing keys): refused in one line.
 
-What runs, executed from the installed wheel (``_loader``; nothing rewritten):
+What runs, executed from the installed wheel (``_loader``, ``sglang_loop``; nothing rewritten):
 
-* ``managers/schedule_batch.py``: ``Req`` (its ``__init__``, ``init_next_round_input`` --
-  the prefix match through ``match_kv_cache`` --, ``update_finish_state`` (EOS and
-  ``max_new_tokens``), ``reset_for_retract``, ``finished``, ``extend_len``), ``ReqKvInfo``,
-  the finish reasons, the module function ``release_req`` (retraction), and these
-  ``ScheduleBatch`` methods, compiled onto the stand-in batch below:
-  ``check_decode_mem``, ``new_tokens_required_next_decode``, ``retract_decode``,
-  ``_get_decode_retraction_order``, ``release_req``, ``batch_size``, ``is_empty``;
+* the scheduler's loop -- ``managers/scheduler.py``'s ``Scheduler`` methods, each compiled
+  from the release's class body onto a shell whose members are this run's objects
+  (``sglang_loop.compile_class``): ``get_next_batch_to_run`` (``process_pending_chunked_abort``,
+  ``stash_chunked_request``, the last prefill batch filtered and merged into the running
+  batch, ``get_new_batch_prefill`` / ``_get_new_batch_prefill_raw``: ``calc_priority``, the
+  ``PrefillAdder``, ``get_num_allocatable_reqs``, ``batch_is_full``, priority preemption
+  where priority scheduling is on, ``ScheduleBatch.init_new`` and ``prepare_for_extend``;
+  else ``update_running_batch``: ``check_decode_mem``, ``retract_decode``, the retracted
+  requests back through ``_add_request_to_queue``, ``prepare_for_decode``),
+  ``process_batch_result`` -> the release's ``SchedulerBatchResultProcessor``'s
+  ``process_batch_result_prefill`` / ``_decode`` (the token appended,
+  ``update_finish_state``, ``release_kv_cache`` / ``checkpoint_kv_cache``, a chunk's
+  ``inflight_middle_chunks``), ``on_idle`` (the new-token ratio reset when fully idle),
+  ``_add_request_to_queue`` (arrivals), ``abort_request``, ``init_req_max_new_tokens``;
+  the adapter calls them in ``event_loop_normal``'s order (no overlap): ``plan =
+  get_next_batch_to_run(running_batch, last_batch)``, then ``process_batch_result(batch,
+  run_batch(batch))`` or ``on_idle()``, then ``last_batch = batch`` (the loop's
+  ``while True`` and its ``ingest_requests``: ``add`` / ``abort`` between steps);
+* ``managers/schedule_batch.py``: ``ScheduleBatch`` itself (the dataclass: ``init_new``,
+  ``prepare_for_extend``, ``prepare_for_decode``, ``filter_batch``, ``merge_batch``,
+  ``check_decode_mem``, ``retract_decode``, ``release_req``, ...) on CPU torch tensors;
+  ``Req`` (its ``__init__``, ``init_next_round_input`` -- the prefix match through
+  ``match_kv_cache`` --, ``update_finish_state`` (EOS and ``max_new_tokens``),
+  ``reset_for_retract``, ``finished``, ``extend_len``), ``ReqKvInfo``, the finish reasons,
+  ``release_req``; ``model_executor/forward_batch_info.py``'s ``ForwardMode`` and
+  ``CaptureHiddenMode``; ``managers/utils.py``'s ``GenerationBatchResult`` and
+  ``validate_input_length``;
 * ``managers/schedule_policy.py``: ``SchedulePolicy`` (``calc_priority``: FCFS, or
-  priority then queue entry: ``time_stats.wait_queue_entry_time``, a counter of entries in
-  order, stamped at arrival and again when a retracted request re-enters, as
-  ``_add_request_to_queue`` stamps it) and ``PrefillAdder`` (``add_chunked_req``, ``add_one_req``,
-  ``budget_state``, the token and memory budget);
+  priority then queue entry ``time_stats.wait_queue_entry_time``) and ``PrefillAdder``
+  (``add_chunked_req``, ``add_one_req``, ``budget_state``, ``preempt_to_schedule``, the
+  token and memory budget); ``scheduler_components/new_token_ratio_tracker.py``;
 * ``mem_cache/prefill_budget.py`` (``PrefillBudget``, via the allocator's own
   ``create_prefill_budget``), ``mem_cache/allocation.py`` (``alloc_for_extend``,
-  ``alloc_for_decode_default``, ``alloc_req_slots``, ``alloc_token_slots``,
-  ``alloc_paged_token_slots_extend`` / ``_decode``, ``write_cache_indices``' torch path),
-  ``mem_cache/common.py`` (``match_kv_cache``, ``checkpoint_kv_cache``,
-  ``release_kv_cache``, ``_release_overallocated_kv_indices``, ``evict_from_tree_cache``);
-* at arrival, ``handle_generate_request``'s checks: ``Scheduler.init_req_max_new_tokens``
-  (compiled from the class: ``max_new_tokens`` clipped to ``max_req_len`` and to the pool
-  through the allocator's ``max_new_tokens_for_memory``) and ``managers/utils.py``'s
-  ``validate_input_length`` (a prompt of ``max_req_input_len`` or more is aborted with
-  ``Req.set_finish_with_abort``); ``max_req_len`` is ``TpModelWorker``'s
-  ``min(context_len - 1, pool tokens - 1)``, ``max_req_input_len = max_req_len - 5``;
+  ``alloc_for_decode`` / ``alloc_for_decode_default``, ``alloc_req_slots``,
+  ``alloc_token_slots``, ``alloc_paged_token_slots_extend`` / ``_decode``,
+  ``write_cache_indices``' torch path), ``mem_cache/common.py`` (``match_kv_cache``,
+  ``checkpoint_kv_cache``, ``release_kv_cache``, ``_release_overallocated_kv_indices``,
+  ``evict_from_tree_cache``);
 * the radix cache, allocators and ``ReqToTokenPool`` exactly as ``sglang-radix`` loads them
   (``sglang_radix.py``: ``PagedTokenToKVPoolAllocator`` with ``page_size = block_size``,
-  ``TokenToKVPoolAllocator`` at block size 1).
+  ``TokenToKVPoolAllocator`` at block size 1); the row pool sized as the server sizes it
+  (``resolve_max_num_reqs``: ``min(--max-running-requests, token capacity // 2)`` rows),
+  ``max_req_len`` as ``TpModelWorker``'s ``min(context_len - 1, pool tokens - 1)``,
+  ``max_req_input_len = max_req_len - 5``.
 
-What the adapter plays -- the scheduler's loop (``Scheduler`` itself needs a process group,
-a tokenizer, a model worker and ZMQ sockets; its methods read dozens of those members), in
-the order of ``event_loop_normal`` (no overlap) of the release:
+The scheduler's members are the server's at its defaults (``--schedule-policy`` the run's
+policy; ``--enable-priority-scheduling`` for ``priority``, with priority preemption on
+and its threshold 10 as by default; ``--max-running-requests`` = ``max_seqs``;
+``--chunked-prefill-size`` = ``--max-prefill-tokens`` = ``budget``; no mixed chunks, no
+prefill delayer, no dynamic chunking, no queue limit, no LoRA, no overlap).
 
-1. ``get_next_batch_to_run``: the chunked request is checkpointed
-   (``checkpoint_kv_cache``, what ``stash_chunked_request`` calls); the last prefill batch
-   minus the chunked request and finished requests joins the running batch; then
-   ``_get_new_batch_prefill_raw``'s admission loop: ``policy.calc_priority(waiting)``, a
-   ``PrefillAdder`` (page size, tree, allocator, running batch, the new-token ratio,
-   ``max_prefill_tokens`` = ``chunked_prefill_size`` = the run's ``budget``),
-   ``add_chunked_req`` for the chunked request (after its ``init_next_round_input``), then
-   for each waiting request: stop on ``budget_state() == OTHER``, stop when the running
-   requests plus those admitted reach ``max_running_requests`` (``max_seqs``) or the
-   release's own ``get_num_allocatable_reqs`` (``ReqToTokenPool`` 's free rows, sized
-   ``max_seqs + 1`` rows as the release sizes it; no admission at all, and no
-   ``calc_priority``, when it is 0 and no request is chunked, as the release returns
-   early), ``req.init_next_round_input(tree)``, ``adder.add_one_req(req,
-   has_chunked_req, None)``, stop unless ``CONTINUE``. The admitted requests leave the
-   waiting queue; ``adder.new_chunked_req`` becomes the chunked request; the batch's
-   fields that ``prepare_for_extend`` sets before allocating (``prefix_lens``,
-   ``extend_lens``, ``seq_lens``, ``extend_num_tokens``) are set as it sets them and
-   ``alloc_for_extend(batch)`` runs;
-2. with no prefill batch, ``update_running_batch``: ``batch.check_decode_mem()``, else
-   ``batch.retract_decode()`` (the release's method: retraction order, ``release_req``:
-   ``release_kv_cache(checkpoint=False)`` and ``reset_for_retract``), the retracted
-   requests back to the end of the waiting queue (their entry time stamped anew), the
-   ratio as ``retract_decode`` returns it; then ``prepare_for_decode``'s allocation:
-   ``alloc_for_decode_default(batch, 1)`` (the last sampled token's slot);
-3. the model output (kvcheck's engine model generates it): one token per request whose
-   prefill is complete after this batch (``STOP``, the EOS id in ``eos_token_ids``, with
-   probability 0.08, a function of ``gen`` and the request's id); a chunk samples nothing;
-4. ``process_batch_result_prefill`` / ``_decode``: the token appended to ``output_ids``,
-   ``update_finish_state()``; a finished request ``release_kv_cache(req, tree,
-   checkpoint=True)``; an unfinished prefilled one ``checkpoint_kv_cache`` (the release's
-   ``cache_unfinished_req`` path); ``kv_committed_len`` is advanced by the allocation
-   functions themselves.
-
-Aborts: a waiting request leaves the queue; a running or chunked one is marked
-``to_finish = FINISH_ABORT()`` and released with ``release_kv_cache(checkpoint=True)``
-between steps (what ``abort_request`` followed by the next result does, collapsed).
+Aborts: ``abort_request`` (a waiting request leaves the queue; a chunked one is marked for
+``process_pending_chunked_abort``; a running one gets ``to_finish = FINISH_ABORT()``).
+The release frees a running request's KV at its next result and a chunked one's at the
+next step's start; the engine oracle's abort frees at once, so the adapter then does
+what those do -- ``process_pending_chunked_abort()``, or ``update_finish_state()`` and
+``release_kv_cache(req, tree, checkpoint=True)`` -- and leaves the finished request in its
+batch, which the release's next ``filter_batch`` drops (clearing ``batch_is_full`` as
+it would). A waiting request's ``finished_reason`` is set to ``FINISH_ABORT()`` (what the
+tokenizer makes of ``send_abort_output``).
 
 Stand-ins, in one place:
 
-``ScheduleBatch``
-    a record ``_Batch`` with the fields the run's functions read (``reqs``, the pools,
-    ``tree_cache``, ``device = "cpu"``, ``seq_lens`` / ``seq_lens_cpu``,
-    ``req_pool_indices``, ``spec_algorithm`` with ``is_none()``, ``model_config`` with
-    ``is_encoder_decoder = False``, ``hisparse_coordinator = None``,
-    ``maybe_evict_swa()`` a no-op: no sliding window); the methods listed above are the
-    release's own, compiled from its class body. ``filter_batch(keep_indices=)`` is the
-    adapter's (the release's rebuilds the forward tensors); ``init_new``,
-    ``prepare_for_extend`` (its tensors for the forward pass, sampling info) and
-    ``prepare_for_decode`` (the same) are not run beyond their allocation calls above.
+The model worker (``run_batch``, ``TpModelWorker``, its model runner)
+    no forward pass: ``_run_batch`` builds the release's ``GenerationBatchResult`` with
+    ``next_token_ids`` drawn per request (``STOP``, the EOS id in ``eos_token_ids``, with
+    probability 0.08, else a token in 2 .. ``VOCAB``; a function of the step's ``gen`` and
+    the request's id; a chunk's token is drawn and the release discards it); the
+    scheduler reads of the worker only its attention backend (no Triton tile size: 64) and
+    ``prefill_aware_swa`` False (``_ModelWorker``, a ``StandIn``); ``ModelConfig`` a record
+    of a decoder-only text model of ``VOCAB + 1`` ids (``_MODEL_CONFIG``).
+``SamplingBatchInfo`` (``sglang_loop``)
+    the sampler's tensors for the forward pass: built, filtered and merged with the batch,
+    no penalizer (there is no sampler).
 ``SamplingParams``
     a record of what ``Req`` and the adder read: ``max_new_tokens``, ``ignore_eos =
     False``, ``stop_strs`` / ``stop_token_ids`` empty, ``custom_params = None``
     (``sampling_params.py`` needs ``msgspec`` and the watermarking package).
+``msgspec`` structs
+    ``NextBatchPlan`` and ``io_struct.AbortReq`` (``sglang_loop``): records of their
+    fields (msgspec is not installed).
+The detokenizer and its sockets, health checks, load publishing
+    inert: ``send_abort_output``, ``ipc_channels``, ``output_streamer`` (``stream_output``),
+    ``maybe_send_health_check_signal``, ``publish_load_snapshot``, ``load_publisher``,
+    ``load_inquirer``, ``maybe_sleep_on_idle``.
+Metrics, time statistics, tracing, stage timings
+    record nothing (``sglang_loop.Inert``, ``MetricsReporter``: its counters are plain
+    numbers; the ``SCHEDULER_STAGE_*`` labels are their names; ``_record_step_counters``,
+    wall-clock step timings, inert; the ``scheduler_stage_method`` / ``scheduler_nvtx_method``
+    decorators, profiler ranges, and ``DynamicGradMode`` are left off the compiled
+    methods), except ``update_running_batch``'s ``num_retracted_reqs``, counted into
+    ``stats``; and a request's ``time_stats`` (``_TimeStats``): its
+    ``wait_queue_entry_time``, which priority scheduling sorts equal priorities by, is a
+    logical clock (the number of queue entries before it), stamped where the release
+    stamps ``time.perf_counter()`` -- time never decides a verdict. ``on_idle`` reads the
+    wall clock only to throttle its load publishing (inert).
+``SchedulerInvariantChecker``
+    the server's own idle self-checks of its pools (``_InvariantChecker``: no leak
+    reported); kvcheck's oracle checks the pools after every operation.
+Components of features that are off
+    the DP-attention adapter and the ngram embedding manager hand the batch back
+    unchanged (``sglang_loop.PassThrough``); no grammar (``_GrammarManager``), no beam
+    search (``_BeamCoordinator``: no member rows), no speculation
+    (``_SpeculativeAlgorithm``), no diffusion LLM (``dllm_config`` None), no HiCache,
+    HiSparse, LMCache, disaggregation, pipeline parallelism (``ps``: one process), LoRA,
+    mamba or SWA; the routed-experts and indexer capturers none. The ``Scheduler``'s
+    mixins (disaggregation, multiplexing, PP, dLLM, MLX) are not its bases here;
+    ``ScheduleBatch``'s ``ScheduleBatchDisaggregationDecodeMixin`` is an empty class.
 ``sglang.srt.runtime_context`` (``get_context``, ``get_exec``, ``get_disagg``,
 ``get_memory``, ``get_schedule``, ``get_parallel``, ``get_spec``, ``get_serving``)
     the server configuration, published by the launcher: records of its defaults
@@ -135,14 +160,9 @@ Stand-ins, in one place:
 ``random`` (the module ``schedule_policy.py`` shuffles the queue with, policy ``random``)
     a ``random.Random`` seeded by the step's ``gen`` (``_publish``): the process's global
     generator would make a run unrepeatable; seeded so, a run and its replay shuffle alike.
-``Scheduler.get_num_allocatable_reqs``' members
-    the release's method, compiled from the class, reads ``req_to_token_pool`` (the run's)
-    and ``beam_coordinator.pending_member_rows`` (0: no beam search).
-The tokenizer and detokenizer
+The tokenizer
     none: prompts are token ids; ``Req.tokenizer`` stays ``None`` (no stop strings).
-The model worker
-    the generated output above (no forward pass; the oracle's ghost records the writes).
-Time statistics, metrics, logprobs, grammars, LoRA, multimodal inputs, sessions, hicache
+Logprobs, grammars, LoRA, multimodal inputs, sessions, hicache
     off, as by default; the objects ``Req`` builds for them are stand-ins that record
     nothing (``_Inert``).
 The release's other imports (the names ``load`` sets in the release's namespace)
@@ -155,8 +175,9 @@ The release's other imports (the names ``load`` sets in the release's namespace)
     ``is_prefill_context_parallel_enabled``); no beam search (``num_beam_member_rows`` 0,
     ``beam_retraction_order`` the order given); the torch-native attention backends
     (``attention_backends``, ``support_triton`` False); a CPU device (``_is_cpu``; no
-    CUDA, HIP, NPU or XPU; no pinned memory); ``CaptureHiddenMode`` its three names (no
-    hidden states returned); ``CacheRequestHandle`` inert (``_Inert``).
+    CUDA, HIP, NPU or XPU; no pinned memory); ``CacheRequestHandle`` inert (``_Inert``);
+    the ``runtime_context`` settings the loop reads (``CONFIG``: no FlexKV, no metrics,
+    no hidden states returned, the mamba buffer off).
 
 Retraction: ``schedule_conservativeness`` (the server argument, default 1.0) is published
 to the release's ``NewTokenRatioTracker.from_config()``: the new-token ratio starts at
@@ -201,8 +222,8 @@ from array import array
 from typing import Any
 
 from ..errors import MisuseError
-from . import _loader, install, sglang, sglang_radix
-from ._loader import exec_definitions, exec_methods
+from . import _loader, install, sglang, sglang_loop, sglang_radix
+from ._loader import exec_definitions
 from .vllm_v1_engine import KVCall, StepResult
 
 ENGINE_KEY = "sglang-engine"  # install.ENGINES row: 0.5.19 .. 0.5.23
@@ -233,6 +254,25 @@ class _Inert:
 
     def __bool__(self):
         return False
+
+
+class _TimeStats(_Inert):
+    """``SchedulerReqTimeStats``: a request's time statistics record nothing, except the
+    one time the scheduler decides by -- ``wait_queue_entry_time``, which priority
+    scheduling sorts equal priorities by: ``set_wait_queue_entry_time()`` (what
+    ``_add_request_to_queue`` calls at arrival and when a retracted request re-enters)
+    stamps the target's logical clock, the number of queue entries before this one, in
+    place of ``time.perf_counter()`` (time never decides a kvcheck verdict)."""
+
+    def __init__(self, *_a, **_k):
+        self.wait_queue_entry_time = 0.0
+
+    def set_wait_queue_entry_time(self, ts=None) -> None:
+        target = _ACTIVE[0]
+        self.wait_queue_entry_time = target._tick() if target is not None else 0
+
+    def __bool__(self):
+        return True
 
 
 def _rec(**fields) -> types.SimpleNamespace:
@@ -269,17 +309,24 @@ class SamplingParams:
 
 
 CONFIG = {  # runtime_context's published configuration, at the launcher's defaults
-    "disagg": _rec(disaggregation_mode="null", disaggregation_decode_retraction_backup="none"),
-    "memory": _rec(radix_eviction_policy="lru"),
+    "disagg": _rec(disaggregation_mode="null", disaggregation_decode_retraction_backup="none",
+                   disaggregation_decode_enable_offload_kvcache=False),
+    "memory": _rec(radix_eviction_policy="lru", enable_flexkv=False, enable_hisparse=False,
+                   disable_radix_cache=False),
     "schedule": _rec(schedule_policy="fcfs", schedule_low_priority_values_first=True,
                      schedule_conservativeness=1.0,
                      retraction_policy="fcfs", prefill_max_requests=None),
     "parallel": _rec(dcp_enabled=False, attn_dcp_size=1, pp_max_micro_batch_size=1 << 30, tp_size=1,
+                     pp_size=1, attn_tp_rank=0,
                      tp_rank=0),
-    "exec": _rec(mamba=_rec(enable_mamba_extra_buffer=False),
-                 features=_rec(enable_encoder_swa_bounded_replay=False)),
+    "exec": _rec(mamba=_rec(enable_mamba_extra_buffer=False, enable_mamba_extra_buffer_lazy=False,
+                            mamba_radix_cache_strategy="no_buffer"),
+                 features=_rec(enable_encoder_swa_bounded_replay=False,
+                               return_hidden_states_mode=None,
+                               enable_return_hidden_states=False)),
     "spec": _rec(speculative_algorithm=None),
-    "serving": _rec(strip_thinking_cache=False),
+    "serving": _rec(strip_thinking_cache=False, weight_version="default"),
+    "observability": _rec(enable_metrics=False),
 }
 
 
@@ -310,14 +357,18 @@ RELEASE = {  # the release's top-level definitions executed (see the module doc)
     ALLOCATION: ("_EMPTY_PREFIX", "get_last_loc_torch", "alloc_token_slots", "alloc_paged_token_slots_extend",
                  "ensure_mamba_capacity", "alloc_req_slots", "_alloc_page_size",
                  "_prefix_kv_indices", "alloc_for_extend", "alloc_paged_token_slots_decode",
-                 "alloc_for_decode_default", "alloc_for_decode", "write_cache_indices"),
+                 "alloc_for_decode_default", "alloc_for_decode", "write_cache_indices",
+                 "ALLOC_FOR_DECODE_FUNCS", "_device_type"),
 }
-BATCH_METHODS = ("check_decode_mem", "new_tokens_required_next_decode", "retract_decode",
-                 "_get_decode_retraction_order", "release_req", "batch_size", "is_empty")
+# ModelConfig: what the scheduler and ScheduleBatch read of the model (a decoder-only text
+# model of VOCAB + 1 ids; no model is loaded)
+_MODEL_CONFIG = _rec(is_encoder_decoder=False, vocab_size=VOCAB + 1, is_multimodal=False,
+                     is_multimodal_gen=False, num_key_value_heads=1, context_len=1 << 30,
+                     self_opened_think_start_ids=None, think_end_ids=None)
 
 # classes ``isinstance`` checks ask about, which no object here is an instance of (no SWA,
 # HiSparse, Mamba or unified cache): stand-in classes
-NOT_INSTANCES = ("SWATokenToKVPoolAllocator", "DeepSeekV4HiSparseTokenToKVPoolAllocator",
+NOT_INSTANCES = ("BaseSpecWorker", "SWATokenToKVPoolAllocator", "DeepSeekV4HiSparseTokenToKVPoolAllocator",
                  "UnifiedMambaTokenToKVPoolAllocator", "UnifiedMambaSWATokenToKVPoolAllocator",
                  "UnifiedRadixCache", "HybridReqToTokenPool", "PureSWATokenToKVPoolAllocator")
 
@@ -329,6 +380,7 @@ OPTIONAL = frozenset({"mamba_prefill_chunk_grid", "touch_waiting_prefix", "_req_
                       "WAITING_PREFIX_REFRESH_INTERVAL", "_ceil_div",
                       "IGNORE_EOS_RESERVE_TOKENS", "split_cached_prefix_by_tier",
                       "_EMPTY_PREFIX", "ensure_mamba_capacity",  # 0.5.22 on
+                      "ALLOC_FOR_DECODE_FUNCS", "_device_type",  # alloc_for_decode's dispatch
                       "Range",  # to 0.5.21
                       "match_prefix_for_req",  # to 0.5.21 (calc_priority's match)
                       # the scheduler's calls by release (RENAMED): one of each pair
@@ -370,7 +422,7 @@ def load(version: str | None = None) -> dict:
     import torch
 
     dist = install.select(ENGINE_KEY, version)  # 0.5.19 .. 0.5.23
-    key = (dist.version, str(dist.root))
+    key = (dist.version, str(_loader.install_dir(dist)))  # a scratch install is another
     if key in _cache:
         return _cache[key]
     # mem_cache/prefill_budget.py (the allocator's create_prefill_budget) from 0.5.21; before,
@@ -405,6 +457,7 @@ def load(version: str | None = None) -> dict:
         "contextmanager": __import__("contextlib").contextmanager,
         "nullcontext": __import__("contextlib").nullcontext,
         "Counter": __import__("collections").Counter,
+        "defaultdict": __import__("collections").defaultdict,
         "is_hip": lambda: False, "is_gfx95_supported": lambda: False,
         # context parallelism off, as by default (to 0.5.19 PrefillAdder asks these)
         "is_dsa_prefill_cp_in_seq_split": lambda: False,
@@ -428,7 +481,7 @@ def load(version: str | None = None) -> dict:
         "ceil_align": mods["sglang.srt.utils.common"].ceil_align,
         "ceil_div": mods["sglang.srt.utils.common"].ceil_div,
         "page_interleave_shard_size": lambda _alloc: 1,
-        "ReqDllmMixin": _ReqDllmMixin, "SchedulerReqTimeStats": _Inert,
+        "ReqDllmMixin": _ReqDllmMixin, "SchedulerReqTimeStats": _TimeStats,
         **{n: type(n, (), {}) for n in NOT_INSTANCES},
         "CaptureHiddenMode": _rec(NULL="NULL", FULL="FULL", LAST="LAST"),
         "CacheRequestHandle": _Inert, "_Inert": _Inert,
@@ -438,7 +491,8 @@ def load(version: str | None = None) -> dict:
     # what the release's files import from base_prefix_cache besides the above, where the
     # release has it (0.5.21's Req unlocks with DecLockRefParams)
     ns.update({n: getattr(base, n) for n in ("DecLockRefParams", "IncLockRefParams",
-                                             "zero_match_result", "MatchResult")
+                                             "zero_match_result", "MatchResult",
+                                             "CacheRequestOutcome")
                if hasattr(base, n)})
     if not budget and "\ndef is_swa_req_ring(" in (
             root / "sglang/srt/mem_cache/allocator/swa.py").read_text():
@@ -460,17 +514,16 @@ def load(version: str | None = None) -> dict:
     # (default True: the tree keeps what it can key, what checkpoint=True does)
     ns["__release_kw__"] = ({"checkpoint": True} if "checkpoint" in
                             inspect.signature(ns["release_kv_cache"]).parameters else {})
-    ns["BatchMethods"] = exec_methods(root / SB, "ScheduleBatch", BATCH_METHODS, ns)
-    ns["SchedulerMethods"] = exec_methods(root / SCHEDULER, "Scheduler",
-                                          ("init_req_max_new_tokens",
-                                           "get_num_allocatable_reqs"), ns)
+    # the scheduler's loop: the release's Scheduler, SchedulerBatchResultProcessor and
+    # ScheduleBatch (sglang_loop), and the KV calls observed at the boundary
+    ns["__loop__"] = sglang_loop.build(ns, root)
+    for fn, role in (("alloc_for_extend", "extend"), ("alloc_for_decode", "decode"),
+                     ("release_kv_cache", "free")):
+        ns[fn] = _observing(role, ns[fn])
     # calc_priority's processed_tokens (hrrn's, not offered) from 0.5.20
     ns["__priority_kw__"] = ({"processed_tokens": 0} if "processed_tokens" in
                              inspect.signature(ns["SchedulePolicy"].calc_priority).parameters
                              else {})
-    # 0.5.23's counts the rows the admitted requests already hold (num_held_rows)
-    ns["__held_rows__"] = "num_held_rows" in inspect.signature(
-        ns["SchedulerMethods"]["get_num_allocatable_reqs"]).parameters
     ns["__mods__"], ns["__sglang_version__"] = mods, dist.version
     _cache[key] = ns
     return ns
@@ -509,62 +562,108 @@ class _Page:
         self.block_id = block_id
 
 
-class _Batch:
-    """``ScheduleBatch``'s stand-in record (see the module doc); the release's methods
-    ``BATCH_METHODS`` are set on a subclass per release."""
+_ACTIVE: list = [None]  # the target whose operation is running (the boundary's observer)
 
-    def __init__(self, reqs, target):
-        import torch
 
-        self.reqs = list(reqs)
-        self.req_to_token_pool = target.pool
-        self.token_to_kv_pool_allocator = target.alloc
-        self.tree_cache = target.tree
-        self.device = "cpu"
-        self.hisparse_coordinator = None
-        self.spec_algorithm = _rec(is_none=lambda: True)
-        self.model_config = _rec(is_encoder_decoder=False)
-        self.dllm_config = None
-        self._torch = torch
+def _observing(role: str, real):
+    """The release's allocation / release function ``real`` with the active target
+    recording the KV call at the boundary (``SglangEngineTarget._observe``)."""
+    def call(*args, **kwargs):
+        target = _ACTIVE[0]
+        if target is None:
+            return real(*args, **kwargs)
+        return target._observe(role, real, args, kwargs)
+    call.__wrapped__ = real
+    return call
 
-    def maybe_evict_swa(self) -> None:  # no sliding window
-        return None
 
-    def is_dllm(self) -> bool:
+class _SpeculativeAlgorithm:
+    """``SpeculativeAlgorithm.NONE`` (``speculative/spec_info.py``): no speculation."""
+
+    def is_none(self) -> bool:
+        return True
+
+    def __bool__(self):
         return False
 
-    def filter_batch(self, keep_indices=None) -> None:
-        """The adapter's: keep ``reqs[keep_indices]`` (the release's rebuilds the forward
-        tensors too)."""
-        if keep_indices is not None:
-            self.reqs = [self.reqs[i] for i in keep_indices]
 
-    def set_decode_fields(self) -> None:
-        """What ``prepare_for_decode`` sets before ``alloc_for_decode``."""
-        t = self._torch
-        lens = [r.kv.kv_committed_len for r in self.reqs]
-        self.seq_lens = t.tensor(lens, dtype=t.int64)
-        self.seq_lens_cpu = self.seq_lens.clone()
-        self.req_pool_indices = t.tensor([r.kv.req_pool_idx for r in self.reqs],
-                                         dtype=t.int64)
-        self.req_pool_indices_cpu = self.req_pool_indices.clone()
+class _GrammarManager:
+    """``GrammarManager``: no request has a grammar (``grammar_queue`` empty)."""
 
-    def set_extend_fields(self) -> None:
-        """What ``prepare_for_extend`` sets before ``alloc_for_extend``."""
-        t = self._torch
-        self.prefix_lens = [_prefix_len(r) for r in self.reqs]
-        seq = [_extend_end(r) for r in self.reqs]
-        self.extend_lens = [e - p for e, p in zip(seq, self.prefix_lens, strict=True)]
-        self.seq_lens = t.tensor(seq, dtype=t.int64)
-        self.seq_lens_cpu = self.seq_lens.clone()
-        self.extend_num_tokens = sum(self.extend_lens)
+    grammar_queue: list = []
+
+    def has_waiting_grammars(self) -> bool:
+        return False
+
+    def abort_requests(self, _recv_req) -> None:
+        return None
+
+
+class _BeamCoordinator:
+    """``BeamCoordinator``: no beam search (no rows promised to members, no groups)."""
+
+    def pending_member_rows(self, _batch) -> int:
+        return 0
+
+    def retire_group(self, _req) -> None:
+        return None
+
+    def commit_decode(self, _batch) -> set:
+        return set()
+
+
+class _ModelWorker(_loader.StandIn):
+    """The model worker (``TpModelWorker`` and its model runner): no forward pass. What
+    the scheduler reads of it: the attention backend (no Triton tile size), no
+    prefill-aware SWA; its output is generated by the target (``_run_batch``)."""
+
+    WHERE = "impl/thirdparty/sglang_engine.py"
+
+    def __init__(self):
+        self.model_runner = _rec(attn_backend=_rec(), prefill_aware_swa=False)
+
+
+class _InvariantChecker:
+    """``SchedulerInvariantChecker``: the server's own idle self-checks of its pools (a
+    leak is logged, not acted on); kvcheck's oracle checks the pools after every
+    operation instead."""
+
+    def _check_all_pools(self, _stats):
+        return False, []
+
+    def _check_req_pool(self) -> None:
+        return None
+
+    def _check_tree_cache(self) -> None:
+        return None
+
+    def self_check_during_busy(self) -> None:
+        return None
+
+
+class _StageMetrics:
+    """``scheduler_stage_metrics``: records no stage time."""
+
+    def record(self, _stage):
+        import contextlib
+        return contextlib.nullcontext()
+
+
+def _shell_class(ns: dict, key: str) -> type:
+    cls = ns["__loop__"][key]
+    cls.WHERE = "impl/thirdparty/sglang_engine.py"
+    return cls
 
 
 class SglangEngineTarget:
-    """SGLang's scheduling policy, radix cache and allocator as an engine core (see the
-    module doc). ``add`` / ``abort`` / ``step(gen)`` and the engine oracle's observation."""
+    """SGLang's scheduler, scheduling policy, radix cache and allocator as an engine core
+    (see the module doc). ``add`` / ``abort`` / ``step(gen)`` and the engine oracle's
+    observation."""
 
     block_offset = 0  # the KV calls and writes name kvcheck blocks (SGLang page - 1)
+    # the ScheduleBatch class the scheduler builds its batches of: the release's (a test
+    # plants a bug in a subclass of it, ``release_batch_class``)
+    batch_class: type | None = None
 
     def __init__(self, num_blocks: int, block_size: int, budget: int = 16, max_seqs: int = 8,
                  policy: str = "fcfs", caching: bool = True, spec: int = 0,
@@ -595,8 +694,10 @@ class SglangEngineTarget:
         if self.policy_name not in offered:
             raise MisuseError(f"sglang {self.version}'s SchedulePolicy has no "
                               f"{self.policy_name} policy")
+        priority = policy == "priority"
         self.schedule = types.SimpleNamespace(**{**vars(CONFIG["schedule"]),
-                                                 "schedule_policy": self.policy_name})
+                                                 "schedule_policy": self.policy_name,
+                                                 "enable_priority_scheduling": priority})
         self.torch = torch
         self.num_blocks, self.block_size = num_blocks, block_size
         self.budget, self.max_seqs = budget, max_seqs
@@ -611,46 +712,126 @@ class SglangEngineTarget:
                                                            False)
         context = (max_model_len or size) + block_size
         mem = sglang_radix.MEM
-        self.pool = mods[f"{mem}.memory_pool"].ReqToTokenPool(max_seqs + 1, context, "cpu",
-                                                              False)
+        # the server's row pool: KVCacheConfigurator.resolve_max_num_reqs' min(
+        # --max-running-requests, token capacity // 2) rows (the pool adds its padding row)
+        rows = max(1, min(max_seqs, size // 2))
+        self.pool = mods[f"{mem}.memory_pool"].ReqToTokenPool(rows, context, "cpu", False)
         params = mods[f"{mem}.cache_init_params"].CacheInitParams(
             disable=False, req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.alloc,
             page_size=block_size)
         self.tree = mods[f"{mem}.radix_cache"].RadixCache(params)
         self._publish()
-        self.policy = ns["SchedulePolicy"](self.policy_name, self.tree, False,
-                                           policy == "priority", True)
-        self.ratio = _ratio_tracker(ns, schedule_conservativeness)
-        self.Batch = type("ScheduleBatch", (_Batch,), dict(ns["BatchMethods"]))
-        self.waiting_queue: list = []
-        self.running_batch = self.Batch([], self)
-        self.last_batch: list = []  # the last prefill batch's requests (not yet merged)
-        self.chunked_req = None
         self.requests: dict[int, Any] = {}
         self.ids: dict[int, int] = {}  # id(Req) -> request id
-        self.arrivals = 0  # the queue-entry clock: wait_queue_entry_time, in entry order
         self.kv_calls: list[KVCall] = []
+        self.arrivals = 0  # the queue-entry clock: wait_queue_entry_time, in entry order
         # update_running_batch's retractions: the requests retract_decode returned, and
         # the steps whose check_decode_mem failed (SGLang's num_retracted_reqs, summed)
         self.stats = {"retractions": 0, "retract_steps": 0, "retract_aborts": 0}
-        self._ran_last = False  # the loop's last_batch was not None
         self._epoch = 0  # bumped by every operation (the observation's memo, _observed)
         self._memo: tuple = (None, {}, {})
-        # what Scheduler.init_req_max_new_tokens reads (TpModelWorker's limits: max_req_len =
-        # min(context_len - 1, max_total_num_tokens - 1))
-        self.scheduler = type("Scheduler", (), dict(ns["SchedulerMethods"]))()
-        sch = self.scheduler
-        sch.max_new_tokens_limit = None
-        sch.max_total_num_tokens = size
-        sch.max_req_len = min((max_model_len or size + 1) - 1, size - 1)
-        sch.max_req_input_len = sch.max_req_len - 5
-        sch.kv_shard_widening, sch.page_size = 1, block_size
-        sch.token_to_kv_pool_allocator = self.alloc
-        sch.sliding_window_size, sch.chunked_prefill_size = None, budget
-        # what get_num_allocatable_reqs reads: the row pool, and no beam search (no rows
-        # promised to beam members)
-        sch.req_to_token_pool = self.pool
-        sch.beam_coordinator = _rec(pending_member_rows=lambda _batch: 0)
+        self.scheduler = self._scheduler(ns, priority, schedule_conservativeness)
+        self.policy = self.scheduler.policy
+        self.ratio = self.scheduler.new_token_ratio_tracker
+
+    def _scheduler(self, ns: dict, priority: bool, conservativeness: float):
+        """The release's ``Scheduler`` methods on a shell whose members are the run's
+        objects, each as the server's ``__init__`` sets it at its defaults, or the
+        stand-ins the module doc lists."""
+        sch = _shell_class(ns, "Scheduler")()
+        size = self.num_blocks * self.block_size
+        target = self
+
+        class Metrics(sglang_loop.MetricsReporter):
+            """update_running_batch's ``num_retracted_reqs = len(retracted_reqs)``,
+            counted into the target's ``stats``."""
+
+            @property
+            def num_retracted_reqs(self):
+                return 0
+
+            @num_retracted_reqs.setter
+            def num_retracted_reqs(self, n):
+                target.stats["retract_steps"] += 1
+                target.stats["retractions"] += n
+
+        metrics = Metrics()
+        members = dict(
+            # run configuration (server arguments at their defaults, the run's limits)
+            schedule_policy=self.policy_name, enable_priority_scheduling=priority,
+            abort_on_priority_when_disabled=False, schedule_low_priority_values_first=True,
+            priority_scheduling_preemption_threshold=10,
+            enable_priority_preemption=priority,  # not --disable-priority-preemption
+            enable_lora=False, enable_lora_overlap_loading=False, enable_overlap=False,
+            enable_overlap_mlx=False, is_generation=True,
+            disaggregation_mode=ns["DisaggregationMode"].NULL,
+            page_size=self.block_size, max_running_requests=self.max_seqs,
+            chunked_prefill_size=self.budget, max_prefill_tokens=self.budget,
+            prefill_decode_interval=0, _prefill_decode_interval_remaining=0,
+            prefill_decode_interval_min_bs=0, is_mixed_chunk=False, dynamic_chunk_sizer=None,
+            enable_dynamic_chunking=False,
+            prefill_delayer=None, max_prefill_bs=0, min_free_slots_delayer=None,
+            truncation_align_size=None, max_queued_requests=None, processed_tokens_counter=0,
+            forward_ct=0, is_hybrid_swa=False, require_mlp_sync=False,
+            enable_hisparse=False, hisparse_coordinator=None, enable_hierarchical_cache=False,
+            enable_hicache_storage=False, enable_lmcache=False,
+            enable_unified_cache_external_linker=False, enable_unified_memory=False,
+            enable_fpm=False, decode_offload_manager=None, mm_receiver=None,
+            dllm_config=None, dllm_manager=_rec(any_staging_reqs=lambda: False),
+            spec_algorithm=_SpeculativeAlgorithm(),
+            enable_continuous_input_polling=False, enable_skip_finishing_decode=False,
+            result_queue=__import__("collections").deque(), _engine_paused=False,
+            # the run's objects
+            tree_cache=self.tree, token_to_kv_pool_allocator=self.alloc,
+            req_to_token_pool=self.pool, model_config=_MODEL_CONFIG,
+            policy=ns["SchedulePolicy"](self.policy_name, self.tree, False, priority, True),
+            new_token_ratio_tracker=_ratio_tracker(ns, conservativeness),
+            waiting_queue=[], chunked_req=None, _pending_chunked_abort_req=None,
+            last_batch=None,
+            # what Scheduler.init_req_max_new_tokens reads (TpModelWorker's limits:
+            # max_req_len = min(context_len - 1, max_total_num_tokens - 1))
+            max_new_tokens_limit=None, max_total_num_tokens=size,
+            max_req_len=min((self.max_model_len or size + 1) - 1, size - 1),
+            kv_shard_widening=1, sliding_window_size=None,
+            # stand-ins (the module doc)
+            tp_worker=_ModelWorker(), model_worker=_ModelWorker(), draft_worker=None,
+            grammar_manager=_GrammarManager(), beam_coordinator=_BeamCoordinator(),
+            dp_attn_adapter=sglang_loop.PassThrough(),
+            ngram_embedding_manager=sglang_loop.PassThrough(),
+            metrics_reporter=metrics, metrics_collector=sglang_loop.Inert(),
+            output_streamer=sglang_loop.Inert(), ipc_channels=sglang_loop.Inert(),
+            load_inquirer=sglang_loop.Inert(),
+            load_publisher=sglang_loop.Inert(), invariant_checker=_InvariantChecker(),
+            pool_stats_observer=sglang_loop.Inert(), kv_events_publisher=sglang_loop.Inert(),
+            scheduler_stage_metrics=_StageMetrics(), _last_stall_publish_ts=0.0,
+            # one process: no tensor, pipeline, data or context parallelism (0.5.19 ..
+            # 0.5.20's ParallelState)
+            ps=_rec(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, dp_rank=0, dp_size=1,
+                    attn_tp_rank=0, attn_tp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                    attn_dp_rank=0, attn_dcp_rank=0, attn_dcp_size=1, gpu_id=0),
+        )
+        members["max_req_input_len"] = members["max_req_len"] - 5
+        for k, v in members.items():
+            setattr(sch, k, v)
+        sch.running_batch = self.ns["ScheduleBatch"](reqs=[], batch_is_full=False)
+        # stand-ins for the scheduler's own sends: the detokenizer's sockets, health
+        # checks, the load snapshot file
+        sch.send_abort_output = lambda *_a, **_k: None
+        sch.maybe_send_health_check_signal = lambda: None
+        sch.publish_load_snapshot = lambda force=False: None
+        sch.maybe_sleep_on_idle = lambda: None
+        sch._record_step_counters = lambda *_a, **_k: None  # step timings (wall clock)
+        proc = _shell_class(ns, "Processor")()
+        for k in ("is_generation", "disaggregation_mode", "enable_overlap", "enable_overlap_mlx",
+                  "model_config", "token_to_kv_pool_allocator", "tree_cache",
+                  "hisparse_coordinator", "req_to_token_pool", "decode_offload_manager",
+                  "metrics_collector", "metrics_reporter", "draft_worker", "model_worker",
+                  "output_streamer", "beam_coordinator"):
+            setattr(proc, k, getattr(sch, k))
+        proc.logprob_result_processor = sglang_loop.Inert()
+        proc.abort_request = sch.abort_request
+        sch.batch_result_processor = proc
+        return sch
 
     # -- operations ---------------------------------------------------------------------
     def _publish(self, gen: int = 0) -> None:
@@ -662,214 +843,159 @@ class SglangEngineTarget:
         release: each publishes its own before it runs the release's code."""
         self.ns["get_schedule"] = _getter(self.schedule)
         self.ns["random"] = random.Random(f"sglang-engine random policy, step {gen}")
+        self.ns["ScheduleBatch"] = self.batch_class or self.ns["__loop__"]["ScheduleBatch"]
+        _ACTIVE[0] = self
+
+    def _tick(self) -> int:
+        """The queue-entry clock (``_TimeStats``): entries so far, in order."""
+        self.arrivals += 1
+        return self.arrivals - 1
+
+    def _rid(self, seq: int) -> str:
+        """The request's ``rid``: fixed width, as ``abort_request`` matches a prefix
+        (the server's are uuids)."""
+        return f"{seq:012d}"
 
     def add(self, seq: int, tokens: list[int], max_new: int, priority: int = 0) -> None:
         self._epoch += 1
         ns = self.ns
         self._publish()
-        req = ns["Req"](str(seq), "", array("q", tokens), SamplingParams(max_new),
+        req = ns["Req"](self._rid(seq), "", array("q", tokens), SamplingParams(max_new),
                         eos_token_ids={STOP}, vocab_size=VOCAB + 1, priority=priority)
-        req.time_stats = _rec(wait_queue_entry_time=self.arrivals)
-        # handle_generate_request: the release's clipping and prompt validation (a prompt
-        # too long for the pool is aborted: queued as one token with to_finish set)
-        self.scheduler.init_req_max_new_tokens(req)
-        error = self.ns["validate_input_length"](req, self.scheduler.max_req_input_len, False)
-        if error:
-            req.set_finish_with_abort(error)
-        self.arrivals += 1
         self.requests[seq] = req
         self.ids[id(req)] = seq
-        self.waiting_queue.append(req)
+        sch = self.scheduler
+        # handle_generate_request: the release's clipping and prompt validation (a prompt
+        # too long for the pool is aborted: queued as one token with to_finish set)
+        sch.init_req_max_new_tokens(req)
+        error = ns["validate_input_length"](req, sch.max_req_input_len, False)
+        if error:
+            req.set_finish_with_abort(error)
+        sch._add_request_to_queue(req)
 
     def abort(self, seq: int) -> None:
+        """The release's ``abort_request``; a running request's release, which the
+        release does at its next result (``to_finish`` set), is done now
+        (``process_batch_result_decode``'s ``update_finish_state`` and
+        ``release_kv_cache``), and a chunked one's (``process_pending_chunked_abort``,
+        the next step's first call) too: the oracle's abort frees at once."""
         self._epoch += 1
         self._publish()
         req = self.requests[seq]
-        if req in self.waiting_queue:
-            self.waiting_queue.remove(req)
-            req.finished_reason = self.ns["FINISH_ABORT"]()
+        sch = self.scheduler
+        waiting = any(r is req for r in sch.waiting_queue)
+        sch.abort_request(self.ns["AbortReq"](rid=self._rid(seq)))
+        if waiting:  # the tokenizer's side finishes it (send_abort_output)
+            if req.finished_reason is None:
+                req.finished_reason = self.ns["FINISH_ABORT"]()
             return
-        req.to_finish = self.ns["FINISH_ABORT"]()
-        req.update_finish_state()
-        self._release(req)
-        if req is self.chunked_req:
-            self.chunked_req = None
-        self.running_batch.reqs = [r for r in self.running_batch.reqs if r is not req]
-        self.last_batch = [r for r in self.last_batch if r is not req]
-
-    def _release(self, req) -> None:
-        before = self._pages(req)
-        free_before = self.num_free()
-        self.ns["release_kv_cache"](req, self.tree, **self.ns["__release_kw__"])
-        self._call("free", req, None, before, free_before)
+        if sch._pending_chunked_abort_req is req:
+            sch.process_pending_chunked_abort()
+        elif not req.finished() and req.to_finish is not None:
+            req.update_finish_state()
+            self.ns["release_kv_cache"](req, self.tree, **self.ns["__release_kw__"])
+        # the finished request stays in its batch: the release's next step filters it
+        # out (filter_batch), which is also what clears the batch's batch_is_full
 
     def step(self, gen: int) -> StepResult:
         self._epoch += 1
         del self.kv_calls[:]
-        ns = self.ns
         self._publish(gen)
-        batch, prefill = self._next_batch()
+        sch = self.scheduler
+        # event_loop_normal's iteration (requests are added between steps)
+        plan = sch.get_next_batch_to_run(running_batch=sch.running_batch,
+                                         last_batch=sch.last_batch)
+        sch.running_batch = plan.running_batch
+        batch = plan.batch_to_run
         calls_in_schedule = list(self.kv_calls)
-        scheduled, writes, sampled = {}, {}, {}
-        ran_last, self._ran_last = self._ran_last, batch is not None
-        if batch is None:
-            # on_idle: is_fully_idle (no running, chunked, waiting request, nor a batch run
-            # the iteration before) resets the new-token ratio to its initial value
-            if not (self.waiting_queue or self._live() or ran_last):
-                self.ratio.reset()
+        if not batch:
+            sch._sched_idled = True
+            sch.on_idle()
+            sch.last_batch = batch
             return StepResult({}, {}, {}, {}, {}, calls_in_schedule, [])
-        for req in batch.reqs:
-            q = self.ids[id(req)]
-            pages = self._pages(req)
-            if prefill:
-                start = self._starts[id(req)]
-                toks = list(req.full_untruncated_fill_ids[start:_extend_end(req)])
-            else:
-                start = req.kv.kv_committed_len - 1
-                toks = [req.output_ids[-1]] if req.output_ids else \
-                    [req.origin_input_ids[-1]]
-            scheduled[q] = len(toks)
-            writes[q] = (start, toks, pages)
-        # the model output and process_batch_result
-        for req in batch.reqs:
-            q = self.ids[id(req)]
-            if prefill and req is self.chunked_req:
-                continue  # a chunk samples nothing
-            rng = random.Random(gen * 1_000_003 + q)
-            tok = STOP if rng.random() < 0.08 else rng.randint(2, VOCAB)
-            sampled[q] = [tok]
-            req.output_ids.append(tok)
-            req.update_finish_state()
-            if req.finished():
-                self._release(req)
-            elif prefill:
-                ns["__checkpoint__"](req, self.tree)
-        self.last_batch = list(batch.reqs) if prefill else []
-        if not prefill:
-            batch.filter_batch([i for i, r in enumerate(batch.reqs) if not r.finished()])
+        scheduled, writes = self._writes(batch)
+        before = {id(r): len(r.output_ids) for r in batch.reqs}
+        result = self._run_batch(batch, gen)
+        sch.process_batch_result(batch, result)
+        sch.last_batch = batch
+        sampled = {self.ids[id(r)]: list(r.output_ids[before[id(r)]:])
+                   for r in batch.reqs if len(r.output_ids) > before[id(r)]}
         return StepResult(scheduled, {}, sampled, {}, writes, calls_in_schedule,
                           list(self.kv_calls[len(calls_in_schedule):]))
 
-    def _next_batch(self):
-        """``get_next_batch_to_run`` (see the module doc): (batch, is_prefill)."""
-        ns = self.ns
-        AddReqResult = ns["AddReqResult"]
-        if self.chunked_req is not None and _extend_end(self.chunked_req) > \
-                _prefix_len(self.chunked_req):
-            self._stash(self.chunked_req)
-        merged = [r for r in self.last_batch if r is not self.chunked_req and not r.finished()]
-        self.running_batch.reqs = [r for r in self.running_batch.reqs + merged
-                                   if not r.finished()]
-        self.last_batch = []
-        running = self.running_batch
-        if (self.waiting_queue or self.chunked_req is not None) and (
-                self.chunked_req is not None or self._allocatable(running, 0) > 0):
-            self.policy.calc_priority(self.waiting_queue, running, **ns["__priority_kw__"])
-            adder = ns["PrefillAdder"](self.block_size, self.tree, self.alloc, running,
-                                       self.ratio.current, self.budget, self.budget,
-                                       0, 0, max_prefill_bs=0,
-                                       max_running_requests=self.max_seqs,
-                                       prefill_max_requests=None,
-                                       prefill_delayer_single_pass=None, dllm_config=None,
-                                       waiting_queue_len=len(self.waiting_queue))
-            if self.chunked_req is not None:
-                self.chunked_req.init_next_round_input()
-                self.chunked_req = adder.add_chunked_req(self.chunked_req)
-            for req in self.waiting_queue:
-                if adder.budget_state() == AddReqResult.OTHER:
-                    break
-                held = sum(r.kv.holds_kv for r in adder.can_run_list)
-                if len(adder.can_run_list) >= self._allocatable(running, held):
-                    break
-                req.init_next_round_input(self.tree)
-                res = adder.add_one_req(req, has_chunked_req=self.chunked_req is not None,
-                                        truncation_align_size=None)
-                if res != AddReqResult.CONTINUE:
-                    break
-            if adder.can_run_list:
-                admitted = set(map(id, adder.can_run_list))
-                self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
-                if adder.new_chunked_req is not None:
-                    self.chunked_req = adder.new_chunked_req
-                batch = self.Batch(adder.can_run_list, self)
-                self._extend(batch)
-                return batch, True
-        if running.is_empty():
-            return None, False
-        if not running.check_decode_mem():
-            held = {id(r): self._pages(r) for r in running.reqs}
+    def _writes(self, batch) -> tuple[dict, dict]:
+        """What the forward pass writes: per request, the slots from its prefix to its
+        sequence length (``prepare_for_extend``'s ``prefix_lens`` / ``seq_lens``), or the
+        last sampled token's slot (``prepare_for_decode``)."""
+        scheduled, writes = {}, {}
+        lens = batch.seq_lens_cpu.tolist()
+        extend = batch.forward_mode.is_extend()
+        for i, req in enumerate(batch.reqs):
+            q = self.ids[id(req)]
+            if extend:
+                start = batch.prefix_lens[i]
+                toks = list(req.full_untruncated_fill_ids[start:lens[i]])
+            else:
+                start = lens[i] - 1
+                toks = [req.output_ids[-1]] if req.output_ids else [req.origin_input_ids[-1]]
+            scheduled[q] = len(toks)
+            writes[q] = (start, toks, self._pages(req))
+        return scheduled, writes
+
+    def _run_batch(self, batch, gen: int):
+        """``run_batch``'s stand-in (no model): the release's ``GenerationBatchResult``
+        whose ``next_token_ids`` are the engine model's tokens -- per request ``STOP``
+        with probability 0.08, else a token in 2 .. VOCAB, a function of ``gen`` and the
+        request's id (a chunk's token is drawn too; the release discards it)."""
+        toks = []
+        for req in batch.reqs:
+            rng = random.Random(gen * 1_000_003 + self.ids[id(req)])
+            toks.append(STOP if rng.random() < 0.08 else rng.randint(2, VOCAB))
+        self.scheduler.forward_ct += 1
+        return self.ns["GenerationBatchResult"](
+            next_token_ids=self.torch.tensor(toks, dtype=self.torch.int64),
+            extend_input_len_per_req=(list(batch.extend_lens)
+                                      if batch.forward_mode.is_extend() else None),
+            can_run_cuda_graph=False)
+
+    def _observe(self, role: str, real, args, kwargs):
+        """A KV call at the boundary (see the module doc), recorded around the release's
+        function ``real``."""
+        if role == "free":
+            req = args[0]
+            before, free_before = self._pages(req), self.num_free()
+            out = real(*args, **kwargs)
+            if id(req) in self.ids:
+                self._call("free", req, None, before, free_before)
+            return out
+        batch = args[0]
+        reqs = list(batch.reqs)
+        if role == "extend":
+            hits_of, new = {}, {}
+            for r in reqs:
+                ids = (self.ns["_prefix_kv_indices"](batch, r) if "_prefix_kv_indices"
+                       in self.ns else r.prefix_indices).tolist()
+                hits_of[id(r)] = sglang.row_pages(ids, self.block_size) if ids else []
+                new[id(r)] = not r.kv.holds_kv
             free_before = self.num_free()
-            retracted, ratio, aborted = running.retract_decode()
-            self.ratio.current = ratio
-            self.stats["retract_steps"] += 1
-            self.stats["retractions"] += len(retracted)
-            self.stats["retract_aborts"] += len(aborted)
-            for r in retracted + aborted:  # release_req's release_kv_cache
-                self._call("free", r, None, held[id(r)], free_before)
-            for r in retracted:  # _add_request_to_queue(is_retracted=True): the queue entry
-                r.time_stats.wait_queue_entry_time = self.arrivals  # time is stamped anew
-                self.arrivals += 1
-            self.waiting_queue.extend(retracted)
-            for r in aborted:
-                r.update_finish_state()
-        else:
-            self.ratio.decay_step()
-        if running.is_empty():
-            return None, False
-        self._decode(running)
-        return running, False
-
-    def _allocatable(self, running, held: int) -> int:
-        """How many more requests admission may take: the release's
-        ``Scheduler.get_num_allocatable_reqs`` (the free ``ReqToTokenPool`` rows, plus from
-        0.5.23 the rows the admitted requests already hold), capped by
-        ``max_running_requests`` less the running requests."""
-        more = {"num_held_rows": held} if self.ns["__held_rows__"] else {}
-        rows = self.scheduler.get_num_allocatable_reqs(len(running.reqs),
-                                                       running_batch=running, **more)
-        return min(self.max_seqs - len(running.reqs), rows)
-
-    def _extend(self, batch) -> None:
-        """``prepare_for_extend``'s allocation; each request's KV calls recorded: a new
-        one's match (``get_computed_blocks``: its prefix pages) and its pages appended."""
-        ns = self.ns
-        batch.set_extend_fields()
-        self._starts = {id(r): _prefix_len(r) for r in batch.reqs}
-        before, new = {}, {}
-        for r in batch.reqs:
-            ids = (ns["_prefix_kv_indices"](batch, r) if "_prefix_kv_indices" in ns
-                   else r.prefix_indices).tolist()
-            before[id(r)] = sglang.row_pages(ids, self.block_size) if ids else []
-            new[id(r)] = not r.kv.holds_kv
+            out = real(*args, **kwargs)
+            for r in reqs:
+                hits = hits_of[id(r)]
+                if new[id(r)]:
+                    self._call("get_computed_blocks", r,
+                               ([_Page(b) for b in hits], _prefix_len(r)), [], free_before)
+                after = self._pages(r)
+                self._call("allocate_slots", r, [_Page(b) for b in after[len(hits):]], hits,
+                           free_before)
+            return out
+        before = {id(r): self._pages(r) for r in reqs}
         free_before = self.num_free()
-        ns["alloc_for_extend"](batch)
-        for r in batch.reqs:
-            hits = before[id(r)]
-            if new[id(r)]:
-                self._call("get_computed_blocks", r, ([_Page(b) for b in hits], _prefix_len(r)),
-                           [], free_before)
-            after = self._pages(r)
-            self._call("allocate_slots", r, [_Page(b) for b in after[len(hits):]], hits,
-                       free_before)
-
-    def _stash(self, req) -> None:
-        """``stash_chunked_request``'s caching of the chunked request: 0.5.22 on
-        ``checkpoint_kv_cache(req, tree)``, 0.5.19 .. 0.5.21
-        ``maybe_cache_unfinished_req(req, tree, chunked=True)``."""
-        if "checkpoint_kv_cache" in self.ns:
-            self.ns["checkpoint_kv_cache"](req, self.tree)
-        else:
-            self.ns["maybe_cache_unfinished_req"](req, self.tree, chunked=True)
-
-    def _decode(self, batch) -> None:
-        batch.set_decode_fields()
-        before = {id(r): self._pages(r) for r in batch.reqs}
-        free_before = self.num_free()
-        self.ns["__decode__"](batch, 1)
-        for r in batch.reqs:
+        out = real(*args, **kwargs)
+        for r in reqs:
             b = before[id(r)]
             self._call("allocate_slots", r, [_Page(x) for x in self._pages(r)[len(b):]], b,
                        free_before)
+        return out
 
     def _call(self, name, req, result, before, free_before) -> None:
         q = self.ids[id(req)]
@@ -885,11 +1011,21 @@ class SglangEngineTarget:
         row = self.pool.req_to_token[req.kv.req_pool_idx, :n].tolist()
         return sglang.row_pages(row, self.block_size)
 
+    @property
+    def waiting_queue(self) -> list:
+        return self.scheduler.waiting_queue
+
+    @property
+    def chunked_req(self):
+        return self.scheduler.chunked_req
+
     def _live(self) -> list:
-        out = list(self.running_batch.reqs)
-        out += [r for r in self.last_batch if r not in out]
-        if self.chunked_req is not None and self.chunked_req not in out:
-            out.append(self.chunked_req)
+        sch = self.scheduler
+        out = list(sch.running_batch.reqs)
+        if sch.last_batch is not None:
+            out += [r for r in sch.last_batch.reqs if r not in out]
+        if sch.chunked_req is not None and sch.chunked_req not in out:
+            out.append(sch.chunked_req)
         return [r for r in out if not r.finished()]
 
     def status(self, seq: int) -> str:

@@ -193,9 +193,9 @@ ENGINE_TARGETS: dict[str, tuple[str, str]] = {
                             "vllm-v1-engine on aphrodite-engine's own v1 Scheduler, "
                             "KVCacheManager and Request (0.24.1; @0.20.0..0.24.1)"),
     "sglang-engine": ("kvcheck.impl.thirdparty.sglang_engine:make",
-                      "SGLang's own Req, SchedulePolicy, PrefillAdder, RadixCache, paged "
-                      "allocator and allocation/release functions (0.5.23; @0.5.19..0.5.23), "
-                      "no model; the scheduler's loop is the adapter's, radix cache on; "
+                      "SGLang's own Scheduler loop, ScheduleBatch, Req, SchedulePolicy, "
+                      "PrefillAdder, RadixCache, paged allocator and allocation/release "
+                      "functions (0.5.23; @0.5.19..0.5.23), no model; radix cache on; "
                       "--policy also lpm, dfs-weight, lof, random (its calc_priority)"),
     "sglang-engine-optimistic": ("kvcheck.impl.thirdparty.sglang_engine:make_optimistic",
                                  "sglang-engine with --schedule-conservativeness 0.05 (SGLang's "

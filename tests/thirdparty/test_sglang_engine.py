@@ -1,12 +1,14 @@
-"""SGLang's scheduling policy as an engine core (``sglang-engine``, issue 34 §1): the release's
-own ``Req``, ``SchedulePolicy``, ``PrefillAdder``, ``RadixCache``, paged allocator and
-allocation / release functions, driven step by step by the engine model. The pinned 0.5.23
-and 0.5.19 .. 0.5.22 pass (each through its own scheduler calls); a planted bug that frees
-a running request's page is caught; what the adapter does not drive is refused in one line.
-With SGLang's own optimistic admission (``schedule_conservativeness`` 0.05,
-``make_optimistic``) decode outgrows the pool: the release's ``check_decode_mem`` fails and
-its ``retract_decode`` runs, the run passes, and a planted retraction that keeps the
-retracted request's pages is caught on two requests.
+"""SGLang's scheduler as an engine core (``sglang-engine``, issue 34 §1): the release's own
+scheduler loop (``Scheduler`` methods, its batch result processor, ``ScheduleBatch``) with its
+``Req``, ``SchedulePolicy``, ``PrefillAdder``, ``RadixCache``, paged allocator and
+allocation / release functions, driven step by step by the engine model. The loop's code is
+the release's file's (its code objects; a change planted in a scratch copy of scheduler.py
+changes the run). The pinned 0.5.23 and 0.5.19 .. 0.5.22 pass (each through its own loop);
+a planted bug that frees a running request's page is caught; what the adapter does not
+drive is refused in one line. With SGLang's own optimistic admission
+(``schedule_conservativeness`` 0.05, ``make_optimistic``) decode outgrows the pool: the
+release's ``check_decode_mem`` fails and its ``retract_decode`` runs, the run passes, and a
+planted retraction that keeps the retracted request's pages is caught on two requests.
 SchedulePolicy's other policies (lpm, dfs-weight, lof, random) order the queue by the
 release's own calc_priority, and pass."""
 
@@ -52,9 +54,12 @@ def test_the_earlier_releases_pass(version):
     t = made[-1]
     assert t.version == version
     if version != "0.5.22":
-        assert "checkpoint_kv_cache" not in t.ns and t.ns["__checkpoint__"].__name__ == \
-            "maybe_cache_unfinished_req", version
-        assert t.ns["__decode__"].__name__ == "alloc_for_decode"
+        assert "checkpoint_kv_cache" not in t.ns, version  # maybe_cache_unfinished_req
+    # the loop is this release's own: its scheduler.py, schedule_batch.py
+    assert _release_file(t.scheduler.get_next_batch_to_run).endswith(
+        f"sglang-{version}/sglang/srt/managers/scheduler.py")
+    assert _release_file(t.ns["ScheduleBatch"].prepare_for_decode).endswith(
+        f"sglang-{version}/sglang/srt/managers/schedule_batch.py")
     assert r.state.stats == _reference_stats(), (r.state.stats, _reference_stats())
 
 
@@ -105,6 +110,19 @@ def test_what_the_adapter_does_not_drive_is_refused_in_one_line(capsys):
         assert len(err) == 1 and "0.5.18" in err[0] and "0.5.19 .. 0.5.23" in err[0], err
 
 
+def _release_file(fn) -> str:
+    return getattr(fn, "__func__", fn).__code__.co_filename
+
+
+SCHEDULER_LOOP = ("get_next_batch_to_run", "get_new_batch_prefill", "_get_new_batch_prefill_raw",
+                  "stash_chunked_request", "process_pending_chunked_abort",
+                  "update_running_batch", "process_batch_result", "_add_request_to_queue",
+                  "abort_request", "on_idle", "is_fully_idle", "get_num_allocatable_reqs",
+                  "init_req_max_new_tokens")
+BATCH_LOOP = ("init_new", "prepare_for_extend", "prepare_for_decode", "filter_batch",
+              "merge_batch", "check_decode_mem", "retract_decode", "release_req")
+
+
 def test_the_pinned_install_and_the_release_objects():
     t = se.make(4, 2)
     assert t.version == "0.5.23"
@@ -114,6 +132,65 @@ def test_the_pinned_install_and_the_release_objects():
         "sglang/srt/managers/schedule_policy.py")
     assert t.ns["Req"].__init__.__code__.co_filename.endswith(
         "sglang/srt/managers/schedule_batch.py")
+
+
+def test_the_scheduler_loop_is_the_releases_own_code():
+    """The loop's methods are compiled from the release's scheduler.py, its batch result
+    processor and its ScheduleBatch (sglang_loop); a run goes through them: the batch the
+    scheduler runs is the release's ScheduleBatch, its forward mode the release's."""
+    t = se.make(4, 4)
+    sch = t.scheduler
+    for name in SCHEDULER_LOOP:
+        assert _release_file(getattr(sch, name)).endswith(
+            "sglang-0.5.23/sglang/srt/managers/scheduler.py"), name
+        assert name in type(sch).__release_methods__
+    for name in ("process_batch_result_prefill", "process_batch_result_decode"):
+        assert _release_file(getattr(sch.batch_result_processor, name)).endswith(
+            "sglang/srt/managers/scheduler_components/batch_result_processor.py"), name
+    batch_cls = t.ns["ScheduleBatch"]
+    for name in BATCH_LOOP:
+        assert _release_file(getattr(batch_cls, name)).endswith(
+            "sglang/srt/managers/schedule_batch.py"), name
+    t.add(0, [2, 3, 4, 5, 6], 2)
+    t.step(0)
+    last = sch.last_batch
+    assert type(last) is batch_cls and last.forward_mode.name == "EXTEND"
+    t.step(1)
+    assert sch.last_batch.forward_mode.name == "DECODE" and t.is_finished(0)
+    # and what is not the release's says so: a member the shell lacks is kvcheck's gap
+    from kvcheck.impl.errors import StandInMissing
+    with pytest.raises(StandInMissing, match="Scheduler.no_such_member"):
+        _ = sch.no_such_member
+
+
+def test_a_change_planted_in_a_scratch_copy_of_scheduler_py_runs(tmp_path, monkeypatch):
+    """A scratch copy of the pinned install whose scheduler.py no longer takes admitted
+    requests out of the waiting queue (one line of _get_new_batch_prefill_raw): the run
+    fails on the engine's queues -- the loop that ran is the file's."""
+    from kvcheck.impl.thirdparty import _loader
+
+    src = _loader.base_dir() / "sglang-0.5.23"
+    dst = tmp_path / "sglang-0.5.23"
+    import shutil
+    import subprocess
+    subprocess.run(["cp", "-rs", str(src), str(dst)], check=True)
+    rel = "sglang/srt/managers/scheduler.py"
+    text = (src / rel).read_text()
+    line = "self.waiting_queue = [x for x in self.waiting_queue if x not in can_run_set]"
+    assert text.count(line) == 1
+    (dst / rel).unlink()  # a link into the install: replaced, never written through
+    (dst / rel).write_text(text.replace(line, "pass"))
+    for other in _loader.base_dir().iterdir():  # the other installs, as they are
+        if other.name != "sglang-0.5.23" and not (tmp_path / other.name).exists():
+            (tmp_path / other.name).symlink_to(other)
+    monkeypatch.setenv(_loader.ENV_DIR, str(tmp_path))
+    try:
+        r = _run("sglang-engine", seed=0, requests=6)
+    finally:
+        shutil.rmtree(dst)
+    assert r.verdict == "fail" and r.violation.kind == "invariant", r.violation
+    from kvcheck.spec.engine import QUEUES
+    assert r.violation.name == QUEUES, r.violation
 
 
 def _counted(made, version=None, make=None):
@@ -128,7 +205,7 @@ def _counted(made, version=None, make=None):
 @pytest.mark.parametrize("version", [None, "0.5.22", "0.5.21", "0.5.20", "0.5.19"])
 def test_optimistic_admission_retracts_and_passes(version):
     made = []
-    r = verify(_counted(made, version), 8, 4, 2000, 1, model="engine",
+    r = verify(_counted(made, version), 8, 4, 2000, 2, model="engine",
                scope=EngineScope(8, 4, budget=16), do_shrink=False, extra={"requests": 30})
     assert r.verdict == "pass", r.violation
     st, target = r.state.stats, made[-1]
@@ -158,8 +235,10 @@ class KeepsRetractedPages(SglangEngineTarget):
             req.reset_for_retract()
             return True
 
-        self.Batch = type("ScheduleBatch", (self.Batch,), {"release_req": release_req})
-        self.running_batch = self.Batch([], self)
+        real = self.ns["__loop__"]["ScheduleBatch"]
+        self.batch_class = type("ScheduleBatch", (real,), {"release_req": release_req})
+        self._publish()
+        self.scheduler.running_batch = self.batch_class(reqs=[], batch_is_full=False)
 
 
 # two requests on 4 pages of 4: 0 is admitted with its whole max_new reserved, 1 the next
@@ -199,7 +278,7 @@ def test_the_optimistic_target_is_registered_with_its_versions():
     """``sglang-engine-optimistic[@VERSION]`` by name: the retracting setting, release by
     release (as a campaign or a CI line would name it)."""
     for version in ("", "@0.5.22"):
-        r = _run(f"sglang-engine-optimistic{version}", seed=1, requests=30)
+        r = _run(f"sglang-engine-optimistic{version}", seed=2, requests=30)
         assert r.verdict == "pass", r.violation
         assert r.state.stats["preemptions"] >= 1, r.state.stats
 
