@@ -15,6 +15,8 @@ bash scripts/install_thirdparty.sh vllm-v0==0.4.3 vllm-v0==0.5.4 vllm-v0==0.5.5 
 bash scripts/install_thirdparty.sh vllm-v1==0.11.0 vllm-v1==0.11.1 vllm-v1==0.16.0 vllm-v1==0.17.0 vllm-v1==0.20.2 vllm-v1==0.21.0 vllm-v1==0.22.0 vllm-v1==0.23.0 vllm-v1==0.24.0 vllm-v1==0.25.1 vllm-v1==0.26.0 vllm-v1==0.27.0 vllm-v1==0.32.0 vllm-v1==0.34.0 aphrodite==0.21.0 aphrodite==0.22.0
 # vLLM v1's engine core through its own scheduler, the #19459 pair, the early scheduler's code paths and the #10730 / #11186 pair (tests/thirdparty/test_vllm_v1_engine.py)
 bash scripts/install_thirdparty.sh vllm-v1-early==0.6.4.post1 vllm-v1-early==0.6.5 vllm-v1-early==0.7.0 vllm-v1-early==0.7.2 vllm-v1-early==0.8.0 vllm-v1-early==0.8.4 vllm-v1-early==0.8.5 vllm-v1-early==0.9.0 vllm-v1-early==0.9.1 vllm-v1==0.10.2  # and docs/traces/engine's releases
+# vllm-v1-engine on the releases whose stand-ins differ: the ranges' ends and edges, the releases mended for (tests/thirdparty/test_vllm_v1_engine_releases.py)
+bash scripts/install_thirdparty.sh vllm-v1-early==0.7.3 vllm-v1-early==0.8.2 vllm-v1-early==0.8.3 vllm-v1-early==0.10.1.1 vllm-v1==0.11.1 vllm-v1==0.14.0 vllm-v1==0.15.1 vllm-v1==0.28.0 vllm-v1==0.30.0
 # nano-vllm's engine core through upstream's scheduler and the #163 release (tests/thirdparty/test_nano_vllm_engine.py)
 bash scripts/install_thirdparty.sh nano-vllm-npu==0.0.2
 # vLLM v0's engine core through its own scheduler, the #18957 fix and two of the range 0.6 .. 0.8.4 (0.5.3.post1, 0.6.3.post1: above) (tests/thirdparty/test_vllm_v0_engine.py)

@@ -2,7 +2,10 @@
 ``KVCacheManager`` and real ``Request`` objects -- driven step by step with no model.
 
 Issue 34 §1. Releases 0.6.4.post1 .. 0.34.0 (``vllm-v1-engine@VERSION``; 0.33.0 by default;
-run on 0.6.4.post1, 0.6.5, 0.6.6.post1, 0.7.0, 0.7.2, 0.8.0, 0.8.2, 0.8.4 .. 0.34.0). To 0.8.4
+each of the 54 releases of that range in kvcheck's cache builds and runs, at the defaults
+and with drafts, priority scheduling and prefix caching off: ``benchmarks/vllm_v1_releases.py``;
+``tests/thirdparty/test_vllm_v1_engine_releases.py`` runs the range's ends and the releases
+whose stand-ins differ). To 0.8.4
 the manager preallocates blocks beyond a request's need (``num_preallocate_tokens``, 64,
 as the release's scheduler leaves it): ``preallocate_blocks``, the bound the engine model
 checks a table by; every release's table is also bounded by its block-table row,
@@ -30,8 +33,9 @@ release's files, never from its version number:
   is), ``allocate_slots`` later;
 * the model runner's output record (``ModelRunnerOutput``'s fields): one sampled token per
   scheduled request to 0.7.2 (a tensor, ``sampled_token_ids_cpu``, in 0.6.4.post1), a list
-  per request from 0.8.0, drafts in it (``spec_token_ids``) from 0.8.0; a release without
-  them refuses ``spec`` in words;
+  per request from 0.7.3 (``typing.List[typing.List[int]]`` there; a NumPy array per request
+  in 0.11.1 and 0.11.2, which read it with ``.tolist()``), drafts in it (``spec_token_ids``)
+  from 0.7.3; a release without them refuses ``spec`` in words;
 * the request: ``inputs`` (the release's ``token_inputs`` record, ``vllm/inputs/data.py``)
   to 0.7.0, the prompt's token ids later; its block hashes: the request's own (0.10.1 on),
   the manager's ``req_to_block_hashes`` (0.7.3 .. 0.10.0), ``kv_block_hashes`` (0.6.6.post1
@@ -68,6 +72,10 @@ without vLLM's dependencies, or one that only reports:
     scheduler only *reads* settings. ``EngineConfig`` below is a namespace holding every
     setting the release's scheduler reads, each at vLLM's default unless the run sets it
     (policy, token budget, max_num_seqs, prefix caching, speculative tokens, block size).
+    A setting one release alone reads is there too, at that release's default (read from
+    its config classes): ``is_encoder_only`` (0.28.0's ``VllmConfig`` property: no EC
+    producer, no encoder-only multimodal config, so ``False``),
+    ``enable_mamba_fine_grained_prefix_cache`` (0.30.0's ``CacheConfig``: ``False``).
     What the real ``SchedulerConfig`` refuses at start-up is refused first, in the release's
     own words: its validation method, compiled from its own source (``vllm_config.refusal``),
     runs on the settings (a budget below ``max_num_seqs``); then what its KV-cache sizing
@@ -83,6 +91,11 @@ without vLLM's dependencies, or one that only reports:
 ``vllm.distributed.*``, ``vllm.compilation.*``, ``vllm.multimodal.*``, ``vllm.lora.*``
     KV/EC connectors, KV events, CUDA graphs, multimodal budgets and LoRA are off (their
     config is ``None``): only their names are imported; constructing one raises.
+``vllm.multimodal.MULTIMODAL_REGISTRY``
+    the real registry imports PIL, the media loaders and the model registry. The stand-in
+    answers what the real one answers for a text-only model that is no encoder-decoder:
+    ``supports_multimodal_inputs`` is ``False``, ``get_encdec_max_encoder_len`` 0 (0.14.0 ..
+    0.15.1's scheduler asks it at start-up); any other question raises.
 ``vllm.v1.metrics.*``, ``vllm.v1.spec_decode.metrics``, ``prometheus_client``
     statistics records (``log_stats`` off); a record built anyway keeps its fields.
 ``vllm.logger``, ``vllm.platforms``, ``vllm.utils.torch_utils``, ``vllm.v1.utils``, ...
@@ -536,6 +549,14 @@ def _stub_multimodal(mod: types.ModuleType, loaded: Loaded) -> None:
         def supports_multimodal_inputs(self, model_config: Any) -> bool:
             return False
 
+        def get_encdec_max_encoder_len(self, model_config: Any) -> int:
+            # (0.14.0 .. 0.15.1's scheduler asks at start-up) the real one's answer for a
+            # model that is no encoder-decoder: 0
+            if not model_config.is_encoder_decoder:
+                return 0
+            raise NotImplementedError("kvcheck stand-in: MULTIMODAL_REGISTRY."
+                                      "get_encdec_max_encoder_len (encoder-decoder models)")
+
         def __getattr__(self, name: str):
             raise NotImplementedError(f"kvcheck stand-in: MULTIMODAL_REGISTRY.{name} "
                                       f"(multimodal inputs)")
@@ -777,6 +798,7 @@ def engine_config(s: EngineSettings, null: int = 1) -> Settings:
     cache = Settings(
         "cache_config", block_size=s.block_size, num_gpu_blocks=s.num_blocks + null,
         enable_prefix_caching=s.enable_prefix_caching, enable_mamba_shared_prefix_checkpoint=False,
+        enable_mamba_fine_grained_prefix_cache=False,  # (0.30.0)
         mamba_cache_mode="none", num_preallocate_tokens=None, sliding_window=None,
         prefix_caching_hash_algo="sha256", cpu_offload_gb=0, num_cpu_blocks=None,
         enable_extensible_kv_cache=False)
@@ -801,7 +823,8 @@ def engine_config(s: EngineSettings, null: int = 1) -> Settings:
         ec_manager_config=Settings("ec_manager_config",
                                    get_encoder_cache_manager_obj=lambda: None),
         aux_output_config=Settings("aux_output_config", enabled=False),
-        is_mm_encoder_only=False, max_concurrent_batches=1,
+        is_mm_encoder_only=False, is_encoder_only=False,  # (0.28.0's name for it)
+        max_concurrent_batches=1,
         max_in_flight_tokens=s.max_num_batched_tokens,
         num_speculative_tokens=s.num_speculative_tokens, num_lookahead_tokens=0,
         num_prefill_lookahead_tokens=0, num_hash_lookahead_tokens=0,
@@ -962,7 +985,7 @@ class EngineTarget:
                 f.name for f in dataclasses.fields(mods["vllm.v1.outputs"].ModelRunnerOutput)} \
                 and not hasattr(mods["vllm.v1.outputs"], "DraftTokenIds"):
             raise MisuseError(f"{name} {self.version}'s v1 scheduler has no speculative decoding "
-                              f"(its ModelRunnerOutput carries no drafts; 0.8.0 on)")
+                              f"(its ModelRunnerOutput carries no drafts; 0.7.3 on)")
         if settings.policy != "fcfs" and not hasattr(mods[scheduler_module(mods)],
                                                       "SchedulingPolicy"):
             raise MisuseError(f"{name} {self.version}'s v1 scheduler has no {settings.policy} "
@@ -1189,7 +1212,13 @@ def _runner_output(mods: Loaded, req_ids: list, sampled: dict, drafts: dict,
     fields = {f.name: str(f.type) for f in dataclasses.fields(cls)}
     names = set(fields)
     tokens = [sampled.get(r, []) for r in req_ids]
-    if "list[list" not in fields.get("sampled_token_ids", "list[list").lower():
+    # (0.7.3 spells it typing.List[typing.List[int]])
+    kind = fields.get("sampled_token_ids", "list[list").lower().replace("typing.", "")
+    if "ndarray" in kind:  # (0.11.1, 0.11.2: a NumPy array a request, read with .tolist())
+        import numpy as np
+
+        tokens = [np.array(t, dtype=np.int32) for t in tokens]
+    elif "list[list" not in kind:
         # to 0.7.2 one token per scheduled request (a prefill chunk's is ignored): a list
         # (0.6.5 on) or a tensor (0.6.4.post1's sampled_token_ids_cpu)
         tokens = [t[-1] if t else 0 for t in tokens]
