@@ -19,6 +19,7 @@ from kvcheck.impl.thirdparty import (
     vllm_v0_legacy,
     vllm_v1,
     vllm_v1_early,
+    vllm_v1_engine,
 )
 
 
@@ -524,12 +525,20 @@ def replay_vllm_11565(version: str) -> tuple[bool, str]:
     prefix-cache hits (``ref_cnt += 1``, out of the free queue) before it checks for free
     blocks; when it then returns ``None`` the touch is not undone, and the scheduler, which
     leaves the request waiting and asks again next step, touches them again: the blocks
-    never return to the pool. One block of one token: [0] is admitted and cached, then
-    [0, 1] hits it and needs one block more, which is not there."""
-    _, m = _early_manager(version, 1, 1, max_model_len=64)
+    never return to the pool. Two blocks of one token, ``max_model_len`` 2 (a shape the
+    release starts with: ``verify-engine``'s start-up checks are asked first):
+    [0] is admitted and cached, and holds the other block too (the default preallocation,
+    capped at the block-table row's 2 columns); then [0, 1] hits [0]'s block and needs one
+    block more, which is not there. Freed, the first request gives both back unless the
+    second's touches were kept."""
+    # the release's start-up checks of the shape (vllm_config.check_pool, through the engine
+    # target): one it refuses raises MisuseError, so no replay runs on it
+    vllm_v1_engine.EngineTarget(vllm_v1_engine.EngineSettings(2, 1, max_model_len=2), version)
+    _, m = _early_manager(version, 1, 2, max_model_len=2)
     first = _early_request("a", [0])
     m.allocate_slots(first, 1, _hits(m, first))
     block = m.req_to_blocks["a"][0]
+    held = len(m.req_to_blocks["a"])
     second = _early_request("b", [0, 1])
     answers = []
     for _ in range(2):  # the scheduler retries the waiting request next step
@@ -537,9 +546,10 @@ def replay_vllm_11565(version: str) -> tuple[bool, str]:
         answers.append(m.allocate_slots(second, 2 - len(computed), computed))
     m.free(first)
     free = m.free_block_queue.num_free_blocks
-    return block.ref_cnt != 0 or free != 1, (
-        f"allocate_slots of the second prompt -> {answers} twice; after the first request "
-        f"is freed its block has ref_cnt {block.ref_cnt}, {free} of 1 block free")
+    return block.ref_cnt != 0 or free != 2, (
+        f"the first prompt holds {held} of 2 blocks; allocate_slots of the second prompt -> "
+        f"{answers} twice; after the first request is freed its cached block has ref_cnt "
+        f"{block.ref_cnt}, {free} of 2 blocks free")
 
 
 def replay_vllm_10730(version: str) -> tuple[bool, str]:
