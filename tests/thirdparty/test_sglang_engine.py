@@ -379,3 +379,51 @@ def test_a_failing_run_under_a_policy_replays_from_its_trace(tmp_path, capsys):
     assert kvcheck(["replay", str(trace), "--target", target]) == 1
     out = capsys.readouterr().out
     assert "REPRODUCED" in out and "random" in out, out
+
+
+def _near_full(prompt, version=None, steps=40, blocks=3, block_size=8):
+    """E7 (docs/findings.md) on the release's objects, no oracle: a prompt of ``prompt``
+    tokens (max_new 8) and a one-token request behind it arrive at an idle server of
+    ``blocks`` pages of ``block_size`` (chunked_prefill_size 8, max_running_requests 2);
+    ``steps`` engine steps. Returns the target and the first request's max_new_tokens as
+    the release's arrival left it."""
+    t = se.make(blocks, block_size, budget=8, max_seqs=2, version=version)
+    t.add(0, [2 + i % 5 for i in range(prompt)], 8)
+    clipped = t.requests[0].sampling_params.max_new_tokens
+    t.add(1, [3], 4)
+    for g in range(steps):
+        t.step(g)
+    return t, clipped
+
+
+@pytest.mark.parametrize("version", [None, "0.5.19"])
+def test_e7_a_prompt_within_a_page_of_the_pool_waits_forever_and_blocks_the_queue(version):
+    """SGLang's own arrival: the server's limits for a 24-token pool at page size 8 are
+    max_req_len 23, max_req_input_len 18 (TpModelWorker); init_req_max_new_tokens clips a
+    16-token prompt's max_new_tokens to max(0, 24 - 16 - 8 - 1) = 0, validate_input_length
+    passes it (16 < 18), and PrefillAdder then refuses it at every step (16 + 0 + one page
+    is not below the 24 free tokens): it waits forever on an idle, empty pool, and under
+    FCFS the one-token request behind it too. One token shorter it runs; two tokens longer
+    the release refuses it at arrival."""
+    t, clipped = _near_full(16, version)
+    sch = t.scheduler
+    assert (sch.max_total_num_tokens, sch.max_req_len, sch.max_req_input_len) == (24, 23, 18)
+    assert clipped == 0
+    assert t.waiting() == [0, 1] and t.running() == []
+    assert not t.is_finished(0) and t.requests[0].to_finish is None  # not aborted
+    assert t.alloc.available_size() == 24 and not t.chunked_req  # idle, the pool empty
+    ok, clipped = _near_full(15, version)  # 15 + 0 + 8 < 24: admitted, one token, done
+    assert clipped == 0 and ok.is_finished(0) and ok.is_finished(1)
+    too_long, _ = _near_full(18, version)  # 18 >= max_req_input_len: aborted
+    assert too_long.is_finished(0) and too_long.is_finished(1)
+
+
+def test_e7_the_oracle_reports_liveness_for_the_near_full_prompt():
+    """The engine model counts the 16-token prompt (max_new 8) as one the 3 x 8 pool holds
+    whole, so the hang above is a liveness violation, from the arrival alone."""
+    scope = {"num_blocks": 3, "block_size": 8, "budget": 8, "max_seqs": 2}
+    add = EngineOp("add", seq=0, tokens=[2 + i % 5 for i in range(16)], max_new=8, priority=0)
+    v = replay_ops("engine", "sglang-engine", scope, [add]).violation
+    assert v is not None and v.kind == "liveness", v
+    short = EngineOp("add", seq=0, tokens=[2 + i % 5 for i in range(15)], max_new=8, priority=0)
+    assert replay_ops("engine", "sglang-engine", scope, [short]).violation is None
