@@ -190,8 +190,9 @@ steps) leave less than a page of slack and ``check_decode_mem`` never fails;
 ``make_optimistic`` sets 0.05, what SGLang's own ``test/cache_consistency_jitter.py`` sets
 to force retraction into an undersized pool: decode then outgrows the pool and
 ``retract_decode`` runs (0.5.23 at the defaults, 8 blocks x 4, six policies x seeds 0..9:
-6 of 60 runs, one retraction each; 0.5.22 and 0.5.19, seeds 0..4: 5 of 30 each). ``stats`` counts ``retractions`` (requests ``retract_decode``
-returned, back to the waiting queue: the oracle counts each as a preemption),
+6 of 60 runs, one retraction each; 0.5.22 and 0.5.19, seeds 0..4: 5 of 30 each).
+``stats`` counts ``retractions`` (requests ``retract_decode`` returned, back to the
+waiting queue: the oracle counts each as a preemption),
 ``retract_steps`` (steps whose ``check_decode_mem`` failed) and ``retract_aborts`` (the
 last request aborted as out of memory: not reached, the driver only draws requests the
 pool holds whole).
