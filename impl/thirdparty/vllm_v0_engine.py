@@ -225,7 +225,7 @@ def _has(mods, name: str) -> bool:
     return (Path(mods.root) / (_rename(mods)(name).replace(".", "/") + ".py")).is_file()
 
 
-def _runner_refuses_chunked_caching(mods) -> bool:
+def runner_refuses_chunked_caching(mods) -> bool:
     """Whether the release's model runner (``vllm/worker/model_runner.py``, to 0.5.5) raises
     on a chunked prefill step that skips cached blocks (read from its file, once)."""
     rel = _rename(mods)("vllm.worker.model_runner").replace(".", "/")
@@ -460,7 +460,7 @@ class KVCallRecorder:
             t.pending[seq.seq_id] = (len(t.kv_calls), after, free_before, free_after)
             t.kv_calls.append(None)
         elif self.name in ("append_slots", "append_slot"):
-            call("allocate_slots", [_Id(b) for b in after[len(before):]], before)
+            call("allocate_slots", [ResultBlock(b) for b in after[len(before):]], before)
         elif before or seq.seq_id in t.held:  # free (not a sequence holding no table)
             call("free", None, before)
         t.held.discard(seq.seq_id)
@@ -559,7 +559,7 @@ class VllmV0EngineTarget:
                               f"modelled on a release whose allocator skips the last computed "
                               f"block (get_computed_block_ids(skip_last_block_id)); run it with "
                               f"--no-prefix-caching, or without chunked prefill")
-        if chunked and caching and _runner_refuses_chunked_caching(mods):
+        if chunked and caching and runner_refuses_chunked_caching(mods):
             # (vLLM 0.4.2 .. 0.5.0.post1) the release's own model runner raises RuntimeError
             # ("chunked prefill cannot be used with prefix caching now.") on a chunked step
             # that skips computed blocks: a combination the release does not run
@@ -631,10 +631,10 @@ class VllmV0EngineTarget:
                 hits = table[:k]
                 toks, hashes = list(s.get_token_ids()), self._hashes(s)
                 calls[at] = [KVCall("get_computed_blocks", str(q), (), {},
-                                    ([_Id(b) for b in hits], k * bs), [], [], fb, fb,
+                                    ([ResultBlock(b) for b in hits], k * bs), [], [], fb, fb,
                                     hashes, toks),
                              KVCall("allocate_slots", str(q), (), {},
-                                    [_Id(b) for b in table[k:]], hits, table, fb, fa,
+                                    [ResultBlock(b) for b in table[k:]], hits, table, fb, fa,
                                     hashes, toks)]
             ctx = s.data.get_num_computed_tokens()
             seq_len = min(s.get_len(), ctx + sg.token_chunk_size)
@@ -764,7 +764,7 @@ _SHARED = ("_mods", "_Sequence", "_Group", "_Status", "_Logprob", "_Params", "_B
            "_extra", "_priority", "_bare_prompt")
 
 
-class _Id:
+class ResultBlock:
     """A block as the oracle's ``result_blocks`` reads it (``block_id``)."""
 
     def __init__(self, block_id: int):

@@ -86,7 +86,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MisuseError
-from .vllm_v0_engine import VllmV0EngineTarget, _Id
+from .vllm_v0_engine import ResultBlock, VllmV0EngineTarget
 
 ENGINE_KEY = "vllm-v0-legacy"  # the install row of 0.3.3 .. 0.6.2, pinned 0.4.0 (the releases
 # with block manager v1; vllm-v0's row starts at 0.4.2)
@@ -121,9 +121,9 @@ class VllmV0EngineV1Target(VllmV0EngineTarget):
             raise MisuseError(f"vllm {mods.dist.version}'s scheduler has no chunked prefill "
                               f"(Scheduler._schedule_chunked_prefill: 0.4.1 on)")
         if chunked and caching:
-            from .vllm_v0_engine import RUNNER_REFUSAL, _runner_refuses_chunked_caching
+            from .vllm_v0_engine import RUNNER_REFUSAL, runner_refuses_chunked_caching
 
-            if _runner_refuses_chunked_caching(mods):  # (to 0.5.5: the release's words)
+            if runner_refuses_chunked_caching(mods):  # (to 0.5.5: the release's words)
                 raise MisuseError(f"vllm {mods.dist.version}: chunked prefill with prefix "
                                   f"caching is not run: its model runner refuses it "
                                   f"(worker/model_runner.py raises '{RUNNER_REFUSAL} now.' on "
@@ -232,7 +232,7 @@ class _CopyRecorder:
         for old, new in pairs:
             if len(t.kv_calls) > at and t.refcount(new) == 1:
                 c = t.kv_calls[at]
-                c.result = [*(c.result or []), _Id(new)]
+                c.result = [*(c.result or []), ResultBlock(new)]
                 c.copies[old] = new
         return result
 
