@@ -35,7 +35,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from ._loader import StandIn
+from ._loader import StandIn, exec_definitions
 
 SCHEDULER = "sglang/srt/managers/scheduler.py"
 PROCESSOR = "sglang/srt/managers/scheduler_components/batch_result_processor.py"
@@ -86,28 +86,6 @@ def _decorator_name(node: ast.expr) -> str:
     if isinstance(node, ast.Call):
         node = node.func
     return ast.unparse(node)
-
-
-def exec_defs(path: Path, ns: dict, names) -> list[str]:
-    """The top-level definitions ``names`` of ``path`` executed in ``ns`` (annotations
-    as strings, as the release's ``from __future__ import annotations`` has them)."""
-    keep, found = [], []
-    for node in _tree(str(path)).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            defined = [node.name]
-        elif isinstance(node, ast.Assign):
-            defined = [t.id for t in node.targets if isinstance(t, ast.Name)]
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            defined = [node.target.id]
-        else:
-            continue
-        hit = [n for n in defined if n in names]
-        if hit:
-            keep.append(node)
-            found += [n for n in hit if n not in found]
-    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec",  # noqa: S102
-                 flags=_FUTURE, dont_inherit=True), ns)  # (the release's own source)
-    return found
 
 
 def compile_class(path: Path, cls: str, ns: dict, bases: tuple = (StandIn,),
@@ -276,7 +254,7 @@ def build(ns: dict, root: Path) -> dict:
         "get_global_experts_capturer": _inert_function,
     })
     for rel, names in LOOP_DEFS.items():
-        found = exec_defs(root / rel, ns, names)
+        found = exec_definitions(root / rel, ns, names)
         missing = [n for n in names if n not in found and n not in LOOP_OPTIONAL]
         if missing:
             raise ImportError(f"{rel} has no {', '.join(missing)}")
